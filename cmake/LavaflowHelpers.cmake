@@ -1,0 +1,77 @@
+# Small helpers that keep every folder's CMakeLists.txt a few lines long.
+include_guard(GLOBAL)
+
+set(LAVAFLOW_BACKENDS "" CACHE INTERNAL "")
+
+# lavaflow_backend_option(NAME DOC): declares LAVAFLOW_WITH_<NAME> = AUTO|ON|OFF.
+function(lavaflow_backend_option name doc)
+  set(LAVAFLOW_WITH_${name} AUTO CACHE STRING "${doc}: AUTO (build when found), ON (required), OFF")
+  set_property(CACHE LAVAFLOW_WITH_${name} PROPERTY STRINGS AUTO ON OFF)
+  string(TOUPPER "${LAVAFLOW_WITH_${name}}" value)
+  if(NOT value MATCHES "^(AUTO|ON|OFF)$")
+    message(FATAL_ERROR "LAVAFLOW_WITH_${name}=${LAVAFLOW_WITH_${name}}: expected AUTO, ON or OFF")
+  endif()
+  set(LAVAFLOW_BACKENDS "${LAVAFLOW_BACKENDS};${name}" CACHE INTERNAL "")
+endfunction()
+
+# lavaflow_backend_resolve(NAME FOUND REASON): decides whether backend NAME is built.
+# Sets LAVAFLOW_HAVE_<NAME> in the caller's scope; fails loudly when ON and not found.
+function(lavaflow_backend_resolve name found reason)
+  string(TOUPPER "${LAVAFLOW_WITH_${name}}" value)
+  set(have OFF)
+  if(value STREQUAL "OFF")
+    set(why "disabled (LAVAFLOW_WITH_${name}=OFF)")
+  elseif(found)
+    set(have ON)
+    set(why "found")
+  elseif(value STREQUAL "ON")
+    message(FATAL_ERROR "LAVAFLOW_WITH_${name}=ON but ${reason}")
+  else()
+    set(why "not built: ${reason}")
+  endif()
+  set(LAVAFLOW_HAVE_${name} ${have} PARENT_SCOPE)
+  set(LAVAFLOW_HAVE_${name} ${have} CACHE INTERNAL "")
+  set(LAVAFLOW_WHY_${name} "${why}" CACHE INTERNAL "")
+endfunction()
+
+function(lavaflow_print_backend_summary)
+  foreach(name IN LISTS LAVAFLOW_BACKENDS)
+    if(name)
+      message(STATUS "lavaflow: ${name} = ${LAVAFLOW_WITH_${name}} -> ${LAVAFLOW_WHY_${name}}")
+    endif()
+  endforeach()
+endfunction()
+
+# Warnings and sanitizers for every target of ours.
+function(lavaflow_target_defaults target)
+  target_compile_options(${target} PRIVATE -Wall -Wextra -Wpedantic -Wshadow -Wconversion
+                                           -Wno-sign-conversion)
+  if(LAVAFLOW_WERROR)
+    target_compile_options(${target} PRIVATE -Werror)
+  endif()
+  if(LAVAFLOW_SANITIZE)
+    target_compile_options(${target} PRIVATE -fsanitize=address,undefined -fno-omit-frame-pointer
+                                             -fno-sanitize-recover=undefined)
+    target_link_options(${target} PRIVATE -fsanitize=address,undefined)
+  endif()
+endfunction()
+
+# lavaflow_add_library(NAME ALIAS SOURCES ...): a library with include/ as public headers.
+function(lavaflow_add_library name alias)
+  add_library(${name} ${ARGN})
+  add_library(lavaflow::${alias} ALIAS ${name})
+  set_target_properties(${name} PROPERTIES EXPORT_NAME ${alias} OUTPUT_NAME lavaflow_${alias}
+                                           POSITION_INDEPENDENT_CODE ON)
+  target_include_directories(${name} PUBLIC
+    $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/include>
+    $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
+  target_compile_features(${name} PUBLIC cxx_std_23)
+  lavaflow_target_defaults(${name})
+  set_property(GLOBAL APPEND PROPERTY LAVAFLOW_INSTALL_TARGETS ${name})
+endfunction()
+
+function(lavaflow_add_app name)
+  add_executable(${name} ${ARGN})
+  lavaflow_target_defaults(${name})
+  set_property(GLOBAL APPEND PROPERTY LAVAFLOW_INSTALL_APPS ${name})
+endfunction()

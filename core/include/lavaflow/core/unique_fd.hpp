@@ -1,0 +1,48 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+/// @file
+/// Move-only owner of a POSIX file descriptor. Every exported fd in lava-flow lives in exactly
+/// one UniqueFd; handing it to an API that takes ownership is spelled `release()`.
+
+#include "lavaflow/core/error.hpp"
+
+namespace lavaflow {
+
+class UniqueFd {
+ public:
+  UniqueFd() noexcept = default;
+  /// Takes ownership of `fd` (may be -1).
+  explicit UniqueFd(int fd) noexcept : fd_(fd) {}
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+  UniqueFd(UniqueFd&& other) noexcept : fd_(other.release()) {}
+  UniqueFd& operator=(UniqueFd&& other) noexcept {
+    if (this != &other) reset(other.release());
+    return *this;
+  }
+  ~UniqueFd() { reset(); }
+
+  [[nodiscard]] int get() const noexcept { return fd_; }
+  [[nodiscard]] bool valid() const noexcept { return fd_ >= 0; }
+  explicit operator bool() const noexcept { return valid(); }
+
+  /// Gives up ownership without closing; the caller now owns the returned fd.
+  [[nodiscard]] int release() noexcept {
+    int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+  /// Closes the owned fd (if any) and takes ownership of `fd`.
+  void reset(int fd = -1) noexcept;
+
+  /// A new owner of a duplicate (close-on-exec) of this fd.
+  [[nodiscard]] Result<UniqueFd> dup() const;
+
+ private:
+  int fd_ = -1;
+};
+
+/// Number of open file descriptors of this process (from /proc/self/fd), for leak checks.
+[[nodiscard]] Result<int> count_open_fds();
+
+}  // namespace lavaflow

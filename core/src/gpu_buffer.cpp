@@ -1,0 +1,180 @@
+// SPDX-License-Identifier: MIT
+#include "lavaflow/core/gpu_buffer.hpp"
+
+#include <fcntl.h>
+
+#include <cerrno>
+#include "lavaflow/core/format.hpp"
+
+#include "vk_call.hpp"
+#include "vulkan_state.hpp"
+
+namespace lavaflow {
+
+struct GpuBuffer::Impl {
+  std::shared_ptr<const detail::VulkanState> state;  // keeps the device alive
+  vk::raii::Buffer buffer{nullptr};
+  vk::raii::DeviceMemory memory{nullptr};
+  std::byte* mapped = nullptr;
+  ExportDescriptor desc;
+  BufferKind kind = BufferKind::GpuDeviceLocal;
+
+  ~Impl() {
+    if (mapped) memory.unmapMemory();
+  }
+};
+
+namespace {
+
+constexpr auto kHandle = vk::ExternalMemoryHandleTypeFlagBits::eOpaqueFd;
+
+std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
+
+Status require_fd_memory(const VulkanContext& ctx, const char* call, bool import) {
+  const auto& c = ctx.capabilities();
+  if (!ctx.has_extension(VK_KHR_EXTERNAL_MEMORY_FD_EXTENSION_NAME))
+    return fail(Errc::Unsupported, call,
+                format("device {} lacks {}", c.identity.name, VK_KHR_EXTERNAL_MEMORY_FD_EXTENSION_NAME));
+  if (import ? !c.memory_fd_import : !c.memory_fd_export)
+    return fail(Errc::Unsupported, call,
+                format("device {} cannot {} opaque-fd buffer memory", c.identity.name, import ? "import" : "export"));
+  return {};
+}
+
+vk::raii::Buffer make_buffer(const vk::raii::Device& dev, std::uint64_t size, vk::BufferUsageFlags usage) {
+  vk::ExternalMemoryBufferCreateInfo ext(kHandle);
+  vk::BufferCreateInfo info({}, size, usage, vk::SharingMode::eExclusive, {}, &ext);
+  return vk::raii::Buffer(dev, info);
+}
+
+}  // namespace
+
+GpuBuffer::GpuBuffer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+GpuBuffer::GpuBuffer(GpuBuffer&&) noexcept = default;
+GpuBuffer& GpuBuffer::operator=(GpuBuffer&&) noexcept = default;
+GpuBuffer::~GpuBuffer() = default;
+
+Result<GpuBuffer> GpuBuffer::allocate(const VulkanContext& ctx, const GpuBufferOptions& o) {
+  constexpr const char* call = "GpuBuffer::allocate";
+  if (o.size == 0) return fail(Errc::InvalidArgument, call, "size is 0");
+  if (o.size > ctx.capabilities().device_local_bytes && ctx.capabilities().device_local_bytes != 0)
+    return fail(Errc::InvalidArgument, call,
+                format("size {} exceeds the device's {} bytes of device-local memory", o.size,
+                            ctx.capabilities().device_local_bytes));
+  LF_TRY_STATUS(require_fd_memory(ctx, call, false));
+  const auto& dev = ctx.device();
+  auto impl = std::make_unique<Impl>();
+  impl->state = ctx.state();
+  impl->kind = o.memory == GpuMemory::DeviceLocal ? BufferKind::GpuDeviceLocal : BufferKind::GpuHostVisible;
+  const std::uint64_t buffer_size = round_up(o.size + kGpuTailPadding, 256);
+
+  LF_TRY(impl->buffer, detail::vk_call("vkCreateBuffer", [&] { return make_buffer(dev, buffer_size, o.usage); }));
+  const auto req = impl->buffer.getMemoryRequirements();
+  const auto wanted = o.memory == GpuMemory::DeviceLocal
+                          ? vk::MemoryPropertyFlags(vk::MemoryPropertyFlagBits::eDeviceLocal)
+                          : vk::MemoryPropertyFlagBits::eHostVisible | vk::MemoryPropertyFlagBits::eHostCoherent;
+  LF_TRY(const std::uint32_t type, ctx.find_memory_type(req.memoryTypeBits, wanted));
+
+  vk::MemoryDedicatedAllocateInfo dedicated({}, *impl->buffer);
+  vk::ExportMemoryAllocateInfo export_info(kHandle, &dedicated);
+  vk::MemoryAllocateInfo alloc(req.size, type, &export_info);
+  LF_TRY(impl->memory, detail::vk_call("vkAllocateMemory", [&] { return vk::raii::DeviceMemory(dev, alloc); }));
+  LF_TRY_STATUS(detail::vk_call("vkBindBufferMemory", [&] { impl->buffer.bindMemory(*impl->memory, 0); }));
+
+  const auto flags = impl->state->memory.memoryTypes[type].propertyFlags;
+  if (flags & vk::MemoryPropertyFlagBits::eHostVisible) {
+    LF_TRY(void* p, detail::vk_call("vkMapMemory", [&] { return impl->memory.mapMemory(0, VK_WHOLE_SIZE); }));
+    impl->mapped = static_cast<std::byte*>(p);
+  }
+  auto& d = impl->desc;
+  d.kind = impl->kind;
+  d.dedicated = true;
+  d.allocation_size = req.size;
+  d.buffer_size = buffer_size;
+  d.offset = 0;
+  d.size = o.size;
+  d.memory_type_index = type;
+  d.usage = static_cast<std::uint32_t>(o.usage);
+  d.memory_flags = static_cast<std::uint32_t>(flags);
+  d.device_uuid = ctx.capabilities().identity.device_uuid;
+  d.driver_uuid = ctx.capabilities().identity.driver_uuid;
+  return GpuBuffer(std::move(impl));
+}
+
+Result<GpuBuffer> GpuBuffer::import(const VulkanContext& ctx, const ExportDescriptor& d, UniqueFd&& fd) {
+  constexpr const char* call = "GpuBuffer::import";
+  if (auto ok = d.validate(); !ok) return std::unexpected(ok.error().within(call));
+  if (!is_gpu(d.kind))
+    return fail(Errc::InvalidArgument, call, format("descriptor is for a {} buffer, not GPU memory", to_string(d.kind)));
+  const auto& me = ctx.capabilities().identity;
+  if (d.device_uuid != me.device_uuid)
+    return fail(Errc::DeviceMismatch, call,
+                format("memory comes from device {}, this context's device {} is {}", to_string(d.device_uuid),
+                            me.name, to_string(me.device_uuid)));
+  if (d.driver_uuid != me.driver_uuid)
+    return fail(Errc::DeviceMismatch, call,
+                format("memory comes from driver {}, this context's driver is {}", to_string(d.driver_uuid),
+                            to_string(me.driver_uuid)));
+  if (!fd.valid() || ::fcntl(fd.get(), F_GETFD) < 0)
+    return fail(Errc::InvalidArgument, call, format("fd {} is not an open file descriptor", fd.get()));
+  LF_TRY_STATUS(require_fd_memory(ctx, call, true));
+  const auto& mem_props = ctx.state()->memory;
+  if (d.memory_type_index >= mem_props.memoryTypeCount)
+    return fail(Errc::DeviceMismatch, call,
+                format("memory type {} does not exist on this device ({} types)", d.memory_type_index,
+                            mem_props.memoryTypeCount));
+
+  const auto& dev = ctx.device();
+  auto impl = std::make_unique<Impl>();
+  impl->state = ctx.state();
+  impl->kind = d.kind;
+  impl->desc = d;
+  const auto usage = vk::BufferUsageFlags(d.usage);
+  LF_TRY(impl->buffer, detail::vk_call("vkCreateBuffer", [&] { return make_buffer(dev, d.buffer_size, usage); }));
+  const auto req = impl->buffer.getMemoryRequirements();
+  if (!(req.memoryTypeBits & (1u << d.memory_type_index)))
+    return fail(Errc::DeviceMismatch, call,
+                format("memory type {} cannot back this buffer here (allowed mask {:#x})", d.memory_type_index,
+                            req.memoryTypeBits));
+  if (req.size > d.allocation_size)
+    return fail(Errc::Malformed, call,
+                format("buffer needs {} bytes but the allocation has {}", req.size, d.allocation_size));
+
+  // Vulkan takes the fd on success only; hand it a duplicate so that a failure after a
+  // successful vkAllocateMemory (which closed the duplicate) still leaves the caller's fd open.
+  LF_TRY(UniqueFd copy, fd.dup());
+  vk::MemoryDedicatedAllocateInfo dedicated({}, *impl->buffer);
+  vk::ImportMemoryFdInfoKHR import_info(vk::ExternalMemoryHandleTypeFlagBits::eOpaqueFd, copy.get(),
+                                        d.dedicated ? &dedicated : nullptr);
+  vk::MemoryAllocateInfo alloc(d.allocation_size, d.memory_type_index, &import_info);
+  LF_TRY(impl->memory, detail::vk_call("vkAllocateMemory(import)", [&] { return vk::raii::DeviceMemory(dev, alloc); }));
+  (void)copy.release();  // the driver owns it now
+  LF_TRY_STATUS(detail::vk_call("vkBindBufferMemory", [&] { impl->buffer.bindMemory(*impl->memory, 0); }));
+  if (vk::MemoryPropertyFlags(d.memory_flags) & vk::MemoryPropertyFlagBits::eHostVisible &&
+      mem_props.memoryTypes[d.memory_type_index].propertyFlags & vk::MemoryPropertyFlagBits::eHostVisible) {
+    LF_TRY(void* p, detail::vk_call("vkMapMemory", [&] { return impl->memory.mapMemory(0, VK_WHOLE_SIZE); }));
+    impl->mapped = static_cast<std::byte*>(p);
+  }
+  fd.reset();  // success: the import consumed the caller's handle
+  return GpuBuffer(std::move(impl));
+}
+
+std::uint64_t GpuBuffer::size() const { return impl_->desc.size; }
+BufferKind GpuBuffer::kind() const { return impl_->kind; }
+std::byte* GpuBuffer::host_ptr() const { return impl_->mapped ? impl_->mapped + impl_->desc.offset : nullptr; }
+vk::Buffer GpuBuffer::buffer() const { return *impl_->buffer; }
+vk::DeviceMemory GpuBuffer::memory() const { return *impl_->memory; }
+std::uint64_t GpuBuffer::offset() const { return impl_->desc.offset; }
+const ExportDescriptor& GpuBuffer::descriptor() const { return impl_->desc; }
+
+Result<Export> GpuBuffer::export_handle() const {
+  vk::MemoryGetFdInfoKHR info(*impl_->memory, kHandle);
+  const auto& dev = detail::get(impl_->state->device);
+  LF_TRY(int raw, detail::vk_call("vkGetMemoryFdKHR", [&] { return dev.getMemoryFdKHR(info); }));
+  UniqueFd fd(raw);
+  // Keep exported fds out of exec'd children.
+  if (::fcntl(fd.get(), F_SETFD, FD_CLOEXEC) < 0) return std::unexpected(from_errno(errno, "fcntl(FD_CLOEXEC)"));
+  return Export{impl_->desc, std::move(fd)};
+}
+
+}  // namespace lavaflow
