@@ -141,7 +141,7 @@ std::uint32_t pick_queue_family(const vk::raii::PhysicalDevice& pd) {
 
 }  // namespace
 
-std::string to_string(vk::PhysicalDeviceType t) {
+std::string device_type_name(vk::PhysicalDeviceType t) {
   switch (t) {
     case vk::PhysicalDeviceType::eDiscreteGpu: return "discrete GPU";
     case vk::PhysicalDeviceType::eIntegratedGpu: return "integrated GPU";

@@ -6,6 +6,7 @@
 #include "lavaflow/core/error.hpp"
 #include "lavaflow/core/gpu_buffer.hpp"
 #include "lavaflow/core/location.hpp"
+#include "lavaflow/core/transfer.hpp"
 #include "lavaflow/core/unique_fd.hpp"
 #include "lavaflow/core/unix_socket.hpp"
 #include "lavaflow/core/vulkan_context.hpp"

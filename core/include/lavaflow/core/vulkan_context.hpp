@@ -40,7 +40,7 @@ struct DeviceCapabilities {
   std::vector<std::string> extensions;  ///< lava-flow-relevant extensions the device has
 };
 
-[[nodiscard]] std::string to_string(vk::PhysicalDeviceType t);
+[[nodiscard]] std::string device_type_name(vk::PhysicalDeviceType t);
 
 /// Lists the Vulkan devices of this machine with their capabilities (creates a temporary instance).
 [[nodiscard]] Result<std::vector<DeviceCapabilities>> enumerate_devices();

@@ -1,0 +1,157 @@
+// SPDX-License-Identifier: MIT
+// lavaflow-info: this process's location, the Vulkan devices and what they can share, and the
+// CPU topology with the CPU allocation strategies available here. `--json` for machines.
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "../common/json.hpp"
+#include "lavaflow/core/format.hpp"
+#include "lavaflow/lavaflow.hpp"
+
+using namespace lavaflow;
+
+namespace {
+
+const char* yes(bool b) { return b ? "yes" : "no"; }
+
+std::string api(std::uint32_t v) {
+  return format("{}.{}.{}", VK_API_VERSION_MAJOR(v), VK_API_VERSION_MINOR(v), VK_API_VERSION_PATCH(v));
+}
+
+struct StrategyRow {
+  CpuStrategy strategy;
+  StrategyChoice choice;
+};
+
+std::vector<StrategyRow> strategies(const CpuTopology& topo, const VulkanContext* ctx) {
+  std::vector<StrategyRow> rows;
+  for (auto s : {CpuStrategy::SharedMemory, CpuStrategy::NumaBound, CpuStrategy::HugePages, CpuStrategy::GpuPinned}) {
+    CpuBufferOptions o{.size = 4 << 20, .strategy = s, .gpu = ctx};
+    rows.push_back({s, choose_cpu_strategy(topo, o)});
+  }
+  rows.push_back({CpuStrategy::Auto, choose_cpu_strategy(topo, {.size = 4 << 20})});
+  return rows;
+}
+
+void usage() {
+  std::puts(
+      "usage: lavaflow-info [--json]\n"
+      "Prints this process's location (host, boot id, pid, Vulkan devices), each Vulkan device with\n"
+      "its UUIDs and the external memory / semaphore handle types it can export and import, the CPU\n"
+      "topology (NUMA nodes, huge pages) and which CPU allocation strategies work here.");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool json = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--json")) json = true;
+    else if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) { usage(); return 0; }
+    else { std::fprintf(stderr, "lavaflow-info: unknown argument %s\n", argv[i]); usage(); return 2; }
+  }
+  auto devices = enumerate_devices();
+  std::vector<DeviceIdentity> ids;
+  if (devices)
+    for (const auto& d : *devices) ids.push_back(d.identity);
+  auto loc = ProcessLocation::current(ids);
+  if (!loc) {
+    std::fprintf(stderr, "lavaflow-info: %s\n", loc.error().message().c_str());
+    return 1;
+  }
+  const auto topo = CpuTopology::detect();
+  auto ctx = VulkanContext::create();
+  const auto rows = strategies(topo, ctx ? &*ctx : nullptr);
+
+  if (json) {
+    lfapp::Json j;
+    j.begin_object();
+    j.begin_object("location")
+        .field("hostname", loc->host.hostname)
+        .field("boot_id", loc->host.boot_id)
+        .field("pid", loc->pid)
+        .field("uid", loc->uid)
+        .end_object();
+    j.begin_array("vulkan_devices");
+    if (devices) {
+      for (const auto& d : *devices) {
+        j.begin_object()
+            .field("index", d.index)
+            .field("name", d.identity.name)
+            .field("type", device_type_name(d.type))
+            .field("api_version", api(d.api_version))
+            .field("driver", d.driver_name)
+            .field("driver_info", d.driver_info)
+            .field("device_uuid", to_string(d.identity.device_uuid))
+            .field("driver_uuid", to_string(d.identity.driver_uuid))
+            .field("device_local_bytes", d.device_local_bytes);
+        j.begin_object("memory_opaque_fd").field("export", d.memory_fd_export).field("import", d.memory_fd_import).end_object();
+        j.begin_object("memory_host_pointer").field("import", d.memory_host_import).field("alignment", d.host_import_alignment).end_object();
+        j.begin_object("semaphore_opaque_fd")
+            .field("export", d.semaphore_fd_export)
+            .field("import", d.semaphore_fd_import)
+            .field("timeline", d.timeline_semaphore)
+            .field("timeline_export", d.timeline_fd_export)
+            .end_object();
+        j.begin_object("fence_opaque_fd").field("export", d.fence_fd_export).end_object();
+        j.end_object();
+      }
+    }
+    j.end_array();
+    if (!devices) j.field("vulkan_error", devices.error().message());
+    j.begin_object("cpu")
+        .field("cpus", topo.cpus)
+        .field("numa_library", topo.numa_library)
+        .field("numa_nodes", topo.numa_nodes)
+        .field("huge_page_size", topo.huge_page_size)
+        .field("huge_pages_total", topo.huge_pages_total)
+        .field("huge_pages_free", topo.huge_pages_free);
+    j.begin_array("strategies");
+    for (const auto& r : rows)
+      j.begin_object()
+          .field("strategy", to_string(r.strategy))
+          .field("available", r.strategy == CpuStrategy::Auto || r.choice.strategy == r.strategy)
+          .field("resolves_to", to_string(r.choice.strategy))
+          .field("reason", r.choice.reason)
+          .end_object();
+    j.end_array().end_object();
+    j.end_object();
+    std::puts(j.str().c_str());
+    return 0;
+  }
+
+  std::printf("lava-flow %s\n\nThis process\n", "0.1.0");
+  std::printf("  host      %s\n  boot id   %s\n  pid       %d   uid %u\n", loc->host.hostname.c_str(),
+              loc->host.boot_id.c_str(), loc->pid, loc->uid);
+  std::printf("\nVulkan devices\n");
+  if (!devices) std::printf("  none: %s\n", devices.error().message().c_str());
+  else if (devices->empty()) std::printf("  none found\n");
+  else
+    for (const auto& d : *devices) {
+      std::printf("  [%u] %s (%s, Vulkan %s, %s)\n", d.index, d.identity.name.c_str(), device_type_name(d.type).c_str(),
+                  api(d.api_version).c_str(), d.driver_name.c_str());
+      std::printf("      device UUID %s\n      driver UUID %s\n", to_string(d.identity.device_uuid).c_str(),
+                  to_string(d.identity.driver_uuid).c_str());
+      std::printf("      memory, opaque fd:    export %-3s import %s\n", yes(d.memory_fd_export), yes(d.memory_fd_import));
+      std::printf("      memory, host pointer: import %s (alignment %llu)\n", yes(d.memory_host_import),
+                  static_cast<unsigned long long>(d.host_import_alignment));
+      std::printf("      semaphore, opaque fd: export %-3s import %-3s timeline %s, timeline export %s\n",
+                  yes(d.semaphore_fd_export), yes(d.semaphore_fd_import), yes(d.timeline_semaphore),
+                  yes(d.timeline_fd_export));
+      std::printf("      fence, opaque fd:     export %s\n", yes(d.fence_fd_export));
+    }
+  std::printf("\nCPU\n  %d CPUs, %d NUMA node(s)%s, huge pages: %llu of %llu free (%llu KiB each)\n", topo.cpus,
+              topo.numa_nodes, topo.numa_library ? "" : " (libnuma unavailable)",
+              static_cast<unsigned long long>(topo.huge_pages_free), static_cast<unsigned long long>(topo.huge_pages_total),
+              static_cast<unsigned long long>(topo.huge_page_size / 1024));
+  std::printf("\nCPU allocation strategies (for a 4 MiB buffer)\n");
+  for (const auto& r : rows) {
+    const bool ok = r.strategy == CpuStrategy::Auto || r.choice.strategy == r.strategy;
+    std::printf("  %-14s %-13s %s\n", std::string(to_string(r.strategy)).c_str(),
+                r.strategy == CpuStrategy::Auto ? ("-> " + std::string(to_string(r.choice.strategy))).c_str()
+                                                : (ok ? "available" : "unavailable"),
+                r.choice.reason.c_str());
+  }
+  return 0;
+}

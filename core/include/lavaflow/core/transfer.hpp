@@ -1,0 +1,26 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+/// @file
+/// Moving bytes in and out of GPU buffers that may not be host-visible: a GPU copy, and upload /
+/// download through a host-visible staging buffer (or the mapping, when there is one). Each call
+/// waits for the GPU with a fence, bounded by `timeout`.
+
+#include <chrono>
+#include <span>
+
+#include "lavaflow/core/gpu_buffer.hpp"
+
+namespace lavaflow {
+
+/// GPU copy of `bytes` from src to dst, submitted on ctx's queue; waits for completion.
+[[nodiscard]] Status copy_buffer(const VulkanContext& ctx, vk::Buffer src, std::uint64_t src_offset, vk::Buffer dst,
+                                 std::uint64_t dst_offset, std::uint64_t bytes,
+                                 std::chrono::milliseconds timeout = std::chrono::seconds(10));
+
+/// Writes `data` at the start of `dst`'s range. InvalidArgument when it does not fit.
+[[nodiscard]] Status upload(const VulkanContext& ctx, const GpuBuffer& dst, std::span<const std::byte> data);
+
+/// Reads `out.size()` bytes from the start of `src`'s range.
+[[nodiscard]] Status download(const VulkanContext& ctx, const GpuBuffer& src, std::span<std::byte> out);
+
+}  // namespace lavaflow

@@ -1,0 +1,56 @@
+// SPDX-License-Identifier: MIT
+#include "lavaflow/core/transfer.hpp"
+
+#include <cstring>
+
+#include "lavaflow/core/format.hpp"
+#include "vk_call.hpp"
+
+namespace lavaflow {
+
+Status copy_buffer(const VulkanContext& ctx, vk::Buffer src, std::uint64_t src_offset, vk::Buffer dst,
+                   std::uint64_t dst_offset, std::uint64_t bytes, std::chrono::milliseconds timeout) {
+  return detail::vk_call("copy_buffer", [&]() -> Status {
+    const auto& dev = ctx.device();
+    vk::raii::CommandPool pool(dev, {vk::CommandPoolCreateFlagBits::eTransient, ctx.queue_family()});
+    vk::raii::CommandBuffers cbs(dev, {*pool, vk::CommandBufferLevel::ePrimary, 1});
+    auto& cb = cbs[0];
+    cb.begin({vk::CommandBufferUsageFlagBits::eOneTimeSubmit});
+    cb.copyBuffer(src, dst, vk::BufferCopy(src_offset, dst_offset, bytes));
+    cb.end();
+    vk::raii::Fence fence(dev, vk::FenceCreateInfo{});
+    vk::CommandBuffer raw = *cb;
+    ctx.queue().submit(vk::SubmitInfo({}, {}, raw), *fence);
+    const auto ns = static_cast<std::uint64_t>(std::chrono::nanoseconds(timeout).count());
+    if (dev.waitForFences(*fence, VK_TRUE, ns) == vk::Result::eTimeout)
+      return fail(Errc::Timeout, "vkWaitForFences", format("copy of {} bytes not done within {} ms", bytes, timeout.count()));
+    return {};
+  });
+}
+
+Status upload(const VulkanContext& ctx, const GpuBuffer& dst, std::span<const std::byte> data) {
+  if (data.size() > dst.size())
+    return fail(Errc::InvalidArgument, "upload", format("{} bytes do not fit a {} byte buffer", data.size(), dst.size()));
+  if (auto* p = dst.host_ptr()) {
+    std::memcpy(p, data.data(), data.size());
+    return {};
+  }
+  LF_TRY(auto staging, GpuBuffer::allocate(ctx, {.size = data.size(), .memory = GpuMemory::HostVisible}));
+  std::memcpy(staging.host_ptr(), data.data(), data.size());
+  return copy_buffer(ctx, staging.buffer(), 0, dst.buffer(), dst.offset(), data.size());
+}
+
+Status download(const VulkanContext& ctx, const GpuBuffer& src, std::span<std::byte> out) {
+  if (out.size() > src.size())
+    return fail(Errc::InvalidArgument, "download", format("{} bytes requested from a {} byte buffer", out.size(), src.size()));
+  if (auto* p = src.host_ptr()) {
+    std::memcpy(out.data(), p, out.size());
+    return {};
+  }
+  LF_TRY(auto staging, GpuBuffer::allocate(ctx, {.size = out.size(), .memory = GpuMemory::HostVisible}));
+  LF_TRY_STATUS(copy_buffer(ctx, src.buffer(), src.offset(), staging.buffer(), 0, out.size()));
+  std::memcpy(out.data(), staging.host_ptr(), out.size());
+  return {};
+}
+
+}  // namespace lavaflow

@@ -1,0 +1,84 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+// Test helpers: visible skips (exit code 77, which CTest reports as "Skipped"), Result checks,
+// byte patterns, spawning helper processes, and a Vulkan buffer copy for GPU-side checks.
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "lavaflow/lavaflow.hpp"
+#include "vk_helpers.hpp"
+
+namespace lftest {
+
+inline constexpr int kSkipCode = 77;
+
+/// Ends this test process as skipped, with the reason on stdout (CTest shows it).
+[[noreturn]] inline void skip(const std::string& reason) {
+  std::printf("LAVAFLOW-SKIP: %s\n", reason.c_str());
+  std::fflush(stdout);
+  std::_Exit(kSkipCode);
+}
+
+template <class R>
+decltype(auto) ok(R&& r) {
+  if (!r) FAIL("unexpected error: " << r.error().message());
+  if constexpr (!std::is_void_v<typename std::remove_cvref_t<R>::value_type>) return *std::forward<R>(r);
+}
+
+template <class R>
+lavaflow::Error err(R&& r) {
+  if (r) FAIL("expected an error, got success");
+  return r.error();
+}
+
+/// A Vulkan context on the best device, or a visible skip when this machine has none.
+inline lavaflow::VulkanContext context_or_skip(const lavaflow::VulkanContextOptions& o = {}) {
+  auto ctx = lavaflow::VulkanContext::create(o);
+  if (!ctx) skip("no usable Vulkan device: " + ctx.error().message());
+  return std::move(*ctx);
+}
+
+inline int open_fds() { return *lavaflow::count_open_fds(); }
+
+inline bool fd_is_open(int fd) { return fd >= 0 && ::fcntl(fd, F_GETFD) >= 0; }
+
+/// Starts `path args...` with `keep_fd` inherited (its number passed as the last argument).
+inline pid_t spawn(const std::string& path, std::vector<std::string> args, int keep_fd) {
+  int fl = ::fcntl(keep_fd, F_GETFD);
+  ::fcntl(keep_fd, F_SETFD, fl & ~FD_CLOEXEC);
+  args.insert(args.begin(), path);
+  args.push_back(std::to_string(keep_fd));
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, path.c_str(), nullptr, nullptr, argv.data(), environ);
+  ::fcntl(keep_fd, F_SETFD, fl);
+  REQUIRE(rc == 0);
+  return pid;
+}
+
+inline int wait_exit(pid_t pid) {
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/// Copies `bytes` from src to dst with a Vulkan transfer and waits (a real GPU-side access).
+inline void vk_copy(const lavaflow::VulkanContext& ctx, vk::Buffer src, std::uint64_t src_off, vk::Buffer dst,
+                    std::uint64_t dst_off, std::uint64_t bytes) {
+  auto e = vk_copy_status(ctx, src, src_off, dst, dst_off, bytes);
+  if (!e.empty()) FAIL("vk_copy: " << e);
+}
+
+}  // namespace lftest

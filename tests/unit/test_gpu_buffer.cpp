@@ -1,0 +1,121 @@
+// SPDX-License-Identifier: MIT
+#include <sys/mman.h>
+
+#include "support.hpp"
+
+using namespace lavaflow;
+
+TEST_CASE("exportable GPU buffers: both memory kinds, export, import into another context") {
+  auto a = lftest::context_or_skip();
+  if (!a.capabilities().memory_fd_export) lftest::skip("device cannot export opaque-fd memory");
+  auto b = lftest::ok(VulkanContext::create({.device = a.capabilities().identity.device_uuid}));
+  for (auto mem : {GpuMemory::DeviceLocal, GpuMemory::HostVisible}) {
+    for (std::uint64_t size : {std::uint64_t{1}, std::uint64_t{4093}, std::uint64_t{1} << 20}) {
+      INFO("size " << size << " memory " << static_cast<int>(mem));
+      auto src = lftest::ok(GpuBuffer::allocate(a, {.size = size, .memory = mem}));
+      CHECK(src.size() == size);
+      CHECK(src.kind() == (mem == GpuMemory::DeviceLocal ? BufferKind::GpuDeviceLocal : BufferKind::GpuHostVisible));
+      auto ex = lftest::ok(src.export_handle());
+      CHECK(ex.fd.valid());
+      CHECK(ex.descriptor.dedicated);
+      CHECK(ex.descriptor.allocation_size >= size + kGpuTailPadding);
+      auto dst = lftest::ok(GpuBuffer::import(b, ex.descriptor, std::move(ex.fd)));
+      CHECK_FALSE(ex.fd.valid());  // consumed on success
+      if (!src.host_ptr() || !dst.host_ptr()) continue;  // device-local without host mapping
+      lftest::fill(src.bytes(), size);
+      CHECK(lftest::first_mismatch(dst.bytes(), size) == -1);
+      lftest::fill(dst.bytes(), size + 1);
+      CHECK(lftest::first_mismatch(src.bytes(), size + 1) == -1);
+    }
+  }
+}
+
+TEST_CASE("imported memory is really shared with the GPU: a Vulkan copy in one context is seen by the other") {
+  auto a = lftest::context_or_skip();
+  auto b = lftest::ok(VulkanContext::create({.device = a.capabilities().identity.device_uuid}));
+  const std::uint64_t n = 65536;
+  auto staging = lftest::ok(GpuBuffer::allocate(a, {.size = n, .memory = GpuMemory::HostVisible}));
+  auto shared = lftest::ok(GpuBuffer::allocate(a, {.size = n, .memory = GpuMemory::DeviceLocal}));
+  lftest::fill(staging.bytes(), 99);
+  lftest::vk_copy(a, staging.buffer(), 0, shared.buffer(), 0, n);
+  auto ex = lftest::ok(shared.export_handle());
+  auto imported = lftest::ok(GpuBuffer::import(b, ex.descriptor, std::move(ex.fd)));
+  auto readback = lftest::ok(GpuBuffer::allocate(b, {.size = n, .memory = GpuMemory::HostVisible}));
+  lftest::vk_copy(b, imported.buffer(), 0, readback.buffer(), 0, n);
+  CHECK(lftest::first_mismatch(readback.bytes(), 99) == -1);
+}
+
+TEST_CASE("GPU import refuses bad input before any driver call and leaves the fd with the caller") {
+  auto a = lftest::context_or_skip();
+  auto src = lftest::ok(GpuBuffer::allocate(a, {.size = 4096}));
+  auto ex = lftest::ok(src.export_handle());
+  const int raw = ex.fd.get();
+
+  auto d = ex.descriptor;
+  d.device_uuid[0] ^= 0xff;
+  auto e = lftest::err(GpuBuffer::import(a, d, std::move(ex.fd)));
+  CHECK(e.code() == Errc::DeviceMismatch);
+  CHECK(e.cause().find("device") != std::string::npos);
+  CHECK(ex.fd.get() == raw);
+  CHECK(lftest::fd_is_open(raw));
+
+  d = ex.descriptor;
+  d.driver_uuid[5] ^= 0x1;
+  CHECK(lftest::err(GpuBuffer::import(a, d, std::move(ex.fd))).code() == Errc::DeviceMismatch);
+
+  d = ex.descriptor;
+  d.size = d.buffer_size + 1;
+  CHECK(lftest::err(GpuBuffer::import(a, d, std::move(ex.fd))).code() == Errc::Malformed);
+
+  d = ex.descriptor;
+  d.memory_type_index = 31;
+  CHECK(lftest::err(GpuBuffer::import(a, d, std::move(ex.fd))).code() == Errc::DeviceMismatch);
+
+  d = ex.descriptor;
+  d.kind = BufferKind::CpuShared;
+  CHECK(lftest::err(GpuBuffer::import(a, d, std::move(ex.fd))).code() == Errc::InvalidArgument);
+  CHECK(lftest::fd_is_open(raw));
+
+  // Closed and never-open fds.
+  UniqueFd closed(::memfd_create("x", MFD_CLOEXEC));
+  ::close(closed.get());
+  auto bad = lftest::err(GpuBuffer::import(a, ex.descriptor, std::move(closed)));
+  CHECK(bad.code() == Errc::InvalidArgument);
+  CHECK(bad.cause().find("not an open file descriptor") != std::string::npos);
+  (void)closed.release();
+  CHECK(lftest::err(GpuBuffer::import(a, ex.descriptor, UniqueFd())).code() == Errc::InvalidArgument);
+
+  // Still importable after all the refusals.
+  auto good = lftest::ok(GpuBuffer::import(a, ex.descriptor, std::move(ex.fd)));
+  CHECK(good.size() == 4096);
+}
+
+TEST_CASE("GPU allocation rejects bad sizes") {
+  auto a = lftest::context_or_skip();
+  CHECK(lftest::err(GpuBuffer::allocate(a, {.size = 0})).code() == Errc::InvalidArgument);
+  auto huge = GpuBuffer::allocate(a, {.size = std::uint64_t{1} << 60});
+  REQUIRE_FALSE(huge);
+  CHECK((huge.error().code() == Errc::InvalidArgument || huge.error().code() == Errc::OutOfMemory));
+}
+
+TEST_CASE("open-fd count is unchanged after 10,000 export/import/destroy cycles") {
+  auto a = lftest::context_or_skip();
+  auto b = lftest::ok(VulkanContext::create({.device = a.capabilities().identity.device_uuid}));
+  auto src = lftest::ok(GpuBuffer::allocate(a, {.size = 4096, .memory = GpuMemory::HostVisible}));
+  // Warm up driver-internal fds (lavapipe opens some lazily).
+  { auto ex = lftest::ok(src.export_handle()); auto i = lftest::ok(GpuBuffer::import(b, ex.descriptor, std::move(ex.fd))); }
+  const int before = lftest::open_fds();
+  for (int i = 0; i < 10000; ++i) {
+    auto ex = src.export_handle();
+    REQUIRE(ex);
+    auto imported = GpuBuffer::import(b, ex->descriptor, std::move(ex->fd));
+    REQUIRE(imported);
+    if (i % 1000 == 0) {
+      auto fresh = GpuBuffer::allocate(a, {.size = 1 << 16});
+      REQUIRE(fresh);
+      auto ex2 = fresh->export_handle();
+      REQUIRE(ex2);
+    }
+  }
+  CHECK(lftest::open_fds() == before);
+}

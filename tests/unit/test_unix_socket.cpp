@@ -1,0 +1,61 @@
+// SPDX-License-Identifier: MIT
+#include <sys/mman.h>
+#include <sys/socket.h>
+
+#include "support.hpp"
+
+using namespace lavaflow;
+using namespace std::chrono_literals;
+
+TEST_CASE("messages carry payload and fds, and the fds arrive as new owners") {
+  auto [a, b] = lftest::ok(socket_pair());
+  UniqueFd f1(::memfd_create("one", MFD_CLOEXEC)), f2(::memfd_create("two", MFD_CLOEXEC));
+  std::vector<std::byte> payload{std::byte{1}, std::byte{2}, std::byte{3}};
+  int fds[] = {f1.get(), f2.get()};
+  lftest::ok(send_message(a.get(), payload, fds));
+  auto m = lftest::ok(recv_message(b.get(), 1000ms));
+  CHECK(m.payload == payload);
+  REQUIRE(m.fds.size() == 2);
+  CHECK(m.fds[0].get() != f1.get());
+  CHECK(lftest::fd_is_open(m.fds[0].get()));
+}
+
+TEST_CASE("timeouts, hang-ups and malformed frames are clear errors and leak no fd") {
+  const int before = lftest::open_fds();
+  {
+    auto [a, b] = lftest::ok(socket_pair());
+    auto t = lftest::err(recv_message(b.get(), 20ms));
+    CHECK(t.code() == Errc::Timeout);
+
+    // Garbage frames, some with fds attached.
+    const char junk[] = "not a lava-flow frame";
+    REQUIRE(::send(a.get(), junk, sizeof junk, 0) > 0);
+    CHECK(lftest::err(recv_message(b.get(), 1000ms)).code() == Errc::Malformed);
+
+    std::vector<std::byte> payload(10);
+    UniqueFd f(::memfd_create("x", MFD_CLOEXEC));
+    int fds[] = {f.get(), f.get(), f.get()};
+    lftest::ok(send_message(a.get(), payload, fds));
+    auto too_many = lftest::err(recv_message(b.get(), 1000ms, kMaxMessagePayload, 2));
+    CHECK(too_many.code() == Errc::Malformed);
+    CHECK(too_many.cause().find("3 fds") != std::string::npos);
+
+    std::vector<std::byte> big(5000);
+    lftest::ok(send_message(a.get(), big));
+    CHECK(lftest::err(recv_message(b.get(), 1000ms, 4096)).code() == Errc::Malformed);
+
+    // Header that lies about the payload length.
+    wire::Writer w;
+    w.put(std::uint32_t{0x4d464c46});
+    w.put(std::uint32_t{100});
+    w.put(std::uint32_t{0});
+    auto lie = std::move(w).take();
+    REQUIRE(::send(a.get(), lie.data(), lie.size(), 0) > 0);
+    CHECK(lftest::err(recv_message(b.get(), 1000ms)).cause().find("announces 100") != std::string::npos);
+
+    a.reset();
+    CHECK(lftest::err(recv_message(b.get(), 1000ms)).code() == Errc::PeerLost);
+    CHECK(lftest::err(send_message(b.get(), payload)).code() == Errc::PeerLost);
+  }
+  CHECK(lftest::open_fds() == before);
+}
