@@ -56,6 +56,15 @@ function(lavaflow_target_defaults target)
   endif()
 endfunction()
 
+# Executables of sanitizer builds keep the Vulkan drivers loaded (see cmake/sanitizer_pin.cpp).
+function(lavaflow_executable_defaults target)
+  lavaflow_target_defaults(${target})
+  if(LAVAFLOW_SANITIZE)
+    target_sources(${target} PRIVATE ${PROJECT_SOURCE_DIR}/cmake/sanitizer_pin.cpp)
+    target_link_libraries(${target} PRIVATE ${CMAKE_DL_LIBS})
+  endif()
+endfunction()
+
 # lavaflow_add_library(NAME ALIAS SOURCES ...): a library with include/ as public headers.
 function(lavaflow_add_library name alias)
   add_library(${name} ${ARGN})
@@ -72,6 +81,6 @@ endfunction()
 
 function(lavaflow_add_app name)
   add_executable(${name} ${ARGN})
-  lavaflow_target_defaults(${name})
+  lavaflow_executable_defaults(${name})
   set_property(GLOBAL APPEND PROPERTY LAVAFLOW_INSTALL_APPS ${name})
 endfunction()
