@@ -10,7 +10,8 @@ install(TARGETS ${targets} EXPORT lavaflowTargets
 if(apps)
   install(TARGETS ${apps} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 endif()
-install(DIRECTORY ${PROJECT_SOURCE_DIR}/core/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/core/include/ ${PROJECT_SOURCE_DIR}/transports/include/
+        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(EXPORT lavaflowTargets NAMESPACE lavaflow:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/lavaflow)
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/lavaflowConfig.cmake.in
   ${PROJECT_BINARY_DIR}/lavaflowConfig.cmake

@@ -2,6 +2,7 @@
 #pragma once
 /// @file Everything of lavaflow::core in one include.
 #include "lavaflow/core/buffer.hpp"
+#include "lavaflow/core/channel.hpp"
 #include "lavaflow/core/cpu_buffer.hpp"
 #include "lavaflow/core/error.hpp"
 #include "lavaflow/core/gpu_buffer.hpp"

@@ -1,0 +1,225 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+/// @file
+/// Channels: one producer, any number of consumers (fan-out: each sees every message), on one host.
+/// A ring of N buffers is allocated once by the producer and shared once, at connect time (fds over
+/// a Unix socket, SCM_RIGHTS). Per message only a slot descriptor moves, through a lock-free ring in
+/// shared memory: `loan()` → write → `publish()`; `receive()` → read → release (RAII).
+///
+/// Rendezvous is by name among processes of one user: the producer owns a socket in a 0700
+/// directory of that user and holds a lock file for its lifetime, so a crashed producer's name is
+/// reclaimed safely by the next one. A peer's death is seen through its socket hanging up.
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+
+#include "lavaflow/core/transport.hpp"
+
+namespace lavaflow {
+
+enum class WaitMode : std::uint8_t {
+  BusyPoll,       ///< spin; lowest latency, burns a core
+  Block,          ///< futex in the shared ring; sleeps at once
+  SpinThenBlock,  ///< spin briefly, then futex (default)
+};
+
+enum class FullPolicy : std::uint8_t {
+  Block,       ///< producer waits for a free slot (default)
+  DropOldest,  ///< the oldest message a lagging consumer has not taken yet is dropped for it
+  FailFast,    ///< loan() reports WouldBlock at once
+};
+
+using Duration = std::chrono::nanoseconds;
+inline constexpr Duration kForever = Duration::max();
+
+struct ProducerOptions {
+  std::uint32_t slots = 8;                 ///< ring length N (1..62)
+  std::uint64_t slot_size = 1 << 20;       ///< bytes per ring buffer
+  std::uint32_t max_consumers = 16;        ///< 1..16
+  FullPolicy policy = FullPolicy::Block;
+  WaitMode wait = WaitMode::SpinThenBlock;
+  std::string transport;                   ///< "" = route automatically; else force "shm" / "vulkan"
+  TransportSet transports;                 ///< in preference order, e.g. lavaflow::local_transports()
+  const VulkanContext* vulkan = nullptr;   ///< for the Vulkan transport; null = make one when needed
+  std::optional<ProcessLocation> peer;     ///< the consumer, when known in advance (routing uses it)
+  std::optional<HostIdentity> host;        ///< override of this host's identity (tests, containers)
+  std::filesystem::path directory;         ///< rendezvous directory; empty = the user's default
+};
+
+struct ConsumerOptions {
+  WaitMode wait = WaitMode::SpinThenBlock;
+  Duration connect_timeout = std::chrono::seconds(10);  ///< wait this long for the producer to appear
+  TransportSet transports;                 ///< must contain the producer's transport
+  const VulkanContext* vulkan = nullptr;   ///< for importing Vulkan rings; null = make one when needed
+  std::optional<HostIdentity> host;
+  std::filesystem::path directory;
+};
+
+/// Optional per-message header.
+struct MessageInfo {
+  std::uint64_t size = 0;          ///< bytes used (≤ slot size); publish(): 0 means the whole slot
+  std::uint64_t user_tag = 0;
+  std::uint64_t timestamp_ns = 0;  ///< CLOCK_MONOTONIC at publish (set by publish)
+  std::uint64_t sequence = 0;      ///< 0, 1, 2, … per channel (set by publish)
+};
+
+/// The route a channel took, and why.
+struct ChannelRoute {
+  std::string transport;
+  std::string reason;
+};
+
+/// Default rendezvous directory: $XDG_RUNTIME_DIR/lavaflow or /tmp/lavaflow-<uid>.
+[[nodiscard]] std::filesystem::path default_channel_directory();
+
+class Producer;
+class Consumer;
+
+/// A loaned ring buffer. Write into `bytes()`, then `Producer::publish(std::move(loan))`.
+/// Dropping a Loan unpublished gives the slot back.
+class Loan {
+ public:
+  Loan(Loan&&) noexcept;
+  Loan& operator=(Loan&&) noexcept;
+  ~Loan();
+  [[nodiscard]] std::span<std::byte> bytes() const;  ///< empty when the buffer is not host-visible
+  [[nodiscard]] Buffer& buffer() const;              ///< the ring buffer itself (e.g. a GpuBuffer)
+  [[nodiscard]] std::uint64_t sequence() const { return seq_; }
+
+ private:
+  friend class Producer;
+  Loan(Producer* p, std::uint64_t seq) : producer_(p), seq_(seq) {}
+  Producer* producer_ = nullptr;
+  std::uint64_t seq_ = 0;
+};
+
+/// A received message; released (slot returned) when destroyed.
+class Received {
+ public:
+  Received(Received&&) noexcept;
+  Received& operator=(Received&&) noexcept;
+  ~Received();
+  [[nodiscard]] std::span<const std::byte> bytes() const;  ///< the used bytes (info().size)
+  [[nodiscard]] Buffer& buffer() const;
+  [[nodiscard]] const MessageInfo& info() const { return info_; }
+  /// Messages this consumer missed just before this one (DropOldest policy), else 0.
+  [[nodiscard]] std::uint64_t missed() const { return missed_; }
+  void release();
+
+ private:
+  friend class Consumer;
+  Received(Consumer* c, MessageInfo info, std::uint64_t missed) : consumer_(c), info_(info), missed_(missed) {}
+  Consumer* consumer_ = nullptr;
+  MessageInfo info_;
+  std::uint64_t missed_ = 0;
+};
+
+class Producer {
+ public:
+  /// Creates channel `name` (letters, digits, '-', '_', '.'; ≤ 64) and starts accepting consumers.
+  /// Fails with PermissionDenied/"in use" when a live producer holds the name.
+  [[nodiscard]] static Result<std::unique_ptr<Producer>> create(const std::string& name, ProducerOptions options = {});
+  ~Producer();
+
+  /// A free ring buffer, waiting at most `timeout` under the Block policy.
+  [[nodiscard]] Result<Loan> loan(Duration timeout = kForever);
+  /// Never waits: WouldBlock when the ring is full for some consumer.
+  [[nodiscard]] Result<Loan> try_loan();
+  /// Hands the buffer to every consumer (atomic: consumers never see a half-published message).
+  [[nodiscard]] Result<MessageInfo> publish(Loan&& loan, MessageInfo info = {});
+
+  [[nodiscard]] const ChannelRoute& route() const;
+  [[nodiscard]] const std::string& name() const;
+  [[nodiscard]] std::uint32_t slots() const;
+  [[nodiscard]] std::uint64_t slot_size() const;
+  [[nodiscard]] std::uint32_t consumer_count() const;
+  /// Waits until at least `n` consumers are connected.
+  [[nodiscard]] Status wait_for_consumers(std::uint32_t n, Duration timeout);
+
+  struct Impl;
+
+ private:
+  friend class Loan;
+  explicit Producer(std::unique_ptr<Impl> impl);
+  void abandon(std::uint64_t seq);
+  std::unique_ptr<Impl> impl_;
+};
+
+class Consumer {
+ public:
+  /// Connects to channel `name`, waiting up to `connect_timeout` for its producer to appear.
+  [[nodiscard]] static Result<std::unique_ptr<Consumer>> open(const std::string& name, ConsumerOptions options = {});
+  ~Consumer();
+
+  /// The next message, waiting at most `timeout`. PeerLost once the producer is gone and every
+  /// message it published has been received.
+  [[nodiscard]] Result<Received> receive(Duration timeout = kForever);
+  [[nodiscard]] Result<Received> try_receive();
+
+  [[nodiscard]] const ChannelRoute& route() const;
+  [[nodiscard]] std::uint32_t slots() const;
+  [[nodiscard]] std::uint64_t slot_size() const;
+  [[nodiscard]] std::int32_t producer_pid() const;
+
+  struct Impl;
+
+ private:
+  friend class Received;
+  explicit Consumer(std::unique_ptr<Impl> impl);
+  void release(std::uint64_t seq);
+  std::unique_ptr<Impl> impl_;
+};
+
+/// The seed's form: a producer for a known peer (route from both locations). The consumer opens
+/// `producer->name()`.
+struct Channel {
+  [[nodiscard]] static Result<std::unique_ptr<Producer>> create(const VulkanContext* vulkan, const ProcessLocation& me,
+                                                                const ProcessLocation& peer, ProducerOptions options = {});
+};
+
+/// Typed channels for trivially copyable T: one T per message.
+template <class T>
+  requires std::is_trivially_copyable_v<T>
+class TypedProducer {
+ public:
+  explicit TypedProducer(std::unique_ptr<Producer> p) : p_(std::move(p)) {}
+  [[nodiscard]] Result<MessageInfo> send(const T& value, Duration timeout = kForever) {
+    LF_TRY(Loan loan, p_->loan(timeout));
+    auto b = loan.bytes();
+    if (b.size() < sizeof(T)) return fail(Errc::InvalidArgument, "TypedProducer::send", "slot smaller than T");
+    std::memcpy(b.data(), &value, sizeof(T));
+    return p_->publish(std::move(loan), {.size = sizeof(T)});
+  }
+  [[nodiscard]] Producer& untyped() { return *p_; }
+
+ private:
+  std::unique_ptr<Producer> p_;
+};
+
+template <class T>
+  requires std::is_trivially_copyable_v<T>
+class TypedConsumer {
+ public:
+  explicit TypedConsumer(std::unique_ptr<Consumer> c) : c_(std::move(c)) {}
+  [[nodiscard]] Result<T> receive(Duration timeout = kForever) {
+    LF_TRY(Received r, c_->receive(timeout));
+    if (r.bytes().size() != sizeof(T))
+      return fail(Errc::Malformed, "TypedConsumer::receive", "message size differs from sizeof(T)");
+    T value;
+    std::memcpy(&value, r.bytes().data(), sizeof(T));
+    return value;
+  }
+  [[nodiscard]] Consumer& untyped() { return *c_; }
+
+ private:
+  std::unique_ptr<Consumer> c_;
+};
+
+}  // namespace lavaflow

@@ -1,0 +1,60 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+/// @file
+/// The narrow interface every channel transport implements: a "can I connect to this peer?" probe
+/// that says why, and how the ring buffers are made (producer) and imported (consumer). Transports
+/// are plain objects in a TransportSet the caller owns: no static registry.
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "lavaflow/core/buffer.hpp"
+#include "lavaflow/core/location.hpp"
+
+namespace lavaflow {
+
+class VulkanContext;
+
+/// What a transport may use on this side.
+struct TransportEnv {
+  const VulkanContext* vulkan = nullptr;  ///< null: none (a Vulkan transport reports it cannot connect)
+};
+
+struct Probe {
+  bool ok = false;
+  std::string reason;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  /// Short stable name: "vulkan", "shm", "mpi".
+  [[nodiscard]] virtual std::string_view name() const = 0;
+  /// Can a producer at `me` serve a consumer at `peer`? `peer` unset: any consumer on this host.
+  [[nodiscard]] virtual Probe can_connect(const ProcessLocation& me, const std::optional<ProcessLocation>& peer,
+                                          const TransportEnv& env) const = 0;
+  /// Producer side: one ring buffer of `size` bytes, exportable.
+  [[nodiscard]] virtual Result<std::unique_ptr<Buffer>> allocate(const TransportEnv& env, std::uint64_t size) const = 0;
+  /// Consumer side: import one ring buffer. Consumes `fd` on success only.
+  [[nodiscard]] virtual Result<std::unique_ptr<Buffer>> import(const TransportEnv& env, const ExportDescriptor& desc,
+                                                               UniqueFd&& fd) const = 0;
+};
+
+/// Transports in preference order (first that can connect wins).
+using TransportSet = std::vector<std::shared_ptr<const Transport>>;
+
+struct RouteDecision {
+  std::shared_ptr<const Transport> transport;  ///< null when none can connect
+  std::string reason;                          ///< why this one, or why none
+};
+
+/// Picks the first transport of `set` that can connect (or exactly `forced` when given by name,
+/// failing with its probe's reason when it cannot).
+[[nodiscard]] Result<RouteDecision> choose_route(const TransportSet& set, const ProcessLocation& me,
+                                                 const std::optional<ProcessLocation>& peer, const TransportEnv& env,
+                                                 std::string_view forced = {});
+
+}  // namespace lavaflow

@@ -1,0 +1,805 @@
+// SPDX-License-Identifier: MIT
+#include "lavaflow/core/channel.hpp"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/file.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <ctime>
+#include <new>
+#include <thread>
+
+#include "handshake.hpp"
+#include "lavaflow/core/cpu_buffer.hpp"
+#include "lavaflow/core/format.hpp"
+#include "lavaflow/core/unix_socket.hpp"
+#include "lavaflow/core/vulkan_context.hpp"
+
+namespace lavaflow {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using detail::kMaxConsumers;
+using detail::kMaxSlots;
+
+// ---------------------------------------------------------------------------------------------
+// The shared control block. Fixed layout; every field a peer could have scribbled on is checked
+// before it is used as a size or an index.
+
+constexpr std::uint32_t kControlMagic = 0x52434c46;  // "FLCR"
+constexpr std::uint32_t kControlVersion = 1;
+
+struct alignas(64) SharedConsumer {
+  std::atomic<std::uint32_t> state;     // 0 free, 1 active; written by the producer's service thread only
+  std::atomic<std::uint64_t> next;      // next sequence to receive (consumer claims by CAS; DropOldest skips by CAS)
+  std::atomic<std::uint64_t> released;  // every sequence below this is released
+};
+
+struct alignas(64) SharedSlot {
+  std::atomic<std::uint64_t> seq;
+  std::atomic<std::uint64_t> size;
+  std::atomic<std::uint64_t> tag;
+  std::atomic<std::uint64_t> timestamp_ns;
+};
+
+struct ControlBlock {
+  std::uint32_t magic;
+  std::uint32_t version;
+  std::uint32_t slots;
+  std::uint32_t max_consumers;
+  std::uint64_t slot_size;
+  alignas(64) std::atomic<std::uint64_t> write_seq;  // messages published
+  alignas(64) std::atomic<std::uint32_t> data_futex;
+  std::atomic<std::uint32_t> consumers_waiting;
+  alignas(64) std::atomic<std::uint32_t> space_futex;
+  std::atomic<std::uint32_t> producer_waiting;
+  std::atomic<std::uint32_t> closed;  // producer closed the channel in order
+  SharedConsumer consumers[kMaxConsumers];
+  SharedSlot ring[kMaxSlots];
+};
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free && std::atomic<std::uint32_t>::is_always_lock_free,
+              "shared-memory atomics must be lock-free");
+
+void futex_wait(std::atomic<std::uint32_t>& word, std::uint32_t expected, Duration max) {
+  const auto ns = std::min<long long>(max.count(), 100'000'000);  // re-check at least every 100 ms
+  timespec ts{0, static_cast<long>(ns)};
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void futex_wake_all(std::atomic<std::uint32_t>& word) {
+  word.fetch_add(1, std::memory_order_seq_cst);
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+std::uint64_t now_ns() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+inline void cpu_relax() { __builtin_ia32_pause(); }
+
+struct Deadline {
+  explicit Deadline(Duration timeout)
+      : forever(timeout == kForever || timeout > std::chrono::hours(24 * 365)),
+        at(forever ? Clock::time_point::max() : Clock::now() + timeout) {}
+  bool forever;
+  Clock::time_point at;
+  [[nodiscard]] bool passed() const { return !forever && Clock::now() >= at; }
+  [[nodiscard]] Duration left() const {
+    return forever ? Duration(std::chrono::milliseconds(100)) : std::max(Duration(0), Duration(at - Clock::now()));
+  }
+};
+
+/// Waits until `ready()`; `aborted()` returns an error to stop with. Spins first (per mode), then
+/// sleeps on `word` announcing itself in `waiters` (Dekker-style with the waker: both seq_cst).
+template <class Ready, class Aborted>
+Status wait_until(Ready ready, Aborted aborted, std::atomic<std::uint32_t>& word, std::atomic<std::uint32_t>& waiters,
+                  WaitMode mode, Duration timeout, const char* call) {
+  const Deadline dl(timeout);
+  const std::uint64_t spins = mode == WaitMode::Block ? 0 : mode == WaitMode::SpinThenBlock ? 20'000 : UINT64_MAX;
+  for (std::uint64_t i = 0; i < spins; ++i) {
+    if (ready()) return {};
+    if ((i & 1023) == 1023) {
+      if (auto e = aborted()) return std::unexpected(*e);
+      if (dl.passed()) return fail(Errc::Timeout, call, "timed out");
+    }
+    cpu_relax();
+  }
+  for (;;) {
+    waiters.fetch_add(1, std::memory_order_seq_cst);
+    const std::uint32_t v = word.load(std::memory_order_seq_cst);
+    if (ready()) {
+      waiters.fetch_sub(1, std::memory_order_seq_cst);
+      return {};
+    }
+    if (auto e = aborted()) {
+      waiters.fetch_sub(1, std::memory_order_seq_cst);
+      return std::unexpected(*e);
+    }
+    if (dl.passed()) {
+      waiters.fetch_sub(1, std::memory_order_seq_cst);
+      return fail(Errc::Timeout, call, "timed out");
+    }
+    futex_wait(word, v, dl.left());
+    waiters.fetch_sub(1, std::memory_order_seq_cst);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rendezvous: a private directory, a lock file held by the live producer, a SEQPACKET socket.
+
+Status check_name(const std::string& name) {
+  if (name.empty() || name.size() > 64)
+    return fail(Errc::InvalidArgument, "channel name", format("\"{}\": must be 1 to 64 characters", name));
+  for (char c : name)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.'))
+      return fail(Errc::InvalidArgument, "channel name", format("\"{}\": only letters, digits, '-', '_', '.'", name));
+  if (name[0] == '.') return fail(Errc::InvalidArgument, "channel name", "must not start with '.'");
+  return {};
+}
+
+Status private_directory(const std::filesystem::path& dir, bool create) {
+  if (create) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir.parent_path(), ec);
+    if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
+      return std::unexpected(from_errno(errno, "mkdir", dir.string()));
+  }
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0) return std::unexpected(from_errno(errno, "lstat", dir.string()));
+  if (!S_ISDIR(st.st_mode)) return fail(Errc::PermissionDenied, "channel directory", dir.string() + " is not a directory");
+  if (st.st_uid != ::getuid())
+    return fail(Errc::PermissionDenied, "channel directory",
+                format("{} belongs to uid {}, not to this user (uid {})", dir.string(), st.st_uid, ::getuid()));
+  if (st.st_mode & 077)
+    return fail(Errc::PermissionDenied, "channel directory",
+                format("{} is reachable by other users (mode {:o}); it must be 0700", dir.string(), st.st_mode & 0777));
+  return {};
+}
+
+Result<UniqueFd> unix_socket() {
+  int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0) return std::unexpected(from_errno(errno, "socket(AF_UNIX)"));
+  return UniqueFd(fd);
+}
+
+Result<sockaddr_un> address(const std::filesystem::path& p) {
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  if (p.native().size() >= sizeof a.sun_path)
+    return fail(Errc::InvalidArgument, "channel socket", format("path {} is too long for a Unix socket", p.string()));
+  std::memcpy(a.sun_path, p.c_str(), p.native().size());
+  return a;
+}
+
+Result<ucred> peer_credentials(int sock) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (::getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0)
+    return std::unexpected(from_errno(errno, "getsockopt(SO_PEERCRED)"));
+  return cred;
+}
+
+Status send_refuse(int sock, const std::string& reason) {
+  return send_message(sock, detail::encode(detail::Refuse{reason}));
+}
+
+Result<ProcessLocation> my_location(const std::optional<HostIdentity>& host, const VulkanContext* vk, bool enumerate) {
+  std::vector<DeviceIdentity> devices;
+  if (vk) {
+    devices.push_back(vk->capabilities().identity);
+  } else if (enumerate) {
+    if (auto all = enumerate_devices())
+      for (const auto& d : *all) devices.push_back(d.identity);
+  }
+  if (host) return ProcessLocation::current_with(*host, std::move(devices));
+  return ProcessLocation::current(std::move(devices));
+}
+
+}  // namespace
+
+std::filesystem::path default_channel_directory() {
+  if (const char* xdg = std::getenv("XDG_RUNTIME_DIR"); xdg && *xdg) {
+    struct stat st {};
+    if (::stat(xdg, &st) == 0 && st.st_uid == ::getuid()) return std::filesystem::path(xdg) / "lavaflow";
+  }
+  return std::filesystem::path("/tmp") / format("lavaflow-{}", ::getuid());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Producer
+
+struct Producer::Impl {
+  std::string name;
+  ProducerOptions options;
+  ChannelRoute route;
+  std::shared_ptr<const Transport> transport;
+  std::optional<VulkanContext> own_vulkan;
+  TransportEnv env;
+  ProcessLocation me;
+  std::optional<CpuBuffer> control_mem;
+  ControlBlock* control = nullptr;
+  std::vector<std::unique_ptr<Buffer>> ring;
+  std::filesystem::path socket_path, lock_path;
+  UniqueFd lock_fd, listen_fd, stop_fd;
+  std::uint64_t write_seq = 0;  // mirror of control->write_seq; the producer is its only writer
+  bool loan_out = false;
+  std::thread service;
+
+  struct Connection {
+    UniqueFd sock;
+    std::uint32_t index;
+  };
+  std::vector<Connection> connections;  // service thread only
+
+  ~Impl() {
+    if (control) {
+      control->closed.store(1, std::memory_order_seq_cst);
+      futex_wake_all(control->data_futex);
+    }
+    if (service.joinable()) {
+      std::uint64_t one = 1;
+      (void)!::write(stop_fd.get(), &one, sizeof one);
+      service.join();
+    }
+    if (listen_fd) ::unlink(socket_path.c_str());  // we hold the lock: the name is ours
+  }
+
+  [[nodiscard]] bool slot_free(std::uint64_t seq) const {
+    for (std::uint32_t i = 0; i < options.max_consumers; ++i) {
+      const auto& c = control->consumers[i];
+      if (c.state.load(std::memory_order_acquire) != 1) continue;
+      if (seq - c.released.load(std::memory_order_acquire) >= options.slots) return false;
+    }
+    return true;
+  }
+
+  /// DropOldest: skips the oldest untaken message of every consumer that lags a full ring and
+  /// holds nothing. A consumer holding its oldest message cannot be skipped past (its buffer is
+  /// in use), so then the producer waits as under Block.
+  void drop_for_laggards(std::uint64_t seq) {
+    for (std::uint32_t i = 0; i < options.max_consumers; ++i) {
+      auto& c = control->consumers[i];
+      if (c.state.load(std::memory_order_acquire) != 1) continue;
+      std::uint64_t rel = c.released.load(std::memory_order_acquire);
+      std::uint64_t nxt = c.next.load(std::memory_order_acquire);
+      if (seq - rel < options.slots || nxt != rel) continue;
+      if (c.next.compare_exchange_strong(nxt, nxt + 1, std::memory_order_acq_rel))
+        c.released.compare_exchange_strong(rel, rel + 1, std::memory_order_acq_rel);
+    }
+  }
+
+  void service_loop();
+  void admit(UniqueFd sock);
+  void drop_connection(std::size_t i) {
+    auto& c = control->consumers[connections[i].index];
+    c.state.store(0, std::memory_order_seq_cst);
+    futex_wake_all(control->space_futex);  // a producer waiting on this consumer's slots goes on
+    connections.erase(connections.begin() + static_cast<long>(i));
+  }
+};
+
+void Producer::Impl::admit(UniqueFd sock) {
+  auto cred = peer_credentials(sock.get());
+  if (!cred) return;
+  if (cred->uid != ::getuid()) {
+    (void)send_refuse(sock.get(), format("uid {} may not use this channel (owner uid {})", cred->uid, ::getuid()));
+    return;
+  }
+  auto msg = recv_message(sock.get(), 2s);
+  if (!msg) return;  // slow, dead or confused client: it gets a hang-up
+  auto hs = detail::decode(msg->payload, msg->fds.size());
+  if (!hs || !std::holds_alternative<detail::Hello>(*hs)) {
+    (void)send_refuse(sock.get(), hs ? "expected a Hello message" : hs.error().message());
+    return;
+  }
+  const auto& peer = std::get<detail::Hello>(*hs).location;
+  auto probe = transport->can_connect(me, peer, env);
+  if (!probe.ok) {
+    (void)send_refuse(sock.get(), format("this channel uses the {} transport, which cannot reach you: {}",
+                                         transport->name(), probe.reason));
+    return;
+  }
+  std::uint32_t index = options.max_consumers;
+  for (std::uint32_t i = 0; i < options.max_consumers; ++i) {
+    bool taken = false;
+    for (const auto& c : connections) taken |= c.index == i;
+    if (!taken) {
+      index = i;
+      break;
+    }
+  }
+  if (index == options.max_consumers) {
+    (void)send_refuse(sock.get(), format("channel already has its maximum of {} consumers", options.max_consumers));
+    return;
+  }
+  detail::Welcome w;
+  w.consumer_index = index;
+  w.slots = options.slots;
+  w.slot_size = options.slot_size;
+  w.producer_pid = me.pid;
+  w.transport = std::string(transport->name());
+  w.route_reason = probe.reason;
+  std::vector<Export> exports;
+  auto cex = control_mem->export_handle();
+  if (!cex) return (void)send_refuse(sock.get(), cex.error().message());
+  w.control = cex->descriptor;
+  exports.push_back(std::move(*cex));
+  for (const auto& b : ring) {
+    auto ex = b->export_handle();
+    if (!ex) return (void)send_refuse(sock.get(), ex.error().message());
+    w.ring.push_back(ex->descriptor);
+    exports.push_back(std::move(*ex));
+  }
+  std::vector<int> fds;
+  for (const auto& e : exports) fds.push_back(e.fd.get());
+  // Start the consumer at the current head: it sees every message published from now on.
+  auto& c = control->consumers[index];
+  const std::uint64_t head = control->write_seq.load(std::memory_order_seq_cst);
+  c.next.store(head, std::memory_order_seq_cst);
+  c.released.store(head, std::memory_order_seq_cst);
+  c.state.store(1, std::memory_order_seq_cst);
+  if (!send_message(sock.get(), detail::encode(w), fds)) {
+    c.state.store(0, std::memory_order_seq_cst);
+    return;
+  }
+  connections.push_back({std::move(sock), index});
+}
+
+void Producer::Impl::service_loop() {
+  for (;;) {
+    std::vector<pollfd> p;
+    p.push_back({stop_fd.get(), POLLIN, 0});
+    p.push_back({listen_fd.get(), POLLIN, 0});
+    for (const auto& c : connections) p.push_back({c.sock.get(), POLLIN, 0});
+    if (::poll(p.data(), p.size(), -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (p[0].revents) return;
+    // Consumers: after the handshake they never send; readable means hang-up (or junk: dropped).
+    for (std::size_t i = p.size(); i-- > 2;) {
+      if (!p[i].revents) continue;
+      drop_connection(i - 2);
+    }
+    if (p[1].revents & POLLIN) {
+      int fd = ::accept4(listen_fd.get(), nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd >= 0) admit(UniqueFd(fd));
+    }
+  }
+}
+
+Producer::Producer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Producer::~Producer() = default;
+
+Result<std::unique_ptr<Producer>> Producer::create(const std::string& name, ProducerOptions o) {
+  constexpr const char* call = "Producer::create";
+  if (auto ok = check_name(name); !ok) return std::unexpected(ok.error().within(call));
+  if (o.slots == 0 || o.slots > kMaxSlots)
+    return fail(Errc::InvalidArgument, call, format("{} slots: must be 1 to {}", o.slots, kMaxSlots));
+  if (o.slot_size == 0 || o.slot_size > detail::kMaxSlotSize)
+    return fail(Errc::InvalidArgument, call, format("slot size {} out of range", o.slot_size));
+  if (o.max_consumers == 0 || o.max_consumers > kMaxConsumers)
+    return fail(Errc::InvalidArgument, call, format("max_consumers {}: must be 1 to {}", o.max_consumers, kMaxConsumers));
+  if (o.transports.empty())
+    return fail(Errc::InvalidArgument, call, "no transports given (pass lavaflow::local_transports())");
+
+  auto impl = std::make_unique<Impl>();
+  impl->name = name;
+  const auto dir = o.directory.empty() ? default_channel_directory() : o.directory;
+  if (auto ok = private_directory(dir, true); !ok) return std::unexpected(ok.error().within(call));
+  impl->socket_path = dir / (name + ".sock");
+  impl->lock_path = dir / (name + ".lock");
+
+  // The lock is the name: held while this producer lives, released by the kernel when it dies.
+  int lock = ::open(impl->lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (lock < 0) return std::unexpected(from_errno(errno, "open", impl->lock_path.string()).within(call));
+  impl->lock_fd.reset(lock);
+  if (::flock(lock, LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK)
+      return fail(Errc::PermissionDenied, call, format("channel \"{}\" is in use by a live producer", name));
+    return std::unexpected(from_errno(errno, "flock").within(call));
+  }
+
+  // Route.
+  const bool want_vulkan = o.transport.empty() || o.transport == "vulkan";
+  if (o.vulkan) {
+    impl->env.vulkan = o.vulkan;
+  } else if (want_vulkan) {
+    bool has_vulkan = false;
+    for (const auto& t : o.transports) has_vulkan |= t->name() == "vulkan";
+    if (has_vulkan) {
+      if (auto ctx = VulkanContext::create(); ctx) impl->own_vulkan.emplace(std::move(*ctx));
+      if (impl->own_vulkan) impl->env.vulkan = &*impl->own_vulkan;
+    }
+  }
+  LF_TRY(impl->me, my_location(o.host, impl->env.vulkan, false));
+  auto route = choose_route(o.transports, impl->me, o.peer, impl->env, o.transport);
+  if (!route) return std::unexpected(route.error().within(call));
+  impl->transport = route->transport;
+  impl->route = {std::string(route->transport->name()), route->reason};
+
+  // Control block and ring, allocated once.
+  auto control = CpuBuffer::allocate({.size = sizeof(ControlBlock), .strategy = CpuStrategy::SharedMemory});
+  if (!control) return std::unexpected(control.error().within(call));
+  impl->control_mem.emplace(std::move(*control));
+  impl->control = new (impl->control_mem->host_ptr()) ControlBlock{};
+  impl->control->magic = kControlMagic;
+  impl->control->version = kControlVersion;
+  impl->control->slots = o.slots;
+  impl->control->max_consumers = o.max_consumers;
+  impl->control->slot_size = o.slot_size;
+  for (std::uint32_t i = 0; i < o.slots; ++i) {
+    auto b = impl->transport->allocate(impl->env, o.slot_size);
+    if (!b) return std::unexpected(b.error().within(call));
+    impl->ring.push_back(std::move(*b));
+  }
+
+  // Socket: a stale one from a crashed producer is ours to replace (we hold the lock).
+  ::unlink(impl->socket_path.c_str());
+  LF_TRY(impl->listen_fd, unix_socket());
+  LF_TRY(auto addr, address(impl->socket_path));
+  if (::bind(impl->listen_fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0)
+    return std::unexpected(from_errno(errno, "bind", impl->socket_path.string()).within(call));
+  if (::listen(impl->listen_fd.get(), 64) != 0) return std::unexpected(from_errno(errno, "listen").within(call));
+  int ev = ::eventfd(0, EFD_CLOEXEC);
+  if (ev < 0) return std::unexpected(from_errno(errno, "eventfd").within(call));
+  impl->stop_fd.reset(ev);
+  impl->options = std::move(o);
+  impl->service = std::thread([p = impl.get()] { p->service_loop(); });
+  return std::unique_ptr<Producer>(new Producer(std::move(impl)));
+}
+
+Result<Loan> Producer::loan(Duration timeout) {
+  auto& m = *impl_;
+  constexpr const char* call = "Producer::loan";
+  if (m.loan_out) return fail(Errc::InvalidArgument, call, "the previous loan is not published or dropped yet");
+  const std::uint64_t seq = m.write_seq;
+  auto ready = [&] {
+    if (m.options.policy == FullPolicy::DropOldest) m.drop_for_laggards(seq);
+    return m.slot_free(seq);
+  };
+  if (!ready()) {
+    if (m.options.policy == FullPolicy::FailFast)
+      return fail(Errc::WouldBlock, call, "ring full: a consumer has not released its oldest message");
+    auto never = [] { return std::optional<Error>(); };
+    auto ok = wait_until(ready, never, m.control->space_futex, m.control->producer_waiting, m.options.wait, timeout, call);
+    if (!ok) {
+      if (ok.error().code() == Errc::Timeout)
+        return fail(Errc::Timeout, call, "ring full: no consumer released a slot in time");
+      return std::unexpected(ok.error());
+    }
+  }
+  m.loan_out = true;
+  return Loan(this, seq);
+}
+
+Result<Loan> Producer::try_loan() {
+  auto& m = *impl_;
+  if (m.options.policy == FullPolicy::DropOldest) m.drop_for_laggards(m.write_seq);
+  if (!m.loan_out && !m.slot_free(m.write_seq))
+    return fail(Errc::WouldBlock, "Producer::try_loan", "ring full: a consumer has not released its oldest message");
+  return loan(Duration(0));
+}
+
+Result<MessageInfo> Producer::publish(Loan&& loan, MessageInfo info) {
+  auto& m = *impl_;
+  constexpr const char* call = "Producer::publish";
+  if (loan.producer_ != this || loan.seq_ != m.write_seq)
+    return fail(Errc::InvalidArgument, call, "loan does not belong to this producer's current slot");
+  if (info.size == 0) info.size = m.options.slot_size;
+  if (info.size > m.options.slot_size)
+    return fail(Errc::InvalidArgument, call, format("size {} exceeds the slot size {}", info.size, m.options.slot_size));
+  info.sequence = loan.seq_;
+  info.timestamp_ns = now_ns();
+  auto& slot = m.control->ring[loan.seq_ % m.options.slots];
+  slot.size.store(info.size, std::memory_order_relaxed);
+  slot.tag.store(info.user_tag, std::memory_order_relaxed);
+  slot.timestamp_ns.store(info.timestamp_ns, std::memory_order_relaxed);
+  slot.seq.store(loan.seq_, std::memory_order_relaxed);
+  // The hand-off: one store makes the message (written before it) visible to every consumer.
+  m.control->write_seq.store(loan.seq_ + 1, std::memory_order_seq_cst);
+  ++m.write_seq;
+  m.loan_out = false;
+  loan.producer_ = nullptr;
+  if (m.control->consumers_waiting.load(std::memory_order_seq_cst) != 0) futex_wake_all(m.control->data_futex);
+  return info;
+}
+
+void Producer::abandon(std::uint64_t seq) {
+  if (seq == impl_->write_seq) impl_->loan_out = false;
+}
+
+const ChannelRoute& Producer::route() const { return impl_->route; }
+const std::string& Producer::name() const { return impl_->name; }
+std::uint32_t Producer::slots() const { return impl_->options.slots; }
+std::uint64_t Producer::slot_size() const { return impl_->options.slot_size; }
+std::uint32_t Producer::consumer_count() const {
+  std::uint32_t n = 0;
+  for (std::uint32_t i = 0; i < impl_->options.max_consumers; ++i)
+    n += impl_->control->consumers[i].state.load(std::memory_order_acquire) == 1;
+  return n;
+}
+
+Status Producer::wait_for_consumers(std::uint32_t n, Duration timeout) {
+  const Deadline dl(timeout);
+  while (consumer_count() < n) {
+    if (dl.passed())
+      return fail(Errc::Timeout, "Producer::wait_for_consumers", format("{} of {} consumers connected", consumer_count(), n));
+    std::this_thread::sleep_for(1ms);
+  }
+  return {};
+}
+
+Loan::Loan(Loan&& o) noexcept : producer_(std::exchange(o.producer_, nullptr)), seq_(o.seq_) {}
+Loan& Loan::operator=(Loan&& o) noexcept {
+  if (this != &o) {
+    if (producer_) producer_->abandon(seq_);
+    producer_ = std::exchange(o.producer_, nullptr);
+    seq_ = o.seq_;
+  }
+  return *this;
+}
+Loan::~Loan() {
+  if (producer_) producer_->abandon(seq_);
+}
+std::span<std::byte> Loan::bytes() const { return producer_->impl_->ring[seq_ % producer_->impl_->options.slots]->bytes(); }
+Buffer& Loan::buffer() const { return *producer_->impl_->ring[seq_ % producer_->impl_->options.slots]; }
+
+// ---------------------------------------------------------------------------------------------
+// Consumer
+
+struct Consumer::Impl {
+  ConsumerOptions options;
+  ChannelRoute route;
+  std::shared_ptr<const Transport> transport;
+  std::optional<VulkanContext> own_vulkan;
+  TransportEnv env;
+  std::optional<CpuBuffer> control_mem;
+  ControlBlock* control = nullptr;
+  SharedConsumer* self = nullptr;
+  std::uint32_t slots = 0;
+  std::uint64_t slot_size = 0;
+  std::int32_t producer_pid = 0;
+  std::vector<std::unique_ptr<Buffer>> ring;
+  UniqueFd sock, stop_fd;
+  std::atomic<bool> lost{false};
+  std::string lost_reason;  // written before `lost` is set
+  std::thread watcher;
+  // Local release bookkeeping: messages may be released in any order; `released` advances over the
+  // contiguous prefix.
+  std::uint64_t expected = 0;  // sequence following the last received
+  std::uint64_t released = 0;
+  std::uint32_t held = 0;
+  std::vector<std::uint8_t> done;
+  bool started = false;
+
+  ~Impl() {
+    if (watcher.joinable()) {
+      std::uint64_t one = 1;
+      (void)!::write(stop_fd.get(), &one, sizeof one);
+      watcher.join();
+    }
+  }
+
+  void watch() {
+    pollfd p[2] = {{stop_fd.get(), POLLIN, 0}, {sock.get(), POLLIN, 0}};
+    for (;;) {
+      if (::poll(p, 2, -1) < 0) {
+        if (errno == EINTR) continue;
+        return;
+      }
+      if (p[0].revents) return;
+      if (p[1].revents) {
+        lost_reason = format("producer (pid {}) hung up: it exited or was killed", producer_pid);
+        lost.store(true, std::memory_order_seq_cst);
+        futex_wake_all(control->data_futex);
+        return;
+      }
+    }
+  }
+
+  std::optional<Error> gone() const {
+    if (lost.load(std::memory_order_seq_cst)) return Error(Errc::PeerLost, "Consumer::receive", lost_reason);
+    if (control->closed.load(std::memory_order_seq_cst))
+      return Error(Errc::PeerLost, "Consumer::receive", format("producer (pid {}) closed the channel", producer_pid));
+    return std::nullopt;
+  }
+};
+
+Consumer::Consumer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Consumer::~Consumer() = default;
+
+Result<std::unique_ptr<Consumer>> Consumer::open(const std::string& name, ConsumerOptions o) {
+  constexpr const char* call = "Consumer::open";
+  if (auto ok = check_name(name); !ok) return std::unexpected(ok.error().within(call));
+  if (o.transports.empty())
+    return fail(Errc::InvalidArgument, call, "no transports given (pass lavaflow::local_transports())");
+  auto impl = std::make_unique<Impl>();
+  const auto dir = o.directory.empty() ? default_channel_directory() : o.directory;
+  const auto path = dir / (name + ".sock");
+  LF_TRY(auto addr, address(path));
+  const Deadline dl(o.connect_timeout);
+
+  // Connect, in any start order: wait for the producer to appear.
+  for (;;) {
+    if (::access(dir.c_str(), F_OK) == 0) {
+      if (auto ok = private_directory(dir, false); !ok) return std::unexpected(ok.error().within(call));
+    }
+    LF_TRY(impl->sock, unix_socket());
+    if (::connect(impl->sock.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) break;
+    const int err = errno;
+    if (err != ENOENT && err != ECONNREFUSED && err != EAGAIN)
+      return std::unexpected(from_errno(err, "connect", path.string()).within(call));
+    if (dl.passed())
+      return fail(Errc::Timeout, call, format("no producer for channel \"{}\" appeared at {}", name, path.string()));
+    std::this_thread::sleep_for(5ms);
+  }
+  LF_TRY(auto cred, peer_credentials(impl->sock.get()));
+  if (cred.uid != ::getuid())
+    return fail(Errc::PermissionDenied, call,
+                format("the producer of \"{}\" runs as uid {}, this process as uid {}: refused", name, cred.uid, ::getuid()));
+
+  LF_TRY(auto me, my_location(o.host, o.vulkan, true));
+  if (auto s = send_message(impl->sock.get(), detail::encode(detail::Hello{me})); !s)
+    return std::unexpected(s.error().within(call));
+  auto msg = recv_message(impl->sock.get(), std::chrono::duration_cast<std::chrono::milliseconds>(std::max(dl.left(), Duration(5s))));
+  if (!msg) return std::unexpected(msg.error().within(call));
+  auto hs = detail::decode(msg->payload, msg->fds.size());
+  if (!hs) return std::unexpected(hs.error().within(call));
+  if (auto* r = std::get_if<detail::Refuse>(&*hs)) return fail(Errc::PermissionDenied, call, "producer refused: " + r->reason);
+  if (!std::holds_alternative<detail::Welcome>(*hs)) return fail(Errc::Malformed, call, "expected a Welcome message");
+  auto& w = std::get<detail::Welcome>(*hs);
+
+  for (const auto& t : o.transports)
+    if (t->name() == w.transport) impl->transport = t;
+  if (!impl->transport)
+    return fail(Errc::Unsupported, call, format("channel uses transport {}, which this consumer was not given", w.transport));
+  impl->route = {w.transport, w.route_reason};
+  impl->slots = w.slots;
+  impl->slot_size = w.slot_size;
+  impl->producer_pid = w.producer_pid;
+
+  if (w.control.size < sizeof(ControlBlock))
+    return fail(Errc::Malformed, call, format("control block of {} bytes, need {}", w.control.size, sizeof(ControlBlock)));
+  auto control = CpuBuffer::import(w.control, std::move(msg->fds[0]));
+  if (!control) return std::unexpected(control.error().within(call));
+  impl->control_mem.emplace(std::move(*control));
+  impl->control = reinterpret_cast<ControlBlock*>(impl->control_mem->host_ptr());
+  const auto& cb = *impl->control;
+  if (cb.magic != kControlMagic || cb.version != kControlVersion || cb.slots != w.slots || cb.slot_size != w.slot_size ||
+      cb.max_consumers > kMaxConsumers || w.consumer_index >= cb.max_consumers)
+    return fail(Errc::Malformed, call, "control block does not match the handshake");
+  impl->self = &impl->control->consumers[w.consumer_index];
+
+  if (w.transport == "vulkan") {
+    if (o.vulkan) {
+      impl->env.vulkan = o.vulkan;
+    } else {
+      auto ctx = VulkanContext::create({.device = w.ring[0].device_uuid});
+      if (!ctx) return std::unexpected(ctx.error().within(call));
+      impl->own_vulkan.emplace(std::move(*ctx));
+      impl->env.vulkan = &*impl->own_vulkan;
+    }
+  }
+  for (std::uint32_t i = 0; i < w.slots; ++i) {
+    auto b = impl->transport->import(impl->env, w.ring[i], std::move(msg->fds[1 + i]));
+    if (!b) return std::unexpected(b.error().within(call));
+    impl->ring.push_back(std::move(*b));
+  }
+  impl->done.assign(w.slots, 0);
+  impl->options = std::move(o);
+  int ev = ::eventfd(0, EFD_CLOEXEC);
+  if (ev < 0) return std::unexpected(from_errno(errno, "eventfd").within(call));
+  impl->stop_fd.reset(ev);
+  impl->watcher = std::thread([p = impl.get()] { p->watch(); });
+  return std::unique_ptr<Consumer>(new Consumer(std::move(impl)));
+}
+
+Result<Received> Consumer::receive(Duration timeout) {
+  auto& m = *impl_;
+  constexpr const char* call = "Consumer::receive";
+  auto& cb = *m.control;
+  if (m.held >= m.slots)
+    return fail(Errc::InvalidArgument, call, format("all {} ring buffers are held: release one first", m.slots));
+  for (;;) {
+    std::uint64_t n = m.self->next.load(std::memory_order_acquire);
+    auto ready = [&] {
+      n = m.self->next.load(std::memory_order_acquire);
+      return cb.write_seq.load(std::memory_order_seq_cst) > n;
+    };
+    if (!ready()) {
+      auto gone = [&] { return m.gone(); };
+      LF_TRY_STATUS(wait_until(ready, gone, cb.data_futex, cb.consumers_waiting, m.options.wait, timeout, call));
+    }
+    if (!m.self->next.compare_exchange_strong(n, n + 1, std::memory_order_acq_rel)) continue;  // dropped under us
+    const auto& slot = cb.ring[n % m.slots];
+    const std::uint64_t seq = slot.seq.load(std::memory_order_acquire);
+    const std::uint64_t size = slot.size.load(std::memory_order_relaxed);
+    if (seq != n) return fail(Errc::Malformed, call, format("ring slot holds message {}, expected {}", seq, n));
+    if (size > m.slot_size)
+      return fail(Errc::Malformed, call, format("message size {} exceeds the slot size {}", size, m.slot_size));
+    if (!m.started) {
+      m.expected = m.released = n;
+      m.started = true;
+    }
+    if (m.held == 0) m.released = n;  // everything before n was released by us or dropped for us
+    const std::uint64_t missed = n - m.expected;
+    m.expected = n + 1;
+    ++m.held;
+    MessageInfo info{size, slot.tag.load(std::memory_order_relaxed), slot.timestamp_ns.load(std::memory_order_relaxed), n};
+    return Received(this, info, missed);
+  }
+}
+
+Result<Received> Consumer::try_receive() {
+  auto& cb = *impl_->control;
+  if (cb.write_seq.load(std::memory_order_seq_cst) <= impl_->self->next.load(std::memory_order_acquire)) {
+    if (auto e = impl_->gone()) return std::unexpected(*e);
+    return fail(Errc::WouldBlock, "Consumer::try_receive", "no message waiting");
+  }
+  return receive(Duration(0));
+}
+
+void Consumer::release(std::uint64_t seq) {
+  auto& m = *impl_;
+  m.done[seq % m.slots] = 1;
+  --m.held;
+  while (m.released < m.expected && m.done[m.released % m.slots]) {
+    m.done[m.released % m.slots] = 0;
+    ++m.released;
+  }
+  m.self->released.store(m.released, std::memory_order_seq_cst);
+  if (m.control->producer_waiting.load(std::memory_order_seq_cst) != 0) futex_wake_all(m.control->space_futex);
+}
+
+const ChannelRoute& Consumer::route() const { return impl_->route; }
+std::uint32_t Consumer::slots() const { return impl_->slots; }
+std::uint64_t Consumer::slot_size() const { return impl_->slot_size; }
+std::int32_t Consumer::producer_pid() const { return impl_->producer_pid; }
+
+Received::Received(Received&& o) noexcept
+    : consumer_(std::exchange(o.consumer_, nullptr)), info_(o.info_), missed_(o.missed_) {}
+Received& Received::operator=(Received&& o) noexcept {
+  if (this != &o) {
+    release();
+    consumer_ = std::exchange(o.consumer_, nullptr);
+    info_ = o.info_;
+    missed_ = o.missed_;
+  }
+  return *this;
+}
+Received::~Received() { release(); }
+void Received::release() {
+  if (consumer_) std::exchange(consumer_, nullptr)->release(info_.sequence);
+}
+std::span<const std::byte> Received::bytes() const {
+  auto all = consumer_->impl_->ring[info_.sequence % consumer_->impl_->slots]->bytes();
+  return all.first(std::min<std::uint64_t>(info_.size, all.size()));
+}
+Buffer& Received::buffer() const { return *consumer_->impl_->ring[info_.sequence % consumer_->impl_->slots]; }
+
+// ---------------------------------------------------------------------------------------------
+
+Result<std::unique_ptr<Producer>> Channel::create(const VulkanContext* vulkan, const ProcessLocation& me,
+                                                  const ProcessLocation& peer, ProducerOptions options) {
+  options.vulkan = vulkan;
+  options.peer = peer;
+  options.host = me.host;
+  return Producer::create(format("ch-{}-{}-{}", me.pid, peer.pid, now_ns() % 1'000'000'007ull), std::move(options));
+}
+
+}  // namespace lavaflow

@@ -1,0 +1,55 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+// Private: the channel handshake on the rendezvous socket, and its validating decoders (fuzzed by
+// tests/fuzz/fuzz_handshake.cpp).
+//   consumer → producer: Hello   {ProcessLocation}
+//   producer → consumer: Welcome {consumer index, ring geometry, route, descriptors} + fds
+//                        Refuse  {reason}
+#include <cstdint>
+#include <span>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "lavaflow/core/buffer.hpp"
+#include "lavaflow/core/location.hpp"
+
+namespace lavaflow::detail {
+
+inline constexpr std::uint32_t kHandshakeMagic = 0x48434c46;  // "FLCH"
+inline constexpr std::uint16_t kHandshakeVersion = 1;
+inline constexpr std::uint32_t kMaxSlots = 62;      // + 1 control fd ≤ 64 fds per frame
+inline constexpr std::uint32_t kMaxConsumers = 16;
+inline constexpr std::uint64_t kMaxSlotSize = std::uint64_t{1} << 40;
+
+enum class MessageType : std::uint8_t { Hello = 1, Welcome = 2, Refuse = 3 };
+
+struct Hello {
+  ProcessLocation location;
+};
+
+struct Welcome {
+  std::uint32_t consumer_index = 0;
+  std::uint32_t slots = 0;
+  std::uint64_t slot_size = 0;
+  std::int32_t producer_pid = 0;
+  std::string transport;
+  std::string route_reason;
+  ExportDescriptor control;
+  std::vector<ExportDescriptor> ring;  ///< `slots` entries
+};
+
+struct Refuse {
+  std::string reason;
+};
+
+[[nodiscard]] std::vector<std::byte> encode(const Hello& m);
+[[nodiscard]] std::vector<std::byte> encode(const Welcome& m);
+[[nodiscard]] std::vector<std::byte> encode(const Refuse& m);
+
+using Handshake = std::variant<Hello, Welcome, Refuse>;
+/// Validates everything: magic, version, type, lengths, counts, every descriptor, and that the
+/// frame carried exactly the fds the message needs (`fd_count`).
+[[nodiscard]] Result<Handshake> decode(std::span<const std::byte> bytes, std::size_t fd_count);
+
+}  // namespace lavaflow::detail

@@ -1,0 +1,18 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+/// @file
+/// The local transports: Vulkan IPC (ring buffers are exportable Vulkan allocations, imported into
+/// the consumer's own Vulkan context) and CPU shared memory (memfd ring buffers).
+
+#include "lavaflow/core/transport.hpp"
+
+namespace lavaflow {
+
+/// Vulkan IPC: needs a local peer that has the producer's device (same device and driver UUID).
+[[nodiscard]] std::shared_ptr<const Transport> vulkan_transport();
+/// CPU shared memory: needs a local peer.
+[[nodiscard]] std::shared_ptr<const Transport> shm_transport();
+/// Both, in preference order: Vulkan IPC, then shared memory.
+[[nodiscard]] TransportSet local_transports();
+
+}  // namespace lavaflow

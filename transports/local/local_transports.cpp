@@ -1,0 +1,70 @@
+// SPDX-License-Identifier: MIT
+#include "lavaflow/transports/local.hpp"
+
+#include "lavaflow/core/cpu_buffer.hpp"
+#include "lavaflow/core/format.hpp"
+#include "lavaflow/core/gpu_buffer.hpp"
+
+namespace lavaflow {
+namespace {
+
+Probe local_only(const ProcessLocation& me, const std::optional<ProcessLocation>& peer) {
+  if (!peer) return {true, "any consumer on this host"};
+  auto scope = detect_scope(me, *peer);
+  return {scope.scope == Scope::Local, scope.reason};
+}
+
+class ShmTransport final : public Transport {
+ public:
+  std::string_view name() const override { return "shm"; }
+  Probe can_connect(const ProcessLocation& me, const std::optional<ProcessLocation>& peer,
+                    const TransportEnv&) const override {
+    auto p = local_only(me, peer);
+    if (p.ok) p.reason = "CPU shared memory: " + p.reason;
+    return p;
+  }
+  Result<std::unique_ptr<Buffer>> allocate(const TransportEnv&, std::uint64_t size) const override {
+    LF_TRY(auto b, CpuBuffer::allocate({.size = size, .strategy = CpuStrategy::SharedMemory}));
+    return std::unique_ptr<Buffer>(std::make_unique<CpuBuffer>(std::move(b)));
+  }
+  Result<std::unique_ptr<Buffer>> import(const TransportEnv&, const ExportDescriptor& d, UniqueFd&& fd) const override {
+    LF_TRY(auto b, CpuBuffer::import(d, std::move(fd)));
+    return std::unique_ptr<Buffer>(std::make_unique<CpuBuffer>(std::move(b)));
+  }
+};
+
+class VulkanTransport final : public Transport {
+ public:
+  std::string_view name() const override { return "vulkan"; }
+  Probe can_connect(const ProcessLocation& me, const std::optional<ProcessLocation>& peer,
+                    const TransportEnv& env) const override {
+    if (!env.vulkan) return {false, "no Vulkan context on the producer side"};
+    const auto& caps = env.vulkan->capabilities();
+    if (!caps.memory_fd_export) return {false, format("device {} cannot export opaque-fd memory", caps.identity.name)};
+    auto local = local_only(me, peer);
+    if (!local.ok) return local;
+    if (!peer) return {true, format("Vulkan IPC on {}: {}", caps.identity.name, local.reason)};
+    for (const auto& d : peer->devices)
+      if (d == caps.identity) return {true, format("Vulkan IPC: {} and the peer share device {}", local.reason, caps.identity.name)};
+    return {false, format("{}, but the peer has no Vulkan device matching {} (device and driver UUID)", local.reason,
+                          caps.identity.name)};
+  }
+  Result<std::unique_ptr<Buffer>> allocate(const TransportEnv& env, std::uint64_t size) const override {
+    if (!env.vulkan) return fail(Errc::Unsupported, "vulkan transport", "no Vulkan context");
+    LF_TRY(auto b, GpuBuffer::allocate(*env.vulkan, {.size = size, .memory = GpuMemory::DeviceLocal}));
+    return std::unique_ptr<Buffer>(std::make_unique<GpuBuffer>(std::move(b)));
+  }
+  Result<std::unique_ptr<Buffer>> import(const TransportEnv& env, const ExportDescriptor& d, UniqueFd&& fd) const override {
+    if (!env.vulkan) return fail(Errc::Unsupported, "vulkan transport", "no Vulkan context to import into");
+    LF_TRY(auto b, GpuBuffer::import(*env.vulkan, d, std::move(fd)));
+    return std::unique_ptr<Buffer>(std::make_unique<GpuBuffer>(std::move(b)));
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<const Transport> vulkan_transport() { return std::make_shared<VulkanTransport>(); }
+std::shared_ptr<const Transport> shm_transport() { return std::make_shared<ShmTransport>(); }
+TransportSet local_transports() { return {vulkan_transport(), shm_transport()}; }
+
+}  // namespace lavaflow
