@@ -45,7 +45,10 @@ endfunction()
 # Warnings and sanitizers for every target of ours.
 function(lavaflow_target_defaults target)
   target_compile_options(${target} PRIVATE -Wall -Wextra -Wpedantic -Wshadow -Wconversion
-                                           -Wno-sign-conversion)
+                                           -Wno-sign-conversion
+                                           # g++ 12 flags designated initializers that rely on
+                                           # default member initializers (fixed in g++ 13).
+                                           -Wno-missing-field-initializers)
   if(LAVAFLOW_WERROR)
     target_compile_options(${target} PRIVATE -Werror)
   endif()

@@ -1,18 +1,29 @@
 // SPDX-License-Identifier: MIT
-// lavaflow-demo: two processes on this machine share one exportable Vulkan buffer.
-// The producer allocates it, writes a known pattern and sends descriptor + fd over a Unix socket
-// (SCM_RIGHTS); the consumer imports it into its own Vulkan context and verifies every byte.
+// lavaflow-demo — lava-flow's main job.
+//   lavaflow-demo [--count N] [--size BYTES] [--transport auto|shm|vulkan]
+//       runs a producer here and a consumer process, connected by a channel; verifies every message.
+//   lavaflow-demo produce --channel NAME [--count N] [--size BYTES] [--transport …] [--consumers K]
+//   lavaflow-demo consume --channel NAME [--count N]
+//       the two halves, for two terminals.
+//   lavaflow-demo share [--size BYTES]
+//       one exportable Vulkan buffer handed to a second process by descriptor + fd.
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "../common/payload.hpp"
 #include "lavaflow/core/format.hpp"
 #include "lavaflow/lavaflow.hpp"
+#include "lavaflow/transports/local.hpp"
 
 using namespace lavaflow;
 using namespace std::chrono_literals;
@@ -22,8 +33,6 @@ namespace {
 
 constexpr int kNoDevice = 77;
 
-std::byte pattern(std::uint64_t i) { return static_cast<std::byte>((i * 2654435761u) >> 13); }
-
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 
 std::string describe(const VulkanContext& ctx) {
@@ -32,7 +41,213 @@ std::string describe(const VulkanContext& ctx) {
                 to_string(c.identity.device_uuid));
 }
 
-int consumer(int sock) {
+std::string human_bytes(double b) {
+  if (b >= 1 << 30) return format("{:.2f} GiB", b / (1 << 30));
+  if (b >= 1 << 20) return format("{:.2f} MiB", b / (1 << 20));
+  if (b >= 1 << 10) return format("{:.2f} KiB", b / (1 << 10));
+  return format("{:.0f} B", b);
+}
+
+struct Args {
+  std::string command;
+  std::map<std::string, std::string> opts;
+  std::string get(const std::string& k, const std::string& def) const {
+    auto it = opts.find(k);
+    return it == opts.end() ? def : it->second;
+  }
+};
+
+Result<std::uint64_t> number(const Args& a, const std::string& key, std::uint64_t def) {
+  auto it = a.opts.find(key);
+  if (it == a.opts.end()) return def;
+  char* end = nullptr;
+  const auto v = std::strtoull(it->second.c_str(), &end, 10);
+  if (it->second.empty() || !end || *end)
+    return fail(Errc::InvalidArgument, "lavaflow-demo", format("--{} needs a number, got \"{}\"", key, it->second));
+  return v;
+}
+
+int die(const std::string& who, const Error& e) {
+  std::fprintf(stderr, "[%s] FAILED: %s\n", who.c_str(), e.message().c_str());
+  return 1;
+}
+
+// ---------------------------------------------------------------------------------------------
+// produce / consume
+
+/// Writes message `seq` into the loaned buffer (in place, or through a staging copy when the ring
+/// buffer is device-local GPU memory without a host mapping). Returns its checksum.
+Result<std::uint64_t> write_message(const Producer& p, const Loan& loan, std::uint64_t seq, std::uint64_t size) {
+  if (auto bytes = loan.bytes(); !bytes.empty()) {
+    lfapp::fill_message(bytes.first(size), seq);
+    return lfapp::checksum(bytes.first(size));
+  }
+  std::vector<std::byte> staging(size);
+  lfapp::fill_message(staging, seq);
+  LF_TRY_STATUS(upload(*p.vulkan(), dynamic_cast<GpuBuffer&>(loan.buffer()), staging));
+  return lfapp::checksum(staging);
+}
+
+Status check_message(const Consumer& c, const Received& r, std::vector<std::byte>& scratch) {
+  std::span<const std::byte> view = r.bytes();
+  if (view.empty() && r.info().size > 0) {
+    scratch.resize(r.info().size);
+    LF_TRY_STATUS(download(*c.vulkan(), dynamic_cast<GpuBuffer&>(r.buffer()), scratch));
+    view = scratch;
+  }
+  const auto seq = r.info().sequence;
+  if (!lfapp::matches(view, seq) || lfapp::checksum(view) != r.info().user_tag)
+    return fail(Errc::Malformed, "verify", format("message {} is corrupt (checksum mismatch)", seq));
+  return {};
+}
+
+int produce(const Args& a) {
+  const std::string name = a.get("channel", "");
+  if (name.empty()) return die("producer", Error(Errc::InvalidArgument, "produce", "--channel NAME is required"));
+  auto count = number(a, "count", 1000);
+  auto size = number(a, "size", 1 << 20);
+  auto consumers = number(a, "consumers", 1);
+  auto slots = number(a, "slots", 8);
+  auto interval = number(a, "interval-us", 0);
+  for (auto* r : {&count, &size, &consumers, &slots, &interval})
+    if (!*r) return die("producer", r->error());
+  std::string transport = a.get("transport", "auto");
+  if (transport != "auto" && transport != "shm" && transport != "vulkan")
+    return die("producer", Error(Errc::InvalidArgument, "produce", "--transport must be auto, shm or vulkan"));
+  if (*size == 0) return die("producer", Error(Errc::InvalidArgument, "produce", "--size must be positive"));
+
+  ProducerOptions o{.slots = static_cast<std::uint32_t>(*slots), .slot_size = *size,
+                    .transport = transport == "auto" ? "" : transport, .transports = local_transports()};
+  auto p = Producer::create(name, o);
+  if (!p) return die("producer", p.error());
+  auto& prod = **p;
+  std::printf("[producer pid %d] channel \"%s\": route %s — %s\n", ::getpid(), name.c_str(), prod.route().transport.c_str(),
+              prod.route().reason.c_str());
+  if (prod.vulkan()) std::printf("[producer] ring of %u x %s in Vulkan memory on %s\n", prod.slots(), human_bytes(double(*size)).c_str(), describe(*prod.vulkan()).c_str());
+  else std::printf("[producer] ring of %u x %s in CPU shared memory\n", prod.slots(), human_bytes(double(*size)).c_str());
+  std::printf("[producer] waiting for %llu consumer(s)…\n", static_cast<unsigned long long>(*consumers));
+  std::fflush(stdout);
+  if (auto ok = prod.wait_for_consumers(static_cast<std::uint32_t>(*consumers), 60s); !ok) return die("producer", ok.error());
+
+  const auto t0 = Clock::now();
+  auto last_print = t0;
+  for (std::uint64_t seq = 0; seq < *count; ++seq) {
+    auto loan = prod.loan(30s);
+    if (!loan) return die("producer", loan.error());
+    auto sum = write_message(prod, *loan, seq, *size);
+    if (!sum) return die("producer", sum.error());
+    if (auto pub = prod.publish(std::move(*loan), {.size = *size, .user_tag = *sum}); !pub) return die("producer", pub.error());
+    if (*interval) std::this_thread::sleep_for(std::chrono::microseconds(*interval));
+    if (Clock::now() - last_print > 1s) {
+      last_print = Clock::now();
+      std::printf("[producer] %llu / %llu messages, %u consumer(s)\n", static_cast<unsigned long long>(seq + 1),
+                  static_cast<unsigned long long>(*count), prod.consumer_count());
+      std::fflush(stdout);
+    }
+  }
+  const double secs = ms_since(t0) / 1000;
+  // Let consumers finish with the ring before the producer (and the ring) goes away.
+  if (auto ok = prod.flush(60s); !ok) return die("producer", ok.error());
+  std::printf("[producer] done: %llu messages of %s in %.3f s — %.0f msg/s, %s/s\n", static_cast<unsigned long long>(*count),
+              human_bytes(double(*size)).c_str(), secs, double(*count) / secs, human_bytes(double(*count) * double(*size) / secs).c_str());
+  return 0;
+}
+
+int consume(const Args& a) {
+  const std::string name = a.get("channel", "");
+  if (name.empty()) return die("consumer", Error(Errc::InvalidArgument, "consume", "--channel NAME is required"));
+  auto count = number(a, "count", 1000);
+  auto timeout_s = number(a, "timeout", 30);
+  if (!count) return die("consumer", count.error());
+  if (!timeout_s) return die("consumer", timeout_s.error());
+  auto c = Consumer::open(name, {.connect_timeout = std::chrono::seconds(*timeout_s), .transports = local_transports()});
+  if (!c) return die("consumer", c.error());
+  auto& con = **c;
+  std::printf("[consumer pid %d] channel \"%s\" from producer pid %d: route %s — %s\n", ::getpid(), name.c_str(),
+              con.producer_pid(), con.route().transport.c_str(), con.route().reason.c_str());
+  if (con.vulkan()) std::printf("[consumer] ring imported into own Vulkan context on %s\n", describe(*con.vulkan()).c_str());
+  std::fflush(stdout);
+  std::vector<std::uint64_t> latency_ns;
+  latency_ns.reserve(std::min<std::uint64_t>(*count, 10'000'000));
+  std::vector<std::byte> scratch;
+  std::uint64_t expect = 0, bytes = 0;
+  const auto t0 = Clock::now();
+  auto last_print = t0;
+  for (std::uint64_t i = 0; i < *count; ++i) {
+    auto r = con.receive(std::chrono::seconds(*timeout_s));
+    if (!r) {
+      std::fprintf(stderr, "[consumer] FAILED after %llu of %llu messages: %s\n", static_cast<unsigned long long>(i),
+                   static_cast<unsigned long long>(*count), r.error().message().c_str());
+      return 1;
+    }
+    const auto seq = r->info().sequence;
+    if (seq != expect) {
+      std::fprintf(stderr, "[consumer] FAILED: message %llu arrived where %llu was expected (%s)\n",
+                   static_cast<unsigned long long>(seq), static_cast<unsigned long long>(expect),
+                   seq > expect ? "lost" : "duplicated or reordered");
+      return 1;
+    }
+    if (auto ok = check_message(con, *r, scratch); !ok) return die("consumer", ok.error());
+    timespec ts{};
+    ::clock_gettime(CLOCK_MONOTONIC, &ts);
+    const auto now = static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+    if (latency_ns.size() < latency_ns.capacity()) latency_ns.push_back(now - r->info().timestamp_ns);
+    bytes += r->info().size;
+    ++expect;
+    if (Clock::now() - last_print > 1s) {
+      last_print = Clock::now();
+      std::printf("[consumer] %llu / %llu messages verified\n", static_cast<unsigned long long>(i + 1),
+                  static_cast<unsigned long long>(*count));
+      std::fflush(stdout);
+    }
+  }
+  const double secs = ms_since(t0) / 1000;
+  std::sort(latency_ns.begin(), latency_ns.end());
+  auto pct = [&](double q) { return latency_ns.empty() ? 0.0 : double(latency_ns[static_cast<std::size_t>(q * double(latency_ns.size() - 1))]) / 1000; };
+  std::printf("[consumer] OK: %llu messages, %s, all verified (none lost, duplicated, reordered or corrupt) in %.3f s — "
+              "%.0f msg/s, %s/s; publish→receive latency p50 %.1f us, p99 %.1f us\n",
+              static_cast<unsigned long long>(*count), human_bytes(double(bytes)).c_str(), secs, double(*count) / secs,
+              human_bytes(double(bytes) / secs).c_str(), pct(0.5), pct(0.99));
+  return 0;
+}
+
+int run_both(const Args& a, const char* self) {
+  auto count = number(a, "count", 2000);
+  auto size = number(a, "size", 1 << 20);
+  if (!count) return die("demo", count.error());
+  if (!size) return die("demo", size.error());
+  const std::string name = format("demo-{}", ::getpid());
+  std::vector<std::string> args{self, "consume", "--channel", name, "--count", std::to_string(*count)};
+  std::vector<char*> argv;
+  for (auto& s : args) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  std::printf("lavaflow-demo: a producer (this process) and a consumer process, channel \"%s\", %llu messages of %s\n",
+              name.c_str(), static_cast<unsigned long long>(*count), human_bytes(double(*size)).c_str());
+  std::fflush(stdout);
+  pid_t child = -1;
+  if (::posix_spawn(&child, self, nullptr, nullptr, argv.data(), environ) != 0) {
+    std::perror("posix_spawn");
+    return 1;
+  }
+  Args p = a;
+  p.opts["channel"] = name;
+  p.opts["count"] = std::to_string(*count);
+  p.opts["size"] = std::to_string(*size);
+  const int prc = produce(p);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  const int crc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  if (prc != 0 || crc != 0) {
+    std::fprintf(stderr, "lavaflow-demo: FAILED (producer exit %d, consumer exit %d)\n", prc, crc);
+    return 1;
+  }
+  std::printf("lavaflow-demo: OK\n");
+  return 0;
+}
+
+std::byte pattern(std::uint64_t i) { return static_cast<std::byte>((i * 2654435761u) >> 13); }
+
+int share_consumer(int sock) {
   auto m = recv_message(sock, 60s);
   if (!m) {
     std::fprintf(stderr, "consumer: %s\n", m.error().message().c_str());
@@ -69,7 +284,7 @@ int consumer(int sock) {
   return verdict == "ok" ? 0 : 1;
 }
 
-int producer(int sock, pid_t child, std::uint64_t size) {
+int share_producer(int sock, pid_t child, std::uint64_t size) {
   const auto t0 = Clock::now();
   auto ctx = VulkanContext::create();
   if (!ctx) {
@@ -121,43 +336,11 @@ int producer(int sock, pid_t child, std::uint64_t size) {
   return 0;
 }
 
-void usage() {
-  std::puts(
-      "usage: lavaflow-demo [--size BYTES]\n"
-      "Starts a producer and a consumer process. The producer allocates an exportable Vulkan buffer\n"
-      "(default 64 MiB) and writes a pattern; the consumer imports it through descriptor + fd over a\n"
-      "Unix socket into its own Vulkan context and verifies every byte. Exit status 0 on success,\n"
-      "1 on any failure, 77 when this machine has no usable Vulkan device.");
-}
-
-}  // namespace
-
-int main(int argc, char** argv) {
-  std::uint64_t size = 64ull << 20;
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--size") && i + 1 < argc) {
-      char* end = nullptr;
-      size = std::strtoull(argv[++i], &end, 10);
-      if (!end || *end || size == 0) {
-        std::fprintf(stderr, "lavaflow-demo: --size needs a positive byte count, got %s\n", argv[i]);
-        return 2;
-      }
-    } else if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
-      usage();
-      return 0;
-    } else {
-      std::fprintf(stderr, "lavaflow-demo: unknown argument %s\n", argv[i]);
-      usage();
-      return 2;
-    }
-  }
+/// Forks before either side touches Vulkan: each process builds its own context.
+int share(std::uint64_t size) {
   auto pair = socket_pair();
-  if (!pair) {
-    std::fprintf(stderr, "lavaflow-demo: %s\n", pair.error().message().c_str());
-    return 1;
-  }
+  if (!pair) return die("share", pair.error());
   std::fflush(stdout);
-  // Fork before either side touches Vulkan: each process builds its own context.
   const pid_t pid = ::fork();
   if (pid < 0) {
     std::perror("fork");
@@ -165,8 +348,58 @@ int main(int argc, char** argv) {
   }
   if (pid == 0) {
     pair->first.reset();
-    std::_Exit(consumer(pair->second.get()));
+    std::_Exit(share_consumer(pair->second.get()));
   }
   pair->second.reset();
-  return producer(pair->first.get(), pid, size);
+  return share_producer(pair->first.get(), pid, size);
+}
+
+void usage() {
+  std::puts(
+      "usage:\n"
+      "  lavaflow-demo [--count N] [--size BYTES] [--transport auto|shm|vulkan]\n"
+      "      producer here + consumer process over a channel (default 2000 x 1 MiB); verifies every message\n"
+      "  lavaflow-demo produce --channel NAME [--count N] [--size BYTES] [--transport auto|shm|vulkan]\n"
+      "                        [--consumers K] [--slots N] [--interval-us U]\n"
+      "  lavaflow-demo consume --channel NAME [--count N] [--timeout SECONDS]\n"
+      "      the two halves, in any start order, for two terminals; consume checks sequence and checksum\n"
+      "      of every message and exits non-zero naming loss, corruption or the producer's death\n"
+      "  lavaflow-demo share [--size BYTES]\n"
+      "      one exportable Vulkan buffer (default 64 MiB) handed to a second process by descriptor + fd\n"
+      "Exit status: 0 success, 1 failure, 2 bad usage, 77 no usable Vulkan device (share).");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  int i = 1;
+  if (argc > 1 && argv[1][0] != '-') a.command = argv[i++];
+  for (; i < argc; ++i) {
+    std::string k = argv[i];
+    if (k == "--help" || k == "-h") {
+      usage();
+      return 0;
+    }
+    if (k.rfind("--", 0) != 0 || i + 1 >= argc) {
+      std::fprintf(stderr, "lavaflow-demo: unexpected argument %s\n", k.c_str());
+      usage();
+      return 2;
+    }
+    a.opts[k.substr(2)] = argv[++i];
+  }
+  if (a.command.empty()) return run_both(a, "/proc/self/exe");
+  if (a.command == "produce") return produce(a);
+  if (a.command == "consume") return consume(a);
+  if (a.command == "share") {
+    auto size = number(a, "size", 64ull << 20);
+    if (!size || *size == 0) {
+      std::fprintf(stderr, "lavaflow-demo: --size needs a positive byte count\n");
+      return 2;
+    }
+    return share(*size);
+  }
+  std::fprintf(stderr, "lavaflow-demo: unknown command %s\n", a.command.c_str());
+  usage();
+  return 2;
 }

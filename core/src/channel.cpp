@@ -527,11 +527,27 @@ const ChannelRoute& Producer::route() const { return impl_->route; }
 const std::string& Producer::name() const { return impl_->name; }
 std::uint32_t Producer::slots() const { return impl_->options.slots; }
 std::uint64_t Producer::slot_size() const { return impl_->options.slot_size; }
+const VulkanContext* Producer::vulkan() const { return impl_->transport->name() == "vulkan" ? impl_->env.vulkan : nullptr; }
 std::uint32_t Producer::consumer_count() const {
   std::uint32_t n = 0;
   for (std::uint32_t i = 0; i < impl_->options.max_consumers; ++i)
     n += impl_->control->consumers[i].state.load(std::memory_order_acquire) == 1;
   return n;
+}
+
+Status Producer::flush(Duration timeout) {
+  auto& m = *impl_;
+  auto drained = [&] {
+    for (std::uint32_t i = 0; i < m.options.max_consumers; ++i) {
+      const auto& c = m.control->consumers[i];
+      if (c.state.load(std::memory_order_acquire) == 1 && c.released.load(std::memory_order_acquire) != m.write_seq)
+        return false;
+    }
+    return true;
+  };
+  auto never = [] { return std::optional<Error>(); };
+  return wait_until(drained, never, m.control->space_futex, m.control->producer_waiting, WaitMode::Block, timeout,
+                    "Producer::flush");
 }
 
 Status Producer::wait_for_consumers(std::uint32_t n, Duration timeout) {
@@ -770,6 +786,7 @@ const ChannelRoute& Consumer::route() const { return impl_->route; }
 std::uint32_t Consumer::slots() const { return impl_->slots; }
 std::uint64_t Consumer::slot_size() const { return impl_->slot_size; }
 std::int32_t Consumer::producer_pid() const { return impl_->producer_pid; }
+const VulkanContext* Consumer::vulkan() const { return impl_->env.vulkan; }
 
 Received::Received(Received&& o) noexcept
     : consumer_(std::exchange(o.consumer_, nullptr)), info_(o.info_), missed_(o.missed_) {}

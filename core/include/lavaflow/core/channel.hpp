@@ -140,6 +140,10 @@ class Producer {
   [[nodiscard]] std::uint32_t slots() const;
   [[nodiscard]] std::uint64_t slot_size() const;
   [[nodiscard]] std::uint32_t consumer_count() const;
+  /// The Vulkan context the ring lives in (Vulkan transport), else null.
+  [[nodiscard]] const VulkanContext* vulkan() const;
+  /// Waits until every connected consumer has released every published message.
+  [[nodiscard]] Status flush(Duration timeout = kForever);
   /// Waits until at least `n` consumers are connected.
   [[nodiscard]] Status wait_for_consumers(std::uint32_t n, Duration timeout);
 
@@ -167,6 +171,8 @@ class Consumer {
   [[nodiscard]] std::uint32_t slots() const;
   [[nodiscard]] std::uint64_t slot_size() const;
   [[nodiscard]] std::int32_t producer_pid() const;
+  /// The Vulkan context the ring was imported into (Vulkan transport), else null.
+  [[nodiscard]] const VulkanContext* vulkan() const;
 
   struct Impl;
 
