@@ -300,7 +300,10 @@ void Producer::Impl::admit(UniqueFd sock) {
     return;
   }
   auto msg = recv_message(sock.get(), 2s);
-  if (!msg) return;  // slow, dead or confused client: it gets a hang-up
+  if (!msg) {  // slow or dead clients get a hang-up; confused ones are told why first
+    if (msg.error().code() == Errc::Malformed) (void)send_refuse(sock.get(), msg.error().message());
+    return;
+  }
   auto hs = detail::decode(msg->payload, msg->fds.size());
   if (!hs || !std::holds_alternative<detail::Hello>(*hs)) {
     (void)send_refuse(sock.get(), hs ? "expected a Hello message" : hs.error().message());
@@ -601,7 +604,6 @@ struct Consumer::Impl {
   std::uint64_t released = 0;
   std::uint32_t held = 0;
   std::vector<std::uint8_t> done;
-  bool started = false;
 
   ~Impl() {
     if (watcher.joinable()) {
@@ -700,6 +702,7 @@ Result<std::unique_ptr<Consumer>> Consumer::open(const std::string& name, Consum
       cb.max_consumers > kMaxConsumers || w.consumer_index >= cb.max_consumers)
     return fail(Errc::Malformed, call, "control block does not match the handshake");
   impl->self = &impl->control->consumers[w.consumer_index];
+  impl->expected = impl->released = impl->self->next.load(std::memory_order_acquire);  // where we joined
 
   if (w.transport == "vulkan") {
     if (o.vulkan) {
@@ -748,10 +751,6 @@ Result<Received> Consumer::receive(Duration timeout) {
     if (seq != n) return fail(Errc::Malformed, call, format("ring slot holds message {}, expected {}", seq, n));
     if (size > m.slot_size)
       return fail(Errc::Malformed, call, format("message size {} exceeds the slot size {}", size, m.slot_size));
-    if (!m.started) {
-      m.expected = m.released = n;
-      m.started = true;
-    }
     if (m.held == 0) m.released = n;  // everything before n was released by us or dropped for us
     const std::uint64_t missed = n - m.expected;
     m.expected = n + 1;

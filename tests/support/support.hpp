@@ -8,13 +8,17 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <sys/stat.h>
+
 #include <cstdio>
+#include <filesystem>
 #include <cstdlib>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "lavaflow/lavaflow.hpp"
+#include "lavaflow/transports/local.hpp"
 #include "vk_helpers.hpp"
 
 namespace lftest {
@@ -45,6 +49,22 @@ inline lavaflow::VulkanContext context_or_skip(const lavaflow::VulkanContextOpti
   auto ctx = lavaflow::VulkanContext::create(o);
   if (!ctx) skip("no usable Vulkan device: " + ctx.error().message());
   return std::move(*ctx);
+}
+
+/// A fresh private (0700) rendezvous directory for this test; removed with its contents at exit.
+inline std::filesystem::path channel_dir() {
+  static int n = 0;
+  auto dir = std::filesystem::temp_directory_path() / ("lavaflow-test-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
+  std::filesystem::remove_all(dir);
+  REQUIRE(::mkdir(dir.c_str(), 0700) == 0);
+  static std::vector<std::filesystem::path> made;
+  static struct Cleanup {
+    ~Cleanup() {
+      for (auto& d : made) std::filesystem::remove_all(d);
+    }
+  } cleanup;
+  made.push_back(dir);
+  return dir;
 }
 
 inline int open_fds() { return *lavaflow::count_open_fds(); }

@@ -1,0 +1,31 @@
+// SPDX-License-Identifier: MIT
+// libFuzzer target for every decoder that reads bytes from a peer: the channel handshake (Hello /
+// Welcome / Refuse, with any fd count), export descriptors and process locations. A decoder may
+// refuse input; it must never crash, hang, read out of bounds or accept inconsistent values.
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <span>
+
+#include "handshake.hpp"
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  if (size == 0) return 0;
+  const auto fds = static_cast<std::size_t>(data[0] % 66);
+  const auto bytes = std::as_bytes(std::span(data + 1, size - 1));
+  auto hs = lavaflow::detail::decode(bytes, fds);
+  if (hs) {
+    if (auto* w = std::get_if<lavaflow::detail::Welcome>(&*hs)) {
+      // Accepted welcomes are internally consistent.
+      if (w->ring.size() != w->slots || w->slots == 0 || w->slots > lavaflow::detail::kMaxSlots || fds != 1 + w->slots)
+        std::abort();
+      for (const auto& d : w->ring)
+        if (!d.validate() || d.size < w->slot_size) std::abort();
+      // Re-encoding an accepted message decodes to the same thing.
+      if (!lavaflow::detail::decode(lavaflow::detail::encode(*w), fds)) std::abort();
+    }
+  }
+  if (auto d = lavaflow::ExportDescriptor::deserialize(bytes); d && (d->offset + d->size > d->buffer_size)) std::abort();
+  (void)lavaflow::ProcessLocation::deserialize(bytes);
+  return 0;
+}

@@ -1,0 +1,305 @@
+// SPDX-License-Identifier: MIT
+// Channel behaviour with producer and consumer in one process (the socket, shared memory and
+// futexes are real; cross-process runs are in tests/multiprocess).
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#include <fstream>
+#include <thread>
+
+#include "support.hpp"
+
+using namespace lavaflow;
+using namespace std::chrono_literals;
+
+namespace {
+
+ProducerOptions popts(const std::filesystem::path& dir, std::string transport = "shm") {
+  return {.slots = 4, .slot_size = 256, .transport = std::move(transport), .transports = local_transports(),
+          .directory = dir};
+}
+ConsumerOptions copts(const std::filesystem::path& dir) {
+  return {.connect_timeout = 5s, .transports = local_transports(), .directory = dir};
+}
+
+void publish(Producer& p, std::uint64_t tag, std::uint64_t size = 16) {
+  auto loan = lftest::ok(p.loan(5s));
+  std::memset(loan.bytes().data(), static_cast<int>(tag & 0xff), size);
+  lftest::ok(p.publish(std::move(loan), {.size = size, .user_tag = tag}));
+}
+
+}  // namespace
+
+TEST_CASE("loan, publish, receive, release with header fields, on both transports") {
+  auto ctx = VulkanContext::create();
+  for (std::string transport : {"shm", "vulkan"}) {
+    if (transport == "vulkan" && !ctx) continue;
+    INFO(transport);
+    auto dir = lftest::channel_dir();
+    auto o = popts(dir, transport);
+    o.slots = 16;
+    o.vulkan = ctx ? &*ctx : nullptr;
+    auto p = lftest::ok(Producer::create("frames", o));
+    CHECK(p->route().transport == transport);
+    CHECK_FALSE(p->route().reason.empty());
+    auto c = lftest::ok(Consumer::open("frames", copts(dir)));
+    CHECK(c->route().transport == transport);
+    CHECK(c->producer_pid() == ::getpid());
+    lftest::ok(p->wait_for_consumers(1, 5s));
+    for (std::uint64_t i = 0; i < 10; ++i) publish(*p, 100 + i, 1 + i);
+    for (std::uint64_t i = 0; i < 10; ++i) {
+      auto r = lftest::ok(c->receive(5s));
+      CHECK(r.info().sequence == i);
+      CHECK(r.info().user_tag == 100 + i);
+      CHECK(r.info().size == 1 + i);
+      CHECK(r.bytes().size() == 1 + i);
+      CHECK(r.bytes()[0] == static_cast<std::byte>(100 + i));
+      CHECK(r.info().timestamp_ns > 0);
+      CHECK(r.missed() == 0);
+    }
+    lftest::ok(p->flush(5s));
+  }
+}
+
+TEST_CASE("fan-out: every consumer sees every message") {
+  auto dir = lftest::channel_dir();
+  auto p = lftest::ok(Producer::create("fan", popts(dir)));
+  std::vector<std::unique_ptr<Consumer>> cs;
+  for (int i = 0; i < 3; ++i) cs.push_back(lftest::ok(Consumer::open("fan", copts(dir))));
+  lftest::ok(p->wait_for_consumers(3, 5s));
+  CHECK(p->consumer_count() == 3);
+  std::vector<std::thread> readers;
+  std::atomic<int> good{0};
+  for (auto& c : cs)
+    readers.emplace_back([&, cp = c.get()] {
+      for (std::uint64_t i = 0; i < 1000; ++i) {
+        auto r = cp->receive(10s);
+        if (!r || r->info().sequence != i || r->info().user_tag != i) return;
+      }
+      ++good;
+    });
+  for (std::uint64_t i = 0; i < 1000; ++i) publish(*p, i);
+  for (auto& t : readers) t.join();
+  CHECK(good == 3);
+}
+
+TEST_CASE("full ring: Block waits with a timeout, FailFast says would-block, DropOldest skips and reports the gap") {
+  auto dir = lftest::channel_dir();
+  SECTION("block") {
+    auto p = lftest::ok(Producer::create("full", popts(dir)));
+    auto c = lftest::ok(Consumer::open("full", copts(dir)));
+    lftest::ok(p->wait_for_consumers(1, 5s));
+    for (int i = 0; i < 4; ++i) publish(*p, i);
+    auto t = lftest::err(p->loan(30ms));
+    CHECK(t.code() == Errc::Timeout);
+    CHECK(lftest::err(p->try_loan()).code() == Errc::WouldBlock);
+    { auto r = lftest::ok(c->receive(1s)); }  // released at scope end
+    CHECK(p->loan(1s).has_value());
+  }
+  SECTION("fail fast") {
+    auto o = popts(dir);
+    o.policy = FullPolicy::FailFast;
+    auto p = lftest::ok(Producer::create("full", o));
+    auto c = lftest::ok(Consumer::open("full", copts(dir)));
+    lftest::ok(p->wait_for_consumers(1, 5s));
+    for (int i = 0; i < 4; ++i) publish(*p, i);
+    auto e = lftest::err(p->loan(10s));
+    CHECK(e.code() == Errc::WouldBlock);
+  }
+  SECTION("drop oldest") {
+    auto o = popts(dir);
+    o.policy = FullPolicy::DropOldest;
+    auto p = lftest::ok(Producer::create("full", o));
+    auto c = lftest::ok(Consumer::open("full", copts(dir)));
+    lftest::ok(p->wait_for_consumers(1, 5s));
+    for (int i = 0; i < 10; ++i) publish(*p, i);  // never blocks: the 6 oldest are dropped
+    auto r = lftest::ok(c->receive(1s));
+    CHECK(r.info().sequence == 6);
+    CHECK(r.missed() == 6);
+    r.release();
+    auto r2 = lftest::ok(c->receive(1s));
+    CHECK(r2.info().sequence == 7);
+    CHECK(r2.missed() == 0);
+  }
+}
+
+TEST_CASE("releases may come out of order; holding every slot is a clear error") {
+  auto dir = lftest::channel_dir();
+  auto p = lftest::ok(Producer::create("order", popts(dir)));
+  auto c = lftest::ok(Consumer::open("order", copts(dir)));
+  lftest::ok(p->wait_for_consumers(1, 5s));
+  for (int i = 0; i < 4; ++i) publish(*p, i);
+  std::vector<Received> held;
+  for (int i = 0; i < 4; ++i) held.push_back(lftest::ok(c->receive(1s)));
+  CHECK(lftest::err(c->receive(10ms)).code() == Errc::InvalidArgument);
+  CHECK(lftest::err(p->loan(10ms)).code() == Errc::Timeout);
+  held[2].release();
+  held[1].release();
+  CHECK(lftest::err(p->loan(10ms)).code() == Errc::Timeout);  // 0 still held: nothing frees
+  held[0].release();
+  CHECK(p->loan(1s).has_value());  // 0, 1, 2 released
+}
+
+TEST_CASE("typed channel carries trivially copyable values") {
+  struct Pose {
+    double x, y, z;
+    std::uint32_t frame;
+  };
+  auto dir = lftest::channel_dir();
+  auto o = popts(dir);
+  TypedProducer<Pose> p(lftest::ok(Producer::create("pose", o)));
+  TypedConsumer<Pose> c(lftest::ok(Consumer::open("pose", copts(dir))));
+  lftest::ok(p.untyped().wait_for_consumers(1, 5s));
+  lftest::ok(p.send({1.5, 2.5, 3.5, 7}));
+  auto v = lftest::ok(c.receive(1s));
+  CHECK(v.y == 2.5);
+  CHECK(v.frame == 7);
+}
+
+TEST_CASE("timeouts: receive with nothing published, open with no producer") {
+  auto dir = lftest::channel_dir();
+  auto p = lftest::ok(Producer::create("quiet", popts(dir)));
+  auto c = lftest::ok(Consumer::open("quiet", copts(dir)));
+  for (auto mode : {WaitMode::BusyPoll, WaitMode::Block, WaitMode::SpinThenBlock}) {
+    auto o = copts(dir);
+    o.wait = mode;
+    auto c2 = lftest::ok(Consumer::open("quiet", o));
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK(lftest::err(c2->receive(50ms)).code() == Errc::Timeout);
+    CHECK(std::chrono::steady_clock::now() - t0 >= 50ms);
+  }
+  CHECK(lftest::err(c->try_receive()).code() == Errc::WouldBlock);
+  auto o = copts(dir);
+  o.connect_timeout = 50ms;
+  auto e = lftest::err(Consumer::open("nobody-here", o));
+  CHECK(e.code() == Errc::Timeout);
+  CHECK(e.cause().find("nobody-here") != std::string::npos);
+}
+
+TEST_CASE("any start order: a consumer waits for its producer to appear") {
+  auto dir = lftest::channel_dir();
+  std::unique_ptr<Producer> p;
+  std::thread later([&] {
+    std::this_thread::sleep_for(100ms);
+    p = lftest::ok(Producer::create("late", popts(dir)));
+    lftest::ok(p->wait_for_consumers(1, 5s));
+    publish(*p, 9);
+  });
+  auto c = lftest::ok(Consumer::open("late", copts(dir)));
+  auto r = lftest::ok(c->receive(5s));
+  CHECK(r.info().user_tag == 9);
+  later.join();
+}
+
+TEST_CASE("names: validated, exclusive while a producer lives, reusable after, stale files replaced") {
+  auto dir = lftest::channel_dir();
+  CHECK(lftest::err(Producer::create("../escape", popts(dir))).code() == Errc::InvalidArgument);
+  CHECK(lftest::err(Producer::create("", popts(dir))).code() == Errc::InvalidArgument);
+  CHECK(lftest::err(Producer::create(std::string(65, 'a'), popts(dir))).code() == Errc::InvalidArgument);
+  {
+    auto p = lftest::ok(Producer::create("taken", popts(dir)));
+    auto e = lftest::err(Producer::create("taken", popts(dir)));
+    CHECK(e.code() == Errc::PermissionDenied);
+    CHECK(e.cause().find("in use") != std::string::npos);
+  }
+  CHECK(Producer::create("taken", popts(dir)).has_value());
+  // A stale socket file (as a crashed producer leaves) is replaced.
+  { std::ofstream((dir / "stale.sock").string()) << "junk"; }
+  auto p = lftest::ok(Producer::create("stale", popts(dir)));
+  CHECK(Consumer::open("stale", copts(dir)).has_value());
+}
+
+TEST_CASE("a rendezvous directory other users can reach is refused") {
+  auto dir = lftest::channel_dir();
+  ::chmod(dir.c_str(), 0755);
+  auto e = lftest::err(Producer::create("x", popts(dir)));
+  CHECK(e.code() == Errc::PermissionDenied);
+  CHECK(e.cause().find("0700") != std::string::npos);
+}
+
+TEST_CASE("bad options and impossible routes are clear errors") {
+  auto dir = lftest::channel_dir();
+  auto o = popts(dir);
+  o.slots = 0;
+  CHECK(lftest::err(Producer::create("bad", o)).code() == Errc::InvalidArgument);
+  o = popts(dir);
+  o.slots = 63;
+  CHECK(lftest::err(Producer::create("bad", o)).code() == Errc::InvalidArgument);
+  o = popts(dir);
+  o.transports.clear();
+  CHECK(lftest::err(Producer::create("bad", o)).cause().find("local_transports") != std::string::npos);
+  o = popts(dir, "vulkan");
+  o.transports = {shm_transport()};
+  CHECK(lftest::err(Producer::create("bad", o)).cause().find("no transport named vulkan") != std::string::npos);
+  // Forcing Vulkan for a peer without the device.
+  o = popts(dir, "vulkan");
+  auto ctx = VulkanContext::create();
+  o.vulkan = ctx ? &*ctx : nullptr;
+  o.peer = lftest::ok(ProcessLocation::current());  // no devices listed
+  auto forced = lftest::err(Producer::create("bad", o));
+  CHECK(forced.code() == (ctx ? Errc::Unsupported : Errc::Unsupported));
+  CHECK(forced.cause().find("forced") != std::string::npos);
+  // A remote peer with no remote transport.
+  o = popts(dir, "");
+  o.peer = ProcessLocation::current_with({"elsewhere", "boot"});
+  auto remote = lftest::err(Producer::create("bad", o));
+  CHECK(remote.code() == Errc::Unreachable);
+  CHECK(remote.cause().find("remote (MPI) transport is not built") != std::string::npos);
+  // Too large a payload for the slot.
+  auto p = lftest::ok(Producer::create("ok", popts(dir)));
+  auto loan = lftest::ok(p->loan(1s));
+  CHECK(lftest::err(p->publish(std::move(loan), {.size = 257})).code() == Errc::InvalidArgument);
+}
+
+TEST_CASE("routing by locations: common device -> Vulkan IPC, same host without -> shm") {
+  auto ctx = lftest::context_or_skip();
+  auto me = lftest::ok(ProcessLocation::current({ctx.capabilities().identity}));
+  auto dir = lftest::channel_dir();
+  auto peer_with = me;
+  auto p1 = lftest::ok(Channel::create(&ctx, me, peer_with, {.transports = local_transports(), .directory = dir}));
+  CHECK(p1->route().transport == "vulkan");
+  CHECK(p1->route().reason.find("share device") != std::string::npos);
+  auto peer_without = lftest::ok(ProcessLocation::current());
+  auto p2 = lftest::ok(Channel::create(&ctx, me, peer_without, {.transports = local_transports(), .directory = dir}));
+  CHECK(p2->route().transport == "shm");
+  CHECK(p2->route().reason.find("not taken: vulkan") != std::string::npos);
+  auto c = lftest::ok(Consumer::open(p2->name(), copts(dir)));
+  CHECK(c->route().transport == "shm");
+}
+
+TEST_CASE("malformed bytes on the socket: the producer refuses and keeps serving; a fake producer is refused") {
+  auto dir = lftest::channel_dir();
+  auto p = lftest::ok(Producer::create("junk", popts(dir)));
+  const auto path = dir / "junk.sock";
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strcpy(a.sun_path, path.c_str());
+  for (int i = 0; i < 3; ++i) {
+    UniqueFd s(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+    REQUIRE(::connect(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    const char junk[] = "GET / HTTP/1.1\r\n\r\n";
+    REQUIRE(::send(s.get(), junk, sizeof junk, 0) > 0);
+    auto reply = lftest::ok(recv_message(s.get(), 2s));
+    std::string text(reinterpret_cast<const char*>(reply.payload.data()), reply.payload.size());
+    CHECK(text.find("bad frame magic") != std::string::npos);
+  }
+  CHECK(Consumer::open("junk", copts(dir)).has_value());
+
+  // A fake producer that answers the Hello with garbage.
+  UniqueFd listener(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  sockaddr_un f{};
+  f.sun_family = AF_UNIX;
+  std::strcpy(f.sun_path, (dir / "fake.sock").c_str());
+  REQUIRE(::bind(listener.get(), reinterpret_cast<sockaddr*>(&f), sizeof f) == 0);
+  REQUIRE(::listen(listener.get(), 4) == 0);
+  std::thread fake([&] {
+    UniqueFd s(::accept(listener.get(), nullptr, nullptr));
+    (void)recv_message(s.get(), 2s);
+    std::vector<std::byte> garbage(40, std::byte{0x41});
+    (void)send_message(s.get(), garbage);
+    std::this_thread::sleep_for(100ms);
+  });
+  auto e = lftest::err(Consumer::open("fake", copts(dir)));
+  CHECK(e.code() == Errc::Malformed);
+  fake.join();
+}
