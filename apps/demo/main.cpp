@@ -117,7 +117,8 @@ int produce(const Args& a) {
   if (*size == 0) return die("producer", Error(Errc::InvalidArgument, "produce", "--size must be positive"));
 
   ProducerOptions o{.slots = static_cast<std::uint32_t>(*slots), .slot_size = *size,
-                    .transport = transport == "auto" ? "" : transport, .transports = local_transports()};
+                    .transport = transport == "auto" ? "" : transport, .transports = local_transports(),
+                    .directory = a.get("dir", "")};
   auto p = Producer::create(name, o);
   if (!p) return die("producer", p.error());
   auto& prod = **p;
@@ -160,7 +161,8 @@ int consume(const Args& a) {
   auto timeout_s = number(a, "timeout", 30);
   if (!count) return die("consumer", count.error());
   if (!timeout_s) return die("consumer", timeout_s.error());
-  auto c = Consumer::open(name, {.connect_timeout = std::chrono::seconds(*timeout_s), .transports = local_transports()});
+  auto c = Consumer::open(name, {.connect_timeout = std::chrono::seconds(*timeout_s), .transports = local_transports(),
+                                 .directory = a.get("dir", "")});
   if (!c) return die("consumer", c.error());
   auto& con = **c;
   std::printf("[consumer pid %d] channel \"%s\" from producer pid %d: route %s — %s\n", ::getpid(), name.c_str(),
@@ -360,8 +362,8 @@ void usage() {
       "  lavaflow-demo [--count N] [--size BYTES] [--transport auto|shm|vulkan]\n"
       "      producer here + consumer process over a channel (default 2000 x 1 MiB); verifies every message\n"
       "  lavaflow-demo produce --channel NAME [--count N] [--size BYTES] [--transport auto|shm|vulkan]\n"
-      "                        [--consumers K] [--slots N] [--interval-us U]\n"
-      "  lavaflow-demo consume --channel NAME [--count N] [--timeout SECONDS]\n"
+      "                        [--consumers K] [--slots N] [--interval-us U] [--dir DIR]\n"
+      "  lavaflow-demo consume --channel NAME [--count N] [--timeout SECONDS] [--dir DIR]\n"
       "      the two halves, in any start order, for two terminals; consume checks sequence and checksum\n"
       "      of every message and exits non-zero naming loss, corruption or the producer's death\n"
       "  lavaflow-demo share [--size BYTES]\n"

@@ -109,14 +109,22 @@ template <class Ready, class Aborted>
 Status wait_until(Ready ready, Aborted aborted, std::atomic<std::uint32_t>& word, std::atomic<std::uint32_t>& waiters,
                   WaitMode mode, Duration timeout, const char* call) {
   const Deadline dl(timeout);
-  const std::uint64_t spins = mode == WaitMode::Block ? 0 : mode == WaitMode::SpinThenBlock ? 20'000 : UINT64_MAX;
-  for (std::uint64_t i = 0; i < spins; ++i) {
-    if (ready()) return {};
-    if ((i & 1023) == 1023) {
-      if (auto e = aborted()) return std::unexpected(*e);
-      if (dl.passed()) return fail(Errc::Timeout, call, "timed out");
+  // Spin: BusyPoll forever; SpinThenBlock for about kSpinFor, then sleep (on a busy or
+  // oversubscribed machine a long spin only steals the peer's core).
+  constexpr auto kSpinFor = std::chrono::microseconds(20);
+  const auto spin_until = Clock::now() + kSpinFor;
+  if (mode != WaitMode::Block) {
+    for (std::uint64_t i = 0;; ++i) {
+      if (ready()) return {};
+      if ((i & 63) == 63) {
+        if (mode == WaitMode::SpinThenBlock && Clock::now() >= spin_until) break;
+        if ((i & 4095) == 4095) {
+          if (auto e = aborted()) return std::unexpected(*e);
+          if (dl.passed()) return fail(Errc::Timeout, call, "timed out");
+        }
+      }
+      cpu_relax();
     }
-    cpu_relax();
   }
   for (;;) {
     waiters.fetch_add(1, std::memory_order_seq_cst);

@@ -3,10 +3,19 @@
 //   gpu-import : receive descriptor+fd, import, check seed 1, write seed 2, reply "ok"
 //   gpu-export : allocate, write seed 3, send descriptor+fd, wait for "check", check seed 4
 //   cpu-import : like gpu-import for a CPU buffer
+// Channel modes: `lavaflow_test_peer MODE NAME DIR ARG SOCKET_FD`
+//   chan-produce N   : create NAME in DIR (shm), wait for a consumer, publish N checksummed
+//                      messages, reply "published", then wait to be killed
+//   chan-hold        : open NAME in DIR, receive one message and hold it, reply "holding", wait
+//   chan-open-as-uid U : setuid(U), try to open NAME in DIR, reply with the error (or "opened")
 // Every failure is replied as text and gives exit code 1.
+#include <unistd.h>
+
 #include <cstdio>
 #include <string>
 
+#include "../../apps/common/payload.hpp"
+#include "lavaflow/transports/local.hpp"
 #include "vk_helpers.hpp"
 
 using namespace lavaflow;
@@ -27,7 +36,47 @@ std::string text_of(const SocketMessage& m) {
 
 }  // namespace
 
+int channel_mode(const std::string& mode, const std::string& name, const std::string& dir, const std::string& arg,
+                 int sock) {
+  if (mode == "chan-produce") {
+    auto p = Producer::create(name, {.slots = 8, .slot_size = 4096, .transport = "shm", .transports = local_transports(),
+                                     .directory = dir});
+    if (!p) return reply(sock, p.error().message());
+    if (auto ok = (*p)->wait_for_consumers(1, 30s); !ok) return reply(sock, ok.error().message());
+    const std::uint64_t n = std::stoull(arg);
+    for (std::uint64_t seq = 0; seq < n; ++seq) {
+      auto loan = (*p)->loan(10s);
+      if (!loan) return reply(sock, loan.error().message());
+      auto b = loan->bytes().first(1000);
+      lfapp::fill_message(b, seq);
+      if (auto pub = (*p)->publish(std::move(*loan), {.size = b.size(), .user_tag = lfapp::checksum(b)}); !pub)
+        return reply(sock, pub.error().message());
+    }
+    (void)send_message(sock, std::as_bytes(std::span(std::string_view("published"))));
+    for (;;) ::pause();
+  }
+  if (mode == "chan-hold") {
+    auto c = Consumer::open(name, {.connect_timeout = 30s, .transports = local_transports(), .directory = dir});
+    if (!c) return reply(sock, c.error().message());
+    auto r = (*c)->receive(30s);
+    if (!r) return reply(sock, r.error().message());
+    (void)send_message(sock, std::as_bytes(std::span(std::string_view("holding"))));
+    for (;;) ::pause();
+  }
+  if (mode == "chan-open-as-uid") {
+    if (::setgid(static_cast<gid_t>(std::stoul(arg))) != 0 || ::setuid(static_cast<uid_t>(std::stoul(arg))) != 0)
+      return reply(sock, "setuid failed");
+    auto c = Consumer::open(name, {.connect_timeout = 2s, .transports = local_transports(), .directory = dir});
+    const std::string text = c ? "opened" : c.error().message();
+    (void)send_message(sock, std::as_bytes(std::span(text)));
+    return 0;
+  }
+  std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
+  return 2;
+}
+
 int main(int argc, char** argv) {
+  if (argc == 6) return channel_mode(argv[1], argv[2], argv[3], argv[4], std::stoi(argv[5]));
   if (argc != 3) {
     std::fprintf(stderr, "usage: %s gpu-import|gpu-export|cpu-import SOCKET_FD\n", argv[0]);
     return 2;

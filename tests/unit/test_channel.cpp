@@ -123,7 +123,7 @@ TEST_CASE("full ring: Block waits with a timeout, FailFast says would-block, Dro
   }
 }
 
-TEST_CASE("releases may come out of order; holding every slot is a clear error") {
+TEST_CASE("releases may come out of order, and holding every slot is a clear error") {
   auto dir = lftest::channel_dir();
   auto p = lftest::ok(Producer::create("order", popts(dir)));
   auto c = lftest::ok(Consumer::open("order", copts(dir)));
@@ -267,7 +267,7 @@ TEST_CASE("routing by locations: common device -> Vulkan IPC, same host without 
   CHECK(c->route().transport == "shm");
 }
 
-TEST_CASE("malformed bytes on the socket: the producer refuses and keeps serving; a fake producer is refused") {
+TEST_CASE("malformed bytes on the socket: the producer refuses and keeps serving, and a fake producer is refused") {
   auto dir = lftest::channel_dir();
   auto p = lftest::ok(Producer::create("junk", popts(dir)));
   const auto path = dir / "junk.sock";
