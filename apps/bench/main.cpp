@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../common/json.hpp"
+#include "local.hpp"
 #include "lavaflow/core/format.hpp"
 #include "lavaflow/lavaflow.hpp"
 
@@ -126,9 +127,151 @@ int bench_alloc(int reps, bool json) {
   return 0;
 }
 
+// ---------------------------------------------------------------------------------------------
+// local
+
+std::string size_name(std::uint64_t n) {
+  if (n >= (1u << 20)) return format("{} MiB", n >> 20);
+  if (n >= 1024) return format("{} KiB", n >> 10);
+  return format("{} B", n);
+}
+
+/// Runs the raw MPI ping-pong under the installed mpiexec; empty when MPI is not built.
+std::vector<lfbench::Row> mpi_rows(int iterations, std::string& note) {
+  std::vector<lfbench::Row> rows;
+#ifdef LAVAFLOW_BENCH_MPI
+  const std::string cmd = format("{} -n 2 -bind-to core {} {} 64 2>&1", LAVAFLOW_MPIEXEC, LAVAFLOW_BENCH_MPI, iterations);
+  FILE* f = ::popen(cmd.c_str(), "r");
+  if (!f) {
+    note = "could not start mpiexec";
+    return rows;
+  }
+  char line[512];
+  while (std::fgets(line, sizeof line, f)) {
+    lfbench::Row r;
+    r.name = "mpi-pingpong";
+    r.mode = "poll";
+    unsigned long long size = 0;
+    if (std::sscanf(line, "{\"name\":\"mpi-pingpong\",\"size\":%llu,\"p50_ns\":%lf,\"p99_ns\":%lf,\"max_ns\":%lf,\"avg_ns\":%lf}",
+                    &size, &r.p50_ns, &r.p99_ns, &r.max_ns, &r.avg_ns) == 5) {
+      r.size = size;
+      r.samples = static_cast<std::size_t>(iterations);
+      rows.push_back(r);
+    } else {
+      note += line;
+    }
+  }
+  const int rc = ::pclose(f);
+  if (rc != 0 && rows.empty()) note = "mpiexec failed: " + note;
+#else
+  (void)iterations;
+  note = "MPI not built (LAVAFLOW_WITH_MPI)";
+#endif
+  return rows;
+}
+
+const lfbench::Row* find(const std::vector<lfbench::Row>& rows, std::string_view name, std::string_view mode,
+                         std::uint64_t size, bool touched = false) {
+  for (const auto& r : rows)
+    if (r.name == name && (mode.empty() || r.mode == mode) && (size == 0 || r.size == size) && r.touched == touched) return &r;
+  return nullptr;
+}
+
+int bench_local(int argc, char** argv) {
+  lfbench::Config cfg;
+  bool json = false;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--json") json = true;
+    else if (a == "--iterations" && i + 1 < argc) cfg.iterations = std::max(100, std::atoi(argv[++i]));
+    else if (a == "--cpus" && i + 1 < argc) {
+      if (std::sscanf(argv[++i], "%d,%d", &cfg.cpu_a, &cfg.cpu_b) != 2) {
+        std::fprintf(stderr, "lavaflow-bench: --cpus wants A,B\n");
+        return 2;
+      }
+    } else if (a == "--quick") {
+      cfg.iterations = 2000;
+      cfg.warmup = 200;
+      cfg.stream_messages = 100'000;
+    } else {
+      std::fprintf(stderr, "lavaflow-bench: unknown argument %s\n", a.c_str());
+      return 2;
+    }
+  }
+  std::string mpi_note;
+  auto mpi = mpi_rows(cfg.iterations, mpi_note);
+  auto rows = lfbench::run_local(cfg, "/proc/self/exe");
+  if (!rows) {
+    std::fprintf(stderr, "lavaflow-bench local: %s\n", rows.error().message().c_str());
+    return 1;
+  }
+  rows->insert(rows->end(), mpi.begin(), mpi.end());
+
+  // Targets, as ratios within this run.
+  struct Target {
+    std::string what;
+    double value, limit;
+    bool ge;  // value must be >= limit (else <=)
+  };
+  std::vector<Target> targets;
+  const auto* shm64 = find(*rows, "lavaflow-shm", "poll", 64);
+  const auto* shm16m = find(*rows, "lavaflow-shm", "poll", 16 << 20);
+  const auto* shmblk = find(*rows, "lavaflow-shm", "block", 64);
+  const auto* floor = find(*rows, "floor-cacheline", "", 0);
+  const auto* futex = find(*rows, "futex-pingpong", "", 0);
+  const auto* mpi64 = find(*rows, "mpi-pingpong", "", 64);
+  if (shm64 && floor) targets.push_back({"shm poll 64 B p50 / cache-line floor p50", shm64->p50_ns / floor->p50_ns, 1.5, false});
+  if (shm64 && mpi64) targets.push_back({"shm poll 64 B p50 / MPI ping-pong 64 B p50", shm64->p50_ns / mpi64->p50_ns, 0.5, false});
+  if (shm64 && shm16m) targets.push_back({"shm poll 16 MiB untouched p50 / 64 B p50", shm16m->p50_ns / shm64->p50_ns, 2.0, false});
+  if (shmblk && futex) targets.push_back({"shm block 64 B p50 / futex ping-pong p50", shmblk->p50_ns / futex->p50_ns, 1.3, false});
+  if (shm64) targets.push_back({"shm poll 64 B pipelined, million msgs/s", shm64->msgs_per_s / 1e6, 5.0, true});
+
+  if (json) {
+    lfapp::Json j;
+    j.begin_object().begin_array("results");
+    for (const auto& r : *rows) {
+      j.begin_object()
+          .field("name", r.name)
+          .field("mode", r.mode)
+          .field("size", r.size)
+          .field("touched", r.touched)
+          .field("samples", r.samples)
+          .field("p50_ns", r.p50_ns)
+          .field("p99_ns", r.p99_ns)
+          .field("max_ns", r.max_ns)
+          .field("avg_ns", r.avg_ns);
+      if (r.msgs_per_s > 0) j.field("msgs_per_s", r.msgs_per_s);
+      j.end_object();
+    }
+    j.end_array().begin_array("targets");
+    for (const auto& t : targets)
+      j.begin_object().field("what", t.what).field("value", t.value).field("limit", t.limit)
+          .field("met", t.ge ? t.value >= t.limit : t.value <= t.limit).end_object();
+    j.end_array();
+    if (!mpi_note.empty()) j.field("mpi_note", mpi_note);
+    j.field("cpus", format("{},{}", cfg.cpu_a, cfg.cpu_b)).end_object();
+    std::puts(j.str().c_str());
+    return 0;
+  }
+  std::printf("lavaflow-bench local: one-way latency = round trip / 2, processes pinned to CPUs %d and %d, %d round trips\n",
+              cfg.cpu_a, cfg.cpu_b, cfg.iterations);
+  std::printf("%-18s %-6s %9s %8s %10s %10s %11s %13s\n", "name", "mode", "size", "touched", "p50 ns", "p99 ns", "max ns", "msgs/s");
+  for (const auto& r : *rows)
+    std::printf("%-18s %-6s %9s %8s %10.0f %10.0f %11.0f %13s\n", r.name.c_str(), r.mode.c_str(), size_name(r.size).c_str(),
+                r.touched ? "yes" : "no", r.p50_ns, r.p99_ns, r.max_ns,
+                r.msgs_per_s > 0 ? format("{:.0f}", r.msgs_per_s).c_str() : "");
+  if (!mpi_note.empty()) std::printf("MPI: %s\n", mpi_note.c_str());
+  std::printf("\nTargets (ratios within this run)\n");
+  for (const auto& t : targets)
+    std::printf("  %-52s %8.3f  %s %.2f  %s\n", t.what.c_str(), t.value, t.ge ? ">=" : "<=", t.limit,
+                (t.ge ? t.value >= t.limit : t.value <= t.limit) ? "met" : "NOT met");
+  return 0;
+}
+
 void usage() {
   std::puts(
       "usage: lavaflow-bench alloc [--reps N] [--json]\n"
+      "       lavaflow-bench local [--iterations N] [--cpus A,B] [--quick] [--json]\n"
       "  alloc   allocation + export time of exportable Vulkan buffers (4 KiB, 1 MiB, 64 MiB) next to a\n"
       "          plain vkAllocateMemory of the same size and memory type, and of each CPU strategy next\n"
       "          to an anonymous mmap; median of N (default 101) runs each.");
@@ -142,6 +285,8 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   const std::string what = argv[1];
+  if (what == "_echo") return lfbench::echo_main(argc, argv);
+  if (what == "local") return bench_local(argc, argv);
   int reps = 101;
   bool json = false;
   for (int i = 2; i < argc; ++i) {

@@ -8,6 +8,7 @@
 #include "../common/json.hpp"
 #include "lavaflow/core/format.hpp"
 #include "lavaflow/lavaflow.hpp"
+#include "lavaflow/transports/local.hpp"
 
 using namespace lavaflow;
 
@@ -34,12 +35,25 @@ std::vector<StrategyRow> strategies(const CpuTopology& topo, const VulkanContext
   return rows;
 }
 
+struct TransportRow {
+  std::string name;
+  Probe probe;
+};
+
+/// Each local transport's own answer to "can a producer here serve a consumer on this host?".
+std::vector<TransportRow> transports(const ProcessLocation& me, const VulkanContext* ctx) {
+  std::vector<TransportRow> rows;
+  for (const auto& t : local_transports()) rows.push_back({std::string(t->name()), t->can_connect(me, std::nullopt, {ctx})});
+  return rows;
+}
+
 void usage() {
   std::puts(
       "usage: lavaflow-info [--json]\n"
       "Prints this process's location (host, boot id, pid, Vulkan devices), each Vulkan device with\n"
       "its UUIDs and the external memory / semaphore handle types it can export and import, the CPU\n"
-      "topology (NUMA nodes, huge pages) and which CPU allocation strategies work here.");
+      "topology (NUMA nodes, huge pages), which CPU allocation strategies work here and which local\n"
+      "channel transports (Vulkan IPC, shared memory) this machine supports.");
 }
 
 }  // namespace
@@ -63,6 +77,7 @@ int main(int argc, char** argv) {
   const auto topo = CpuTopology::detect();
   auto ctx = VulkanContext::create();
   const auto rows = strategies(topo, ctx ? &*ctx : nullptr);
+  const auto trows = transports(*loc, ctx ? &*ctx : nullptr);
 
   if (json) {
     lfapp::Json j;
@@ -116,6 +131,10 @@ int main(int argc, char** argv) {
           .field("reason", r.choice.reason)
           .end_object();
     j.end_array().end_object();
+    j.begin_array("local_transports");
+    for (const auto& t : trows)
+      j.begin_object().field("name", t.name).field("available", t.probe.ok).field("reason", t.probe.reason).end_object();
+    j.end_array();
     j.end_object();
     std::puts(j.str().c_str());
     return 0;
@@ -153,5 +172,8 @@ int main(int argc, char** argv) {
                                                 : (ok ? "available" : "unavailable"),
                 r.choice.reason.c_str());
   }
+  std::printf("\nLocal channel transports (preference order)\n");
+  for (const auto& t : trows)
+    std::printf("  %-8s %-11s %s\n", t.name.c_str(), t.probe.ok ? "available" : "unavailable", t.probe.reason.c_str());
   return 0;
 }

@@ -48,7 +48,7 @@ struct alignas(64) SharedConsumer {
 };
 
 struct alignas(64) SharedSlot {
-  std::atomic<std::uint64_t> seq;
+  std::atomic<std::uint64_t> seq;  // sequence + 1 once published (0: never); the hand-off word
   std::atomic<std::uint64_t> size;
   std::atomic<std::uint64_t> tag;
   std::atomic<std::uint64_t> timestamp_ns;
@@ -244,6 +244,7 @@ struct Producer::Impl {
   std::filesystem::path socket_path, lock_path;
   UniqueFd lock_fd, listen_fd, stop_fd;
   std::uint64_t write_seq = 0;  // mirror of control->write_seq; the producer is its only writer
+  std::uint64_t min_released = 0;  // cached lower bound of every active consumer's `released`
   bool loan_out = false;
   std::thread service;
 
@@ -266,13 +267,19 @@ struct Producer::Impl {
     if (listen_fd) ::unlink(socket_path.c_str());  // we hold the lock: the name is ours
   }
 
-  [[nodiscard]] bool slot_free(std::uint64_t seq) const {
+  /// Whether slot `seq % slots` is free for every active consumer. The cached minimum only ever
+  /// underestimates (a joining consumer starts at the head), so the fast path reads no consumer's
+  /// cache line; they are re-read only when the ring looks full.
+  [[nodiscard]] bool slot_free(std::uint64_t seq) {
+    if (seq - min_released < options.slots) return true;
+    std::uint64_t lowest = seq;
     for (std::uint32_t i = 0; i < options.max_consumers; ++i) {
       const auto& c = control->consumers[i];
       if (c.state.load(std::memory_order_acquire) != 1) continue;
-      if (seq - c.released.load(std::memory_order_acquire) >= options.slots) return false;
+      lowest = std::min(lowest, c.released.load(std::memory_order_acquire));
     }
-    return true;
+    min_released = lowest;
+    return seq - min_released < options.slots;
   }
 
   /// DropOldest: skips the oldest untaken message of every consumer that lags a full ring and
@@ -480,7 +487,9 @@ Result<Loan> Producer::loan(Duration timeout) {
   if (m.loan_out) return fail(Errc::InvalidArgument, call, "the previous loan is not published or dropped yet");
   const std::uint64_t seq = m.write_seq;
   auto ready = [&] {
-    if (m.options.policy == FullPolicy::DropOldest) m.drop_for_laggards(seq);
+    if (m.slot_free(seq)) return true;
+    if (m.options.policy != FullPolicy::DropOldest) return false;
+    m.drop_for_laggards(seq);
     return m.slot_free(seq);
   };
   if (!ready()) {
@@ -500,7 +509,7 @@ Result<Loan> Producer::loan(Duration timeout) {
 
 Result<Loan> Producer::try_loan() {
   auto& m = *impl_;
-  if (m.options.policy == FullPolicy::DropOldest) m.drop_for_laggards(m.write_seq);
+  if (!m.loan_out && !m.slot_free(m.write_seq) && m.options.policy == FullPolicy::DropOldest) m.drop_for_laggards(m.write_seq);
   if (!m.loan_out && !m.slot_free(m.write_seq))
     return fail(Errc::WouldBlock, "Producer::try_loan", "ring full: a consumer has not released its oldest message");
   return loan(Duration(0));
@@ -520,9 +529,9 @@ Result<MessageInfo> Producer::publish(Loan&& loan, MessageInfo info) {
   slot.size.store(info.size, std::memory_order_relaxed);
   slot.tag.store(info.user_tag, std::memory_order_relaxed);
   slot.timestamp_ns.store(info.timestamp_ns, std::memory_order_relaxed);
-  slot.seq.store(loan.seq_, std::memory_order_relaxed);
   // The hand-off: one store makes the message (written before it) visible to every consumer.
-  m.control->write_seq.store(loan.seq_ + 1, std::memory_order_seq_cst);
+  slot.seq.store(loan.seq_ + 1, std::memory_order_seq_cst);
+  m.control->write_seq.store(loan.seq_ + 1, std::memory_order_release);
   ++m.write_seq;
   m.loan_out = false;
   loan.producer_ = nullptr;
@@ -744,9 +753,10 @@ Result<Received> Consumer::receive(Duration timeout) {
     return fail(Errc::InvalidArgument, call, format("all {} ring buffers are held: release one first", m.slots));
   for (;;) {
     std::uint64_t n = m.self->next.load(std::memory_order_acquire);
+    // Ready when the slot of message n carries n's publication marker.
     auto ready = [&] {
       n = m.self->next.load(std::memory_order_acquire);
-      return cb.write_seq.load(std::memory_order_seq_cst) > n;
+      return cb.ring[n % m.slots].seq.load(std::memory_order_seq_cst) == n + 1;
     };
     if (!ready()) {
       auto gone = [&] { return m.gone(); };
@@ -754,9 +764,10 @@ Result<Received> Consumer::receive(Duration timeout) {
     }
     if (!m.self->next.compare_exchange_strong(n, n + 1, std::memory_order_acq_rel)) continue;  // dropped under us
     const auto& slot = cb.ring[n % m.slots];
-    const std::uint64_t seq = slot.seq.load(std::memory_order_acquire);
+    const std::uint64_t marker = slot.seq.load(std::memory_order_acquire);
     const std::uint64_t size = slot.size.load(std::memory_order_relaxed);
-    if (seq != n) return fail(Errc::Malformed, call, format("ring slot holds message {}, expected {}", seq, n));
+    if (marker != n + 1)
+      return fail(Errc::Malformed, call, format("ring slot holds message {}, expected {}", marker - 1, n));
     if (size > m.slot_size)
       return fail(Errc::Malformed, call, format("message size {} exceeds the slot size {}", size, m.slot_size));
     if (m.held == 0) m.released = n;  // everything before n was released by us or dropped for us
@@ -770,7 +781,8 @@ Result<Received> Consumer::receive(Duration timeout) {
 
 Result<Received> Consumer::try_receive() {
   auto& cb = *impl_->control;
-  if (cb.write_seq.load(std::memory_order_seq_cst) <= impl_->self->next.load(std::memory_order_acquire)) {
+  const auto n = impl_->self->next.load(std::memory_order_acquire);
+  if (cb.ring[n % impl_->slots].seq.load(std::memory_order_seq_cst) != n + 1) {
     if (auto e = impl_->gone()) return std::unexpected(*e);
     return fail(Errc::WouldBlock, "Consumer::try_receive", "no message waiting");
   }
