@@ -254,8 +254,8 @@ int echo_main(int argc, char** argv) {
     const bool stream = tag_v & kStream;
     const bool last = !stream || (tag_v & kTouch);
     const std::uint64_t size = tag_v & kSizeMask;
-    r->release();
-    if (!last) continue;
+    if (!last) continue;  // the request is released as `r` goes out of scope
+    // Reply first, then release the request (its release is not on the round trip).
     auto l = (*pong)->loan(10s);
     if (!l) return 1;
     if (!(*pong)->publish(std::move(*l), {.size = stream ? 1 : size})) return 1;

@@ -117,7 +117,7 @@ int produce(const Args& a) {
   if (*size == 0) return die("producer", Error(Errc::InvalidArgument, "produce", "--size must be positive"));
 
   ProducerOptions o{.slots = static_cast<std::uint32_t>(*slots), .slot_size = *size,
-                    .transport = transport == "auto" ? "" : transport, .transports = local_transports(),
+                    .timestamps = true, .transport = transport == "auto" ? "" : transport, .transports = local_transports(),
                     .directory = a.get("dir", "")};
   auto p = Producer::create(name, o);
   if (!p) return die("producer", p.error());

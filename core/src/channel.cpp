@@ -66,6 +66,7 @@ struct ControlBlock {
   alignas(64) std::atomic<std::uint32_t> space_futex;
   std::atomic<std::uint32_t> producer_waiting;
   std::atomic<std::uint32_t> closed;  // producer closed the channel in order
+  std::uint32_t drop_oldest;          // 1: the producer may advance consumers' `next` (DropOldest)
   SharedConsumer consumers[kMaxConsumers];
   SharedSlot ring[kMaxSlots];
 };
@@ -245,6 +246,7 @@ struct Producer::Impl {
   UniqueFd lock_fd, listen_fd, stop_fd;
   std::uint64_t write_seq = 0;  // mirror of control->write_seq; the producer is its only writer
   std::uint64_t min_released = 0;  // cached lower bound of every active consumer's `released`
+  std::uint32_t write_slot = 0;     // write_seq % slots, kept incrementally (no division per message)
   bool loan_out = false;
   std::thread service;
 
@@ -460,6 +462,7 @@ Result<std::unique_ptr<Producer>> Producer::create(const std::string& name, Prod
   impl->control->slots = o.slots;
   impl->control->max_consumers = o.max_consumers;
   impl->control->slot_size = o.slot_size;
+  impl->control->drop_oldest = o.policy == FullPolicy::DropOldest;
   for (std::uint32_t i = 0; i < o.slots; ++i) {
     auto b = impl->transport->allocate(impl->env, o.slot_size);
     if (!b) return std::unexpected(b.error().within(call));
@@ -504,7 +507,7 @@ Result<Loan> Producer::loan(Duration timeout) {
     }
   }
   m.loan_out = true;
-  return Loan(this, seq);
+  return Loan(this, seq, m.write_slot);
 }
 
 Result<Loan> Producer::try_loan() {
@@ -524,8 +527,8 @@ Result<MessageInfo> Producer::publish(Loan&& loan, MessageInfo info) {
   if (info.size > m.options.slot_size)
     return fail(Errc::InvalidArgument, call, format("size {} exceeds the slot size {}", info.size, m.options.slot_size));
   info.sequence = loan.seq_;
-  info.timestamp_ns = now_ns();
-  auto& slot = m.control->ring[loan.seq_ % m.options.slots];
+  info.timestamp_ns = m.options.timestamps ? now_ns() : 0;
+  auto& slot = m.control->ring[loan.slot_];
   slot.size.store(info.size, std::memory_order_relaxed);
   slot.tag.store(info.user_tag, std::memory_order_relaxed);
   slot.timestamp_ns.store(info.timestamp_ns, std::memory_order_relaxed);
@@ -533,6 +536,7 @@ Result<MessageInfo> Producer::publish(Loan&& loan, MessageInfo info) {
   slot.seq.store(loan.seq_ + 1, std::memory_order_seq_cst);
   m.control->write_seq.store(loan.seq_ + 1, std::memory_order_release);
   ++m.write_seq;
+  if (++m.write_slot == m.options.slots) m.write_slot = 0;
   m.loan_out = false;
   loan.producer_ = nullptr;
   if (m.control->consumers_waiting.load(std::memory_order_seq_cst) != 0) futex_wake_all(m.control->data_futex);
@@ -580,20 +584,21 @@ Status Producer::wait_for_consumers(std::uint32_t n, Duration timeout) {
   return {};
 }
 
-Loan::Loan(Loan&& o) noexcept : producer_(std::exchange(o.producer_, nullptr)), seq_(o.seq_) {}
+Loan::Loan(Loan&& o) noexcept : producer_(std::exchange(o.producer_, nullptr)), seq_(o.seq_), slot_(o.slot_) {}
 Loan& Loan::operator=(Loan&& o) noexcept {
   if (this != &o) {
     if (producer_) producer_->abandon(seq_);
     producer_ = std::exchange(o.producer_, nullptr);
     seq_ = o.seq_;
+    slot_ = o.slot_;
   }
   return *this;
 }
 Loan::~Loan() {
   if (producer_) producer_->abandon(seq_);
 }
-std::span<std::byte> Loan::bytes() const { return producer_->impl_->ring[seq_ % producer_->impl_->options.slots]->bytes(); }
-Buffer& Loan::buffer() const { return *producer_->impl_->ring[seq_ % producer_->impl_->options.slots]; }
+std::span<std::byte> Loan::bytes() const { return producer_->impl_->ring[slot_]->bytes(); }
+Buffer& Loan::buffer() const { return *producer_->impl_->ring[slot_]; }
 
 // ---------------------------------------------------------------------------------------------
 // Consumer
@@ -610,6 +615,7 @@ struct Consumer::Impl {
   std::uint32_t slots = 0;
   std::uint64_t slot_size = 0;
   std::int32_t producer_pid = 0;
+  bool contended_next = false;  // DropOldest: the producer may move `next` too, so claim by CAS
   std::vector<std::unique_ptr<Buffer>> ring;
   UniqueFd sock, stop_fd;
   std::atomic<bool> lost{false};
@@ -619,8 +625,19 @@ struct Consumer::Impl {
   // contiguous prefix.
   std::uint64_t expected = 0;  // sequence following the last received
   std::uint64_t released = 0;
+  std::uint32_t released_slot = 0;  // released % slots
+  std::uint64_t cursor = 0;         // a sequence whose slot is known without dividing …
+  std::uint32_t cursor_slot = 0;    // … namely this one
   std::uint32_t held = 0;
-  std::vector<std::uint8_t> done;
+  std::vector<std::uint8_t> done;  // by slot
+
+  [[nodiscard]] std::uint32_t slot_of(std::uint64_t seq) {
+    if (seq != cursor) {  // only after DropOldest skipped messages
+      cursor = seq;
+      cursor_slot = static_cast<std::uint32_t>(seq % slots);
+    }
+    return cursor_slot;
+  }
 
   ~Impl() {
     if (watcher.joinable()) {
@@ -716,10 +733,13 @@ Result<std::unique_ptr<Consumer>> Consumer::open(const std::string& name, Consum
   impl->control = reinterpret_cast<ControlBlock*>(impl->control_mem->host_ptr());
   const auto& cb = *impl->control;
   if (cb.magic != kControlMagic || cb.version != kControlVersion || cb.slots != w.slots || cb.slot_size != w.slot_size ||
-      cb.max_consumers > kMaxConsumers || w.consumer_index >= cb.max_consumers)
+      cb.max_consumers > kMaxConsumers || w.consumer_index >= cb.max_consumers || cb.drop_oldest > 1)
     return fail(Errc::Malformed, call, "control block does not match the handshake");
   impl->self = &impl->control->consumers[w.consumer_index];
+  impl->contended_next = cb.drop_oldest == 1;
   impl->expected = impl->released = impl->self->next.load(std::memory_order_acquire);  // where we joined
+  impl->cursor = impl->released;
+  impl->cursor_slot = impl->released_slot = static_cast<std::uint32_t>(impl->released % w.slots);
 
   if (w.transport == "vulkan") {
     if (o.vulkan) {
@@ -754,48 +774,60 @@ Result<Received> Consumer::receive(Duration timeout) {
   for (;;) {
     std::uint64_t n = m.self->next.load(std::memory_order_acquire);
     // Ready when the slot of message n carries n's publication marker.
+    std::uint32_t k = 0;
     auto ready = [&] {
       n = m.self->next.load(std::memory_order_acquire);
-      return cb.ring[n % m.slots].seq.load(std::memory_order_seq_cst) == n + 1;
+      k = m.slot_of(n);
+      return cb.ring[k].seq.load(std::memory_order_seq_cst) == n + 1;
     };
     if (!ready()) {
       auto gone = [&] { return m.gone(); };
       LF_TRY_STATUS(wait_until(ready, gone, cb.data_futex, cb.consumers_waiting, m.options.wait, timeout, call));
     }
-    if (!m.self->next.compare_exchange_strong(n, n + 1, std::memory_order_acq_rel)) continue;  // dropped under us
-    const auto& slot = cb.ring[n % m.slots];
+    if (m.contended_next) {
+      if (!m.self->next.compare_exchange_strong(n, n + 1, std::memory_order_acq_rel)) continue;  // dropped under us
+    } else {
+      m.self->next.store(n + 1, std::memory_order_release);  // only this consumer moves it
+    }
+    const auto& slot = cb.ring[k];
     const std::uint64_t marker = slot.seq.load(std::memory_order_acquire);
     const std::uint64_t size = slot.size.load(std::memory_order_relaxed);
     if (marker != n + 1)
       return fail(Errc::Malformed, call, format("ring slot holds message {}, expected {}", marker - 1, n));
     if (size > m.slot_size)
       return fail(Errc::Malformed, call, format("message size {} exceeds the slot size {}", size, m.slot_size));
-    if (m.held == 0) m.released = n;  // everything before n was released by us or dropped for us
+    if (m.held == 0) {  // everything before n was released by us or dropped for us
+      m.released = n;
+      m.released_slot = k;
+    }
     const std::uint64_t missed = n - m.expected;
     m.expected = n + 1;
+    m.cursor = n + 1;
+    m.cursor_slot = k + 1 == m.slots ? 0 : k + 1;
     ++m.held;
     MessageInfo info{size, slot.tag.load(std::memory_order_relaxed), slot.timestamp_ns.load(std::memory_order_relaxed), n};
-    return Received(this, info, missed);
+    return Received(this, info, missed, k);
   }
 }
 
 Result<Received> Consumer::try_receive() {
   auto& cb = *impl_->control;
   const auto n = impl_->self->next.load(std::memory_order_acquire);
-  if (cb.ring[n % impl_->slots].seq.load(std::memory_order_seq_cst) != n + 1) {
+  if (cb.ring[impl_->slot_of(n)].seq.load(std::memory_order_seq_cst) != n + 1) {
     if (auto e = impl_->gone()) return std::unexpected(*e);
     return fail(Errc::WouldBlock, "Consumer::try_receive", "no message waiting");
   }
   return receive(Duration(0));
 }
 
-void Consumer::release(std::uint64_t seq) {
+void Consumer::release(std::uint32_t slot) {
   auto& m = *impl_;
-  m.done[seq % m.slots] = 1;
+  m.done[slot] = 1;
   --m.held;
-  while (m.released < m.expected && m.done[m.released % m.slots]) {
-    m.done[m.released % m.slots] = 0;
+  while (m.released < m.expected && m.done[m.released_slot]) {
+    m.done[m.released_slot] = 0;
     ++m.released;
+    if (++m.released_slot == m.slots) m.released_slot = 0;
   }
   m.self->released.store(m.released, std::memory_order_seq_cst);
   if (m.control->producer_waiting.load(std::memory_order_seq_cst) != 0) futex_wake_all(m.control->space_futex);
@@ -808,25 +840,26 @@ std::int32_t Consumer::producer_pid() const { return impl_->producer_pid; }
 const VulkanContext* Consumer::vulkan() const { return impl_->env.vulkan; }
 
 Received::Received(Received&& o) noexcept
-    : consumer_(std::exchange(o.consumer_, nullptr)), info_(o.info_), missed_(o.missed_) {}
+    : consumer_(std::exchange(o.consumer_, nullptr)), info_(o.info_), missed_(o.missed_), slot_(o.slot_) {}
 Received& Received::operator=(Received&& o) noexcept {
   if (this != &o) {
     release();
     consumer_ = std::exchange(o.consumer_, nullptr);
     info_ = o.info_;
     missed_ = o.missed_;
+    slot_ = o.slot_;
   }
   return *this;
 }
 Received::~Received() { release(); }
 void Received::release() {
-  if (consumer_) std::exchange(consumer_, nullptr)->release(info_.sequence);
+  if (consumer_) std::exchange(consumer_, nullptr)->release(slot_);
 }
 std::span<const std::byte> Received::bytes() const {
-  auto all = consumer_->impl_->ring[info_.sequence % consumer_->impl_->slots]->bytes();
+  auto all = consumer_->impl_->ring[slot_]->bytes();
   return all.first(std::min<std::uint64_t>(info_.size, all.size()));
 }
-Buffer& Received::buffer() const { return *consumer_->impl_->ring[info_.sequence % consumer_->impl_->slots]; }
+Buffer& Received::buffer() const { return *consumer_->impl_->ring[slot_]; }
 
 // ---------------------------------------------------------------------------------------------
 

@@ -38,6 +38,7 @@ TEST_CASE("loan, publish, receive, release with header fields, on both transport
     auto dir = lftest::channel_dir();
     auto o = popts(dir, transport);
     o.slots = 16;
+    o.timestamps = true;
     o.vulkan = ctx ? &*ctx : nullptr;
     auto p = lftest::ok(Producer::create("frames", o));
     CHECK(p->route().transport == transport);
