@@ -25,6 +25,7 @@
 #include "lavaflow/core/format.hpp"
 #include "lavaflow/core/unix_socket.hpp"
 #include "lavaflow/core/vulkan_context.hpp"
+#include "vk_call.hpp"
 
 namespace lavaflow {
 namespace {
@@ -218,6 +219,27 @@ Result<ProcessLocation> my_location(const std::optional<HostIdentity>& host, con
   return ProcessLocation::current(std::move(devices));
 }
 
+// ----- the shared timeline semaphore (Vulkan transport, drivers that export it as an opaque fd)
+
+Result<vk::raii::Semaphore> make_timeline(const VulkanContext& ctx, bool exportable) {
+  return detail::vk_call("vkCreateSemaphore(timeline)", [&] {
+    vk::SemaphoreTypeCreateInfo type(vk::SemaphoreType::eTimeline, 0);
+    vk::ExportSemaphoreCreateInfo exp(vk::ExternalSemaphoreHandleTypeFlagBits::eOpaqueFd, &type);
+    vk::SemaphoreCreateInfo info({}, exportable ? static_cast<const void*>(&exp) : static_cast<const void*>(&type));
+    return vk::raii::Semaphore(ctx.device(), info);
+  });
+}
+
+Status host_wait(const VulkanContext& ctx, vk::Semaphore sem, std::uint64_t value, Duration timeout, const char* call) {
+  return detail::vk_call(call, [&]() -> Status {
+    vk::SemaphoreWaitInfo wi({}, sem, value);
+    const auto ns = timeout == kForever ? UINT64_MAX : static_cast<std::uint64_t>(timeout.count());
+    if (ctx.device().waitSemaphores(wi, ns) == vk::Result::eTimeout)
+      return fail(Errc::Timeout, call, format("GPU work did not reach timeline value {} in time", value));
+    return {};
+  });
+}
+
 }  // namespace
 
 std::filesystem::path default_channel_directory() {
@@ -247,6 +269,7 @@ struct Producer::Impl {
   std::uint64_t write_seq = 0;  // mirror of control->write_seq; the producer is its only writer
   std::uint64_t min_released = 0;  // cached lower bound of every active consumer's `released`
   std::uint32_t write_slot = 0;     // write_seq % slots, kept incrementally (no division per message)
+  vk::raii::Semaphore timeline{nullptr};  // value n + 1: message n's GPU writes are done
   bool loan_out = false;
   std::thread service;
 
@@ -366,6 +389,16 @@ void Producer::Impl::admit(UniqueFd sock) {
   }
   std::vector<int> fds;
   for (const auto& e : exports) fds.push_back(e.fd.get());
+  UniqueFd sem_fd;
+  if (*timeline) {
+    auto raw = detail::vk_call("vkGetSemaphoreFdKHR", [&] {
+      return env.vulkan->device().getSemaphoreFdKHR({*timeline, vk::ExternalSemaphoreHandleTypeFlagBits::eOpaqueFd});
+    });
+    if (!raw) return (void)send_refuse(sock.get(), raw.error().message());
+    sem_fd.reset(*raw);
+    fds.push_back(sem_fd.get());
+    w.timeline = true;
+  }
   // Start the consumer at the current head: it sees every message published from now on.
   auto& c = control->consumers[index];
   const std::uint64_t head = control->write_seq.load(std::memory_order_seq_cst);
@@ -469,6 +502,18 @@ Result<std::unique_ptr<Producer>> Producer::create(const std::string& name, Prod
     impl->ring.push_back(std::move(*b));
   }
 
+  if (impl->transport->name() == "vulkan" && impl->env.vulkan) {
+    const auto& caps = impl->env.vulkan->capabilities();
+    if (caps.timeline_semaphore && caps.timeline_fd_export) {
+      auto sem = make_timeline(*impl->env.vulkan, true);
+      if (!sem) return std::unexpected(sem.error().within(call));
+      impl->timeline = std::move(*sem);
+      impl->route.reason += "; GPU work ordered by a shared timeline semaphore";
+    } else {
+      impl->route.reason += "; no exportable timeline semaphore here: GPU writes are finished with a CPU fence wait";
+    }
+  }
+
   // Socket: a stale one from a crashed producer is ours to replace (we hold the lock).
   ::unlink(impl->socket_path.c_str());
   LF_TRY(impl->listen_fd, unix_socket());
@@ -526,6 +571,13 @@ Result<MessageInfo> Producer::publish(Loan&& loan, MessageInfo info) {
   if (info.size == 0) info.size = m.options.slot_size;
   if (info.size > m.options.slot_size)
     return fail(Errc::InvalidArgument, call, format("size {} exceeds the slot size {}", info.size, m.options.slot_size));
+  if (*m.timeline && !loan.gpu_signaled_) {
+    // CPU-written (or fence-finished) message: advance the timeline from the host, in order.
+    LF_TRY_STATUS(host_wait(*m.env.vulkan, *m.timeline, loan.seq_, std::chrono::seconds(10), call));
+    LF_TRY_STATUS(detail::vk_call("vkSignalSemaphore", [&] {
+      m.env.vulkan->device().signalSemaphore(vk::SemaphoreSignalInfo(*m.timeline, loan.seq_ + 1));
+    }));
+  }
   info.sequence = loan.seq_;
   info.timestamp_ns = m.options.timestamps ? now_ns() : 0;
   auto& slot = m.control->ring[loan.slot_];
@@ -541,6 +593,29 @@ Result<MessageInfo> Producer::publish(Loan&& loan, MessageInfo info) {
   loan.producer_ = nullptr;
   if (m.control->consumers_waiting.load(std::memory_order_seq_cst) != 0) futex_wake_all(m.control->data_futex);
   return info;
+}
+
+Result<MessageInfo> Producer::publish(Loan&& loan, vk::Fence gpu_done, MessageInfo info, Duration timeout) {
+  constexpr const char* call = "Producer::publish(fence)";
+  auto& m = *impl_;
+  if (!m.env.vulkan) return fail(Errc::InvalidArgument, call, "this channel has no Vulkan context to wait with");
+  auto waited = detail::vk_call("vkWaitForFences", [&]() -> Status {
+    const auto ns = timeout == kForever ? UINT64_MAX : static_cast<std::uint64_t>(timeout.count());
+    if (m.env.vulkan->device().waitForFences(gpu_done, VK_TRUE, ns) == vk::Result::eTimeout)
+      return fail(Errc::Timeout, call, "the GPU work writing the buffer did not finish in time");
+    return {};
+  });
+  if (!waited) return std::unexpected(waited.error());
+  return publish(std::move(loan), info);
+}
+
+bool Producer::has_gpu_timeline() const { return *impl_->timeline; }
+
+std::optional<GpuSync> Loan::gpu_signal() {
+  auto& m = *producer_->impl_;
+  if (!*m.timeline) return std::nullopt;
+  gpu_signaled_ = true;
+  return GpuSync{*m.timeline, seq_ + 1};
 }
 
 void Producer::abandon(std::uint64_t seq) {
@@ -584,13 +659,15 @@ Status Producer::wait_for_consumers(std::uint32_t n, Duration timeout) {
   return {};
 }
 
-Loan::Loan(Loan&& o) noexcept : producer_(std::exchange(o.producer_, nullptr)), seq_(o.seq_), slot_(o.slot_) {}
+Loan::Loan(Loan&& o) noexcept
+    : producer_(std::exchange(o.producer_, nullptr)), seq_(o.seq_), slot_(o.slot_), gpu_signaled_(o.gpu_signaled_) {}
 Loan& Loan::operator=(Loan&& o) noexcept {
   if (this != &o) {
     if (producer_) producer_->abandon(seq_);
     producer_ = std::exchange(o.producer_, nullptr);
     seq_ = o.seq_;
     slot_ = o.slot_;
+    gpu_signaled_ = o.gpu_signaled_;
   }
   return *this;
 }
@@ -616,6 +693,7 @@ struct Consumer::Impl {
   std::uint64_t slot_size = 0;
   std::int32_t producer_pid = 0;
   bool contended_next = false;  // DropOldest: the producer may move `next` too, so claim by CAS
+  vk::raii::Semaphore timeline{nullptr};  // imported shared timeline (Vulkan transport)
   std::vector<std::unique_ptr<Buffer>> ring;
   UniqueFd sock, stop_fd;
   std::atomic<bool> lost{false};
@@ -756,6 +834,23 @@ Result<std::unique_ptr<Consumer>> Consumer::open(const std::string& name, Consum
     if (!b) return std::unexpected(b.error().within(call));
     impl->ring.push_back(std::move(*b));
   }
+  if (w.timeline) {
+    const auto& caps = impl->env.vulkan->capabilities();
+    if (!caps.timeline_semaphore || !caps.semaphore_fd_import)
+      return fail(Errc::Unsupported, call,
+                  format("the channel orders GPU work with a timeline semaphore, which device {} cannot import",
+                         caps.identity.name));
+    auto sem = make_timeline(*impl->env.vulkan, false);
+    if (!sem) return std::unexpected(sem.error().within(call));
+    impl->timeline = std::move(*sem);
+    UniqueFd& fd = msg->fds[1 + w.slots];
+    auto imported = detail::vk_call("vkImportSemaphoreFdKHR", [&] {
+      impl->env.vulkan->device().importSemaphoreFdKHR(
+          {*impl->timeline, {}, vk::ExternalSemaphoreHandleTypeFlagBits::eOpaqueFd, fd.get()});
+    });
+    if (!imported) return std::unexpected(imported.error().within(call));
+    (void)fd.release();  // the driver owns it now
+  }
   impl->done.assign(w.slots, 0);
   impl->options = std::move(o);
   int ev = ::eventfd(0, EFD_CLOEXEC);
@@ -806,7 +901,10 @@ Result<Received> Consumer::receive(Duration timeout) {
     m.cursor_slot = k + 1 == m.slots ? 0 : k + 1;
     ++m.held;
     MessageInfo info{size, slot.tag.load(std::memory_order_relaxed), slot.timestamp_ns.load(std::memory_order_relaxed), n};
-    return Received(this, info, missed, k);
+    Received r(this, info, missed, k);
+    if (*m.timeline && m.options.host_wait_for_gpu)
+      LF_TRY_STATUS(host_wait(*m.env.vulkan, *m.timeline, n + 1, timeout, call));
+    return r;
   }
 }
 
@@ -838,6 +936,12 @@ std::uint32_t Consumer::slots() const { return impl_->slots; }
 std::uint64_t Consumer::slot_size() const { return impl_->slot_size; }
 std::int32_t Consumer::producer_pid() const { return impl_->producer_pid; }
 const VulkanContext* Consumer::vulkan() const { return impl_->env.vulkan; }
+bool Consumer::has_gpu_timeline() const { return *impl_->timeline; }
+
+std::optional<GpuSync> Received::gpu_wait() const {
+  if (!consumer_ || !*consumer_->impl_->timeline) return std::nullopt;
+  return GpuSync{*consumer_->impl_->timeline, info_.sequence + 1};
+}
 
 Received::Received(Received&& o) noexcept
     : consumer_(std::exchange(o.consumer_, nullptr)), info_(o.info_), missed_(o.missed_), slot_(o.slot_) {}

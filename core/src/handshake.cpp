@@ -50,6 +50,7 @@ std::vector<std::byte> encode(const Welcome& m) {
   w.put(m.producer_pid);
   w.put_string(m.transport.substr(0, 64));
   w.put_string(m.route_reason.substr(0, kMaxText));
+  w.put(static_cast<std::uint8_t>(m.timeline));
   put_blob(w, m.control.serialize());
   for (const auto& d : m.ring) put_blob(w, d.serialize());
   return std::move(w).take();
@@ -93,9 +94,12 @@ Result<Handshake> decode(std::span<const std::byte> bytes, std::size_t fd_count)
       if (m.slots == 0 || m.slots > kMaxSlots) return fail(Errc::Malformed, call, format("{} slots out of range", m.slots));
       if (m.slot_size == 0 || m.slot_size > kMaxSlotSize)
         return fail(Errc::Malformed, call, format("slot size {} out of range", m.slot_size));
-      LF_TRY_STATUS(expect_fds(1 + m.slots));
       LF_TRY(m.transport, r.get_string(64));
       LF_TRY(m.route_reason, r.get_string(kMaxText));
+      LF_TRY(auto timeline, r.get<std::uint8_t>());
+      if (timeline > 1) return fail(Errc::Malformed, call, "timeline flag is neither 0 nor 1");
+      m.timeline = timeline == 1;
+      LF_TRY_STATUS(expect_fds(1 + m.slots + (m.timeline ? 1 : 0)));
       LF_TRY(auto cblob, get_blob(r, ExportDescriptor::kSerializedSize));
       LF_TRY(m.control, ExportDescriptor::deserialize(cblob));
       if (is_gpu(m.control.kind)) return fail(Errc::Malformed, call, "control block is not CPU shared memory");

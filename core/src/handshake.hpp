@@ -18,7 +18,7 @@ namespace lavaflow::detail {
 
 inline constexpr std::uint32_t kHandshakeMagic = 0x48434c46;  // "FLCH"
 inline constexpr std::uint16_t kHandshakeVersion = 1;
-inline constexpr std::uint32_t kMaxSlots = 62;      // + 1 control fd ≤ 64 fds per frame
+inline constexpr std::uint32_t kMaxSlots = 62;      // + control + semaphore ≤ 64 fds per frame
 inline constexpr std::uint32_t kMaxConsumers = 16;
 inline constexpr std::uint64_t kMaxSlotSize = std::uint64_t{1} << 40;
 
@@ -37,6 +37,7 @@ struct Welcome {
   std::string route_reason;
   ExportDescriptor control;
   std::vector<ExportDescriptor> ring;  ///< `slots` entries
+  bool timeline = false;               ///< one more fd: the shared timeline semaphore
 };
 
 struct Refuse {

@@ -17,7 +17,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (hs) {
     if (auto* w = std::get_if<lavaflow::detail::Welcome>(&*hs)) {
       // Accepted welcomes are internally consistent.
-      if (w->ring.size() != w->slots || w->slots == 0 || w->slots > lavaflow::detail::kMaxSlots || fds != 1 + w->slots)
+      if (w->ring.size() != w->slots || w->slots == 0 || w->slots > lavaflow::detail::kMaxSlots || fds != 1 + w->slots + (w->timeline ? 1u : 0u))
         std::abort();
       for (const auto& d : w->ring)
         if (!d.validate() || d.size < w->slot_size) std::abort();

@@ -4,6 +4,7 @@
 // write/check of a GpuBuffer (through the mapping, or a staging copy when not host-visible).
 #include <cstdint>
 #include <span>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,36 @@ inline std::string gpu_check(const lavaflow::VulkanContext& ctx, const lavaflow:
   if (auto s = lavaflow::download(ctx, b, data); !s) return s.error().message();
   if (auto i = first_mismatch(data, seed); i >= 0) return "byte " + std::to_string(i) + " differs";
   return {};
+}
+
+/// A GPU copy submitted without waiting: optionally waiting on / signalling timeline points and
+/// signalling a fence. Keeps its command buffer alive until destroyed (after the GPU is done).
+struct PendingCopy {
+  vk::raii::CommandPool pool{nullptr};
+  vk::raii::CommandBuffers cbs{nullptr};
+  vk::raii::Fence fence{nullptr};
+};
+
+inline PendingCopy submit_copy(const lavaflow::VulkanContext& ctx, vk::Buffer src, std::uint64_t src_off, vk::Buffer dst,
+                               std::uint64_t dst_off, std::uint64_t bytes, std::optional<lavaflow::GpuSync> wait = {},
+                               std::optional<lavaflow::GpuSync> signal = {}) {
+  const auto& dev = ctx.device();
+  PendingCopy p;
+  p.pool = vk::raii::CommandPool(dev, {vk::CommandPoolCreateFlagBits::eTransient, ctx.queue_family()});
+  p.cbs = vk::raii::CommandBuffers(dev, {*p.pool, vk::CommandBufferLevel::ePrimary, 1});
+  auto& cb = p.cbs[0];
+  cb.begin({vk::CommandBufferUsageFlagBits::eOneTimeSubmit});
+  cb.copyBuffer(src, dst, vk::BufferCopy(src_off, dst_off, bytes));
+  cb.end();
+  p.fence = vk::raii::Fence(dev, vk::FenceCreateInfo{});
+  std::uint64_t wait_value = wait ? wait->value : 0, signal_value = signal ? signal->value : 0;
+  vk::TimelineSemaphoreSubmitInfo tl(wait ? 1u : 0u, &wait_value, signal ? 1u : 0u, &signal_value);
+  vk::PipelineStageFlags stage = vk::PipelineStageFlagBits::eTransfer;
+  vk::Semaphore ws = wait ? wait->semaphore : vk::Semaphore{}, ss = signal ? signal->semaphore : vk::Semaphore{};
+  vk::CommandBuffer raw = *cb;
+  vk::SubmitInfo si(wait ? 1u : 0u, &ws, &stage, 1, &raw, signal ? 1u : 0u, &ss, &tl);
+  ctx.queue().submit(si, *p.fence);
+  return p;
 }
 
 }  // namespace lftest

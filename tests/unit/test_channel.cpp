@@ -304,3 +304,79 @@ TEST_CASE("malformed bytes on the socket: the producer refuses and keeps serving
   CHECK(e.code() == Errc::Malformed);
   fake.join();
 }
+
+namespace {
+
+/// Producer writes each message with a GPU copy (staging → ring buffer), consumer checks bytes.
+void gpu_written_stream(bool use_timeline) {
+  auto ctx = lftest::context_or_skip();
+  auto dir = lftest::channel_dir();
+  const std::uint64_t n = 4096;
+  auto o = popts(dir, "vulkan");
+  o.slot_size = n;
+  o.vulkan = &ctx;
+  auto p = lftest::ok(Producer::create("gpu", o));
+  if (use_timeline && !p->has_gpu_timeline())
+    lftest::skip("device " + ctx.capabilities().identity.name + " cannot export timeline semaphores as opaque fds");
+  CHECK(p->route().reason.find(use_timeline ? "timeline semaphore" : "fence") != std::string::npos);
+  auto c = lftest::ok(Consumer::open("gpu", copts(dir)));
+  CHECK(c->has_gpu_timeline() == p->has_gpu_timeline());
+  lftest::ok(p->wait_for_consumers(1, 5s));
+  auto staging = lftest::ok(GpuBuffer::allocate(ctx, {.size = n, .memory = GpuMemory::HostVisible}));
+  for (std::uint64_t i = 0; i < 20; ++i) {
+    lftest::fill(staging.bytes(), i);
+    auto loan = lftest::ok(p->loan(5s));
+    auto& dst = dynamic_cast<GpuBuffer&>(loan.buffer());
+    if (use_timeline) {
+      auto copy = lftest::submit_copy(ctx, staging.buffer(), 0, dst.buffer(), dst.offset(), n, std::nullopt, loan.gpu_signal());
+      lftest::ok(p->publish(std::move(loan), {.size = n}));  // no CPU wait: the consumer's wait orders it
+      auto r = lftest::ok(c->receive(5s));
+      CHECK(lftest::gpu_check(*c->vulkan(), dynamic_cast<GpuBuffer&>(r.buffer()), i).empty());
+      REQUIRE(ctx.device().waitForFences(*copy.fence, VK_TRUE, 5'000'000'000ull) == vk::Result::eSuccess);
+    } else {
+      auto copy = lftest::submit_copy(ctx, staging.buffer(), 0, dst.buffer(), dst.offset(), n);
+      lftest::ok(p->publish(std::move(loan), *copy.fence, {.size = n}));
+      auto r = lftest::ok(c->receive(5s));
+      CHECK(lftest::gpu_check(*c->vulkan(), dynamic_cast<GpuBuffer&>(r.buffer()), i).empty());
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("Vulkan transport: GPU writes are finished by a fence wait before the hand-off") { gpu_written_stream(false); }
+
+TEST_CASE("Vulkan transport: GPU writes are ordered by the shared timeline semaphore, no CPU wait") {
+  gpu_written_stream(true);
+}
+
+TEST_CASE("Vulkan transport: a consumer's GPU work waits on the shared timeline") {
+  auto ctx = lftest::context_or_skip();
+  auto dir = lftest::channel_dir();
+  auto o = popts(dir, "vulkan");
+  o.slot_size = 4096;
+  o.vulkan = &ctx;
+  auto p = lftest::ok(Producer::create("gpuwait", o));
+  if (!p->has_gpu_timeline())
+    lftest::skip("device " + ctx.capabilities().identity.name + " cannot export timeline semaphores as opaque fds");
+  auto co = copts(dir);
+  co.host_wait_for_gpu = false;
+  auto c = lftest::ok(Consumer::open("gpuwait", co));
+  lftest::ok(p->wait_for_consumers(1, 5s));
+  const auto& cctx = *c->vulkan();
+  auto src = lftest::ok(GpuBuffer::allocate(ctx, {.size = 4096, .memory = GpuMemory::HostVisible}));
+  auto out = lftest::ok(GpuBuffer::allocate(cctx, {.size = 4096, .memory = GpuMemory::HostVisible}));
+  for (std::uint64_t i = 0; i < 20; ++i) {
+    lftest::fill(src.bytes(), 100 + i);
+    auto loan = lftest::ok(p->loan(5s));
+    auto& dst = dynamic_cast<GpuBuffer&>(loan.buffer());
+    auto w = lftest::submit_copy(ctx, src.buffer(), 0, dst.buffer(), dst.offset(), 4096, std::nullopt, loan.gpu_signal());
+    lftest::ok(p->publish(std::move(loan), {.size = 4096}));
+    auto r = lftest::ok(c->receive(5s));
+    auto& in = dynamic_cast<GpuBuffer&>(r.buffer());
+    auto rd = lftest::submit_copy(cctx, in.buffer(), in.offset(), out.buffer(), 0, 4096, r.gpu_wait());
+    REQUIRE(cctx.device().waitForFences(*rd.fence, VK_TRUE, 5'000'000'000ull) == vk::Result::eSuccess);
+    CHECK(lftest::first_mismatch(out.bytes(), 100 + i) == -1);
+    REQUIRE(ctx.device().waitForFences(*w.fence, VK_TRUE, 5'000'000'000ull) == vk::Result::eSuccess);
+  }
+}

@@ -20,6 +20,8 @@
 #include <string>
 #include <type_traits>
 
+#include <vulkan/vulkan.hpp>
+
 #include "lavaflow/core/transport.hpp"
 
 namespace lavaflow {
@@ -58,6 +60,10 @@ struct ProducerOptions {
 
 struct ConsumerOptions {
   WaitMode wait = WaitMode::SpinThenBlock;
+  /// Vulkan transport with a shared timeline semaphore: receive() waits on the host until the
+  /// producer's GPU work on the message is done, so bytes() are complete. Consumers that read on
+  /// the GPU set this false and wait on Received::gpu_wait() in their own queue instead.
+  bool host_wait_for_gpu = true;
   Duration connect_timeout = std::chrono::seconds(10);  ///< wait this long for the producer to appear
   TransportSet transports;                 ///< must contain the producer's transport
   const VulkanContext* vulkan = nullptr;   ///< for importing Vulkan rings; null = make one when needed
@@ -71,6 +77,13 @@ struct MessageInfo {
   std::uint64_t user_tag = 0;
   std::uint64_t timestamp_ns = 0;  ///< CLOCK_MONOTONIC at publish, when the producer stamps (else 0)
   std::uint64_t sequence = 0;      ///< 0, 1, 2, … per channel (set by publish)
+};
+
+/// A point on the channel's shared timeline semaphore (Vulkan transport on devices that export
+/// timeline semaphores as opaque fds): GPU work signals it (producer) or waits on it (consumer).
+struct GpuSync {
+  vk::Semaphore semaphore;
+  std::uint64_t value = 0;
 };
 
 /// The route a channel took, and why.
@@ -95,6 +108,11 @@ class Loan {
   [[nodiscard]] std::span<std::byte> bytes() const;  ///< empty when the buffer is not host-visible
   [[nodiscard]] Buffer& buffer() const;              ///< the ring buffer itself (e.g. a GpuBuffer)
   [[nodiscard]] std::uint64_t sequence() const { return seq_; }
+  /// The signal that the GPU work writing this buffer must perform (add it to that queue
+  /// submission); publish() then hands off without any CPU wait and consumers wait on the GPU.
+  /// Empty when the channel has no shared timeline semaphore (e.g. lavapipe): then finish the GPU
+  /// work with a fence and call publish(loan, fence).
+  [[nodiscard]] std::optional<GpuSync> gpu_signal();
 
  private:
   friend class Producer;
@@ -102,6 +120,7 @@ class Loan {
   Producer* producer_ = nullptr;
   std::uint64_t seq_ = 0;
   std::uint32_t slot_ = 0;
+  bool gpu_signaled_ = false;
 };
 
 /// A received message; released (slot returned) when destroyed.
@@ -116,6 +135,9 @@ class Received {
   /// Messages this consumer missed just before this one (DropOldest policy), else 0.
   [[nodiscard]] std::uint64_t missed() const { return missed_; }
   void release();
+  /// What the consumer's GPU work must wait on before reading this buffer (see
+  /// ConsumerOptions::host_wait_for_gpu); empty without a shared timeline semaphore.
+  [[nodiscard]] std::optional<GpuSync> gpu_wait() const;
 
  private:
   friend class Consumer;
@@ -140,6 +162,12 @@ class Producer {
   [[nodiscard]] Result<Loan> try_loan();
   /// Hands the buffer to every consumer (atomic: consumers never see a half-published message).
   [[nodiscard]] Result<MessageInfo> publish(Loan&& loan, MessageInfo info = {});
+  /// Waits (CPU, at most `timeout`) for `gpu_done` — the fence of the GPU work that wrote the
+  /// buffer — then publishes. For drivers without exportable timeline semaphores.
+  [[nodiscard]] Result<MessageInfo> publish(Loan&& loan, vk::Fence gpu_done, MessageInfo info = {},
+                                            Duration timeout = std::chrono::seconds(10));
+  /// Whether GPU work is ordered through a shared timeline semaphore (else: fences, CPU waits).
+  [[nodiscard]] bool has_gpu_timeline() const;
 
   [[nodiscard]] const ChannelRoute& route() const;
   [[nodiscard]] const std::string& name() const;
@@ -179,6 +207,7 @@ class Consumer {
   [[nodiscard]] std::int32_t producer_pid() const;
   /// The Vulkan context the ring was imported into (Vulkan transport), else null.
   [[nodiscard]] const VulkanContext* vulkan() const;
+  [[nodiscard]] bool has_gpu_timeline() const;
 
   struct Impl;
 
