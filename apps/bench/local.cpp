@@ -167,7 +167,7 @@ pid_t spawn_echo(const Config& cfg, const std::string& self, const std::string& 
 
 Result<std::vector<Row>> channel_rows(const Config& cfg, const std::string& self, const std::string& transport,
                                       WaitMode mode) {
-  const std::string tag = format("bench-{}-{}-{}", ::getpid(), transport, mode == WaitMode::BusyPoll ? "poll" : "block");
+  const std::string tag = str_format("bench-{}-{}-{}", ::getpid(), transport, mode == WaitMode::BusyPoll ? "poll" : "block");
   ProducerOptions po{.slots = 8, .slot_size = cfg.max_size, .wait = mode, .transport = transport,
                      .transports = local_transports()};
   LF_TRY(auto ping, Producer::create(tag + "-ping", po));

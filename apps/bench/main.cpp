@@ -44,9 +44,9 @@ double median_us(int reps, const std::function<bool()>& once) {
 }
 
 std::string human(std::uint64_t n) {
-  if (n >= (1u << 20)) return format("{} MiB", n >> 20);
-  if (n >= 1024) return format("{} KiB", n >> 10);
-  return format("{} B", n);
+  if (n >= (1u << 20)) return str_format("{} MiB", n >> 20);
+  if (n >= 1024) return str_format("{} KiB", n >> 10);
+  return str_format("{} B", n);
 }
 
 int bench_alloc(int reps, bool json) {
@@ -97,7 +97,7 @@ int bench_alloc(int reps, bool json) {
         auto b = CpuBuffer::allocate(o, topo);
         return b && b->export_handle().has_value();
       });
-      rows.push_back({format("cpu-{}", to_string(s)), "mmap(anonymous)", size, t, anon,
+      rows.push_back({str_format("cpu-{}", to_string(s)), "mmap(anonymous)", size, t, anon,
                       choice.strategy == s ? "" : "fell back: " + choice.reason});
     }
   }
@@ -131,16 +131,16 @@ int bench_alloc(int reps, bool json) {
 // local
 
 std::string size_name(std::uint64_t n) {
-  if (n >= (1u << 20)) return format("{} MiB", n >> 20);
-  if (n >= 1024) return format("{} KiB", n >> 10);
-  return format("{} B", n);
+  if (n >= (1u << 20)) return str_format("{} MiB", n >> 20);
+  if (n >= 1024) return str_format("{} KiB", n >> 10);
+  return str_format("{} B", n);
 }
 
 /// Runs the raw MPI ping-pong under the installed mpiexec; empty when MPI is not built.
 std::vector<lfbench::Row> mpi_rows(int iterations, std::string& note) {
   std::vector<lfbench::Row> rows;
 #ifdef LAVAFLOW_BENCH_MPI
-  const std::string cmd = format("{} -n 2 -bind-to core {} {} 64 2>&1", LAVAFLOW_MPIEXEC, LAVAFLOW_BENCH_MPI, iterations);
+  const std::string cmd = str_format("{} -n 2 -bind-to core {} {} 64 2>&1", LAVAFLOW_MPIEXEC, LAVAFLOW_BENCH_MPI, iterations);
   FILE* f = ::popen(cmd.c_str(), "r");
   if (!f) {
     note = "could not start mpiexec";
@@ -249,7 +249,7 @@ int bench_local(int argc, char** argv) {
           .field("met", t.ge ? t.value >= t.limit : t.value <= t.limit).end_object();
     j.end_array();
     if (!mpi_note.empty()) j.field("mpi_note", mpi_note);
-    j.field("cpus", format("{},{}", cfg.cpu_a, cfg.cpu_b)).end_object();
+    j.field("cpus", str_format("{},{}", cfg.cpu_a, cfg.cpu_b)).end_object();
     std::puts(j.str().c_str());
     return 0;
   }
@@ -259,7 +259,7 @@ int bench_local(int argc, char** argv) {
   for (const auto& r : *rows)
     std::printf("%-18s %-6s %9s %8s %10.0f %10.0f %11.0f %13s\n", r.name.c_str(), r.mode.c_str(), size_name(r.size).c_str(),
                 r.touched ? "yes" : "no", r.p50_ns, r.p99_ns, r.max_ns,
-                r.msgs_per_s > 0 ? format("{:.0f}", r.msgs_per_s).c_str() : "");
+                r.msgs_per_s > 0 ? str_format("{:.0f}", r.msgs_per_s).c_str() : "");
   if (!mpi_note.empty()) std::printf("MPI: %s\n", mpi_note.c_str());
   std::printf("\nTargets (ratios within this run)\n");
   for (const auto& t : targets)

@@ -37,15 +37,15 @@ double ms_since(Clock::time_point t) { return std::chrono::duration<double, std:
 
 std::string describe(const VulkanContext& ctx) {
   const auto& c = ctx.capabilities();
-  return format("{} ({}, driver {}, device UUID {})", c.identity.name, device_type_name(c.type), c.driver_name,
+  return str_format("{} ({}, driver {}, device UUID {})", c.identity.name, device_type_name(c.type), c.driver_name,
                 to_string(c.identity.device_uuid));
 }
 
 std::string human_bytes(double b) {
-  if (b >= 1 << 30) return format("{:.2f} GiB", b / (1 << 30));
-  if (b >= 1 << 20) return format("{:.2f} MiB", b / (1 << 20));
-  if (b >= 1 << 10) return format("{:.2f} KiB", b / (1 << 10));
-  return format("{:.0f} B", b);
+  if (b >= 1 << 30) return str_format("{:.2f} GiB", b / (1 << 30));
+  if (b >= 1 << 20) return str_format("{:.2f} MiB", b / (1 << 20));
+  if (b >= 1 << 10) return str_format("{:.2f} KiB", b / (1 << 10));
+  return str_format("{:.0f} B", b);
 }
 
 struct Args {
@@ -63,7 +63,7 @@ Result<std::uint64_t> number(const Args& a, const std::string& key, std::uint64_
   char* end = nullptr;
   const auto v = std::strtoull(it->second.c_str(), &end, 10);
   if (it->second.empty() || !end || *end)
-    return fail(Errc::InvalidArgument, "lavaflow-demo", format("--{} needs a number, got \"{}\"", key, it->second));
+    return fail(Errc::InvalidArgument, "lavaflow-demo", str_format("--{} needs a number, got \"{}\"", key, it->second));
   return v;
 }
 
@@ -97,7 +97,7 @@ Status check_message(const Consumer& c, const Received& r, std::vector<std::byte
   }
   const auto seq = r.info().sequence;
   if (!lfapp::matches(view, seq) || lfapp::checksum(view) != r.info().user_tag)
-    return fail(Errc::Malformed, "verify", format("message {} is corrupt (checksum mismatch)", seq));
+    return fail(Errc::Malformed, "verify", str_format("message {} is corrupt (checksum mismatch)", seq));
   return {};
 }
 
@@ -218,7 +218,7 @@ int run_both(const Args& a, const char* self) {
   auto size = number(a, "size", 1 << 20);
   if (!count) return die("demo", count.error());
   if (!size) return die("demo", size.error());
-  const std::string name = format("demo-{}", ::getpid());
+  const std::string name = str_format("demo-{}", ::getpid());
   std::vector<std::string> args{self, "consume", "--channel", name, "--count", std::to_string(*count)};
   std::vector<char*> argv;
   for (auto& s : args) argv.push_back(s.data());
@@ -273,7 +273,7 @@ int share_consumer(int sock) {
       const auto t1 = Clock::now();
       if (auto s = download(*ctx, *buf, data); !s) verdict = s.error().message();
       for (std::uint64_t i = 0; verdict.empty() && i < data.size(); ++i)
-        if (data[i] != pattern(i)) verdict = format("byte {} is {:#x}, expected {:#x}", i, data[i], pattern(i));
+        if (data[i] != pattern(i)) verdict = str_format("byte {} is {:#x}, expected {:#x}", i, data[i], pattern(i));
       if (verdict.empty()) {
         std::printf("[consumer pid %d] imported in %.2f ms, read and verified %llu bytes in %.2f ms\n", ::getpid(),
                     import_ms, static_cast<unsigned long long>(data.size()), ms_since(t1));

@@ -17,7 +17,7 @@ namespace {
 const char* yes(bool b) { return b ? "yes" : "no"; }
 
 std::string api(std::uint32_t v) {
-  return format("{}.{}.{}", VK_API_VERSION_MAJOR(v), VK_API_VERSION_MINOR(v), VK_API_VERSION_PATCH(v));
+  return str_format("{}.{}.{}", VK_API_VERSION_MAJOR(v), VK_API_VERSION_MINOR(v), VK_API_VERSION_PATCH(v));
 }
 
 struct StrategyRow {

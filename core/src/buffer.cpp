@@ -41,14 +41,14 @@ Result<ExportDescriptor> ExportDescriptor::deserialize(std::span<const std::byte
   constexpr const char* call = "ExportDescriptor::deserialize";
   wire::Reader r(bytes, call);
   LF_TRY(auto magic, r.get<std::uint32_t>());
-  if (magic != kMagic) return fail(Errc::Malformed, call, format("bad magic {:#x}, not an export descriptor", magic));
+  if (magic != kMagic) return fail(Errc::Malformed, call, str_format("bad magic {:#x}, not an export descriptor", magic));
   ExportDescriptor d;
   LF_TRY(d.version, r.get<std::uint16_t>());
   if (d.version != kVersion)
     return fail(Errc::VersionMismatch, call,
-                format("descriptor format version {}, this build reads version {}", d.version, kVersion));
+                str_format("descriptor format version {}, this build reads version {}", d.version, kVersion));
   if (bytes.size() != kSerializedSize)
-    return fail(Errc::Malformed, call, format("{} bytes, a version {} descriptor has {}", bytes.size(), kVersion, kSerializedSize));
+    return fail(Errc::Malformed, call, str_format("{} bytes, a version {} descriptor has {}", bytes.size(), kVersion, kSerializedSize));
   LF_TRY(auto kind, r.get<std::uint8_t>());
   d.kind = static_cast<BufferKind>(kind);
   LF_TRY(auto dedicated, r.get<std::uint8_t>());
@@ -71,17 +71,17 @@ Result<ExportDescriptor> ExportDescriptor::deserialize(std::span<const std::byte
 Status ExportDescriptor::validate() const {
   constexpr const char* call = "ExportDescriptor::validate";
   if (version != kVersion)
-    return fail(Errc::VersionMismatch, call, format("version {}, expected {}", version, kVersion));
+    return fail(Errc::VersionMismatch, call, str_format("version {}, expected {}", version, kVersion));
   const auto k = static_cast<std::uint8_t>(kind);
-  if (k < 1 || k > 6) return fail(Errc::Malformed, call, format("unknown buffer kind {}", k));
+  if (k < 1 || k > 6) return fail(Errc::Malformed, call, str_format("unknown buffer kind {}", k));
   if (size == 0) return fail(Errc::Malformed, call, "size is 0");
   if (buffer_size > allocation_size)
-    return fail(Errc::Malformed, call, format("buffer size {} exceeds allocation size {}", buffer_size, allocation_size));
+    return fail(Errc::Malformed, call, str_format("buffer size {} exceeds allocation size {}", buffer_size, allocation_size));
   if (offset > buffer_size || size > buffer_size - offset)
     return fail(Errc::Malformed, call,
-                format("range [{}, +{}) exceeds the buffer's {} bytes", offset, size, buffer_size));
+                str_format("range [{}, +{}) exceeds the buffer's {} bytes", offset, size, buffer_size));
   if (is_gpu(kind) && memory_type_index >= 32)
-    return fail(Errc::Malformed, call, format("memory type index {} out of range", memory_type_index));
+    return fail(Errc::Malformed, call, str_format("memory type index {} out of range", memory_type_index));
   return {};
 }
 

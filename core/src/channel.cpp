@@ -153,10 +153,10 @@ Status wait_until(Ready ready, Aborted aborted, std::atomic<std::uint32_t>& word
 
 Status check_name(const std::string& name) {
   if (name.empty() || name.size() > 64)
-    return fail(Errc::InvalidArgument, "channel name", format("\"{}\": must be 1 to 64 characters", name));
+    return fail(Errc::InvalidArgument, "channel name", str_format("\"{}\": must be 1 to 64 characters", name));
   for (char c : name)
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.'))
-      return fail(Errc::InvalidArgument, "channel name", format("\"{}\": only letters, digits, '-', '_', '.'", name));
+      return fail(Errc::InvalidArgument, "channel name", str_format("\"{}\": only letters, digits, '-', '_', '.'", name));
   if (name[0] == '.') return fail(Errc::InvalidArgument, "channel name", "must not start with '.'");
   return {};
 }
@@ -173,10 +173,10 @@ Status private_directory(const std::filesystem::path& dir, bool create) {
   if (!S_ISDIR(st.st_mode)) return fail(Errc::PermissionDenied, "channel directory", dir.string() + " is not a directory");
   if (st.st_uid != ::getuid())
     return fail(Errc::PermissionDenied, "channel directory",
-                format("{} belongs to uid {}, not to this user (uid {})", dir.string(), st.st_uid, ::getuid()));
+                str_format("{} belongs to uid {}, not to this user (uid {})", dir.string(), st.st_uid, ::getuid()));
   if (st.st_mode & 077)
     return fail(Errc::PermissionDenied, "channel directory",
-                format("{} is reachable by other users (mode {:o}); it must be 0700", dir.string(), st.st_mode & 0777));
+                str_format("{} is reachable by other users (mode {:o}); it must be 0700", dir.string(), st.st_mode & 0777));
   return {};
 }
 
@@ -190,7 +190,7 @@ Result<sockaddr_un> address(const std::filesystem::path& p) {
   sockaddr_un a{};
   a.sun_family = AF_UNIX;
   if (p.native().size() >= sizeof a.sun_path)
-    return fail(Errc::InvalidArgument, "channel socket", format("path {} is too long for a Unix socket", p.string()));
+    return fail(Errc::InvalidArgument, "channel socket", str_format("path {} is too long for a Unix socket", p.string()));
   std::memcpy(a.sun_path, p.c_str(), p.native().size());
   return a;
 }
@@ -235,7 +235,7 @@ Status host_wait(const VulkanContext& ctx, vk::Semaphore sem, std::uint64_t valu
     vk::SemaphoreWaitInfo wi({}, sem, value);
     const auto ns = timeout == kForever ? UINT64_MAX : static_cast<std::uint64_t>(timeout.count());
     if (ctx.device().waitSemaphores(wi, ns) == vk::Result::eTimeout)
-      return fail(Errc::Timeout, call, format("GPU work did not reach timeline value {} in time", value));
+      return fail(Errc::Timeout, call, str_format("GPU work did not reach timeline value {} in time", value));
     return {};
   });
 }
@@ -247,7 +247,7 @@ std::filesystem::path default_channel_directory() {
     struct stat st {};
     if (::stat(xdg, &st) == 0 && st.st_uid == ::getuid()) return std::filesystem::path(xdg) / "lavaflow";
   }
-  return std::filesystem::path("/tmp") / format("lavaflow-{}", ::getuid());
+  return std::filesystem::path("/tmp") / str_format("lavaflow-{}", ::getuid());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -336,7 +336,7 @@ void Producer::Impl::admit(UniqueFd sock) {
   auto cred = peer_credentials(sock.get());
   if (!cred) return;
   if (cred->uid != ::getuid()) {
-    (void)send_refuse(sock.get(), format("uid {} may not use this channel (owner uid {})", cred->uid, ::getuid()));
+    (void)send_refuse(sock.get(), str_format("uid {} may not use this channel (owner uid {})", cred->uid, ::getuid()));
     return;
   }
   auto msg = recv_message(sock.get(), 2s);
@@ -352,7 +352,7 @@ void Producer::Impl::admit(UniqueFd sock) {
   const auto& peer = std::get<detail::Hello>(*hs).location;
   auto probe = transport->can_connect(me, peer, env);
   if (!probe.ok) {
-    (void)send_refuse(sock.get(), format("this channel uses the {} transport, which cannot reach you: {}",
+    (void)send_refuse(sock.get(), str_format("this channel uses the {} transport, which cannot reach you: {}",
                                          transport->name(), probe.reason));
     return;
   }
@@ -366,7 +366,7 @@ void Producer::Impl::admit(UniqueFd sock) {
     }
   }
   if (index == options.max_consumers) {
-    (void)send_refuse(sock.get(), format("channel already has its maximum of {} consumers", options.max_consumers));
+    (void)send_refuse(sock.get(), str_format("channel already has its maximum of {} consumers", options.max_consumers));
     return;
   }
   detail::Welcome w;
@@ -442,11 +442,11 @@ Result<std::unique_ptr<Producer>> Producer::create(const std::string& name, Prod
   constexpr const char* call = "Producer::create";
   if (auto ok = check_name(name); !ok) return std::unexpected(ok.error().within(call));
   if (o.slots == 0 || o.slots > kMaxSlots)
-    return fail(Errc::InvalidArgument, call, format("{} slots: must be 1 to {}", o.slots, kMaxSlots));
+    return fail(Errc::InvalidArgument, call, str_format("{} slots: must be 1 to {}", o.slots, kMaxSlots));
   if (o.slot_size == 0 || o.slot_size > detail::kMaxSlotSize)
-    return fail(Errc::InvalidArgument, call, format("slot size {} out of range", o.slot_size));
+    return fail(Errc::InvalidArgument, call, str_format("slot size {} out of range", o.slot_size));
   if (o.max_consumers == 0 || o.max_consumers > kMaxConsumers)
-    return fail(Errc::InvalidArgument, call, format("max_consumers {}: must be 1 to {}", o.max_consumers, kMaxConsumers));
+    return fail(Errc::InvalidArgument, call, str_format("max_consumers {}: must be 1 to {}", o.max_consumers, kMaxConsumers));
   if (o.transports.empty())
     return fail(Errc::InvalidArgument, call, "no transports given (pass lavaflow::local_transports())");
 
@@ -463,7 +463,7 @@ Result<std::unique_ptr<Producer>> Producer::create(const std::string& name, Prod
   impl->lock_fd.reset(lock);
   if (::flock(lock, LOCK_EX | LOCK_NB) != 0) {
     if (errno == EWOULDBLOCK)
-      return fail(Errc::PermissionDenied, call, format("channel \"{}\" is in use by a live producer", name));
+      return fail(Errc::PermissionDenied, call, str_format("channel \"{}\" is in use by a live producer", name));
     return std::unexpected(from_errno(errno, "flock").within(call));
   }
 
@@ -570,7 +570,7 @@ Result<MessageInfo> Producer::publish(Loan&& loan, MessageInfo info) {
     return fail(Errc::InvalidArgument, call, "loan does not belong to this producer's current slot");
   if (info.size == 0) info.size = m.options.slot_size;
   if (info.size > m.options.slot_size)
-    return fail(Errc::InvalidArgument, call, format("size {} exceeds the slot size {}", info.size, m.options.slot_size));
+    return fail(Errc::InvalidArgument, call, str_format("size {} exceeds the slot size {}", info.size, m.options.slot_size));
   if (*m.timeline && !loan.gpu_signaled_) {
     // CPU-written (or fence-finished) message: advance the timeline from the host, in order.
     LF_TRY_STATUS(host_wait(*m.env.vulkan, *m.timeline, loan.seq_, std::chrono::seconds(10), call));
@@ -653,7 +653,7 @@ Status Producer::wait_for_consumers(std::uint32_t n, Duration timeout) {
   const Deadline dl(timeout);
   while (consumer_count() < n) {
     if (dl.passed())
-      return fail(Errc::Timeout, "Producer::wait_for_consumers", format("{} of {} consumers connected", consumer_count(), n));
+      return fail(Errc::Timeout, "Producer::wait_for_consumers", str_format("{} of {} consumers connected", consumer_count(), n));
     std::this_thread::sleep_for(1ms);
   }
   return {};
@@ -734,7 +734,7 @@ struct Consumer::Impl {
       }
       if (p[0].revents) return;
       if (p[1].revents) {
-        lost_reason = format("producer (pid {}) hung up: it exited or was killed", producer_pid);
+        lost_reason = str_format("producer (pid {}) hung up: it exited or was killed", producer_pid);
         lost.store(true, std::memory_order_seq_cst);
         futex_wake_all(control->data_futex);
         return;
@@ -745,7 +745,7 @@ struct Consumer::Impl {
   std::optional<Error> gone() const {
     if (lost.load(std::memory_order_seq_cst)) return Error(Errc::PeerLost, "Consumer::receive", lost_reason);
     if (control->closed.load(std::memory_order_seq_cst))
-      return Error(Errc::PeerLost, "Consumer::receive", format("producer (pid {}) closed the channel", producer_pid));
+      return Error(Errc::PeerLost, "Consumer::receive", str_format("producer (pid {}) closed the channel", producer_pid));
     return std::nullopt;
   }
 };
@@ -775,13 +775,13 @@ Result<std::unique_ptr<Consumer>> Consumer::open(const std::string& name, Consum
     if (err != ENOENT && err != ECONNREFUSED && err != EAGAIN)
       return std::unexpected(from_errno(err, "connect", path.string()).within(call));
     if (dl.passed())
-      return fail(Errc::Timeout, call, format("no producer for channel \"{}\" appeared at {}", name, path.string()));
+      return fail(Errc::Timeout, call, str_format("no producer for channel \"{}\" appeared at {}", name, path.string()));
     std::this_thread::sleep_for(5ms);
   }
   LF_TRY(auto cred, peer_credentials(impl->sock.get()));
   if (cred.uid != ::getuid())
     return fail(Errc::PermissionDenied, call,
-                format("the producer of \"{}\" runs as uid {}, this process as uid {}: refused", name, cred.uid, ::getuid()));
+                str_format("the producer of \"{}\" runs as uid {}, this process as uid {}: refused", name, cred.uid, ::getuid()));
 
   LF_TRY(auto me, my_location(o.host, o.vulkan, true));
   if (auto s = send_message(impl->sock.get(), detail::encode(detail::Hello{me})); !s)
@@ -797,14 +797,14 @@ Result<std::unique_ptr<Consumer>> Consumer::open(const std::string& name, Consum
   for (const auto& t : o.transports)
     if (t->name() == w.transport) impl->transport = t;
   if (!impl->transport)
-    return fail(Errc::Unsupported, call, format("channel uses transport {}, which this consumer was not given", w.transport));
+    return fail(Errc::Unsupported, call, str_format("channel uses transport {}, which this consumer was not given", w.transport));
   impl->route = {w.transport, w.route_reason};
   impl->slots = w.slots;
   impl->slot_size = w.slot_size;
   impl->producer_pid = w.producer_pid;
 
   if (w.control.size < sizeof(ControlBlock))
-    return fail(Errc::Malformed, call, format("control block of {} bytes, need {}", w.control.size, sizeof(ControlBlock)));
+    return fail(Errc::Malformed, call, str_format("control block of {} bytes, need {}", w.control.size, sizeof(ControlBlock)));
   auto control = CpuBuffer::import(w.control, std::move(msg->fds[0]));
   if (!control) return std::unexpected(control.error().within(call));
   impl->control_mem.emplace(std::move(*control));
@@ -838,7 +838,7 @@ Result<std::unique_ptr<Consumer>> Consumer::open(const std::string& name, Consum
     const auto& caps = impl->env.vulkan->capabilities();
     if (!caps.timeline_semaphore || !caps.semaphore_fd_import)
       return fail(Errc::Unsupported, call,
-                  format("the channel orders GPU work with a timeline semaphore, which device {} cannot import",
+                  str_format("the channel orders GPU work with a timeline semaphore, which device {} cannot import",
                          caps.identity.name));
     auto sem = make_timeline(*impl->env.vulkan, false);
     if (!sem) return std::unexpected(sem.error().within(call));
@@ -865,7 +865,7 @@ Result<Received> Consumer::receive(Duration timeout) {
   constexpr const char* call = "Consumer::receive";
   auto& cb = *m.control;
   if (m.held >= m.slots)
-    return fail(Errc::InvalidArgument, call, format("all {} ring buffers are held: release one first", m.slots));
+    return fail(Errc::InvalidArgument, call, str_format("all {} ring buffers are held: release one first", m.slots));
   for (;;) {
     std::uint64_t n = m.self->next.load(std::memory_order_acquire);
     // Ready when the slot of message n carries n's publication marker.
@@ -888,9 +888,9 @@ Result<Received> Consumer::receive(Duration timeout) {
     const std::uint64_t marker = slot.seq.load(std::memory_order_acquire);
     const std::uint64_t size = slot.size.load(std::memory_order_relaxed);
     if (marker != n + 1)
-      return fail(Errc::Malformed, call, format("ring slot holds message {}, expected {}", marker - 1, n));
+      return fail(Errc::Malformed, call, str_format("ring slot holds message {}, expected {}", marker - 1, n));
     if (size > m.slot_size)
-      return fail(Errc::Malformed, call, format("message size {} exceeds the slot size {}", size, m.slot_size));
+      return fail(Errc::Malformed, call, str_format("message size {} exceeds the slot size {}", size, m.slot_size));
     if (m.held == 0) {  // everything before n was released by us or dropped for us
       m.released = n;
       m.released_slot = k;
@@ -972,7 +972,7 @@ Result<std::unique_ptr<Producer>> Channel::create(const VulkanContext* vulkan, c
   options.vulkan = vulkan;
   options.peer = peer;
   options.host = me.host;
-  return Producer::create(format("ch-{}-{}-{}", me.pid, peer.pid, now_ns() % 1'000'000'007ull), std::move(options));
+  return Producer::create(str_format("ch-{}-{}-{}", me.pid, peer.pid, now_ns() % 1'000'000'007ull), std::move(options));
 }
 
 }  // namespace lavaflow

@@ -74,20 +74,20 @@ std::optional<std::string> unavailable(CpuStrategy s, const CpuTopology& t, cons
       if (!t.numa_library) return "NUMA binding unavailable (built without libnuma, or the kernel has no NUMA support)";
       if (t.numa_nodes < 2) return "this machine has 1 NUMA node, so binding to a node changes nothing";
       if (o.numa_node >= t.numa_nodes)
-        return format("NUMA node {} does not exist ({} nodes)", o.numa_node, t.numa_nodes);
+        return str_format("NUMA node {} does not exist ({} nodes)", o.numa_node, t.numa_nodes);
       return std::nullopt;
     case CpuStrategy::HugePages: {
       if (t.huge_page_size == 0 || t.huge_pages_total == 0)
         return "no huge pages reserved (vm.nr_hugepages is 0)";
       const auto need = round_up(o.size, t.huge_page_size) / t.huge_page_size;
       if (need > t.huge_pages_free)
-        return format("{} huge pages needed, {} free of {} reserved", need, t.huge_pages_free, t.huge_pages_total);
+        return str_format("{} huge pages needed, {} free of {} reserved", need, t.huge_pages_free, t.huge_pages_total);
       return std::nullopt;
     }
     case CpuStrategy::GpuPinned:
       if (!o.gpu) return "no Vulkan context given for the GPU to read the memory";
       if (!o.gpu->capabilities().memory_host_import)
-        return format("device {} lacks VK_EXT_external_memory_host", o.gpu->capabilities().identity.name);
+        return str_format("device {} lacks VK_EXT_external_memory_host", o.gpu->capabilities().identity.name);
       return std::nullopt;
     default: return std::nullopt;
   }
@@ -98,16 +98,16 @@ std::optional<std::string> unavailable(CpuStrategy s, const CpuTopology& t, cons
 StrategyChoice choose_cpu_strategy(const CpuTopology& t, const CpuBufferOptions& o) {
   if (o.strategy != CpuStrategy::Auto) {
     if (auto why = unavailable(o.strategy, t, o))
-      return {CpuStrategy::SharedMemory, format("{} requested but {}; using shared memory", to_string(o.strategy), *why)};
-    return {o.strategy, format("{} requested", to_string(o.strategy))};
+      return {CpuStrategy::SharedMemory, str_format("{} requested but {}; using shared memory", to_string(o.strategy), *why)};
+    return {o.strategy, str_format("{} requested", to_string(o.strategy))};
   }
   if (o.gpu && !unavailable(CpuStrategy::GpuPinned, t, o))
     return {CpuStrategy::GpuPinned, "a GPU reads this memory and can import host memory, so it is pinned for the GPU"};
   if (t.huge_page_size && o.size >= t.huge_page_size && !unavailable(CpuStrategy::HugePages, t, o))
     return {CpuStrategy::HugePages,
-            format("buffer spans >= one {} KiB huge page and enough are free", t.huge_page_size / 1024)};
+            str_format("buffer spans >= one {} KiB huge page and enough are free", t.huge_page_size / 1024)};
   if (!unavailable(CpuStrategy::NumaBound, t, o))
-    return {CpuStrategy::NumaBound, format("{} NUMA nodes: bound to the caller's node", t.numa_nodes)};
+    return {CpuStrategy::NumaBound, str_format("{} NUMA nodes: bound to the caller's node", t.numa_nodes)};
   std::string why = t.numa_nodes < 2 ? "one NUMA node" : "NUMA binding unavailable";
   why += t.huge_pages_total == 0 ? ", no huge pages reserved" : (o.size < t.huge_page_size ? ", smaller than a huge page" : ", too few huge pages free");
   if (!o.gpu) why += ", no GPU consumer named";
@@ -182,18 +182,18 @@ Result<std::unique_ptr<CpuBuffer::Impl>> map_new(const CpuBufferOptions& o, cons
   if (raw < 0) return std::unexpected(from_errno(errno, "memfd_create").within(call));
   b->fd.reset(raw);
   if (::ftruncate(b->fd.get(), static_cast<off_t>(b->mapped_size)) != 0)
-    return std::unexpected(from_errno(errno, "ftruncate", format("{} bytes", b->mapped_size)).within(call));
+    return std::unexpected(from_errno(errno, "ftruncate", str_format("{} bytes", b->mapped_size)).within(call));
   (void)::fcntl(b->fd.get(), F_ADD_SEALS, kSeals);  // hugetlbfs may not support seals; import checks
   int mflags = MAP_SHARED;
   if (b->strategy == CpuStrategy::HugePages) mflags |= MAP_POPULATE;  // fail now, not with SIGBUS later
   void* p = ::mmap(nullptr, b->mapped_size, PROT_READ | PROT_WRITE, mflags, b->fd.get(), 0);
-  if (p == MAP_FAILED) return std::unexpected(from_errno(errno, "mmap", format("{} bytes", b->mapped_size)).within(call));
+  if (p == MAP_FAILED) return std::unexpected(from_errno(errno, "mmap", str_format("{} bytes", b->mapped_size)).within(call));
   b->base = static_cast<std::byte*>(p);
 #if LAVAFLOW_HAVE_NUMA
   if (b->strategy == CpuStrategy::NumaBound) {
     int node = o.numa_node >= 0 ? o.numa_node : numa_node_of_cpu(sched_getcpu());
     numa_tonode_memory(b->base, b->mapped_size, std::max(node, 0));
-    b->reason += format(" (node {})", std::max(node, 0));
+    b->reason += str_format(" (node {})", std::max(node, 0));
   }
 #endif
   if (b->strategy == CpuStrategy::GpuPinned) {
@@ -219,7 +219,7 @@ Result<CpuBuffer> CpuBuffer::allocate(const CpuBufferOptions& o, const CpuTopolo
   auto impl = map_new(o, t, choice);
   if (!impl && !o.strict && choice.strategy != CpuStrategy::SharedMemory) {
     // The strategy looked possible but the kernel or driver refused: fall back, saying why.
-    std::string why = format("{} failed ({}); using shared memory", to_string(choice.strategy), impl.error().message());
+    std::string why = str_format("{} failed ({}); using shared memory", to_string(choice.strategy), impl.error().message());
     impl = map_new(o, t, {CpuStrategy::SharedMemory, std::move(why)});
   }
   if (!impl) return std::unexpected(impl.error());
@@ -230,14 +230,14 @@ Result<CpuBuffer> CpuBuffer::import(const ExportDescriptor& d, UniqueFd&& fd) {
   constexpr const char* call = "CpuBuffer::import";
   if (auto ok = d.validate(); !ok) return std::unexpected(ok.error().within(call));
   if (is_gpu(d.kind))
-    return fail(Errc::InvalidArgument, call, format("descriptor is for {} memory; use GpuBuffer::import", to_string(d.kind)));
+    return fail(Errc::InvalidArgument, call, str_format("descriptor is for {} memory; use GpuBuffer::import", to_string(d.kind)));
   struct stat st {};
   if (!fd.valid() || ::fstat(fd.get(), &st) != 0)
-    return fail(Errc::InvalidArgument, call, format("fd {} is not an open file descriptor", fd.get()));
+    return fail(Errc::InvalidArgument, call, str_format("fd {} is not an open file descriptor", fd.get()));
   if (!S_ISREG(st.st_mode)) return fail(Errc::InvalidArgument, call, "fd is not a memory file");
   if (static_cast<std::uint64_t>(st.st_size) < d.allocation_size)
     return fail(Errc::Malformed, call,
-                format("fd holds {} bytes but the descriptor says {}", st.st_size, d.allocation_size));
+                str_format("fd holds {} bytes but the descriptor says {}", st.st_size, d.allocation_size));
   if (d.kind != BufferKind::CpuHugePages) {
     const int seals = ::fcntl(fd.get(), F_GET_SEALS);
     if (seals < 0 || !(seals & F_SEAL_SHRINK))

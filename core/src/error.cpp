@@ -31,11 +31,11 @@ std::string_view to_string(Errc code) noexcept {
 }
 
 std::string Error::message() const {
-  return format("{}: {} [{}]", call_, cause_, to_string(code_));
+  return str_format("{}: {} [{}]", call_, cause_, to_string(code_));
 }
 
 Error Error::within(std::string_view outer) const {
-  return Error(code_, format("{} > {}", outer, call_), cause_);
+  return Error(code_, str_format("{} > {}", outer, call_), cause_);
 }
 
 Error from_errno(int err, std::string call, std::string_view detail) {
@@ -54,8 +54,8 @@ Error from_errno(int err, std::string call, std::string_view detail) {
   }
   char buf[128];
   const char* text = strerror_r(err, buf, sizeof buf);  // GNU variant
-  std::string cause = detail.empty() ? format("{} (errno {})", text, err)
-                                     : format("{}: {} (errno {})", detail, text, err);
+  std::string cause = detail.empty() ? str_format("{} (errno {})", text, err)
+                                     : str_format("{}: {} (errno {})", detail, text, err);
   return Error(code, std::move(call), std::move(cause));
 }
 
@@ -76,7 +76,7 @@ Error from_vk(std::int32_t vk_result, std::string call, std::string_view detail)
     default: break;
   }
   std::string name = vk::to_string(static_cast<vk::Result>(r));
-  std::string cause = detail.empty() ? name : format("{}: {}", detail, name);
+  std::string cause = detail.empty() ? name : str_format("{}: {}", detail, name);
   return Error(code, std::move(call), std::move(cause));
 }
 

@@ -34,10 +34,10 @@ Status require_fd_memory(const VulkanContext& ctx, const char* call, bool import
   const auto& c = ctx.capabilities();
   if (!ctx.has_extension(VK_KHR_EXTERNAL_MEMORY_FD_EXTENSION_NAME))
     return fail(Errc::Unsupported, call,
-                format("device {} lacks {}", c.identity.name, VK_KHR_EXTERNAL_MEMORY_FD_EXTENSION_NAME));
+                str_format("device {} lacks {}", c.identity.name, VK_KHR_EXTERNAL_MEMORY_FD_EXTENSION_NAME));
   if (import ? !c.memory_fd_import : !c.memory_fd_export)
     return fail(Errc::Unsupported, call,
-                format("device {} cannot {} opaque-fd buffer memory", c.identity.name, import ? "import" : "export"));
+                str_format("device {} cannot {} opaque-fd buffer memory", c.identity.name, import ? "import" : "export"));
   return {};
 }
 
@@ -59,7 +59,7 @@ Result<GpuBuffer> GpuBuffer::allocate(const VulkanContext& ctx, const GpuBufferO
   if (o.size == 0) return fail(Errc::InvalidArgument, call, "size is 0");
   if (o.size > ctx.capabilities().device_local_bytes && ctx.capabilities().device_local_bytes != 0)
     return fail(Errc::InvalidArgument, call,
-                format("size {} exceeds the device's {} bytes of device-local memory", o.size,
+                str_format("size {} exceeds the device's {} bytes of device-local memory", o.size,
                             ctx.capabilities().device_local_bytes));
   LF_TRY_STATUS(require_fd_memory(ctx, call, false));
   const auto& dev = ctx.device();
@@ -105,23 +105,23 @@ Result<GpuBuffer> GpuBuffer::import(const VulkanContext& ctx, const ExportDescri
   constexpr const char* call = "GpuBuffer::import";
   if (auto ok = d.validate(); !ok) return std::unexpected(ok.error().within(call));
   if (!is_gpu(d.kind))
-    return fail(Errc::InvalidArgument, call, format("descriptor is for a {} buffer, not GPU memory", to_string(d.kind)));
+    return fail(Errc::InvalidArgument, call, str_format("descriptor is for a {} buffer, not GPU memory", to_string(d.kind)));
   const auto& me = ctx.capabilities().identity;
   if (d.device_uuid != me.device_uuid)
     return fail(Errc::DeviceMismatch, call,
-                format("memory comes from device {}, this context's device {} is {}", to_string(d.device_uuid),
+                str_format("memory comes from device {}, this context's device {} is {}", to_string(d.device_uuid),
                             me.name, to_string(me.device_uuid)));
   if (d.driver_uuid != me.driver_uuid)
     return fail(Errc::DeviceMismatch, call,
-                format("memory comes from driver {}, this context's driver is {}", to_string(d.driver_uuid),
+                str_format("memory comes from driver {}, this context's driver is {}", to_string(d.driver_uuid),
                             to_string(me.driver_uuid)));
   if (!fd.valid() || ::fcntl(fd.get(), F_GETFD) < 0)
-    return fail(Errc::InvalidArgument, call, format("fd {} is not an open file descriptor", fd.get()));
+    return fail(Errc::InvalidArgument, call, str_format("fd {} is not an open file descriptor", fd.get()));
   LF_TRY_STATUS(require_fd_memory(ctx, call, true));
   const auto& mem_props = ctx.state()->memory;
   if (d.memory_type_index >= mem_props.memoryTypeCount)
     return fail(Errc::DeviceMismatch, call,
-                format("memory type {} does not exist on this device ({} types)", d.memory_type_index,
+                str_format("memory type {} does not exist on this device ({} types)", d.memory_type_index,
                             mem_props.memoryTypeCount));
 
   const auto& dev = ctx.device();
@@ -134,11 +134,11 @@ Result<GpuBuffer> GpuBuffer::import(const VulkanContext& ctx, const ExportDescri
   const auto req = impl->buffer.getMemoryRequirements();
   if (!(req.memoryTypeBits & (1u << d.memory_type_index)))
     return fail(Errc::DeviceMismatch, call,
-                format("memory type {} cannot back this buffer here (allowed mask {:#x})", d.memory_type_index,
+                str_format("memory type {} cannot back this buffer here (allowed mask {:#x})", d.memory_type_index,
                             req.memoryTypeBits));
   if (req.size > d.allocation_size)
     return fail(Errc::Malformed, call,
-                format("buffer needs {} bytes but the allocation has {}", req.size, d.allocation_size));
+                str_format("buffer needs {} bytes but the allocation has {}", req.size, d.allocation_size));
 
   // Vulkan takes the fd on success only; hand it a duplicate so that a failure after a
   // successful vkAllocateMemory (which closed the duplicate) still leaves the caller's fd open.

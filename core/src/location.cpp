@@ -16,7 +16,7 @@ std::string to_string(const Uuid& u) {
   std::string s;
   for (std::size_t i = 0; i < u.size(); ++i) {
     if (i == 4 || i == 6 || i == 8 || i == 10) s += '-';
-    s += format("{:02x}", u[i]);
+    s += str_format("{:02x}", u[i]);
   }
   return s;
 }
@@ -70,11 +70,11 @@ Result<ProcessLocation> ProcessLocation::deserialize(std::span<const std::byte> 
   wire::Reader r(bytes, "ProcessLocation::deserialize");
   LF_TRY(auto magic, r.get<std::uint32_t>());
   if (magic != kMagic)
-    return fail(Errc::Malformed, "ProcessLocation::deserialize", format("bad magic {:#x}", magic));
+    return fail(Errc::Malformed, "ProcessLocation::deserialize", str_format("bad magic {:#x}", magic));
   LF_TRY(auto version, r.get<std::uint16_t>());
   if (version != kVersion)
     return fail(Errc::VersionMismatch, "ProcessLocation::deserialize",
-                format("format version {}, this build reads version {}", version, kVersion));
+                str_format("format version {}, this build reads version {}", version, kVersion));
   ProcessLocation loc;
   LF_TRY(loc.host.hostname, r.get_string(kMaxString));
   LF_TRY(loc.host.boot_id, r.get_string(kMaxString));
@@ -86,7 +86,7 @@ Result<ProcessLocation> ProcessLocation::deserialize(std::span<const std::byte> 
   if (has_rank) loc.mpi_rank = rank;
   LF_TRY(auto n, r.get<std::uint16_t>());
   if (n > kMaxDevices)
-    return fail(Errc::Malformed, "ProcessLocation::deserialize", format("{} devices exceeds limit", n));
+    return fail(Errc::Malformed, "ProcessLocation::deserialize", str_format("{} devices exceeds limit", n));
   for (std::uint16_t i = 0; i < n; ++i) {
     DeviceIdentity d;
     LF_TRY_STATUS(r.get(d.device_uuid));
@@ -104,13 +104,13 @@ ScopeDecision detect_scope(const ProcessLocation& me, const ProcessLocation& pee
   if (a.hostname.empty() || b.hostname.empty())
     return {Scope::Remote, "a hostname is unknown; assuming remote"};
   if (a.hostname != b.hostname)
-    return {Scope::Remote, format("hostnames differ ({} vs {})", a.hostname, b.hostname)};
+    return {Scope::Remote, str_format("hostnames differ ({} vs {})", a.hostname, b.hostname)};
   if (a.boot_id.empty() || b.boot_id.empty())
-    return {Scope::Remote, format("same hostname {} but a boot id is unknown; assuming remote", a.hostname)};
+    return {Scope::Remote, str_format("same hostname {} but a boot id is unknown; assuming remote", a.hostname)};
   if (a.boot_id != b.boot_id)
     return {Scope::Remote,
-            format("same hostname {} but kernel boot ids differ (different machines or a reboot)", a.hostname)};
-  return {Scope::Local, format("same host {} and kernel boot id", a.hostname)};
+            str_format("same hostname {} but kernel boot ids differ (different machines or a reboot)", a.hostname)};
+  return {Scope::Local, str_format("same host {} and kernel boot id", a.hostname)};
 }
 
 std::optional<DeviceIdentity> common_device(const ProcessLocation& a, const ProcessLocation& b) {

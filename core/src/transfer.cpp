@@ -23,14 +23,14 @@ Status copy_buffer(const VulkanContext& ctx, vk::Buffer src, std::uint64_t src_o
     ctx.queue().submit(vk::SubmitInfo({}, {}, raw), *fence);
     const auto ns = static_cast<std::uint64_t>(std::chrono::nanoseconds(timeout).count());
     if (dev.waitForFences(*fence, VK_TRUE, ns) == vk::Result::eTimeout)
-      return fail(Errc::Timeout, "vkWaitForFences", format("copy of {} bytes not done within {} ms", bytes, timeout.count()));
+      return fail(Errc::Timeout, "vkWaitForFences", str_format("copy of {} bytes not done within {} ms", bytes, timeout.count()));
     return {};
   });
 }
 
 Status upload(const VulkanContext& ctx, const GpuBuffer& dst, std::span<const std::byte> data) {
   if (data.size() > dst.size())
-    return fail(Errc::InvalidArgument, "upload", format("{} bytes do not fit a {} byte buffer", data.size(), dst.size()));
+    return fail(Errc::InvalidArgument, "upload", str_format("{} bytes do not fit a {} byte buffer", data.size(), dst.size()));
   if (auto* p = dst.host_ptr()) {
     std::memcpy(p, data.data(), data.size());
     return {};
@@ -42,7 +42,7 @@ Status upload(const VulkanContext& ctx, const GpuBuffer& dst, std::span<const st
 
 Status download(const VulkanContext& ctx, const GpuBuffer& src, std::span<std::byte> out) {
   if (out.size() > src.size())
-    return fail(Errc::InvalidArgument, "download", format("{} bytes requested from a {} byte buffer", out.size(), src.size()));
+    return fail(Errc::InvalidArgument, "download", str_format("{} bytes requested from a {} byte buffer", out.size(), src.size()));
   if (auto* p = src.host_ptr()) {
     std::memcpy(out.data(), p, out.size());
     return {};

@@ -15,7 +15,7 @@ Result<RouteDecision> choose_route(const TransportSet& set, const ProcessLocatio
     for (const auto& t : set) any_remote |= t->name() == "mpi";
     if (!any_remote)
       return fail(Errc::Unreachable, call,
-                  format("peer is remote ({}) and the remote (MPI) transport is not built or not given",
+                  str_format("peer is remote ({}) and the remote (MPI) transport is not built or not given",
                          detect_scope(me, *peer).reason));
   }
   std::string refusals;
@@ -23,16 +23,16 @@ Result<RouteDecision> choose_route(const TransportSet& set, const ProcessLocatio
     if (!forced.empty() && t->name() != forced) continue;
     auto probe = t->can_connect(me, peer, env);
     if (probe.ok) {
-      std::string why = forced.empty() ? probe.reason : format("forced; {}", probe.reason);
-      if (!refusals.empty()) why += format(" (not taken: {})", refusals);
+      std::string why = forced.empty() ? probe.reason : str_format("forced; {}", probe.reason);
+      if (!refusals.empty()) why += str_format(" (not taken: {})", refusals);
       return RouteDecision{t, std::move(why)};
     }
     if (!forced.empty())
-      return fail(Errc::Unsupported, call, format("transport {} was forced but cannot connect: {}", forced, probe.reason));
-    refusals += format("{}{}: {}", refusals.empty() ? "" : "; ", t->name(), probe.reason);
+      return fail(Errc::Unsupported, call, str_format("transport {} was forced but cannot connect: {}", forced, probe.reason));
+    refusals += str_format("{}{}: {}", refusals.empty() ? "" : "; ", t->name(), probe.reason);
   }
-  if (!forced.empty()) return fail(Errc::NotFound, call, format("no transport named {}", forced));
-  return fail(Errc::Unsupported, call, format("no transport can connect: {}", refusals));
+  if (!forced.empty()) return fail(Errc::NotFound, call, str_format("no transport named {}", forced));
+  return fail(Errc::Unsupported, call, str_format("no transport can connect: {}", refusals));
 }
 
 }  // namespace lavaflow

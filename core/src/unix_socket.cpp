@@ -28,9 +28,9 @@ Result<std::pair<UniqueFd, UniqueFd>> socket_pair() {
 Status send_message(int sock, std::span<const std::byte> payload, std::span<const int> fds) {
   constexpr const char* call = "send_message";
   if (fds.size() > kMaxMessageFds)
-    return fail(Errc::InvalidArgument, call, format("{} fds exceed the limit of {}", fds.size(), kMaxMessageFds));
+    return fail(Errc::InvalidArgument, call, str_format("{} fds exceed the limit of {}", fds.size(), kMaxMessageFds));
   if (payload.size() > kMaxMessagePayload)
-    return fail(Errc::InvalidArgument, call, format("{} payload bytes exceed the limit of {}", payload.size(), kMaxMessagePayload));
+    return fail(Errc::InvalidArgument, call, str_format("{} payload bytes exceed the limit of {}", payload.size(), kMaxMessagePayload));
   wire::Writer w;
   w.put(kFrameMagic);
   w.put(static_cast<std::uint32_t>(payload.size()));
@@ -71,7 +71,7 @@ Result<SocketMessage> recv_message(int sock, std::chrono::milliseconds timeout, 
   for (;;) {
     const int r = ::poll(&p, 1, static_cast<int>(std::min<long long>(timeout.count(), 1LL << 30)));
     if (r > 0) break;
-    if (r == 0) return fail(Errc::Timeout, call, format("no message within {} ms", timeout.count()));
+    if (r == 0) return fail(Errc::Timeout, call, str_format("no message within {} ms", timeout.count()));
     if (errno != EINTR) return std::unexpected(from_errno(errno, "poll"));
   }
   std::vector<std::byte> buf(kHeader + max_payload + 1);  // +1 detects an oversized frame
@@ -101,17 +101,17 @@ Result<SocketMessage> recv_message(int sock, std::chrono::milliseconds timeout, 
   if (n == 0) return fail(Errc::PeerLost, call, "peer closed the socket");
   if (msg.msg_flags & MSG_CTRUNC) return fail(Errc::Malformed, call, "too many fds attached (control data truncated)");
   if (msg.msg_flags & MSG_TRUNC || static_cast<std::size_t>(n) > kHeader + max_payload)
-    return fail(Errc::Malformed, call, format("frame larger than the {} byte limit", max_payload));
+    return fail(Errc::Malformed, call, str_format("frame larger than the {} byte limit", max_payload));
   wire::Reader r(std::span<const std::byte>(buf.data(), static_cast<std::size_t>(n)), call);
   LF_TRY(auto magic, r.get<std::uint32_t>());
-  if (magic != kFrameMagic) return fail(Errc::Malformed, call, format("bad frame magic {:#x}", magic));
+  if (magic != kFrameMagic) return fail(Errc::Malformed, call, str_format("bad frame magic {:#x}", magic));
   LF_TRY(auto len, r.get<std::uint32_t>());
   LF_TRY(auto nfds, r.get<std::uint32_t>());
   if (len != r.remaining())
-    return fail(Errc::Malformed, call, format("frame announces {} payload bytes, carries {}", len, r.remaining()));
-  if (nfds > max_fds) return fail(Errc::Malformed, call, format("frame announces {} fds, limit {}", nfds, max_fds));
+    return fail(Errc::Malformed, call, str_format("frame announces {} payload bytes, carries {}", len, r.remaining()));
+  if (nfds > max_fds) return fail(Errc::Malformed, call, str_format("frame announces {} fds, limit {}", nfds, max_fds));
   if (nfds != out.fds.size())
-    return fail(Errc::Malformed, call, format("frame announces {} fds, carries {}", nfds, out.fds.size()));
+    return fail(Errc::Malformed, call, str_format("frame announces {} fds, carries {}", nfds, out.fds.size()));
   out.payload.assign(buf.begin() + kHeader, buf.begin() + n);
   return out;
 }

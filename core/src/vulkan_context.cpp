@@ -112,9 +112,9 @@ Result<std::uint32_t> pick_device(const std::vector<DeviceCapabilities>& devs, c
   auto usable = [](const DeviceCapabilities& d) { return d.api_version >= kMinDeviceApi; };
   if (const auto* idx = std::get_if<std::uint32_t>(&sel)) {
     if (*idx >= devs.size())
-      return fail(Errc::NotFound, call, format("device index {} out of range ({} devices)", *idx, devs.size()));
+      return fail(Errc::NotFound, call, str_format("device index {} out of range ({} devices)", *idx, devs.size()));
     if (!usable(devs[*idx]))
-      return fail(Errc::Unsupported, call, format("device {} ({}) supports only Vulkan {}.{}; lava-flow needs 1.2",
+      return fail(Errc::Unsupported, call, str_format("device {} ({}) supports only Vulkan {}.{}; lava-flow needs 1.2",
                                                        *idx, devs[*idx].identity.name,
                                                        VK_API_VERSION_MAJOR(devs[*idx].api_version),
                                                        VK_API_VERSION_MINOR(devs[*idx].api_version)));
@@ -241,7 +241,7 @@ Result<std::uint32_t> VulkanContext::find_memory_type(std::uint32_t type_bits, v
   for (std::uint32_t i = 0; i < mem.memoryTypeCount; ++i)
     if ((type_bits & (1u << i)) && (mem.memoryTypes[i].propertyFlags & required) == required) return i;
   return fail(Errc::Unsupported, "VulkanContext::find_memory_type",
-              format("no memory type in mask {:#x} with flags {}", type_bits, vk::to_string(required)));
+              str_format("no memory type in mask {:#x} with flags {}", type_bits, vk::to_string(required)));
 }
 
 }  // namespace lavaflow

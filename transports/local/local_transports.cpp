@@ -40,13 +40,13 @@ class VulkanTransport final : public Transport {
                     const TransportEnv& env) const override {
     if (!env.vulkan) return {false, "no Vulkan context on the producer side"};
     const auto& caps = env.vulkan->capabilities();
-    if (!caps.memory_fd_export) return {false, format("device {} cannot export opaque-fd memory", caps.identity.name)};
+    if (!caps.memory_fd_export) return {false, str_format("device {} cannot export opaque-fd memory", caps.identity.name)};
     auto local = local_only(me, peer);
     if (!local.ok) return local;
-    if (!peer) return {true, format("Vulkan IPC on {}: {}", caps.identity.name, local.reason)};
+    if (!peer) return {true, str_format("Vulkan IPC on {}: {}", caps.identity.name, local.reason)};
     for (const auto& d : peer->devices)
-      if (d == caps.identity) return {true, format("Vulkan IPC: {} and the peer share device {}", local.reason, caps.identity.name)};
-    return {false, format("{}, but the peer has no Vulkan device matching {} (device and driver UUID)", local.reason,
+      if (d == caps.identity) return {true, str_format("Vulkan IPC: {} and the peer share device {}", local.reason, caps.identity.name)};
+    return {false, str_format("{}, but the peer has no Vulkan device matching {} (device and driver UUID)", local.reason,
                           caps.identity.name)};
   }
   Result<std::unique_ptr<Buffer>> allocate(const TransportEnv& env, std::uint64_t size) const override {

@@ -78,9 +78,9 @@ void format_rest(std::ostringstream& os, std::string_view fmt, const First& firs
 
 }  // namespace detail
 
-/// `format("{} of {:#x}", a, b)`.
+/// `str_format("{} of {:#x}", a, b)`.
 template <class... Args>
-[[nodiscard]] std::string format(std::string_view fmt, const Args&... args) {
+[[nodiscard]] std::string str_format(std::string_view fmt, const Args&... args) {
   std::ostringstream os;
   detail::format_rest(os, fmt, args...);
   return os.str();
