@@ -4,6 +4,7 @@
 /// A small `{}` formatter (g++ 12 has no <format>). Supports `{}` and the specs `{:x}`, `{:#x}`,
 /// `{:0Nx}`, `{:.Nf}`, `{:N}` (right-aligned width), `{:<N}` (left-aligned). `{{`/`}}` escape.
 
+#include <cstdint>
 #include <iomanip>
 #include <sstream>
 #include <string>
