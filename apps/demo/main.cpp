@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -77,22 +78,31 @@ int die(const std::string& who, const Error& e) {
 
 /// Writes message `seq` into the loaned buffer (in place, or through a staging copy when the ring
 /// buffer is device-local GPU memory without a host mapping). Returns its checksum.
-Result<std::uint64_t> write_message(const Producer& p, const Loan& loan, std::uint64_t seq, std::uint64_t size) {
+Result<std::uint64_t> write_message(const Producer& p, const Loan& loan, std::uint64_t seq, std::uint64_t size,
+                                    std::optional<Stager>& stager, std::vector<std::byte>& scratch) {
   if (auto bytes = loan.bytes(); !bytes.empty()) {
     lfapp::fill_message(bytes.first(size), seq);
     return lfapp::checksum(bytes.first(size));
   }
-  std::vector<std::byte> staging(size);
-  lfapp::fill_message(staging, seq);
-  LF_TRY_STATUS(upload(*p.vulkan(), dynamic_cast<GpuBuffer&>(loan.buffer()), staging));
-  return lfapp::checksum(staging);
+  if (!stager) {
+    LF_TRY(auto s, Stager::create(*p.vulkan(), p.slot_size()));
+    stager.emplace(std::move(s));
+  }
+  scratch.resize(size);
+  lfapp::fill_message(scratch, seq);
+  LF_TRY_STATUS(stager->upload(dynamic_cast<GpuBuffer&>(loan.buffer()), scratch));
+  return lfapp::checksum(scratch);
 }
 
-Status check_message(const Consumer& c, const Received& r, std::vector<std::byte>& scratch) {
+Status check_message(const Consumer& c, const Received& r, std::optional<Stager>& stager, std::vector<std::byte>& scratch) {
   std::span<const std::byte> view = r.bytes();
   if (view.empty() && r.info().size > 0) {
+    if (!stager) {
+      LF_TRY(auto s, Stager::create(*c.vulkan(), c.slot_size()));
+      stager.emplace(std::move(s));
+    }
     scratch.resize(r.info().size);
-    LF_TRY_STATUS(download(*c.vulkan(), dynamic_cast<GpuBuffer&>(r.buffer()), scratch));
+    LF_TRY_STATUS(stager->download(dynamic_cast<GpuBuffer&>(r.buffer()), scratch));
     view = scratch;
   }
   const auto seq = r.info().sequence;
@@ -130,12 +140,14 @@ int produce(const Args& a) {
   std::fflush(stdout);
   if (auto ok = prod.wait_for_consumers(static_cast<std::uint32_t>(*consumers), 60s); !ok) return die("producer", ok.error());
 
+  std::optional<Stager> stager;  // only for device-local rings without a host mapping
+  std::vector<std::byte> scratch;
   const auto t0 = Clock::now();
   auto last_print = t0;
   for (std::uint64_t seq = 0; seq < *count; ++seq) {
     auto loan = prod.loan(30s);
     if (!loan) return die("producer", loan.error());
-    auto sum = write_message(prod, *loan, seq, *size);
+    auto sum = write_message(prod, *loan, seq, *size, stager, scratch);
     if (!sum) return die("producer", sum.error());
     if (auto pub = prod.publish(std::move(*loan), {.size = *size, .user_tag = *sum}); !pub) return die("producer", pub.error());
     if (*interval) std::this_thread::sleep_for(std::chrono::microseconds(*interval));
@@ -172,6 +184,7 @@ int consume(const Args& a) {
   std::vector<std::uint64_t> latency_ns;
   latency_ns.reserve(std::min<std::uint64_t>(*count, 10'000'000));
   std::vector<std::byte> scratch;
+  std::optional<Stager> stager;
   std::uint64_t expect = 0, bytes = 0;
   const auto t0 = Clock::now();
   auto last_print = t0;
@@ -189,7 +202,7 @@ int consume(const Args& a) {
                    seq > expect ? "lost" : "duplicated or reordered");
       return 1;
     }
-    if (auto ok = check_message(con, *r, scratch); !ok) return die("consumer", ok.error());
+    if (auto ok = check_message(con, *r, stager, scratch); !ok) return die("consumer", ok.error());
     timespec ts{};
     ::clock_gettime(CLOCK_MONOTONIC, &ts);
     const auto now = static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);

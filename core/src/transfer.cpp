@@ -53,4 +53,73 @@ Status download(const VulkanContext& ctx, const GpuBuffer& src, std::span<std::b
   return {};
 }
 
+struct Stager::Impl {
+  const VulkanContext* ctx;
+  GpuBuffer staging;
+  vk::raii::CommandPool pool{nullptr};
+  vk::raii::CommandBuffers cbs{nullptr};
+  vk::raii::Fence fence{nullptr};
+
+  Status copy(vk::Buffer src, std::uint64_t src_off, vk::Buffer dst, std::uint64_t dst_off, std::uint64_t bytes) {
+    return detail::vk_call("Stager copy", [&]() -> Status {
+      const auto& dev = ctx->device();
+      auto& cb = cbs[0];
+      cb.reset();
+      cb.begin({vk::CommandBufferUsageFlagBits::eOneTimeSubmit});
+      cb.copyBuffer(src, dst, vk::BufferCopy(src_off, dst_off, bytes));
+      cb.end();
+      dev.resetFences(*fence);
+      vk::CommandBuffer raw = *cb;
+      ctx->queue().submit(vk::SubmitInfo({}, {}, raw), *fence);
+      if (dev.waitForFences(*fence, VK_TRUE, 10'000'000'000ull) == vk::Result::eTimeout)
+        return fail(Errc::Timeout, "vkWaitForFences", str_format("staged copy of {} bytes not done within 10 s", bytes));
+      return {};
+    });
+  }
+};
+
+Stager::Stager(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Stager::Stager(Stager&&) noexcept = default;
+Stager& Stager::operator=(Stager&&) noexcept = default;
+Stager::~Stager() = default;
+
+Result<Stager> Stager::create(const VulkanContext& ctx, std::uint64_t capacity) {
+  LF_TRY(auto staging, GpuBuffer::allocate(ctx, {.size = capacity, .memory = GpuMemory::HostVisible}));
+  auto impl = std::unique_ptr<Impl>(new Impl{&ctx, std::move(staging)});
+  LF_TRY_STATUS(detail::vk_call("Stager::create", [&] {
+    const auto& dev = ctx.device();
+    impl->pool = vk::raii::CommandPool(dev, {vk::CommandPoolCreateFlagBits::eResetCommandBuffer, ctx.queue_family()});
+    impl->cbs = vk::raii::CommandBuffers(dev, {*impl->pool, vk::CommandBufferLevel::ePrimary, 1});
+    impl->fence = vk::raii::Fence(dev, vk::FenceCreateInfo{});
+  }));
+  return Stager(std::move(impl));
+}
+
+Status Stager::upload(const GpuBuffer& dst, std::span<const std::byte> data) {
+  if (data.size() > dst.size())
+    return fail(Errc::InvalidArgument, "Stager::upload", str_format("{} bytes do not fit a {} byte buffer", data.size(), dst.size()));
+  if (auto* p = dst.host_ptr()) {
+    std::memcpy(p, data.data(), data.size());
+    return {};
+  }
+  if (data.size() > impl_->staging.size())
+    return fail(Errc::InvalidArgument, "Stager::upload", str_format("{} bytes exceed the stager's {}", data.size(), impl_->staging.size()));
+  std::memcpy(impl_->staging.host_ptr(), data.data(), data.size());
+  return impl_->copy(impl_->staging.buffer(), 0, dst.buffer(), dst.offset(), data.size());
+}
+
+Status Stager::download(const GpuBuffer& src, std::span<std::byte> out) {
+  if (out.size() > src.size())
+    return fail(Errc::InvalidArgument, "Stager::download", str_format("{} bytes requested from a {} byte buffer", out.size(), src.size()));
+  if (auto* p = src.host_ptr()) {
+    std::memcpy(out.data(), p, out.size());
+    return {};
+  }
+  if (out.size() > impl_->staging.size())
+    return fail(Errc::InvalidArgument, "Stager::download", str_format("{} bytes exceed the stager's {}", out.size(), impl_->staging.size()));
+  LF_TRY_STATUS(impl_->copy(src.buffer(), src.offset(), impl_->staging.buffer(), 0, out.size()));
+  std::memcpy(out.data(), impl_->staging.host_ptr(), out.size());
+  return {};
+}
+
 }  // namespace lavaflow

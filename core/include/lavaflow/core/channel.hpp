@@ -234,6 +234,8 @@ class TypedProducer {
   [[nodiscard]] Result<MessageInfo> send(const T& value, Duration timeout = kForever) {
     LF_TRY(Loan loan, p_->loan(timeout));
     auto b = loan.bytes();
+    if (b.empty() && p_->slot_size() >= sizeof(T))
+      return fail(Errc::Unsupported, "TypedProducer::send", "ring buffers are device-local GPU memory without a host mapping");
     if (b.size() < sizeof(T)) return fail(Errc::InvalidArgument, "TypedProducer::send", "slot smaller than T");
     std::memcpy(b.data(), &value, sizeof(T));
     return p_->publish(std::move(loan), {.size = sizeof(T)});

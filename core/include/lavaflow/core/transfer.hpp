@@ -6,6 +6,7 @@
 /// waits for the GPU with a fence, bounded by `timeout`.
 
 #include <chrono>
+#include <memory>
 #include <span>
 
 #include "lavaflow/core/gpu_buffer.hpp"
@@ -22,5 +23,25 @@ namespace lavaflow {
 
 /// Reads `out.size()` bytes from the start of `src`'s range.
 [[nodiscard]] Status download(const VulkanContext& ctx, const GpuBuffer& src, std::span<std::byte> out);
+
+/// Reusable staging for repeated uploads/downloads of up to `capacity` bytes (one host-visible
+/// buffer, one command buffer, one fence), for streams of messages in device-local memory where a
+/// fresh staging allocation per message would dominate.
+class Stager {
+ public:
+  [[nodiscard]] static Result<Stager> create(const VulkanContext& ctx, std::uint64_t capacity);
+  Stager(Stager&&) noexcept;
+  Stager& operator=(Stager&&) noexcept;
+  ~Stager();
+  /// Writes `data` at the start of `dst`'s range (mapped memory directly, else staged GPU copy).
+  [[nodiscard]] Status upload(const GpuBuffer& dst, std::span<const std::byte> data);
+  /// Reads `out.size()` bytes from the start of `src`'s range.
+  [[nodiscard]] Status download(const GpuBuffer& src, std::span<std::byte> out);
+
+ private:
+  struct Impl;
+  explicit Stager(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace lavaflow
