@@ -55,7 +55,9 @@ struct alignas(64) SharedSlot {
   std::atomic<std::uint64_t> size;
   std::atomic<std::uint64_t> tag;
   std::atomic<std::uint64_t> timestamp_ns;
+  std::atomic<std::uint64_t> flags;  // kGpuOrdered: wait for timeline value seq + 1 before reading
 };
+constexpr std::uint64_t kGpuOrdered = 1;
 
 struct ControlBlock {
   std::uint32_t magic;
@@ -573,19 +575,13 @@ Result<MessageInfo> Producer::publish(Loan&& loan, MessageInfo info) {
   if (info.size == 0) info.size = m.options.slot_size;
   if (info.size > m.options.slot_size)
     return fail(Errc::InvalidArgument, call, str_format("size {} exceeds the slot size {}", info.size, m.options.slot_size));
-  if (*m.timeline && !loan.gpu_signaled_) {
-    // CPU-written (or fence-finished) message: advance the timeline from the host, in order.
-    LF_TRY_STATUS(host_wait(*m.env.vulkan, *m.timeline, loan.seq_, std::chrono::seconds(10), call));
-    LF_TRY_STATUS(detail::vk_call("vkSignalSemaphore", [&] {
-      m.env.vulkan->device().signalSemaphore(vk::SemaphoreSignalInfo(*m.timeline, loan.seq_ + 1));
-    }));
-  }
   info.sequence = loan.seq_;
   info.timestamp_ns = m.options.timestamps ? now_ns() : 0;
   auto& slot = m.control->ring[loan.slot_];
   slot.size.store(info.size, std::memory_order_relaxed);
   slot.tag.store(info.user_tag, std::memory_order_relaxed);
   slot.timestamp_ns.store(info.timestamp_ns, std::memory_order_relaxed);
+  slot.flags.store(loan.gpu_signaled_ ? kGpuOrdered : 0, std::memory_order_relaxed);
   // The hand-off: one store makes the message (written before it) visible to every consumer.
   slot.seq.store(loan.seq_ + 1, std::memory_order_seq_cst);
   m.control->write_seq.store(loan.seq_ + 1, std::memory_order_release);
@@ -903,8 +899,9 @@ Result<Received> Consumer::receive(Duration timeout) {
     m.cursor_slot = k + 1 == m.slots ? 0 : k + 1;
     ++m.held;
     MessageInfo info{size, slot.tag.load(std::memory_order_relaxed), slot.timestamp_ns.load(std::memory_order_relaxed), n};
-    Received r(this, info, missed, k);
-    if (*m.timeline && m.options.host_wait_for_gpu)
+    const bool gpu_ordered = (slot.flags.load(std::memory_order_relaxed) & kGpuOrdered) && *m.timeline;
+    Received r(this, info, missed, k, gpu_ordered);
+    if (gpu_ordered && m.options.host_wait_for_gpu)
       LF_TRY_STATUS(host_wait(*m.env.vulkan, *m.timeline, n + 1, timeout, call));
     return r;
   }
@@ -941,12 +938,13 @@ const VulkanContext* Consumer::vulkan() const { return impl_->env.vulkan; }
 bool Consumer::has_gpu_timeline() const { return *impl_->timeline; }
 
 std::optional<GpuSync> Received::gpu_wait() const {
-  if (!consumer_ || !*consumer_->impl_->timeline) return std::nullopt;
+  if (!consumer_ || !gpu_ordered_) return std::nullopt;
   return GpuSync{*consumer_->impl_->timeline, info_.sequence + 1};
 }
 
 Received::Received(Received&& o) noexcept
-    : consumer_(std::exchange(o.consumer_, nullptr)), info_(o.info_), missed_(o.missed_), slot_(o.slot_) {}
+    : consumer_(std::exchange(o.consumer_, nullptr)), info_(o.info_), missed_(o.missed_), slot_(o.slot_),
+      gpu_ordered_(o.gpu_ordered_) {}
 Received& Received::operator=(Received&& o) noexcept {
   if (this != &o) {
     release();
@@ -954,6 +952,7 @@ Received& Received::operator=(Received&& o) noexcept {
     info_ = o.info_;
     missed_ = o.missed_;
     slot_ = o.slot_;
+    gpu_ordered_ = o.gpu_ordered_;
   }
   return *this;
 }

@@ -390,4 +390,8 @@ TEST_CASE("Vulkan transport: a consumer's GPU work waits on the shared timeline"
     CHECK(lftest::first_mismatch(out.bytes(), 100 + i) == -1);
     REQUIRE(ctx.device().waitForFences(*w.fence, VK_TRUE, 5'000'000'000ull) == vk::Result::eSuccess);
   }
+  // A message written without GPU ordering does not touch the semaphore: nothing to wait for.
+  publish(*p, 7, 16);
+  auto plain = lftest::ok(c->receive(5s));
+  CHECK_FALSE(plain.gpu_wait().has_value());
 }

@@ -110,6 +110,9 @@ class Loan {
   [[nodiscard]] std::uint64_t sequence() const { return seq_; }
   /// The signal that the GPU work writing this buffer must perform (add it to that queue
   /// submission); publish() then hands off without any CPU wait and consumers wait on the GPU.
+  /// Values only increase with the sequence: submit GPU-ordered messages in publish order on one
+  /// queue. Messages published without calling this (CPU-written, or finished with a fence) do
+  /// not touch the semaphore at all.
   /// Empty when the channel has no shared timeline semaphore (e.g. lavapipe): then finish the GPU
   /// work with a fence and call publish(loan, fence).
   [[nodiscard]] std::optional<GpuSync> gpu_signal();
@@ -136,17 +139,19 @@ class Received {
   [[nodiscard]] std::uint64_t missed() const { return missed_; }
   void release();
   /// What the consumer's GPU work must wait on before reading this buffer (see
-  /// ConsumerOptions::host_wait_for_gpu); empty without a shared timeline semaphore.
+  /// ConsumerOptions::host_wait_for_gpu); empty when the producer did not order this message
+  /// through the timeline (CPU-written or fence-finished: nothing to wait for).
   [[nodiscard]] std::optional<GpuSync> gpu_wait() const;
 
  private:
   friend class Consumer;
-  Received(Consumer* c, MessageInfo info, std::uint64_t missed, std::uint32_t slot)
-      : consumer_(c), info_(info), missed_(missed), slot_(slot) {}
+  Received(Consumer* c, MessageInfo info, std::uint64_t missed, std::uint32_t slot, bool gpu_ordered)
+      : consumer_(c), info_(info), missed_(missed), slot_(slot), gpu_ordered_(gpu_ordered) {}
   Consumer* consumer_ = nullptr;
   MessageInfo info_;
   std::uint64_t missed_ = 0;
   std::uint32_t slot_ = 0;
+  bool gpu_ordered_ = false;
 };
 
 class Producer {
