@@ -130,12 +130,6 @@ int bench_alloc(int reps, bool json) {
 // ---------------------------------------------------------------------------------------------
 // local
 
-std::string size_name(std::uint64_t n) {
-  if (n >= (1u << 20)) return str_format("{} MiB", n >> 20);
-  if (n >= 1024) return str_format("{} KiB", n >> 10);
-  return str_format("{} B", n);
-}
-
 /// Runs the raw MPI ping-pong under the installed mpiexec; empty when MPI is not built.
 std::vector<lfbench::Row> mpi_rows(int iterations, std::string& note) {
   std::vector<lfbench::Row> rows;
@@ -257,7 +251,7 @@ int bench_local(int argc, char** argv) {
               cfg.cpu_a, cfg.cpu_b, cfg.iterations);
   std::printf("%-18s %-6s %9s %8s %10s %10s %11s %13s\n", "name", "mode", "size", "touched", "p50 ns", "p99 ns", "max ns", "msgs/s");
   for (const auto& r : *rows)
-    std::printf("%-18s %-6s %9s %8s %10.0f %10.0f %11.0f %13s\n", r.name.c_str(), r.mode.c_str(), size_name(r.size).c_str(),
+    std::printf("%-18s %-6s %9s %8s %10.0f %10.0f %11.0f %13s\n", r.name.c_str(), r.mode.c_str(), human(r.size).c_str(),
                 r.touched ? "yes" : "no", r.p50_ns, r.p99_ns, r.max_ns,
                 r.msgs_per_s > 0 ? str_format("{:.0f}", r.msgs_per_s).c_str() : "");
   if (!mpi_note.empty()) std::printf("MPI: %s\n", mpi_note.c_str());

@@ -45,9 +45,11 @@ constexpr std::uint32_t kControlMagic = 0x52434c46;  // "FLCR"
 constexpr std::uint32_t kControlVersion = 1;
 
 struct alignas(64) SharedConsumer {
-  std::atomic<std::uint32_t> state;     // 0 free, 1 active; written by the producer's service thread only
-  std::atomic<std::uint64_t> next;      // next sequence to receive (consumer claims by CAS; DropOldest skips by CAS)
-  std::atomic<std::uint64_t> released;  // every sequence below this is released
+  std::atomic<std::uint32_t> state;  // 0 free, 1 active; written by the producer's service thread only
+  std::atomic<std::uint64_t> next;   // next sequence to receive (consumer claims; DropOldest skips by CAS)
+  // Read by the producer when the ring looks full: its own cache line, so that the consumer's
+  // per-message store to `next` never waits for the line to come back from the producer.
+  alignas(64) std::atomic<std::uint64_t> released;  // every sequence below this is released
 };
 
 struct alignas(64) SharedSlot {
@@ -118,7 +120,7 @@ Status wait_until(Ready ready, Aborted aborted, std::atomic<std::uint32_t>& word
   // Spin: BusyPoll forever; SpinThenBlock for about kSpinFor, then sleep (on a busy or
   // oversubscribed machine a long spin only steals the peer's core).
   constexpr auto kSpinFor = std::chrono::microseconds(20);
-  const auto spin_until = Clock::now() + kSpinFor;
+  const auto spin_until = mode == WaitMode::SpinThenBlock ? Clock::now() + kSpinFor : Clock::time_point::max();
   if (mode != WaitMode::Block) {
     for (std::uint64_t i = 0;; ++i) {
       if (ready()) return {};
@@ -273,6 +275,7 @@ struct Producer::Impl {
   std::uint64_t write_seq = 0;  // mirror of control->write_seq; the producer is its only writer
   std::uint64_t min_released = 0;  // cached lower bound of every active consumer's `released`
   std::uint32_t write_slot = 0;     // write_seq % slots, kept incrementally (no division per message)
+  std::atomic<std::uint32_t> slots_used{0};  // consumer entries ever handed out (service thread raises it)
   vk::raii::Semaphore timeline{nullptr};  // value n + 1: message n's GPU writes are done
   bool loan_out = false;
   std::thread service;
@@ -302,7 +305,7 @@ struct Producer::Impl {
   [[nodiscard]] bool slot_free(std::uint64_t seq) {
     if (seq - min_released < options.slots) return true;
     std::uint64_t lowest = seq;
-    for (std::uint32_t i = 0; i < options.max_consumers; ++i) {
+    for (std::uint32_t i = 0; i < slots_used; ++i) {
       const auto& c = control->consumers[i];
       if (c.state.load(std::memory_order_acquire) != 1) continue;
       lowest = std::min(lowest, c.released.load(std::memory_order_acquire));
@@ -408,6 +411,7 @@ void Producer::Impl::admit(UniqueFd sock) {
   const std::uint64_t head = control->write_seq.load(std::memory_order_seq_cst);
   c.next.store(head, std::memory_order_seq_cst);
   c.released.store(head, std::memory_order_seq_cst);
+  if (slots_used.load() < index + 1) slots_used.store(index + 1, std::memory_order_seq_cst);
   c.state.store(1, std::memory_order_seq_cst);
   if (!send_message(sock.get(), detail::encode(w), fds)) {
     c.state.store(0, std::memory_order_seq_cst);
@@ -556,7 +560,7 @@ Result<Loan> Producer::loan(Duration timeout) {
     }
   }
   m.loan_out = true;
-  return Loan(this, seq, m.write_slot);
+  return Result<Loan>(std::in_place, Loan(this, seq, m.write_slot));
 }
 
 Result<Loan> Producer::try_loan() {
@@ -900,10 +904,13 @@ Result<Received> Consumer::receive(Duration timeout) {
     ++m.held;
     MessageInfo info{size, slot.tag.load(std::memory_order_relaxed), slot.timestamp_ns.load(std::memory_order_relaxed), n};
     const bool gpu_ordered = (slot.flags.load(std::memory_order_relaxed) & kGpuOrdered) && *m.timeline;
-    Received r(this, info, missed, k, gpu_ordered);
-    if (gpu_ordered && m.options.host_wait_for_gpu)
-      LF_TRY_STATUS(host_wait(*m.env.vulkan, *m.timeline, n + 1, timeout, call));
-    return r;
+    if (gpu_ordered && m.options.host_wait_for_gpu) {
+      if (auto ok = host_wait(*m.env.vulkan, *m.timeline, n + 1, timeout, call); !ok) {
+        release(k);  // the message is taken but not handed out: give its slot back
+        return std::unexpected(ok.error());
+      }
+    }
+    return Result<Received>(std::in_place, Received(this, info, missed, k, gpu_ordered));
   }
 }
 
