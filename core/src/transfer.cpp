@@ -8,23 +8,33 @@
 
 namespace lavaflow {
 
+namespace {
+
+/// Records `src → dst` into `cb`, submits it with `fence` (unsignalled) and waits for the fence.
+Status record_submit_wait(const VulkanContext& ctx, const vk::raii::CommandBuffer& cb, vk::Fence fence, vk::Buffer src,
+                          std::uint64_t src_offset, vk::Buffer dst, std::uint64_t dst_offset, std::uint64_t bytes,
+                          std::chrono::milliseconds timeout) {
+  cb.begin({vk::CommandBufferUsageFlagBits::eOneTimeSubmit});
+  cb.copyBuffer(src, dst, vk::BufferCopy(src_offset, dst_offset, bytes));
+  cb.end();
+  vk::CommandBuffer raw = *cb;
+  ctx.queue().submit(vk::SubmitInfo({}, {}, raw), fence);
+  const auto ns = static_cast<std::uint64_t>(std::chrono::nanoseconds(timeout).count());
+  if (ctx.device().waitForFences(fence, VK_TRUE, ns) == vk::Result::eTimeout)
+    return fail(Errc::Timeout, "vkWaitForFences", str_format("copy of {} bytes not done within {} ms", bytes, timeout.count()));
+  return {};
+}
+
+}  // namespace
+
 Status copy_buffer(const VulkanContext& ctx, vk::Buffer src, std::uint64_t src_offset, vk::Buffer dst,
                    std::uint64_t dst_offset, std::uint64_t bytes, std::chrono::milliseconds timeout) {
   return detail::vk_call("copy_buffer", [&]() -> Status {
     const auto& dev = ctx.device();
     vk::raii::CommandPool pool(dev, {vk::CommandPoolCreateFlagBits::eTransient, ctx.queue_family()});
     vk::raii::CommandBuffers cbs(dev, {*pool, vk::CommandBufferLevel::ePrimary, 1});
-    auto& cb = cbs[0];
-    cb.begin({vk::CommandBufferUsageFlagBits::eOneTimeSubmit});
-    cb.copyBuffer(src, dst, vk::BufferCopy(src_offset, dst_offset, bytes));
-    cb.end();
     vk::raii::Fence fence(dev, vk::FenceCreateInfo{});
-    vk::CommandBuffer raw = *cb;
-    ctx.queue().submit(vk::SubmitInfo({}, {}, raw), *fence);
-    const auto ns = static_cast<std::uint64_t>(std::chrono::nanoseconds(timeout).count());
-    if (dev.waitForFences(*fence, VK_TRUE, ns) == vk::Result::eTimeout)
-      return fail(Errc::Timeout, "vkWaitForFences", str_format("copy of {} bytes not done within {} ms", bytes, timeout.count()));
-    return {};
+    return record_submit_wait(ctx, cbs[0], *fence, src, src_offset, dst, dst_offset, bytes, timeout);
   });
 }
 
@@ -62,18 +72,9 @@ struct Stager::Impl {
 
   Status copy(vk::Buffer src, std::uint64_t src_off, vk::Buffer dst, std::uint64_t dst_off, std::uint64_t bytes) {
     return detail::vk_call("Stager copy", [&]() -> Status {
-      const auto& dev = ctx->device();
-      auto& cb = cbs[0];
-      cb.reset();
-      cb.begin({vk::CommandBufferUsageFlagBits::eOneTimeSubmit});
-      cb.copyBuffer(src, dst, vk::BufferCopy(src_off, dst_off, bytes));
-      cb.end();
-      dev.resetFences(*fence);
-      vk::CommandBuffer raw = *cb;
-      ctx->queue().submit(vk::SubmitInfo({}, {}, raw), *fence);
-      if (dev.waitForFences(*fence, VK_TRUE, 10'000'000'000ull) == vk::Result::eTimeout)
-        return fail(Errc::Timeout, "vkWaitForFences", str_format("staged copy of {} bytes not done within 10 s", bytes));
-      return {};
+      cbs[0].reset();
+      ctx->device().resetFences(*fence);
+      return record_submit_wait(*ctx, cbs[0], *fence, src, src_off, dst, dst_off, bytes, std::chrono::seconds(10));
     });
   }
 };
