@@ -2,6 +2,7 @@
 #include "lavaflow/core/transfer.hpp"
 
 #include <cstring>
+#include <optional>
 
 #include "lavaflow/core/format.hpp"
 #include "vk_call.hpp"
@@ -38,37 +39,29 @@ Status copy_buffer(const VulkanContext& ctx, vk::Buffer src, std::uint64_t src_o
   });
 }
 
-Status upload(const VulkanContext& ctx, const GpuBuffer& dst, std::span<const std::byte> data) {
-  if (data.size() > dst.size())
-    return fail(Errc::InvalidArgument, "upload", str_format("{} bytes do not fit a {} byte buffer", data.size(), dst.size()));
-  if (auto* p = dst.host_ptr()) {
-    std::memcpy(p, data.data(), data.size());
-    return {};
-  }
-  LF_TRY(auto staging, GpuBuffer::allocate(ctx, {.size = data.size(), .memory = GpuMemory::HostVisible}));
-  std::memcpy(staging.host_ptr(), data.data(), data.size());
-  return copy_buffer(ctx, staging.buffer(), 0, dst.buffer(), dst.offset(), data.size());
-}
-
-Status download(const VulkanContext& ctx, const GpuBuffer& src, std::span<std::byte> out) {
-  if (out.size() > src.size())
-    return fail(Errc::InvalidArgument, "download", str_format("{} bytes requested from a {} byte buffer", out.size(), src.size()));
-  if (auto* p = src.host_ptr()) {
-    std::memcpy(out.data(), p, out.size());
-    return {};
-  }
-  LF_TRY(auto staging, GpuBuffer::allocate(ctx, {.size = out.size(), .memory = GpuMemory::HostVisible}));
-  LF_TRY_STATUS(copy_buffer(ctx, src.buffer(), src.offset(), staging.buffer(), 0, out.size()));
-  std::memcpy(out.data(), staging.host_ptr(), out.size());
-  return {};
-}
-
+/// Staging resources are made on first need: a buffer that is mapped never needs them.
 struct Stager::Impl {
   const VulkanContext* ctx;
-  GpuBuffer staging;
+  std::uint64_t capacity;
+  std::optional<GpuBuffer> staging;
   vk::raii::CommandPool pool{nullptr};
   vk::raii::CommandBuffers cbs{nullptr};
   vk::raii::Fence fence{nullptr};
+
+  Status ensure(std::uint64_t bytes, const char* call) {
+    if (bytes > capacity)
+      return fail(Errc::InvalidArgument, call, str_format("{} bytes exceed the stager's {}", bytes, capacity));
+    if (staging) return {};
+    LF_TRY(auto buf, GpuBuffer::allocate(*ctx, {.size = capacity, .memory = GpuMemory::HostVisible}));
+    LF_TRY_STATUS(detail::vk_call("Stager", [&] {
+      const auto& dev = ctx->device();
+      pool = vk::raii::CommandPool(dev, {vk::CommandPoolCreateFlagBits::eResetCommandBuffer, ctx->queue_family()});
+      cbs = vk::raii::CommandBuffers(dev, {*pool, vk::CommandBufferLevel::ePrimary, 1});
+      fence = vk::raii::Fence(dev, vk::FenceCreateInfo{});
+    }));
+    staging.emplace(std::move(buf));
+    return {};
+  }
 
   Status copy(vk::Buffer src, std::uint64_t src_off, vk::Buffer dst, std::uint64_t dst_off, std::uint64_t bytes) {
     return detail::vk_call("Stager copy", [&]() -> Status {
@@ -79,21 +72,23 @@ struct Stager::Impl {
   }
 };
 
+Status upload(const VulkanContext& ctx, const GpuBuffer& dst, std::span<const std::byte> data) {
+  LF_TRY(auto stager, Stager::create(ctx, data.size()));
+  return stager.upload(dst, data);
+}
+
+Status download(const VulkanContext& ctx, const GpuBuffer& src, std::span<std::byte> out) {
+  LF_TRY(auto stager, Stager::create(ctx, out.size()));
+  return stager.download(src, out);
+}
+
 Stager::Stager(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Stager::Stager(Stager&&) noexcept = default;
 Stager& Stager::operator=(Stager&&) noexcept = default;
 Stager::~Stager() = default;
 
 Result<Stager> Stager::create(const VulkanContext& ctx, std::uint64_t capacity) {
-  LF_TRY(auto staging, GpuBuffer::allocate(ctx, {.size = capacity, .memory = GpuMemory::HostVisible}));
-  auto impl = std::unique_ptr<Impl>(new Impl{&ctx, std::move(staging)});
-  LF_TRY_STATUS(detail::vk_call("Stager::create", [&] {
-    const auto& dev = ctx.device();
-    impl->pool = vk::raii::CommandPool(dev, {vk::CommandPoolCreateFlagBits::eResetCommandBuffer, ctx.queue_family()});
-    impl->cbs = vk::raii::CommandBuffers(dev, {*impl->pool, vk::CommandBufferLevel::ePrimary, 1});
-    impl->fence = vk::raii::Fence(dev, vk::FenceCreateInfo{});
-  }));
-  return Stager(std::move(impl));
+  return Stager(std::unique_ptr<Impl>(new Impl{&ctx, capacity}));
 }
 
 Status Stager::upload(const GpuBuffer& dst, std::span<const std::byte> data) {
@@ -103,10 +98,9 @@ Status Stager::upload(const GpuBuffer& dst, std::span<const std::byte> data) {
     std::memcpy(p, data.data(), data.size());
     return {};
   }
-  if (data.size() > impl_->staging.size())
-    return fail(Errc::InvalidArgument, "Stager::upload", str_format("{} bytes exceed the stager's {}", data.size(), impl_->staging.size()));
-  std::memcpy(impl_->staging.host_ptr(), data.data(), data.size());
-  return impl_->copy(impl_->staging.buffer(), 0, dst.buffer(), dst.offset(), data.size());
+  LF_TRY_STATUS(impl_->ensure(data.size(), "Stager::upload"));
+  std::memcpy(impl_->staging->host_ptr(), data.data(), data.size());
+  return impl_->copy(impl_->staging->buffer(), 0, dst.buffer(), dst.offset(), data.size());
 }
 
 Status Stager::download(const GpuBuffer& src, std::span<std::byte> out) {
@@ -116,10 +110,9 @@ Status Stager::download(const GpuBuffer& src, std::span<std::byte> out) {
     std::memcpy(out.data(), p, out.size());
     return {};
   }
-  if (out.size() > impl_->staging.size())
-    return fail(Errc::InvalidArgument, "Stager::download", str_format("{} bytes exceed the stager's {}", out.size(), impl_->staging.size()));
-  LF_TRY_STATUS(impl_->copy(src.buffer(), src.offset(), impl_->staging.buffer(), 0, out.size()));
-  std::memcpy(out.data(), impl_->staging.host_ptr(), out.size());
+  LF_TRY_STATUS(impl_->ensure(out.size(), "Stager::download"));
+  LF_TRY_STATUS(impl_->copy(src.buffer(), src.offset(), impl_->staging->buffer(), 0, out.size()));
+  std::memcpy(out.data(), impl_->staging->host_ptr(), out.size());
   return {};
 }
 

@@ -25,8 +25,8 @@ namespace lavaflow {
 [[nodiscard]] Status download(const VulkanContext& ctx, const GpuBuffer& src, std::span<std::byte> out);
 
 /// Reusable staging for repeated uploads/downloads of up to `capacity` bytes (one host-visible
-/// buffer, one command buffer, one fence), for streams of messages in device-local memory where a
-/// fresh staging allocation per message would dominate.
+/// buffer, one command buffer, one fence — made on first use with unmapped memory), for streams of
+/// messages in device-local memory where a fresh staging allocation per message would dominate.
 class Stager {
  public:
   [[nodiscard]] static Result<Stager> create(const VulkanContext& ctx, std::uint64_t capacity);
