@@ -329,6 +329,14 @@ struct Producer::Impl {
     }
   }
 
+  /// Whether message `seq` can be loaned now: its slot is free, or (DropOldest) can be made free.
+  [[nodiscard]] bool room_for(std::uint64_t seq) {
+    if (slot_free(seq)) return true;
+    if (options.policy != FullPolicy::DropOldest) return false;
+    drop_for_laggards(seq);
+    return slot_free(seq);
+  }
+
   void service_loop();
   void admit(UniqueFd sock);
   void drop_connection(std::size_t i) {
@@ -542,12 +550,7 @@ Result<Loan> Producer::loan(Duration timeout) {
   constexpr const char* call = "Producer::loan";
   if (m.loan_out) return fail(Errc::InvalidArgument, call, "the previous loan is not published or dropped yet");
   const std::uint64_t seq = m.write_seq;
-  auto ready = [&] {
-    if (m.slot_free(seq)) return true;
-    if (m.options.policy != FullPolicy::DropOldest) return false;
-    m.drop_for_laggards(seq);
-    return m.slot_free(seq);
-  };
+  auto ready = [&] { return m.room_for(seq); };
   if (!ready()) {
     if (m.options.policy == FullPolicy::FailFast)
       return fail(Errc::WouldBlock, call, "ring full: a consumer has not released its oldest message");
@@ -565,8 +568,7 @@ Result<Loan> Producer::loan(Duration timeout) {
 
 Result<Loan> Producer::try_loan() {
   auto& m = *impl_;
-  if (!m.loan_out && !m.slot_free(m.write_seq) && m.options.policy == FullPolicy::DropOldest) m.drop_for_laggards(m.write_seq);
-  if (!m.loan_out && !m.slot_free(m.write_seq))
+  if (!m.loan_out && !m.room_for(m.write_seq))
     return fail(Errc::WouldBlock, "Producer::try_loan", "ring full: a consumer has not released its oldest message");
   return loan(Duration(0));
 }
@@ -744,6 +746,13 @@ struct Consumer::Impl {
     }
   }
 
+  /// Whether this consumer's next message is published; sets `n` (its sequence) and `k` (its slot).
+  [[nodiscard]] bool message_ready(std::uint64_t& n, std::uint32_t& k) {
+    n = self->next.load(std::memory_order_acquire);
+    k = slot_of(n);
+    return control->ring[k].seq.load(std::memory_order_seq_cst) == n + 1;
+  }
+
   std::optional<Error> gone() const {
     if (lost.load(std::memory_order_seq_cst)) return Error(Errc::PeerLost, "Consumer::receive", lost_reason);
     if (control->closed.load(std::memory_order_seq_cst))
@@ -869,14 +878,10 @@ Result<Received> Consumer::receive(Duration timeout) {
   if (m.held >= m.slots)
     return fail(Errc::InvalidArgument, call, str_format("all {} ring buffers are held: release one first", m.slots));
   for (;;) {
-    std::uint64_t n = m.self->next.load(std::memory_order_acquire);
+    std::uint64_t n = 0;
     // Ready when the slot of message n carries n's publication marker.
     std::uint32_t k = 0;
-    auto ready = [&] {
-      n = m.self->next.load(std::memory_order_acquire);
-      k = m.slot_of(n);
-      return cb.ring[k].seq.load(std::memory_order_seq_cst) == n + 1;
-    };
+    auto ready = [&] { return m.message_ready(n, k); };
     if (!ready()) {
       auto gone = [&] { return m.gone(); };
       LF_TRY_STATUS(wait_until(ready, gone, cb.data_futex, cb.consumers_waiting, m.options.wait, timeout, call));
@@ -915,9 +920,9 @@ Result<Received> Consumer::receive(Duration timeout) {
 }
 
 Result<Received> Consumer::try_receive() {
-  auto& cb = *impl_->control;
-  const auto n = impl_->self->next.load(std::memory_order_acquire);
-  if (cb.ring[impl_->slot_of(n)].seq.load(std::memory_order_seq_cst) != n + 1) {
+  std::uint64_t n = 0;
+  std::uint32_t k = 0;
+  if (!impl_->message_ready(n, k)) {
     if (auto e = impl_->gone()) return std::unexpected(*e);
     return fail(Errc::WouldBlock, "Consumer::try_receive", "no message waiting");
   }
