@@ -225,27 +225,6 @@ Result<ProcessLocation> my_location(const std::optional<HostIdentity>& host, con
   return ProcessLocation::current(std::move(devices));
 }
 
-// ----- the shared timeline semaphore (Vulkan transport, drivers that export it as an opaque fd)
-
-Result<vk::raii::Semaphore> make_timeline(const VulkanContext& ctx, bool exportable) {
-  return detail::vk_call("vkCreateSemaphore(timeline)", [&] {
-    vk::SemaphoreTypeCreateInfo type(vk::SemaphoreType::eTimeline, 0);
-    vk::ExportSemaphoreCreateInfo exp(vk::ExternalSemaphoreHandleTypeFlagBits::eOpaqueFd, &type);
-    vk::SemaphoreCreateInfo info({}, exportable ? static_cast<const void*>(&exp) : static_cast<const void*>(&type));
-    return vk::raii::Semaphore(ctx.device(), info);
-  });
-}
-
-Status host_wait(const VulkanContext& ctx, vk::Semaphore sem, std::uint64_t value, Duration timeout, const char* call) {
-  return detail::vk_call(call, [&]() -> Status {
-    vk::SemaphoreWaitInfo wi({}, sem, value);
-    const auto ns = timeout == kForever ? UINT64_MAX : static_cast<std::uint64_t>(timeout.count());
-    if (ctx.device().waitSemaphores(wi, ns) == vk::Result::eTimeout)
-      return fail(Errc::Timeout, call, str_format("GPU work did not reach timeline value {} in time", value));
-    return {};
-  });
-}
-
 }  // namespace
 
 std::filesystem::path default_channel_directory() {
@@ -276,7 +255,7 @@ struct Producer::Impl {
   std::uint64_t min_released = 0;  // cached lower bound of every active consumer's `released`
   std::uint32_t write_slot = 0;     // write_seq % slots, kept incrementally (no division per message)
   std::atomic<std::uint32_t> slots_used{0};  // consumer entries ever handed out (service thread raises it)
-  vk::raii::Semaphore timeline{nullptr};  // value n + 1: message n's GPU writes are done
+  std::optional<GpuSemaphore> timeline;  // value n + 1: message n's GPU writes are done
   bool loan_out = false;
   std::thread service;
 
@@ -405,12 +384,10 @@ void Producer::Impl::admit(UniqueFd sock) {
   std::vector<int> fds;
   for (const auto& e : exports) fds.push_back(e.fd.get());
   UniqueFd sem_fd;
-  if (*timeline) {
-    auto raw = detail::vk_call("vkGetSemaphoreFdKHR", [&] {
-      return env.vulkan->device().getSemaphoreFdKHR({*timeline, vk::ExternalSemaphoreHandleTypeFlagBits::eOpaqueFd});
-    });
-    if (!raw) return (void)send_refuse(sock.get(), raw.error().message());
-    sem_fd.reset(*raw);
+  if (timeline) {
+    auto exported = timeline->export_fd();
+    if (!exported) return (void)send_refuse(sock.get(), exported.error().message());
+    sem_fd = std::move(*exported);
     fds.push_back(sem_fd.get());
     w.timeline = true;
   }
@@ -521,9 +498,9 @@ Result<std::unique_ptr<Producer>> Producer::create(const std::string& name, Prod
   if (impl->transport->name() == "vulkan" && impl->env.vulkan) {
     const auto& caps = impl->env.vulkan->capabilities();
     if (caps.timeline_semaphore && caps.timeline_fd_export) {
-      auto sem = make_timeline(*impl->env.vulkan, true);
+      auto sem = GpuSemaphore::create(*impl->env.vulkan, SemaphoreKind::Timeline);
       if (!sem) return std::unexpected(sem.error().within(call));
-      impl->timeline = std::move(*sem);
+      impl->timeline.emplace(std::move(*sem));
       impl->route.reason += "; GPU work ordered by a shared timeline semaphore";
     } else {
       impl->route.reason += "; no exportable timeline semaphore here: GPU writes are finished with a CPU fence wait";
@@ -613,13 +590,13 @@ Result<MessageInfo> Producer::publish(Loan&& loan, vk::Fence gpu_done, MessageIn
   return publish(std::move(loan), info);
 }
 
-bool Producer::has_gpu_timeline() const { return *impl_->timeline; }
+bool Producer::has_gpu_timeline() const { return impl_->timeline.has_value(); }
 
 std::optional<GpuSync> Loan::gpu_signal() {
   auto& m = *producer_->impl_;
-  if (!*m.timeline) return std::nullopt;
+  if (!m.timeline) return std::nullopt;
   gpu_signaled_ = true;
-  return GpuSync{*m.timeline, seq_ + 1};
+  return GpuSync{m.timeline->semaphore(), seq_ + 1};
 }
 
 void Producer::abandon(std::uint64_t seq) {
@@ -697,7 +674,7 @@ struct Consumer::Impl {
   std::uint64_t slot_size = 0;
   std::int32_t producer_pid = 0;
   bool contended_next = false;  // DropOldest: the producer may move `next` too, so claim by CAS
-  vk::raii::Semaphore timeline{nullptr};  // imported shared timeline (Vulkan transport)
+  std::optional<GpuSemaphore> timeline;  // imported shared timeline (Vulkan transport)
   std::vector<std::unique_ptr<Buffer>> ring;
   UniqueFd sock, stop_fd;
   std::atomic<bool> lost{false};
@@ -851,16 +828,9 @@ Result<std::unique_ptr<Consumer>> Consumer::open(const std::string& name, Consum
       return fail(Errc::Unsupported, call,
                   str_format("the channel orders GPU work with a timeline semaphore, which device {} cannot import",
                          caps.identity.name));
-    auto sem = make_timeline(*impl->env.vulkan, false);
+    auto sem = GpuSemaphore::import(*impl->env.vulkan, SemaphoreKind::Timeline, std::move(msg->fds[1 + w.slots]));
     if (!sem) return std::unexpected(sem.error().within(call));
-    impl->timeline = std::move(*sem);
-    UniqueFd& fd = msg->fds[1 + w.slots];
-    auto imported = detail::vk_call("vkImportSemaphoreFdKHR", [&] {
-      impl->env.vulkan->device().importSemaphoreFdKHR(
-          {*impl->timeline, {}, vk::ExternalSemaphoreHandleTypeFlagBits::eOpaqueFd, fd.get()});
-    });
-    if (!imported) return std::unexpected(imported.error().within(call));
-    (void)fd.release();  // the driver owns it now
+    impl->timeline.emplace(std::move(*sem));
   }
   impl->done.assign(w.slots, 0);
   impl->options = std::move(o);
@@ -908,9 +878,9 @@ Result<Received> Consumer::receive(Duration timeout) {
     m.cursor_slot = k + 1 == m.slots ? 0 : k + 1;
     ++m.held;
     MessageInfo info{size, slot.tag.load(std::memory_order_relaxed), slot.timestamp_ns.load(std::memory_order_relaxed), n};
-    const bool gpu_ordered = (slot.flags.load(std::memory_order_relaxed) & kGpuOrdered) && *m.timeline;
+    const bool gpu_ordered = (slot.flags.load(std::memory_order_relaxed) & kGpuOrdered) && m.timeline;
     if (gpu_ordered && m.options.host_wait_for_gpu) {
-      if (auto ok = host_wait(*m.env.vulkan, *m.timeline, n + 1, timeout, call); !ok) {
+      if (auto ok = m.timeline->wait(n + 1, timeout); !ok) {
         release(k);  // the message is taken but not handed out: give its slot back
         return std::unexpected(ok.error());
       }
@@ -947,11 +917,14 @@ std::uint32_t Consumer::slots() const { return impl_->slots; }
 std::uint64_t Consumer::slot_size() const { return impl_->slot_size; }
 std::int32_t Consumer::producer_pid() const { return impl_->producer_pid; }
 const VulkanContext* Consumer::vulkan() const { return impl_->env.vulkan; }
-bool Consumer::has_gpu_timeline() const { return *impl_->timeline; }
+bool Consumer::has_gpu_timeline() const { return impl_->timeline.has_value(); }
+
+const GpuSemaphore* Producer::gpu_timeline() const { return impl_->timeline ? &*impl_->timeline : nullptr; }
+const GpuSemaphore* Consumer::gpu_timeline() const { return impl_->timeline ? &*impl_->timeline : nullptr; }
 
 std::optional<GpuSync> Received::gpu_wait() const {
   if (!consumer_ || !gpu_ordered_) return std::nullopt;
-  return GpuSync{*consumer_->impl_->timeline, info_.sequence + 1};
+  return GpuSync{consumer_->impl_->timeline->semaphore(), info_.sequence + 1};
 }
 
 Received::Received(Received&& o) noexcept

@@ -1,11 +1,9 @@
 // SPDX-License-Identifier: MIT
 #include "lavaflow/core/gpu_buffer.hpp"
 
-#include <fcntl.h>
-
-#include <cerrno>
 #include "lavaflow/core/format.hpp"
 
+#include "external_memory.hpp"
 #include "vk_call.hpp"
 #include "vulkan_state.hpp"
 
@@ -18,6 +16,7 @@ struct GpuBuffer::Impl {
   std::byte* mapped = nullptr;
   ExportDescriptor desc;
   BufferKind kind = BufferKind::GpuDeviceLocal;
+  UniqueFd imported_from;  // the fd this memory was imported from: re-exported as duplicates
 
   ~Impl() {
     if (mapped) memory.unmapMemory();
@@ -26,20 +25,10 @@ struct GpuBuffer::Impl {
 
 namespace {
 
-constexpr auto kHandle = vk::ExternalMemoryHandleTypeFlagBits::eOpaqueFd;
+using detail::kOpaqueFd;
+constexpr auto kHandle = kOpaqueFd;
 
 std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
-
-Status require_fd_memory(const VulkanContext& ctx, const char* call, bool import) {
-  const auto& c = ctx.capabilities();
-  if (!ctx.has_extension(VK_KHR_EXTERNAL_MEMORY_FD_EXTENSION_NAME))
-    return fail(Errc::Unsupported, call,
-                str_format("device {} lacks {}", c.identity.name, VK_KHR_EXTERNAL_MEMORY_FD_EXTENSION_NAME));
-  if (import ? !c.memory_fd_import : !c.memory_fd_export)
-    return fail(Errc::Unsupported, call,
-                str_format("device {} cannot {} opaque-fd buffer memory", c.identity.name, import ? "import" : "export"));
-  return {};
-}
 
 vk::raii::Buffer make_buffer(const vk::raii::Device& dev, std::uint64_t size, vk::BufferUsageFlags usage) {
   vk::ExternalMemoryBufferCreateInfo ext(kHandle);
@@ -61,7 +50,7 @@ Result<GpuBuffer> GpuBuffer::allocate(const VulkanContext& ctx, const GpuBufferO
     return fail(Errc::InvalidArgument, call,
                 str_format("size {} exceeds the device's {} bytes of device-local memory", o.size,
                             ctx.capabilities().device_local_bytes));
-  LF_TRY_STATUS(require_fd_memory(ctx, call, false));
+  LF_TRY_STATUS(detail::require_fd_memory(ctx, call, false));
   const auto& dev = ctx.device();
   auto impl = std::make_unique<Impl>();
   impl->state = ctx.state();
@@ -106,23 +95,11 @@ Result<GpuBuffer> GpuBuffer::import(const VulkanContext& ctx, const ExportDescri
   if (auto ok = d.validate(); !ok) return std::unexpected(ok.error().within(call));
   if (!is_gpu(d.kind))
     return fail(Errc::InvalidArgument, call, str_format("descriptor is for a {} buffer, not GPU memory", to_string(d.kind)));
-  const auto& me = ctx.capabilities().identity;
-  if (d.device_uuid != me.device_uuid)
-    return fail(Errc::DeviceMismatch, call,
-                str_format("memory comes from device {}, this context's device {} is {}", to_string(d.device_uuid),
-                            me.name, to_string(me.device_uuid)));
-  if (d.driver_uuid != me.driver_uuid)
-    return fail(Errc::DeviceMismatch, call,
-                str_format("memory comes from driver {}, this context's driver is {}", to_string(d.driver_uuid),
-                            to_string(me.driver_uuid)));
-  if (!fd.valid() || ::fcntl(fd.get(), F_GETFD) < 0)
-    return fail(Errc::InvalidArgument, call, str_format("fd {} is not an open file descriptor", fd.get()));
-  LF_TRY_STATUS(require_fd_memory(ctx, call, true));
+  LF_TRY_STATUS(detail::check_exporter(ctx, d.device_uuid, d.driver_uuid, call));
+  LF_TRY_STATUS(detail::check_open_fd(fd, call));
+  LF_TRY_STATUS(detail::require_fd_memory(ctx, call, true));
   const auto& mem_props = ctx.state()->memory;
-  if (d.memory_type_index >= mem_props.memoryTypeCount)
-    return fail(Errc::DeviceMismatch, call,
-                str_format("memory type {} does not exist on this device ({} types)", d.memory_type_index,
-                            mem_props.memoryTypeCount));
+  LF_TRY_STATUS(detail::check_memory_type(ctx, d.memory_type_index, ~0u, call));
 
   const auto& dev = ctx.device();
   auto impl = std::make_unique<Impl>();
@@ -132,10 +109,7 @@ Result<GpuBuffer> GpuBuffer::import(const VulkanContext& ctx, const ExportDescri
   const auto usage = vk::BufferUsageFlags(d.usage);
   LF_TRY(impl->buffer, detail::vk_call("vkCreateBuffer", [&] { return make_buffer(dev, d.buffer_size, usage); }));
   const auto req = impl->buffer.getMemoryRequirements();
-  if (!(req.memoryTypeBits & (1u << d.memory_type_index)))
-    return fail(Errc::DeviceMismatch, call,
-                str_format("memory type {} cannot back this buffer here (allowed mask {:#x})", d.memory_type_index,
-                            req.memoryTypeBits));
+  LF_TRY_STATUS(detail::check_memory_type(ctx, d.memory_type_index, req.memoryTypeBits, call));
   if (req.size > d.allocation_size)
     return fail(Errc::Malformed, call,
                 str_format("buffer needs {} bytes but the allocation has {}", req.size, d.allocation_size));
@@ -155,7 +129,9 @@ Result<GpuBuffer> GpuBuffer::import(const VulkanContext& ctx, const ExportDescri
     LF_TRY(void* p, detail::vk_call("vkMapMemory", [&] { return impl->memory.mapMemory(0, VK_WHOLE_SIZE); }));
     impl->mapped = static_cast<std::byte*>(p);
   }
-  fd.reset();  // success: the import consumed the caller's handle
+  // Success: the import consumed the caller's handle. Keep it so that imported memory can be handed
+  // on to another API (CUDA, GL, OpenCL) — Vulkan cannot re-export memory it did not allocate.
+  impl->imported_from = std::move(fd);
   return GpuBuffer(std::move(impl));
 }
 
@@ -168,12 +144,15 @@ std::uint64_t GpuBuffer::offset() const { return impl_->desc.offset; }
 const ExportDescriptor& GpuBuffer::descriptor() const { return impl_->desc; }
 
 Result<Export> GpuBuffer::export_handle() const {
+  if (impl_->imported_from.valid()) {
+    LF_TRY(UniqueFd fd, impl_->imported_from.dup());
+    return Export{impl_->desc, std::move(fd)};
+  }
   vk::MemoryGetFdInfoKHR info(*impl_->memory, kHandle);
   const auto& dev = detail::get(impl_->state->device);
   LF_TRY(int raw, detail::vk_call("vkGetMemoryFdKHR", [&] { return dev.getMemoryFdKHR(info); }));
   UniqueFd fd(raw);
-  // Keep exported fds out of exec'd children.
-  if (::fcntl(fd.get(), F_SETFD, FD_CLOEXEC) < 0) return std::unexpected(from_errno(errno, "fcntl(FD_CLOEXEC)"));
+  LF_TRY_STATUS(fd.set_cloexec());
   return Export{impl_->desc, std::move(fd)};
 }
 

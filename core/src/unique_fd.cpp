@@ -21,6 +21,11 @@ Result<UniqueFd> UniqueFd::dup() const {
   return UniqueFd(copy);
 }
 
+Status UniqueFd::set_cloexec() const {
+  if (::fcntl(fd_, F_SETFD, FD_CLOEXEC) < 0) return std::unexpected(from_errno(errno, "fcntl(FD_CLOEXEC)"));
+  return {};
+}
+
 Result<int> count_open_fds() {
   DIR* dir = ::opendir("/proc/self/fd");
   if (dir == nullptr) return std::unexpected(from_errno(errno, "opendir(/proc/self/fd)"));

@@ -22,6 +22,8 @@
 
 #include <vulkan/vulkan.hpp>
 
+#include "lavaflow/core/duration.hpp"
+#include "lavaflow/core/gpu_semaphore.hpp"
 #include "lavaflow/core/transport.hpp"
 
 namespace lavaflow {
@@ -38,8 +40,6 @@ enum class FullPolicy : std::uint8_t {
   FailFast,    ///< loan() reports WouldBlock at once
 };
 
-using Duration = std::chrono::nanoseconds;
-inline constexpr Duration kForever = Duration::max();
 
 struct ProducerOptions {
   std::uint32_t slots = 8;                 ///< ring length N (1..62)
@@ -173,6 +173,8 @@ class Producer {
                                             Duration timeout = std::chrono::seconds(10));
   /// Whether GPU work is ordered through a shared timeline semaphore (else: fences, CPU waits).
   [[nodiscard]] bool has_gpu_timeline() const;
+  /// The shared timeline itself (null without one): export_fd() hands it to CUDA or another API.
+  [[nodiscard]] const GpuSemaphore* gpu_timeline() const;
 
   [[nodiscard]] const ChannelRoute& route() const;
   [[nodiscard]] const std::string& name() const;
@@ -213,6 +215,8 @@ class Consumer {
   /// The Vulkan context the ring was imported into (Vulkan transport), else null.
   [[nodiscard]] const VulkanContext* vulkan() const;
   [[nodiscard]] bool has_gpu_timeline() const;
+  /// The shared timeline itself (null without one): export_fd() hands it to CUDA or another API.
+  [[nodiscard]] const GpuSemaphore* gpu_timeline() const;
 
   struct Impl;
 

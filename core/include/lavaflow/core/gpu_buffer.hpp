@@ -29,7 +29,8 @@ class GpuBuffer final : public Buffer {
   [[nodiscard]] static Result<GpuBuffer> allocate(const VulkanContext& ctx, const GpuBufferOptions& options);
   /// Imports memory exported by another process or context. Checks the descriptor (version,
   /// range, device and driver UUID) before any driver call. Consumes `fd` on success only: on
-  /// failure the caller still owns it.
+  /// failure the caller still owns it. The buffer keeps the fd, so export_handle() on an imported
+  /// buffer hands the same memory on (to CUDA, GL, OpenCL or a further process).
   [[nodiscard]] static Result<GpuBuffer> import(const VulkanContext& ctx, const ExportDescriptor& desc, UniqueFd&& fd);
 
   GpuBuffer(GpuBuffer&&) noexcept;

@@ -37,6 +37,8 @@ class UniqueFd {
 
   /// A new owner of a duplicate (close-on-exec) of this fd.
   [[nodiscard]] Result<UniqueFd> dup() const;
+  /// Keeps the fd out of exec'd children (fds that APIs hand out are often inheritable).
+  [[nodiscard]] Status set_cloexec() const;
 
  private:
   int fd_ = -1;
