@@ -21,8 +21,13 @@ lavaflow_backend_resolve(OPENCL "${OpenCL_FOUND}" "no OpenCL headers/loader (ope
 
 if(NOT LAVAFLOW_WITH_OPENGL STREQUAL "OFF")
   find_package(OpenGL QUIET COMPONENTS OpenGL EGL)
+  find_package(GLEW QUIET)
 endif()
-lavaflow_backend_resolve(OPENGL "${OpenGL_FOUND}" "no OpenGL/EGL development files (libegl-dev, libgl-dev)")
+set(opengl_found OFF)
+if(OpenGL_FOUND AND GLEW_FOUND)
+  set(opengl_found ON)
+endif()
+lavaflow_backend_resolve(OPENGL "${opengl_found}" "no OpenGL/EGL/GLEW development files (libegl-dev, libgl-dev, libglew-dev)")
 
 if(NOT LAVAFLOW_WITH_MPI STREQUAL "OFF")
   find_package(MPI QUIET COMPONENTS C)

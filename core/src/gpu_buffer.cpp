@@ -135,6 +135,35 @@ Result<GpuBuffer> GpuBuffer::import(const VulkanContext& ctx, const ExportDescri
   return GpuBuffer(std::move(impl));
 }
 
+Result<ExportDescriptor> GpuBuffer::describe_foreign(const VulkanContext& ctx, std::uint64_t allocation_size,
+                                                    std::uint64_t size) {
+  constexpr const char* call = "GpuBuffer::describe_foreign";
+  if (size == 0 || size > allocation_size)
+    return fail(Errc::InvalidArgument, call, str_format("range of {} bytes in an allocation of {}", size, allocation_size));
+  LF_TRY_STATUS(detail::require_fd_memory(ctx, call, true));
+  const GpuBufferOptions defaults;
+  LF_TRY(auto probe, detail::vk_call("vkCreateBuffer", [&] { return make_buffer(ctx.device(), allocation_size, defaults.usage); }));
+  const auto req = probe.getMemoryRequirements();
+  if (req.size > allocation_size)
+    return fail(Errc::InvalidArgument, call,
+                str_format("a buffer over {} bytes needs {} bytes of memory here", allocation_size, req.size));
+  LF_TRY(const std::uint32_t type, ctx.find_memory_type(req.memoryTypeBits, vk::MemoryPropertyFlagBits::eDeviceLocal));
+  ExportDescriptor d;
+  d.kind = BufferKind::GpuDeviceLocal;
+  d.dedicated = false;
+  d.allocation_size = allocation_size;
+  d.buffer_size = allocation_size;
+  d.offset = 0;
+  d.size = size;
+  d.memory_type_index = type;
+  d.usage = static_cast<std::uint32_t>(defaults.usage);
+  // Not host-visible, whatever the type offers: foreign memory is not mapped by lava-flow.
+  d.memory_flags = static_cast<std::uint32_t>(vk::MemoryPropertyFlagBits::eDeviceLocal);
+  d.device_uuid = ctx.capabilities().identity.device_uuid;
+  d.driver_uuid = ctx.capabilities().identity.driver_uuid;
+  return d;
+}
+
 std::uint64_t GpuBuffer::size() const { return impl_->desc.size; }
 BufferKind GpuBuffer::kind() const { return impl_->kind; }
 std::byte* GpuBuffer::host_ptr() const { return impl_->mapped ? impl_->mapped + impl_->desc.offset : nullptr; }

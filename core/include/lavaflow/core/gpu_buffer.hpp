@@ -33,6 +33,13 @@ class GpuBuffer final : public Buffer {
   /// buffer hands the same memory on (to CUDA, GL, OpenCL or a further process).
   [[nodiscard]] static Result<GpuBuffer> import(const VulkanContext& ctx, const ExportDescriptor& desc, UniqueFd&& fd);
 
+  /// A descriptor under which import() takes memory that another API allocated on this device and
+  /// exported as an opaque fd (e.g. CUDA's cuMemCreate): not dedicated, a device-local memory
+  /// type this device allows for buffers, the buffer spanning the whole allocation and the user's
+  /// range its first `size` bytes.
+  [[nodiscard]] static Result<ExportDescriptor> describe_foreign(const VulkanContext& ctx, std::uint64_t allocation_size,
+                                                                 std::uint64_t size);
+
   GpuBuffer(GpuBuffer&&) noexcept;
   GpuBuffer& operator=(GpuBuffer&&) noexcept;
   ~GpuBuffer() override;

@@ -1,0 +1,184 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+/// @file
+/// lavaflow::cuda — CUDA on lava-flow's Vulkan memory and semaphores (runtime API:
+/// cudaImportExternalMemory, cudaImportExternalSemaphore), and the reverse direction: memory
+/// allocated by CUDA (cuMemCreate, POSIX fd handle) imported by Vulkan.
+///
+/// Links only the CUDA runtime; driver entry points are looked up at run time, so programs start
+/// (and report "no CUDA driver") on machines without an NVIDIA driver.
+///
+/// Calls that create CUDA objects make the interop's device current on the calling thread.
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "lavaflow/core/buffer.hpp"
+#include "lavaflow/core/channel.hpp"
+#include "lavaflow/core/error.hpp"
+#include "lavaflow/core/gpu_buffer.hpp"
+#include "lavaflow/core/gpu_image.hpp"
+#include "lavaflow/core/gpu_semaphore.hpp"
+#include "lavaflow/core/location.hpp"
+#include "lavaflow/core/unique_fd.hpp"
+
+namespace lavaflow::cuda {
+
+/// A CUDA runtime error as a lava-flow Error naming the call.
+[[nodiscard]] Error to_error(cudaError_t e, std::string call);
+/// `cudaError_t` → Status.
+[[nodiscard]] Status check(cudaError_t e, const char* call);
+
+struct DeviceInfo {
+  int ordinal = 0;
+  std::string name;
+  Uuid uuid{};  ///< equals Vulkan's deviceUUID for the same GPU
+  int compute_major = 0, compute_minor = 0;
+  std::uint64_t memory_bytes = 0;
+  bool timeline_semaphore_interop = false;  ///< cudaDevAttrTimelineSemaphoreInteropSupported
+  bool posix_fd_allocations = false;        ///< cuMemCreate with POSIX fd handles
+};
+
+/// The CUDA devices of this machine; Unsupported (with the runtime's reason) when there is no
+/// driver or no device.
+[[nodiscard]] Result<std::vector<DeviceInfo>> devices();
+
+/// Memory imported from Vulkan and mapped as a linear device pointer.
+class ExternalBuffer {
+ public:
+  ExternalBuffer(ExternalBuffer&&) noexcept;
+  ExternalBuffer& operator=(ExternalBuffer&&) noexcept;
+  ~ExternalBuffer();
+  [[nodiscard]] void* data() const { return ptr_; }
+  [[nodiscard]] std::uint64_t size() const { return size_; }
+
+ private:
+  friend class Interop;
+  ExternalBuffer(cudaExternalMemory_t m, void* p, std::uint64_t size) : memory_(m), ptr_(p), size_(size) {}
+  cudaExternalMemory_t memory_ = nullptr;
+  void* ptr_ = nullptr;
+  std::uint64_t size_ = 0;
+};
+
+/// A 2D image imported from Vulkan as a CUDA mipmapped array (one level).
+class ExternalArray {
+ public:
+  ExternalArray(ExternalArray&&) noexcept;
+  ExternalArray& operator=(ExternalArray&&) noexcept;
+  ~ExternalArray();
+  [[nodiscard]] cudaMipmappedArray_t mipmapped() const { return mipmapped_; }
+  /// Level 0, for surface objects and cudaMemcpy2DFromArray / ToArray.
+  [[nodiscard]] cudaArray_t level0() const { return level0_; }
+
+ private:
+  friend class Interop;
+  ExternalArray(cudaExternalMemory_t m, cudaMipmappedArray_t a, cudaArray_t l0)
+      : memory_(m), mipmapped_(a), level0_(l0) {}
+  cudaExternalMemory_t memory_ = nullptr;
+  cudaMipmappedArray_t mipmapped_ = nullptr;
+  cudaArray_t level0_ = nullptr;
+};
+
+/// A Vulkan semaphore imported into CUDA: waited on and signalled in stream order.
+class ExternalSemaphore {
+ public:
+  ExternalSemaphore(ExternalSemaphore&&) noexcept;
+  ExternalSemaphore& operator=(ExternalSemaphore&&) noexcept;
+  ~ExternalSemaphore();
+  [[nodiscard]] SemaphoreKind kind() const { return kind_; }
+  /// Work after this in `stream` waits until the semaphore is signalled (timeline: reaches `value`).
+  [[nodiscard]] Status wait(cudaStream_t stream, std::uint64_t value = 0) const;
+  /// Signals after the work queued so far in `stream` (timeline: to `value`).
+  [[nodiscard]] Status signal(cudaStream_t stream, std::uint64_t value = 0) const;
+  [[nodiscard]] cudaExternalSemaphore_t get() const { return sem_; }
+
+ private:
+  friend class Interop;
+  ExternalSemaphore(cudaExternalSemaphore_t s, SemaphoreKind k) : sem_(s), kind_(k) {}
+  cudaExternalSemaphore_t sem_ = nullptr;
+  SemaphoreKind kind_ = SemaphoreKind::Binary;
+};
+
+/// Device memory allocated by CUDA (cuMemCreate) that Vulkan can import: the reverse direction.
+class ExportableAllocation {
+ public:
+  ExportableAllocation(ExportableAllocation&&) noexcept;
+  ExportableAllocation& operator=(ExportableAllocation&&) noexcept;
+  ~ExportableAllocation();
+  [[nodiscard]] void* data() const { return reinterpret_cast<void*>(ptr_); }
+  [[nodiscard]] std::uint64_t size() const { return size_; }
+  [[nodiscard]] std::uint64_t allocation_size() const { return allocation_size_; }
+  /// An fd and a descriptor under which `GpuBuffer::import(ctx, …)` takes this memory; refuses a
+  /// context on another device.
+  [[nodiscard]] Result<Export> export_for(const VulkanContext& ctx) const;
+
+  struct Driver;  ///< driver entry points (private to the library)
+
+ private:
+  friend class Interop;
+  ExportableAllocation(std::shared_ptr<const Driver> d, unsigned long long handle, unsigned long long ptr,
+                       std::uint64_t size, std::uint64_t allocation_size, Uuid device)
+      : driver_(std::move(d)), handle_(handle), ptr_(ptr), size_(size), allocation_size_(allocation_size), device_(device) {}
+  std::shared_ptr<const Driver> driver_;
+  unsigned long long handle_ = 0;  // CUmemGenericAllocationHandle
+  unsigned long long ptr_ = 0;     // CUdeviceptr
+  std::uint64_t size_ = 0, allocation_size_ = 0;
+  Uuid device_{};
+};
+
+/// The importer for one CUDA device, chosen by the exporter's UUID.
+class Interop {
+ public:
+  /// The CUDA device whose UUID is `device_uuid`; NotFound/DeviceMismatch naming the devices seen.
+  [[nodiscard]] static Result<Interop> create(const Uuid& device_uuid);
+  /// The CUDA device under a Vulkan context.
+  [[nodiscard]] static Result<Interop> create(const VulkanContext& vulkan);
+
+  [[nodiscard]] const DeviceInfo& device() const { return info_; }
+  /// Makes this device current on the calling thread.
+  [[nodiscard]] Status make_current() const;
+
+  /// Maps [desc.offset, +desc.size) of exported Vulkan memory. Consumes `fd` on success only.
+  [[nodiscard]] Result<ExternalBuffer> import_buffer(const ExportDescriptor& desc, UniqueFd&& fd) const;
+  [[nodiscard]] Result<ExternalBuffer> import_buffer(const lavaflow::Buffer& buffer) const;
+  /// A Vulkan image as a mipmapped array (surface load/store allowed). Consumes `fd` on success only.
+  [[nodiscard]] Result<ExternalArray> import_image(const ImageDescriptor& desc, UniqueFd&& fd) const;
+  [[nodiscard]] Result<ExternalArray> import_image(const GpuImage& image) const;
+  /// Imports a binary or timeline semaphore. Consumes `fd` on success only.
+  [[nodiscard]] Result<ExternalSemaphore> import_semaphore(SemaphoreKind kind, UniqueFd&& fd) const;
+  [[nodiscard]] Result<ExternalSemaphore> import_semaphore(const GpuSemaphore& semaphore) const;
+
+  /// Allocates `size` bytes with cuMemCreate (POSIX fd handle), mapped read/write on this device.
+  [[nodiscard]] Result<ExportableAllocation> allocate_exportable(std::uint64_t size) const;
+
+ private:
+  Interop(DeviceInfo info, std::shared_ptr<const ExportableAllocation::Driver> driver)
+      : info_(std::move(info)), driver_(std::move(driver)) {}
+  DeviceInfo info_;
+  std::shared_ptr<const ExportableAllocation::Driver> driver_;
+};
+
+/// A channel consumer's CUDA view: each ring buffer is imported once and reused; the channel's
+/// timeline (when it has one) is imported once too, so CUDA work waits on the producer's GPU.
+class ChannelImports {
+ public:
+  explicit ChannelImports(const Interop& cuda) : cuda_(&cuda) {}
+  [[nodiscard]] Result<const ExternalBuffer*> buffer(const Received& message);
+  /// Makes `stream` wait until the message's producer-side GPU work is done (no-op when the
+  /// message was not ordered through the channel's timeline).
+  [[nodiscard]] Status wait(const Consumer& consumer, const Received& message, cudaStream_t stream);
+  [[nodiscard]] std::size_t imported() const { return cache_.size(); }
+
+ private:
+  const Interop* cuda_;
+  std::unordered_map<const lavaflow::Buffer*, ExternalBuffer> cache_;
+  std::optional<ExternalSemaphore> timeline_;
+};
+
+}  // namespace lavaflow::cuda

@@ -1,0 +1,404 @@
+// SPDX-License-Identifier: MIT
+#include "lavaflow/cuda/cuda.hpp"
+
+#include <cuda.h>
+
+#include <cstring>
+
+#include "lavaflow/core/format.hpp"
+
+namespace lavaflow::cuda {
+
+Error to_error(cudaError_t e, std::string call) {
+  const Errc code = e == cudaErrorMemoryAllocation ? Errc::OutOfMemory
+                    : e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver ? Errc::Unsupported
+                    : e == cudaErrorInvalidValue ? Errc::InvalidArgument
+                                                 : Errc::Driver;
+  return Error(code, std::move(call), str_format("{}: {}", cudaGetErrorName(e), cudaGetErrorString(e)));
+}
+
+Status check(cudaError_t e, const char* call) {
+  if (e == cudaSuccess) return {};
+  return std::unexpected(to_error(e, call));
+}
+
+#define LF_CUDA(expr) LF_TRY_STATUS(check((expr), #expr))
+
+// ----- driver entry points for cuMemCreate & co., found at run time through the runtime
+
+struct ExportableAllocation::Driver {
+  decltype(&::cuMemGetAllocationGranularity) granularity = nullptr;
+  decltype(&::cuMemCreate) create = nullptr;
+  decltype(&::cuMemRelease) release = nullptr;
+  decltype(&::cuMemAddressReserve) reserve = nullptr;
+  decltype(&::cuMemAddressFree) address_free = nullptr;
+  decltype(&::cuMemMap) map = nullptr;
+  decltype(&::cuMemUnmap) unmap = nullptr;
+  decltype(&::cuMemSetAccess) set_access = nullptr;
+  decltype(&::cuMemExportToShareableHandle) export_handle = nullptr;
+  decltype(&::cuGetErrorString) error_string = nullptr;
+  decltype(&::cuDeviceGet) device_get = nullptr;
+  decltype(&::cuDeviceGetAttribute) attribute = nullptr;
+
+  [[nodiscard]] bool posix_fd_supported(int ordinal) const {
+    CUdevice dev = 0;
+    int v = 0;
+    return device_get(&dev, ordinal) == CUDA_SUCCESS &&
+           attribute(&v, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev) == CUDA_SUCCESS && v != 0;
+  }
+
+  [[nodiscard]] Status check(CUresult r, const char* call) const {
+    if (r == CUDA_SUCCESS) return {};
+    const char* s = nullptr;
+    if (error_string) error_string(r, &s);
+    return fail(r == CUDA_ERROR_OUT_OF_MEMORY ? Errc::OutOfMemory : Errc::Driver, call,
+                str_format("CUresult {}: {}", static_cast<int>(r), s ? s : "unknown"));
+  }
+};
+
+namespace {
+
+template <class F>
+bool entry(const char* name, F& out) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult status{};
+  if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &status) != cudaSuccess ||
+      status != cudaDriverEntryPointSuccess || p == nullptr)
+    return false;
+  out = reinterpret_cast<F>(p);
+  return true;
+}
+
+std::shared_ptr<const ExportableAllocation::Driver> load_driver() {
+  auto d = std::make_shared<ExportableAllocation::Driver>();
+  const bool ok = entry("cuMemGetAllocationGranularity", d->granularity) && entry("cuMemCreate", d->create) &&
+                  entry("cuMemRelease", d->release) && entry("cuMemAddressReserve", d->reserve) &&
+                  entry("cuMemAddressFree", d->address_free) && entry("cuMemMap", d->map) &&
+                  entry("cuMemUnmap", d->unmap) && entry("cuMemSetAccess", d->set_access) &&
+                  entry("cuMemExportToShareableHandle", d->export_handle) && entry("cuGetErrorString", d->error_string) &&
+                  entry("cuDeviceGet", d->device_get) && entry("cuDeviceGetAttribute", d->attribute);
+  return ok ? d : nullptr;
+}
+
+Result<cudaChannelFormatDesc> channel_format(PixelFormat f) {
+  switch (f) {
+    case PixelFormat::Rgba8: return cudaCreateChannelDesc(8, 8, 8, 8, cudaChannelFormatKindUnsigned);
+    case PixelFormat::R8: return cudaCreateChannelDesc(8, 0, 0, 0, cudaChannelFormatKindUnsigned);
+    case PixelFormat::R32f: return cudaCreateChannelDesc(32, 0, 0, 0, cudaChannelFormatKindFloat);
+    case PixelFormat::Rgba32f: return cudaCreateChannelDesc(32, 32, 32, 32, cudaChannelFormatKindFloat);
+    case PixelFormat::Rgba16f: return cudaCreateChannelDesc(16, 16, 16, 16, cudaChannelFormatKindFloat);
+  }
+  return fail(Errc::InvalidArgument, "cuda::channel_format", "unknown pixel format");
+}
+
+Status check_device(const DeviceInfo& info, const Uuid& exporter, const char* call) {
+  if (exporter != info.uuid)
+    return fail(Errc::DeviceMismatch, call,
+                str_format("memory comes from device {}, this CUDA device ({}, ordinal {}) is {}", to_string(exporter),
+                           info.name, info.ordinal, to_string(info.uuid)));
+  return {};
+}
+
+Result<cudaExternalMemory_t> import_memory(const DeviceInfo& info, std::uint64_t allocation_size, bool dedicated,
+                                           UniqueFd& fd, const char* call) {
+  if (!fd.valid()) return fail(Errc::InvalidArgument, call, "no file descriptor given");
+  LF_TRY_STATUS(check(cudaSetDevice(info.ordinal), "cudaSetDevice"));
+  cudaExternalMemoryHandleDesc desc{};
+  desc.type = cudaExternalMemoryHandleTypeOpaqueFd;
+  desc.handle.fd = fd.get();
+  desc.size = allocation_size;
+  desc.flags = dedicated ? cudaExternalMemoryDedicated : 0;
+  cudaExternalMemory_t mem = nullptr;
+  if (auto ok = check(cudaImportExternalMemory(&mem, &desc), "cudaImportExternalMemory"); !ok)
+    return std::unexpected(ok.error().within(call));  // the caller keeps its fd
+  (void)fd.release();  // CUDA owns it now
+  return mem;
+}
+
+}  // namespace
+
+Result<std::vector<DeviceInfo>> devices() {
+  int n = 0;
+  if (auto e = cudaGetDeviceCount(&n); e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return std::unexpected(to_error(e, "cudaGetDeviceCount"));
+  }
+  const auto driver = load_driver();
+  std::vector<DeviceInfo> out;
+  for (int i = 0; i < n; ++i) {
+    cudaDeviceProp p{};
+    LF_CUDA(cudaGetDeviceProperties(&p, i));
+    DeviceInfo d;
+    d.ordinal = i;
+    d.name = p.name;
+    std::memcpy(d.uuid.data(), p.uuid.bytes, 16);
+    d.compute_major = p.major;
+    d.compute_minor = p.minor;
+    d.memory_bytes = p.totalGlobalMem;
+    int v = 0;
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrTimelineSemaphoreInteropSupported, i) == cudaSuccess)
+      d.timeline_semaphore_interop = v != 0;
+    d.posix_fd_allocations = driver && driver->posix_fd_supported(i);
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+// ----- Interop
+
+Result<Interop> Interop::create(const Uuid& device_uuid) {
+  constexpr const char* call = "cuda::Interop::create";
+  auto all = devices();
+  if (!all) return std::unexpected(all.error().within(call));
+  std::string seen;
+  for (auto& d : *all) {
+    if (d.uuid == device_uuid) return Interop(std::move(d), load_driver());
+    seen += str_format("{}{} {}", seen.empty() ? "" : ", ", d.name, to_string(d.uuid));
+  }
+  return fail(all->empty() ? Errc::NotFound : Errc::DeviceMismatch, call,
+              str_format("no CUDA device has UUID {} (CUDA sees: {})", to_string(device_uuid),
+                         seen.empty() ? std::string("no device") : seen));
+}
+
+Result<Interop> Interop::create(const VulkanContext& vulkan) { return create(vulkan.capabilities().identity.device_uuid); }
+
+Status Interop::make_current() const { return check(cudaSetDevice(info_.ordinal), "cudaSetDevice"); }
+
+Result<ExternalBuffer> Interop::import_buffer(const ExportDescriptor& d, UniqueFd&& fd) const {
+  constexpr const char* call = "cuda::Interop::import_buffer";
+  if (auto ok = d.validate(); !ok) return std::unexpected(ok.error().within(call));
+  if (!is_gpu(d.kind))
+    return fail(Errc::Unsupported, call,
+                str_format("{} memory is not Vulkan memory: use cudaHostRegister on its mapping instead", to_string(d.kind)));
+  LF_TRY_STATUS(check_device(info_, d.device_uuid, call));
+  LF_TRY(cudaExternalMemory_t mem, import_memory(info_, d.allocation_size, d.dedicated, fd, call));
+  cudaExternalMemoryBufferDesc bd{};
+  bd.offset = d.offset;
+  bd.size = d.size;
+  void* ptr = nullptr;
+  if (auto ok = check(cudaExternalMemoryGetMappedBuffer(&ptr, mem, &bd), "cudaExternalMemoryGetMappedBuffer"); !ok) {
+    cudaDestroyExternalMemory(mem);
+    return std::unexpected(ok.error().within(call));
+  }
+  return ExternalBuffer(mem, ptr, d.size);
+}
+
+Result<ExternalBuffer> Interop::import_buffer(const lavaflow::Buffer& buffer) const {
+  LF_TRY(auto ex, buffer.export_handle());
+  return import_buffer(ex.descriptor, std::move(ex.fd));
+}
+
+Result<ExternalArray> Interop::import_image(const ImageDescriptor& d, UniqueFd&& fd) const {
+  constexpr const char* call = "cuda::Interop::import_image";
+  if (auto ok = d.validate(); !ok) return std::unexpected(ok.error().within(call));
+  if (d.tiling != ImageTiling::Optimal)
+    return fail(Errc::Unsupported, call, "CUDA imports optimally tiled Vulkan images only; import linear ones as buffers");
+  LF_TRY_STATUS(check_device(info_, d.device_uuid, call));
+  LF_TRY(auto format, channel_format(d.format));
+  LF_TRY(cudaExternalMemory_t mem, import_memory(info_, d.allocation_size, d.dedicated, fd, call));
+  cudaExternalMemoryMipmappedArrayDesc ad{};
+  ad.offset = 0;
+  ad.formatDesc = format;
+  ad.extent = cudaExtent{d.width, d.height, 0};
+  ad.flags = cudaArraySurfaceLoadStore;
+  ad.numLevels = 1;
+  cudaMipmappedArray_t array = nullptr;
+  if (auto ok = check(cudaExternalMemoryGetMappedMipmappedArray(&array, mem, &ad), "cudaExternalMemoryGetMappedMipmappedArray");
+      !ok) {
+    cudaDestroyExternalMemory(mem);
+    return std::unexpected(ok.error().within(call));
+  }
+  cudaArray_t level0 = nullptr;
+  if (auto ok = check(cudaGetMipmappedArrayLevel(&level0, array, 0), "cudaGetMipmappedArrayLevel"); !ok) {
+    cudaFreeMipmappedArray(array);
+    cudaDestroyExternalMemory(mem);
+    return std::unexpected(ok.error().within(call));
+  }
+  return ExternalArray(mem, array, level0);
+}
+
+Result<ExternalArray> Interop::import_image(const GpuImage& image) const {
+  LF_TRY(auto ex, image.export_handle());
+  return import_image(ex.descriptor, std::move(ex.fd));
+}
+
+Result<ExternalSemaphore> Interop::import_semaphore(SemaphoreKind kind, UniqueFd&& fd) const {
+  constexpr const char* call = "cuda::Interop::import_semaphore";
+  if (!fd.valid()) return fail(Errc::InvalidArgument, call, "no file descriptor given");
+  if (kind == SemaphoreKind::Timeline && !info_.timeline_semaphore_interop)
+    return fail(Errc::Unsupported, call, str_format("CUDA device {} cannot import timeline semaphores", info_.name));
+  LF_CUDA(cudaSetDevice(info_.ordinal));
+  cudaExternalSemaphoreHandleDesc desc{};
+  desc.type = kind == SemaphoreKind::Timeline ? cudaExternalSemaphoreHandleTypeTimelineSemaphoreFd
+                                              : cudaExternalSemaphoreHandleTypeOpaqueFd;
+  desc.handle.fd = fd.get();
+  cudaExternalSemaphore_t sem = nullptr;
+  if (auto ok = check(cudaImportExternalSemaphore(&sem, &desc), "cudaImportExternalSemaphore"); !ok)
+    return std::unexpected(ok.error().within(call));
+  (void)fd.release();
+  return ExternalSemaphore(sem, kind);
+}
+
+Result<ExternalSemaphore> Interop::import_semaphore(const GpuSemaphore& semaphore) const {
+  LF_TRY(UniqueFd fd, semaphore.export_fd());
+  return import_semaphore(semaphore.kind(), std::move(fd));
+}
+
+Result<ExportableAllocation> Interop::allocate_exportable(std::uint64_t size) const {
+  constexpr const char* call = "cuda::Interop::allocate_exportable";
+  if (!driver_ || !info_.posix_fd_allocations)
+    return fail(Errc::Unsupported, call,
+                str_format("CUDA device {} cannot make POSIX-fd-shareable allocations (cuMemCreate)", info_.name));
+  if (size == 0) return fail(Errc::InvalidArgument, call, "size is 0");
+  const auto& d = *driver_;
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = info_.ordinal;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  std::size_t granularity = 0;
+  LF_TRY_STATUS(d.check(d.granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED), "cuMemGetAllocationGranularity"));
+  // Vulkan importers see a buffer over the whole allocation; keep lava-flow's tail padding too.
+  const std::uint64_t padded = size + kGpuTailPadding;
+  const std::uint64_t alloc = (padded + granularity - 1) / granularity * granularity;
+  LF_CUDA(cudaSetDevice(info_.ordinal));
+  CUmemGenericAllocationHandle handle = 0;
+  LF_TRY_STATUS(d.check(d.create(&handle, alloc, &prop, 0), "cuMemCreate"));
+  CUdeviceptr ptr = 0;
+  if (auto ok = d.check(d.reserve(&ptr, alloc, granularity, 0, 0), "cuMemAddressReserve"); !ok) {
+    d.release(handle);
+    return std::unexpected(ok.error().within(call));
+  }
+  auto undo = [&] {
+    d.address_free(ptr, alloc);
+    d.release(handle);
+  };
+  if (auto ok = d.check(d.map(ptr, alloc, 0, handle, 0), "cuMemMap"); !ok) {
+    undo();
+    return std::unexpected(ok.error().within(call));
+  }
+  CUmemAccessDesc access{};
+  access.location = prop.location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  if (auto ok = d.check(d.set_access(ptr, alloc, &access, 1), "cuMemSetAccess"); !ok) {
+    d.unmap(ptr, alloc);
+    undo();
+    return std::unexpected(ok.error().within(call));
+  }
+  return ExportableAllocation(driver_, handle, ptr, size, alloc, info_.uuid);
+}
+
+// ----- owners
+
+ExternalBuffer::ExternalBuffer(ExternalBuffer&& o) noexcept
+    : memory_(std::exchange(o.memory_, nullptr)), ptr_(std::exchange(o.ptr_, nullptr)), size_(o.size_) {}
+ExternalBuffer& ExternalBuffer::operator=(ExternalBuffer&& o) noexcept {
+  std::swap(memory_, o.memory_);
+  std::swap(ptr_, o.ptr_);
+  std::swap(size_, o.size_);
+  return *this;
+}
+ExternalBuffer::~ExternalBuffer() {
+  if (ptr_) cudaFree(ptr_);
+  if (memory_) cudaDestroyExternalMemory(memory_);
+}
+
+ExternalArray::ExternalArray(ExternalArray&& o) noexcept
+    : memory_(std::exchange(o.memory_, nullptr)),
+      mipmapped_(std::exchange(o.mipmapped_, nullptr)),
+      level0_(std::exchange(o.level0_, nullptr)) {}
+ExternalArray& ExternalArray::operator=(ExternalArray&& o) noexcept {
+  std::swap(memory_, o.memory_);
+  std::swap(mipmapped_, o.mipmapped_);
+  std::swap(level0_, o.level0_);
+  return *this;
+}
+ExternalArray::~ExternalArray() {
+  if (mipmapped_) cudaFreeMipmappedArray(mipmapped_);
+  if (memory_) cudaDestroyExternalMemory(memory_);
+}
+
+ExternalSemaphore::ExternalSemaphore(ExternalSemaphore&& o) noexcept
+    : sem_(std::exchange(o.sem_, nullptr)), kind_(o.kind_) {}
+ExternalSemaphore& ExternalSemaphore::operator=(ExternalSemaphore&& o) noexcept {
+  std::swap(sem_, o.sem_);
+  std::swap(kind_, o.kind_);
+  return *this;
+}
+ExternalSemaphore::~ExternalSemaphore() {
+  if (sem_) cudaDestroyExternalSemaphore(sem_);
+}
+
+Status ExternalSemaphore::wait(cudaStream_t stream, std::uint64_t value) const {
+  cudaExternalSemaphoreWaitParams p{};
+  p.params.fence.value = value;
+  return check(cudaWaitExternalSemaphoresAsync(&sem_, &p, 1, stream), "cudaWaitExternalSemaphoresAsync");
+}
+
+Status ExternalSemaphore::signal(cudaStream_t stream, std::uint64_t value) const {
+  cudaExternalSemaphoreSignalParams p{};
+  p.params.fence.value = value;
+  return check(cudaSignalExternalSemaphoresAsync(&sem_, &p, 1, stream), "cudaSignalExternalSemaphoresAsync");
+}
+
+ExportableAllocation::ExportableAllocation(ExportableAllocation&& o) noexcept
+    : driver_(std::move(o.driver_)),
+      handle_(std::exchange(o.handle_, 0)),
+      ptr_(std::exchange(o.ptr_, 0)),
+      size_(o.size_),
+      allocation_size_(o.allocation_size_),
+      device_(o.device_) {}
+ExportableAllocation& ExportableAllocation::operator=(ExportableAllocation&& o) noexcept {
+  std::swap(driver_, o.driver_);
+  std::swap(handle_, o.handle_);
+  std::swap(ptr_, o.ptr_);
+  std::swap(size_, o.size_);
+  std::swap(allocation_size_, o.allocation_size_);
+  std::swap(device_, o.device_);
+  return *this;
+}
+ExportableAllocation::~ExportableAllocation() {
+  if (!ptr_ || !driver_) return;
+  driver_->unmap(ptr_, allocation_size_);
+  driver_->address_free(ptr_, allocation_size_);
+  driver_->release(handle_);
+}
+
+Result<Export> ExportableAllocation::export_for(const VulkanContext& ctx) const {
+  constexpr const char* call = "cuda::ExportableAllocation::export_for";
+  if (ctx.capabilities().identity.device_uuid != device_)
+    return fail(Errc::DeviceMismatch, call,
+                str_format("allocation lives on CUDA device {}, the Vulkan context's device {} is {}", to_string(device_),
+                           ctx.capabilities().identity.name, to_string(ctx.capabilities().identity.device_uuid)));
+  LF_TRY(auto desc, GpuBuffer::describe_foreign(ctx, allocation_size_, size_));
+  int raw = -1;
+  LF_TRY_STATUS(driver_->check(driver_->export_handle(&raw, handle_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+                               "cuMemExportToShareableHandle"));
+  UniqueFd fd(raw);
+  LF_TRY_STATUS(fd.set_cloexec());
+  return Export{desc, std::move(fd)};
+}
+
+// ----- channel imports
+
+Result<const ExternalBuffer*> ChannelImports::buffer(const Received& message) {
+  const lavaflow::Buffer* key = &message.buffer();
+  if (auto it = cache_.find(key); it != cache_.end()) return &it->second;
+  auto imported = cuda_->import_buffer(*key);
+  if (!imported) return std::unexpected(imported.error().within("cuda::ChannelImports::buffer"));
+  return &cache_.emplace(key, std::move(*imported)).first->second;
+}
+
+Status ChannelImports::wait(const Consumer& consumer, const Received& message, cudaStream_t stream) {
+  const auto sync = message.gpu_wait();
+  if (!sync) return {};
+  if (!timeline_) {
+    const GpuSemaphore* t = consumer.gpu_timeline();
+    if (t == nullptr) return fail(Errc::Internal, "cuda::ChannelImports::wait", "message is GPU-ordered but the channel has no timeline");
+    LF_TRY(auto sem, cuda_->import_semaphore(*t));
+    timeline_.emplace(std::move(sem));
+  }
+  return timeline_->wait(stream, sync->value);
+}
+
+}  // namespace lavaflow::cuda

@@ -1,0 +1,294 @@
+// SPDX-License-Identifier: MIT
+#include "lavaflow/opengl/opengl.hpp"
+
+#include <cstring>
+
+#include "lavaflow/core/format.hpp"
+#include "lavaflow/core/gpu_buffer.hpp"
+
+namespace lavaflow::gl {
+
+namespace {
+
+std::string_view gl_error_name(GLenum e) {
+  switch (e) {
+    case GL_INVALID_ENUM: return "GL_INVALID_ENUM";
+    case GL_INVALID_VALUE: return "GL_INVALID_VALUE";
+    case GL_INVALID_OPERATION: return "GL_INVALID_OPERATION";
+    case GL_OUT_OF_MEMORY: return "GL_OUT_OF_MEMORY";
+    case GL_INVALID_FRAMEBUFFER_OPERATION: return "GL_INVALID_FRAMEBUFFER_OPERATION";
+    default: return "GL error";
+  }
+}
+
+/// Drains GL's error queue; the first error becomes a lava-flow Error naming `call`.
+Status check_gl(const char* call, std::string_view what) {
+  GLenum first = GL_NO_ERROR;
+  for (GLenum e = glGetError(); e != GL_NO_ERROR; e = glGetError())
+    if (first == GL_NO_ERROR) first = e;
+  if (first == GL_NO_ERROR) return {};
+  const Errc code = first == GL_OUT_OF_MEMORY ? Errc::OutOfMemory : Errc::Driver;
+  return fail(code, call, str_format("{} ({:#x}) while {}", gl_error_name(first), first, what));
+}
+
+void clear_gl_errors() {
+  while (glGetError() != GL_NO_ERROR) {
+  }
+}
+
+Uuid read_uuid(auto&& getter) {
+  Uuid u{};
+  GLubyte raw[GL_UUID_SIZE_EXT] = {};
+  getter(raw);
+  std::memcpy(u.data(), raw, u.size());
+  return u;
+}
+
+/// Creates a memory object and imports `fd` into it; consumes the fd only when GL accepted it.
+Result<GLuint> import_memory(std::uint64_t allocation_size, bool dedicated, UniqueFd& fd, const char* call) {
+  if (!fd.valid()) return fail(Errc::InvalidArgument, call, "no file descriptor given");
+  clear_gl_errors();
+  GLuint mem = 0;
+  glCreateMemoryObjectsEXT(1, &mem);
+  if (dedicated) {
+    const GLint yes = GL_TRUE;
+    glMemoryObjectParameterivEXT(mem, GL_DEDICATED_MEMORY_OBJECT_EXT, &yes);
+  }
+  if (auto ok = check_gl("glCreateMemoryObjectsEXT", "creating a memory object"); !ok) {
+    glDeleteMemoryObjectsEXT(1, &mem);
+    return std::unexpected(ok.error().within(call));
+  }
+  glImportMemoryFdEXT(mem, allocation_size, GL_HANDLE_TYPE_OPAQUE_FD_EXT, fd.get());
+  if (auto ok = check_gl("glImportMemoryFdEXT", str_format("importing {} bytes from fd {}", allocation_size, fd.get()));
+      !ok) {
+    glDeleteMemoryObjectsEXT(1, &mem);
+    return std::unexpected(ok.error().within(call));  // the caller keeps its fd
+  }
+  (void)fd.release();  // GL owns it now
+  return mem;
+}
+
+}  // namespace
+
+Status load_functions() {
+  glewExperimental = GL_TRUE;
+  const GLenum r = glewInit();
+  // GLEW_ERROR_NO_GLX_DISPLAY (4): Debian's GLEW is built for GLX; under EGL it has loaded the GL
+  // functions before failing on GLX. Anything else is a real failure.
+  if (r != GLEW_OK && r != 4)
+    return fail(Errc::Driver, "glewInit",
+                str_format("{} (is a GL context current?)", reinterpret_cast<const char*>(glewGetErrorString(r))));
+  if (glGetString(GL_VERSION) == nullptr)
+    return fail(Errc::Unsupported, "glewInit", "no GL context is current on this thread");
+  clear_gl_errors();  // GLEW's probing leaves GL_INVALID_ENUM on core profiles
+  return {};
+}
+
+Result<Capabilities> query_current() {
+  constexpr const char* call = "gl::query_current";
+  const auto* version = glGetString(GL_VERSION);
+  if (version == nullptr) return fail(Errc::Unsupported, call, "no GL context is current on this thread");
+  Capabilities c;
+  c.vendor = reinterpret_cast<const char*>(glGetString(GL_VENDOR));
+  c.renderer = reinterpret_cast<const char*>(glGetString(GL_RENDERER));
+  c.version = reinterpret_cast<const char*>(version);
+  c.memory_object = GLEW_EXT_memory_object;
+  c.memory_object_fd = GLEW_EXT_memory_object_fd && glImportMemoryFdEXT != nullptr;
+  c.semaphore = GLEW_EXT_semaphore;
+  c.semaphore_fd = GLEW_EXT_semaphore_fd && glImportSemaphoreFdEXT != nullptr;
+  if (c.memory_object || c.semaphore) {
+    GLint n = 0;
+    glGetIntegerv(GL_NUM_DEVICE_UUIDS_EXT, &n);
+    for (GLint i = 0; i < n && i < 8; ++i)
+      c.device_uuids.push_back(read_uuid([&](GLubyte* out) { glGetUnsignedBytei_vEXT(GL_DEVICE_UUID_EXT, static_cast<GLuint>(i), out); }));
+    c.driver_uuid = read_uuid([](GLubyte* out) { glGetUnsignedBytevEXT(GL_DRIVER_UUID_EXT, out); });
+  }
+  clear_gl_errors();
+  return c;
+}
+
+Result<GLenum> internal_format(PixelFormat f) {
+  switch (f) {
+    case PixelFormat::Rgba8: return GLenum{GL_RGBA8};
+    case PixelFormat::R8: return GLenum{GL_R8};
+    case PixelFormat::R32f: return GLenum{GL_R32F};
+    case PixelFormat::Rgba32f: return GLenum{GL_RGBA32F};
+    case PixelFormat::Rgba16f: return GLenum{GL_RGBA16F};
+  }
+  return fail(Errc::InvalidArgument, "gl::internal_format", "unknown pixel format");
+}
+
+// ----- Interop
+
+Result<Interop> Interop::create() {
+  constexpr const char* call = "gl::Interop::create";
+  if (auto ok = load_functions(); !ok) return std::unexpected(ok.error().within(call));
+  LF_TRY(auto caps, query_current());
+  if (!caps.memory_object_fd)
+    return fail(Errc::Unsupported, call,
+                str_format("GL context ({}, {}) lacks GL_EXT_memory_object_fd", caps.renderer, caps.version));
+  return Interop(std::move(caps));
+}
+
+Status Interop::check_device(const Uuid& device_uuid, const Uuid& driver_uuid, const char* call) const {
+  bool device_ok = false;
+  for (const auto& u : caps_.device_uuids) device_ok = device_ok || u == device_uuid;
+  if (!device_ok)
+    return fail(Errc::DeviceMismatch, call,
+                str_format("memory comes from device {}, but the GL context ({}) runs on {}", to_string(device_uuid),
+                           caps_.renderer,
+                           caps_.device_uuids.empty() ? std::string("no reported device") : to_string(caps_.device_uuids[0])));
+  if (driver_uuid != caps_.driver_uuid)
+    return fail(Errc::DeviceMismatch, call,
+                str_format("memory comes from driver {}, the GL context's driver is {}", to_string(driver_uuid),
+                           to_string(caps_.driver_uuid)));
+  return {};
+}
+
+Result<Buffer> Interop::import_buffer(const ExportDescriptor& d, UniqueFd&& fd) const {
+  constexpr const char* call = "gl::Interop::import_buffer";
+  if (auto ok = d.validate(); !ok) return std::unexpected(ok.error().within(call));
+  if (!is_gpu(d.kind))
+    return fail(Errc::Unsupported, call,
+                str_format("{} memory is not Vulkan memory: GL_EXT_memory_object imports Vulkan allocations only",
+                           to_string(d.kind)));
+  LF_TRY_STATUS(check_device(d.device_uuid, d.driver_uuid, call));
+  LF_TRY(GLuint mem, import_memory(d.allocation_size, d.dedicated, fd, call));
+  GLuint buf = 0;
+  glCreateBuffers(1, &buf);
+  glNamedBufferStorageMemEXT(buf, static_cast<GLsizeiptr>(d.size), mem, d.offset);
+  if (auto ok = check_gl("glNamedBufferStorageMemEXT",
+                         str_format("binding {} bytes at offset {} of a {}-byte allocation", d.size, d.offset,
+                                    d.allocation_size));
+      !ok) {
+    glDeleteBuffers(1, &buf);
+    glDeleteMemoryObjectsEXT(1, &mem);
+    return std::unexpected(ok.error().within(call));
+  }
+  return Buffer(mem, buf, d.size);
+}
+
+Result<Buffer> Interop::import_buffer(const lavaflow::Buffer& buffer) const {
+  LF_TRY(auto ex, buffer.export_handle());
+  return import_buffer(ex.descriptor, std::move(ex.fd));
+}
+
+Result<Texture> Interop::import_image(const ImageDescriptor& d, UniqueFd&& fd) const {
+  constexpr const char* call = "gl::Interop::import_image";
+  if (auto ok = d.validate(); !ok) return std::unexpected(ok.error().within(call));
+  LF_TRY_STATUS(check_device(d.device_uuid, d.driver_uuid, call));
+  LF_TRY(GLenum fmt, internal_format(d.format));
+  LF_TRY(GLuint mem, import_memory(d.allocation_size, d.dedicated, fd, call));
+  GLuint tex = 0;
+  glCreateTextures(GL_TEXTURE_2D, 1, &tex);
+  glTextureParameteri(tex, GL_TEXTURE_TILING_EXT,
+                      d.tiling == ImageTiling::Optimal ? GL_OPTIMAL_TILING_EXT : GL_LINEAR_TILING_EXT);
+  glTextureStorageMem2DEXT(tex, 1, fmt, static_cast<GLsizei>(d.width), static_cast<GLsizei>(d.height), mem, 0);
+  if (auto ok = check_gl("glTextureStorageMem2DEXT",
+                         str_format("making a {}x{} {} texture", d.width, d.height, to_string(d.format)));
+      !ok) {
+    glDeleteTextures(1, &tex);
+    glDeleteMemoryObjectsEXT(1, &mem);
+    return std::unexpected(ok.error().within(call));
+  }
+  return Texture(mem, tex, fmt, d.width, d.height);
+}
+
+Result<Texture> Interop::import_image(const GpuImage& image) const {
+  LF_TRY(auto ex, image.export_handle());
+  return import_image(ex.descriptor, std::move(ex.fd));
+}
+
+Result<Semaphore> Interop::import_semaphore(UniqueFd&& fd) const {
+  constexpr const char* call = "gl::Interop::import_semaphore";
+  if (!caps_.semaphore_fd)
+    return fail(Errc::Unsupported, call,
+                str_format("GL context ({}) lacks GL_EXT_semaphore_fd: finish Vulkan work with a CPU wait instead",
+                           caps_.renderer));
+  if (!fd.valid()) return fail(Errc::InvalidArgument, call, "no file descriptor given");
+  clear_gl_errors();
+  GLuint sem = 0;
+  glGenSemaphoresEXT(1, &sem);
+  glImportSemaphoreFdEXT(sem, GL_HANDLE_TYPE_OPAQUE_FD_EXT, fd.get());
+  if (auto ok = check_gl("glImportSemaphoreFdEXT", str_format("importing a semaphore from fd {}", fd.get())); !ok) {
+    glDeleteSemaphoresEXT(1, &sem);
+    return std::unexpected(ok.error().within(call));
+  }
+  (void)fd.release();
+  return Semaphore(sem);
+}
+
+// ----- owners
+
+Buffer::Buffer(Buffer&& o) noexcept
+    : memory_(std::exchange(o.memory_, 0)), buffer_(std::exchange(o.buffer_, 0)), size_(o.size_) {}
+Buffer& Buffer::operator=(Buffer&& o) noexcept {
+  if (this != &o) {
+    this->~Buffer();
+    new (this) Buffer(std::move(o));
+  }
+  return *this;
+}
+Buffer::~Buffer() {
+  if (buffer_) glDeleteBuffers(1, &buffer_);
+  if (memory_) glDeleteMemoryObjectsEXT(1, &memory_);
+}
+
+Texture::Texture(Texture&& o) noexcept
+    : memory_(std::exchange(o.memory_, 0)),
+      texture_(std::exchange(o.texture_, 0)),
+      internal_format_(o.internal_format_),
+      width_(o.width_),
+      height_(o.height_) {}
+Texture& Texture::operator=(Texture&& o) noexcept {
+  if (this != &o) {
+    this->~Texture();
+    new (this) Texture(std::move(o));
+  }
+  return *this;
+}
+Texture::~Texture() {
+  if (texture_) glDeleteTextures(1, &texture_);
+  if (memory_) glDeleteMemoryObjectsEXT(1, &memory_);
+}
+
+Semaphore::Semaphore(Semaphore&& o) noexcept : semaphore_(std::exchange(o.semaphore_, 0)) {}
+Semaphore& Semaphore::operator=(Semaphore&& o) noexcept {
+  if (this != &o) {
+    this->~Semaphore();
+    new (this) Semaphore(std::move(o));
+  }
+  return *this;
+}
+Semaphore::~Semaphore() {
+  if (semaphore_) glDeleteSemaphoresEXT(1, &semaphore_);
+}
+
+void Semaphore::wait(const std::vector<GLuint>& buffers, const std::vector<GLuint>& textures,
+                     const std::vector<GLenum>& layouts) const {
+  std::vector<GLenum> l = layouts;
+  l.resize(textures.size(), GL_LAYOUT_GENERAL_EXT);
+  glWaitSemaphoreEXT(semaphore_, static_cast<GLuint>(buffers.size()), buffers.data(),
+                     static_cast<GLuint>(textures.size()), textures.data(), l.data());
+}
+
+void Semaphore::signal(const std::vector<GLuint>& buffers, const std::vector<GLuint>& textures,
+                       const std::vector<GLenum>& layouts) const {
+  std::vector<GLenum> l = layouts;
+  l.resize(textures.size(), GL_LAYOUT_GENERAL_EXT);
+  glSignalSemaphoreEXT(semaphore_, static_cast<GLuint>(buffers.size()), buffers.data(),
+                       static_cast<GLuint>(textures.size()), textures.data(), l.data());
+  glFlush();
+}
+
+// ----- channel imports
+
+Result<const Buffer*> ChannelImports::buffer(const Received& message) {
+  const lavaflow::Buffer* key = &message.buffer();
+  if (auto it = cache_.find(key); it != cache_.end()) return &it->second;
+  auto imported = gl_->import_buffer(*key);
+  if (!imported) return std::unexpected(imported.error().within("gl::ChannelImports::buffer"));
+  return &cache_.emplace(key, std::move(*imported)).first->second;
+}
+
+}  // namespace lavaflow::gl
