@@ -11,18 +11,70 @@ namespace lavaflow {
 
 namespace {
 
-/// Records `src → dst` into `cb`, submits it with `fence` (unsignalled) and waits for the fence.
-Status record_submit_wait(const VulkanContext& ctx, const vk::raii::CommandBuffer& cb, vk::Fence fence, vk::Buffer src,
-                          std::uint64_t src_offset, vk::Buffer dst, std::uint64_t dst_offset, std::uint64_t bytes,
-                          std::chrono::milliseconds timeout) {
+/// Records commands into `cb`, submits them with `fence` (unsignalled) and waits for the fence.
+template <class Record>
+Status record_submit_wait(const VulkanContext& ctx, const vk::raii::CommandBuffer& cb, vk::Fence fence, Record&& record,
+                          std::uint64_t bytes, std::chrono::milliseconds timeout) {
   cb.begin({vk::CommandBufferUsageFlagBits::eOneTimeSubmit});
-  cb.copyBuffer(src, dst, vk::BufferCopy(src_offset, dst_offset, bytes));
+  record(cb);
   cb.end();
   vk::CommandBuffer raw = *cb;
   ctx.queue().submit(vk::SubmitInfo({}, {}, raw), fence);
   const auto ns = static_cast<std::uint64_t>(std::chrono::nanoseconds(timeout).count());
   if (ctx.device().waitForFences(fence, VK_TRUE, ns) == vk::Result::eTimeout)
     return fail(Errc::Timeout, "vkWaitForFences", str_format("copy of {} bytes not done within {} ms", bytes, timeout.count()));
+  return {};
+}
+
+Status record_submit_wait(const VulkanContext& ctx, const vk::raii::CommandBuffer& cb, vk::Fence fence, vk::Buffer src,
+                          std::uint64_t src_offset, vk::Buffer dst, std::uint64_t dst_offset, std::uint64_t bytes,
+                          std::chrono::milliseconds timeout) {
+  return record_submit_wait(
+      ctx, cb, fence, [&](const vk::raii::CommandBuffer& c) { c.copyBuffer(src, dst, vk::BufferCopy(src_offset, dst_offset, bytes)); },
+      bytes, timeout);
+}
+
+/// One-off command buffer + fence; runs `record` and waits.
+template <class Record>
+Status run_once(const VulkanContext& ctx, const char* call, std::uint64_t bytes, Record&& record) {
+  return detail::vk_call(call, [&]() -> Status {
+    const auto& dev = ctx.device();
+    vk::raii::CommandPool pool(dev, {vk::CommandPoolCreateFlagBits::eTransient, ctx.queue_family()});
+    vk::raii::CommandBuffers cbs(dev, {*pool, vk::CommandBufferLevel::ePrimary, 1});
+    vk::raii::Fence fence(dev, vk::FenceCreateInfo{});
+    return record_submit_wait(ctx, cbs[0], *fence, record, bytes, std::chrono::seconds(10));
+  });
+}
+
+void image_barrier(const vk::raii::CommandBuffer& cb, vk::Image image, vk::ImageLayout from, vk::ImageLayout to) {
+  vk::ImageMemoryBarrier b(vk::AccessFlagBits::eMemoryWrite | vk::AccessFlagBits::eMemoryRead,
+                           vk::AccessFlagBits::eMemoryWrite | vk::AccessFlagBits::eMemoryRead, from, to,
+                           VK_QUEUE_FAMILY_IGNORED, VK_QUEUE_FAMILY_IGNORED, image,
+                           vk::ImageSubresourceRange(vk::ImageAspectFlagBits::eColor, 0, 1, 0, 1));
+  cb.pipelineBarrier(vk::PipelineStageFlagBits::eAllCommands, vk::PipelineStageFlagBits::eAllCommands, {}, {}, {}, b);
+}
+
+Status image_transfer(const VulkanContext& ctx, const GpuImage& image, std::span<std::byte> bytes, bool to_image,
+                      vk::ImageLayout current, const char* call) {
+  const auto& d = image.descriptor();
+  if (bytes.size() != d.packed_size())
+    return fail(Errc::InvalidArgument, call,
+                str_format("{} bytes given, a {}x{} {} image holds {}", bytes.size(), d.width, d.height,
+                           to_string(d.format), d.packed_size()));
+  LF_TRY(auto staging, GpuBuffer::allocate(ctx, {.size = bytes.size(), .memory = GpuMemory::HostVisible}));
+  if (to_image) std::memcpy(staging.host_ptr(), bytes.data(), bytes.size());
+  const vk::BufferImageCopy region(0, 0, 0, vk::ImageSubresourceLayers(vk::ImageAspectFlagBits::eColor, 0, 0, 1), {0, 0, 0},
+                                   {d.width, d.height, 1});
+  LF_TRY_STATUS(run_once(ctx, call, bytes.size(), [&](const vk::raii::CommandBuffer& cb) {
+    const auto layout = to_image ? vk::ImageLayout::eTransferDstOptimal : vk::ImageLayout::eTransferSrcOptimal;
+    image_barrier(cb, image.image(), current, layout);
+    if (to_image)
+      cb.copyBufferToImage(staging.buffer(), image.image(), layout, region);
+    else
+      cb.copyImageToBuffer(image.image(), layout, staging.buffer(), region);
+    image_barrier(cb, image.image(), layout, vk::ImageLayout::eGeneral);
+  }));
+  if (!to_image) std::memcpy(bytes.data(), staging.host_ptr(), bytes.size());
   return {};
 }
 
@@ -37,6 +89,16 @@ Status copy_buffer(const VulkanContext& ctx, vk::Buffer src, std::uint64_t src_o
     vk::raii::Fence fence(dev, vk::FenceCreateInfo{});
     return record_submit_wait(ctx, cbs[0], *fence, src, src_offset, dst, dst_offset, bytes, timeout);
   });
+}
+
+Status upload_image(const VulkanContext& ctx, const GpuImage& dst, std::span<const std::byte> pixels,
+                    vk::ImageLayout current) {
+  return image_transfer(ctx, dst, {const_cast<std::byte*>(pixels.data()), pixels.size()}, true, current, "upload_image");
+}
+
+Status download_image(const VulkanContext& ctx, const GpuImage& src, std::span<std::byte> pixels,
+                      vk::ImageLayout current) {
+  return image_transfer(ctx, src, pixels, false, current, "download_image");
 }
 
 /// Staging resources are made on first need: a buffer that is mapped never needs them.

@@ -10,6 +10,7 @@
 #include <span>
 
 #include "lavaflow/core/gpu_buffer.hpp"
+#include "lavaflow/core/gpu_image.hpp"
 
 namespace lavaflow {
 
@@ -23,6 +24,15 @@ namespace lavaflow {
 
 /// Reads `out.size()` bytes from the start of `src`'s range.
 [[nodiscard]] Status download(const VulkanContext& ctx, const GpuBuffer& src, std::span<std::byte> out);
+
+/// Writes tightly packed pixels (width × height × bytes per pixel) into the whole image, which is
+/// in layout `current`, and leaves it in VK_IMAGE_LAYOUT_GENERAL (the layout lava-flow tells other
+/// APIs about).
+[[nodiscard]] Status upload_image(const VulkanContext& ctx, const GpuImage& dst, std::span<const std::byte> pixels,
+                                  vk::ImageLayout current = vk::ImageLayout::eUndefined);
+/// Reads the whole image as tightly packed pixels; leaves it in VK_IMAGE_LAYOUT_GENERAL.
+[[nodiscard]] Status download_image(const VulkanContext& ctx, const GpuImage& src, std::span<std::byte> pixels,
+                                    vk::ImageLayout current = vk::ImageLayout::eGeneral);
 
 /// Reusable staging for repeated uploads/downloads of up to `capacity` bytes (one host-visible
 /// buffer, one command buffer, one fence — made on first use with unmapped memory), for streams of
