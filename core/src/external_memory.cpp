@@ -32,11 +32,7 @@ Status check_exporter(const VulkanContext& ctx, const Uuid& device_uuid, const U
   return {};
 }
 
-Status check_open_fd(const UniqueFd& fd, const char* call) {
-  if (!fd.valid() || ::fcntl(fd.get(), F_GETFD) < 0)
-    return fail(Errc::InvalidArgument, call, str_format("fd {} is not an open file descriptor", fd.get()));
-  return {};
-}
+Status check_open_fd(const UniqueFd& fd, const char* call) { return check_handle_fd(fd, call); }
 
 Status check_memory_type(const VulkanContext& ctx, std::uint32_t index, std::uint32_t allowed_bits, const char* call) {
   const auto& props = ctx.state()->memory;

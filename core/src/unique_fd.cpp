@@ -1,8 +1,11 @@
 // SPDX-License-Identifier: MIT
 #include "lavaflow/core/unique_fd.hpp"
 
+#include "lavaflow/core/format.hpp"
+
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -23,6 +26,17 @@ Result<UniqueFd> UniqueFd::dup() const {
 
 Status UniqueFd::set_cloexec() const {
   if (::fcntl(fd_, F_SETFD, FD_CLOEXEC) < 0) return std::unexpected(from_errno(errno, "fcntl(FD_CLOEXEC)"));
+  return {};
+}
+
+Status check_handle_fd(const UniqueFd& fd, const char* call) {
+  struct stat st {};
+  if (!fd.valid() || ::fstat(fd.get(), &st) < 0)
+    return fail(Errc::InvalidArgument, call, str_format("fd {} is not an open file descriptor", fd.get()));
+  if (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode) || S_ISDIR(st.st_mode))
+    return fail(Errc::InvalidArgument, call,
+                str_format("fd {} is a {}, not a memory or semaphore handle", fd.get(),
+                           S_ISFIFO(st.st_mode) ? "pipe" : S_ISSOCK(st.st_mode) ? "socket" : "directory"));
   return {};
 }
 

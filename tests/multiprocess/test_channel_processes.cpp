@@ -14,14 +14,7 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-pid_t run(std::vector<std::string> args) {
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  REQUIRE(::posix_spawn(&pid, args[0].c_str(), nullptr, nullptr, argv.data(), environ) == 0);
-  return pid;
-}
+using lftest::run;
 
 struct Peer {
   UniqueFd sock;

@@ -87,6 +87,16 @@ inline pid_t spawn(const std::string& path, std::vector<std::string> args, int k
   return pid;
 }
 
+/// Starts `args[0] args[1]...` (no fds beyond the standard ones).
+inline pid_t run(std::vector<std::string> args) {
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  REQUIRE(::posix_spawn(&pid, args[0].c_str(), nullptr, nullptr, argv.data(), environ) == 0);
+  return pid;
+}
+
 inline int wait_exit(pid_t pid) {
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {

@@ -101,7 +101,7 @@ Status check_device(const DeviceInfo& info, const Uuid& exporter, const char* ca
 
 Result<cudaExternalMemory_t> import_memory(const DeviceInfo& info, std::uint64_t allocation_size, bool dedicated,
                                            UniqueFd& fd, const char* call) {
-  if (!fd.valid()) return fail(Errc::InvalidArgument, call, "no file descriptor given");
+  LF_TRY_STATUS(check_handle_fd(fd, call));
   LF_TRY_STATUS(check(cudaSetDevice(info.ordinal), "cudaSetDevice"));
   cudaExternalMemoryHandleDesc desc{};
   desc.type = cudaExternalMemoryHandleTypeOpaqueFd;
@@ -224,7 +224,7 @@ Result<ExternalArray> Interop::import_image(const GpuImage& image) const {
 
 Result<ExternalSemaphore> Interop::import_semaphore(SemaphoreKind kind, UniqueFd&& fd) const {
   constexpr const char* call = "cuda::Interop::import_semaphore";
-  if (!fd.valid()) return fail(Errc::InvalidArgument, call, "no file descriptor given");
+  LF_TRY_STATUS(check_handle_fd(fd, call));
   if (kind == SemaphoreKind::Timeline && !info_.timeline_semaphore_interop)
     return fail(Errc::Unsupported, call, str_format("CUDA device {} cannot import timeline semaphores", info_.name));
   LF_CUDA(cudaSetDevice(info_.ordinal));

@@ -222,7 +222,7 @@ Result<Memory> Interop::import_buffer(const ExportDescriptor& d, UniqueFd&& fd, 
                 str_format("memory comes from device {} / driver {}, OpenCL device {} is {} / {}", lavaflow::to_string(d.device_uuid),
                            lavaflow::to_string(d.driver_uuid), info_.name, lavaflow::to_string(info_.device_uuid),
                            lavaflow::to_string(info_.driver_uuid)));
-  if (!fd.valid()) return fail(Errc::InvalidArgument, call, "no file descriptor given");
+  LF_TRY_STATUS(check_handle_fd(fd, call));
   if (d.offset != 0)
     return fail(Errc::Unsupported, call,
                 str_format("range starts at offset {}: OpenCL imports whole allocations; import the whole buffer and "
@@ -272,7 +272,7 @@ Result<Semaphore> Interop::import_semaphore(UniqueFd&& fd) const {
                 str_format("OpenCL device {} lacks cl_khr_external_semaphore_opaque_fd: finish Vulkan work with a CPU "
                            "wait instead",
                            info_.name));
-  if (!fd.valid()) return fail(Errc::InvalidArgument, call, "no file descriptor given");
+  LF_TRY_STATUS(check_handle_fd(fd, call));
   const cl_semaphore_properties_khr props[] = {
       CL_SEMAPHORE_TYPE_KHR, CL_SEMAPHORE_TYPE_BINARY_KHR,
       CL_SEMAPHORE_HANDLE_OPAQUE_FD_KHR, static_cast<cl_semaphore_properties_khr>(fd.get()),

@@ -46,7 +46,7 @@ Uuid read_uuid(auto&& getter) {
 
 /// Creates a memory object and imports `fd` into it; consumes the fd only when GL accepted it.
 Result<GLuint> import_memory(std::uint64_t allocation_size, bool dedicated, UniqueFd& fd, const char* call) {
-  if (!fd.valid()) return fail(Errc::InvalidArgument, call, "no file descriptor given");
+  LF_TRY_STATUS(check_handle_fd(fd, call));
   clear_gl_errors();
   GLuint mem = 0;
   glCreateMemoryObjectsEXT(1, &mem);
@@ -156,16 +156,16 @@ Result<Buffer> Interop::import_buffer(const ExportDescriptor& d, UniqueFd&& fd) 
   LF_TRY(GLuint mem, import_memory(d.allocation_size, d.dedicated, fd, call));
   GLuint buf = 0;
   glCreateBuffers(1, &buf);
-  glNamedBufferStorageMemEXT(buf, static_cast<GLsizeiptr>(d.size), mem, d.offset);
+  // From the allocation's start (see Buffer): the range is reached with offset().
+  glNamedBufferStorageMemEXT(buf, static_cast<GLsizeiptr>(d.offset + d.size), mem, 0);
   if (auto ok = check_gl("glNamedBufferStorageMemEXT",
-                         str_format("binding {} bytes at offset {} of a {}-byte allocation", d.size, d.offset,
-                                    d.allocation_size));
+                         str_format("binding {} bytes of a {}-byte allocation", d.offset + d.size, d.allocation_size));
       !ok) {
     glDeleteBuffers(1, &buf);
     glDeleteMemoryObjectsEXT(1, &mem);
     return std::unexpected(ok.error().within(call));
   }
-  return Buffer(mem, buf, d.size);
+  return Buffer(mem, buf, d.offset, d.size);
 }
 
 Result<Buffer> Interop::import_buffer(const lavaflow::Buffer& buffer) const {
@@ -205,7 +205,7 @@ Result<Semaphore> Interop::import_semaphore(UniqueFd&& fd) const {
     return fail(Errc::Unsupported, call,
                 str_format("GL context ({}) lacks GL_EXT_semaphore_fd: finish Vulkan work with a CPU wait instead",
                            caps_.renderer));
-  if (!fd.valid()) return fail(Errc::InvalidArgument, call, "no file descriptor given");
+  LF_TRY_STATUS(check_handle_fd(fd, call));
   clear_gl_errors();
   GLuint sem = 0;
   glGenSemaphoresEXT(1, &sem);
@@ -221,7 +221,7 @@ Result<Semaphore> Interop::import_semaphore(UniqueFd&& fd) const {
 // ----- owners
 
 Buffer::Buffer(Buffer&& o) noexcept
-    : memory_(std::exchange(o.memory_, 0)), buffer_(std::exchange(o.buffer_, 0)), size_(o.size_) {}
+    : memory_(std::exchange(o.memory_, 0)), buffer_(std::exchange(o.buffer_, 0)), offset_(o.offset_), size_(o.size_) {}
 Buffer& Buffer::operator=(Buffer&& o) noexcept {
   if (this != &o) {
     this->~Buffer();

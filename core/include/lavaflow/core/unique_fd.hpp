@@ -44,6 +44,10 @@ class UniqueFd {
   int fd_ = -1;
 };
 
+/// InvalidArgument unless `fd` is open and could be a memory or semaphore handle: pipes, sockets
+/// and directories never are, and some drivers block reading one (llvmpipe's import does).
+[[nodiscard]] Status check_handle_fd(const UniqueFd& fd, const char* call);
+
 /// Number of open file descriptors of this process (from /proc/self/fd), for leak checks.
 [[nodiscard]] Result<int> count_open_fds();
 

@@ -63,7 +63,10 @@ class EglHeadless {
   std::unique_ptr<Impl> impl_;
 };
 
-/// An imported buffer: a GL buffer object over lava-flow memory (no copy).
+/// An imported buffer: a GL buffer object over lava-flow memory (no copy). The GL buffer starts
+/// at the start of the exported buffer; the user's range is [offset(), offset() + size()) of it
+/// (bind it with glBindBufferRange). Mesa's llvmpipe ignores the memory offset argument of
+/// glNamedBufferStorageMemEXT, so lava-flow never relies on it.
 class Buffer {
  public:
   Buffer(Buffer&&) noexcept;
@@ -71,13 +74,16 @@ class Buffer {
   ~Buffer();
   [[nodiscard]] GLuint name() const { return buffer_; }
   [[nodiscard]] GLuint memory_object() const { return memory_; }
+  [[nodiscard]] std::uint64_t offset() const { return offset_; }
   [[nodiscard]] std::uint64_t size() const { return size_; }
 
  private:
   friend class Interop;
-  Buffer(GLuint memory, GLuint buffer, std::uint64_t size) : memory_(memory), buffer_(buffer), size_(size) {}
+  Buffer(GLuint memory, GLuint buffer, std::uint64_t offset, std::uint64_t size)
+      : memory_(memory), buffer_(buffer), offset_(offset), size_(size) {}
   GLuint memory_ = 0;
   GLuint buffer_ = 0;
+  std::uint64_t offset_ = 0;
   std::uint64_t size_ = 0;
 };
 
