@@ -13,6 +13,13 @@ if(CMAKE_CUDA_COMPILER AND CUDAToolkit_FOUND)
   set(cuda_found ON)
 endif()
 lavaflow_backend_resolve(CUDA "${cuda_found}" "no CUDA toolkit (nvcc) found")
+if(LAVAFLOW_HAVE_CUDA)
+  # Hopper (H100/H200) and Ampere by default; "native" would fail on machines without a GPU.
+  if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+    set(CMAKE_CUDA_ARCHITECTURES 80 90)
+  endif()
+  enable_language(CUDA)
+endif()
 
 if(NOT LAVAFLOW_WITH_OPENCL STREQUAL "OFF")
   find_package(OpenCL QUIET)

@@ -1,0 +1,40 @@
+// SPDX-License-Identifier: MIT
+// Kernels for the CUDA adapter tests, samples and benchmarks, behind plain C++ launchers (nvcc does not
+// compile lava-flow's C++23 headers; the callers do).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace {
+
+__global__ void xor_kernel(unsigned char* dst, const unsigned char* src, unsigned char key, unsigned long long n) {
+  for (unsigned long long i = blockIdx.x * 256ull + threadIdx.x; i < n; i += 256ull * gridDim.x) dst[i] = src[i] ^ key;
+}
+
+__global__ void add_one_kernel(unsigned* dst, const unsigned* src, unsigned long long n) {
+  for (unsigned long long i = blockIdx.x * 256ull + threadIdx.x; i < n; i += 256ull * gridDim.x) dst[i] = src[i] + 1;
+}
+
+__global__ void copy_kernel(uint4* dst, const uint4* src, unsigned long long n) {
+  for (unsigned long long i = blockIdx.x * 256ull + threadIdx.x; i < n; i += 256ull * gridDim.x) dst[i] = src[i];
+}
+
+unsigned blocks(unsigned long long n) { return static_cast<unsigned>(n / 256 + 1 < 4096 ? n / 256 + 1 : 4096); }
+
+}  // namespace
+
+cudaError_t lf_kernel_xor(void* dst, const void* src, unsigned char key, unsigned long long n, cudaStream_t s) {
+  xor_kernel<<<blocks(n), 256, 0, s>>>(static_cast<unsigned char*>(dst), static_cast<const unsigned char*>(src), key, n);
+  return cudaGetLastError();
+}
+
+cudaError_t lf_kernel_add_one(void* dst, const void* src, unsigned long long words, cudaStream_t s) {
+  add_one_kernel<<<blocks(words), 256, 0, s>>>(static_cast<unsigned*>(dst), static_cast<const unsigned*>(src), words);
+  return cudaGetLastError();
+}
+
+cudaError_t lf_kernel_copy16(void* dst, const void* src, unsigned long long bytes, cudaStream_t s) {
+  const unsigned long long n = bytes / 16;
+  copy_kernel<<<blocks(n) < 132 * 16 ? blocks(n) : 132 * 16, 256, 0, s>>>(static_cast<uint4*>(dst), static_cast<const uint4*>(src), n);
+  return cudaGetLastError();
+}
