@@ -6,6 +6,7 @@
 #include <string>
 
 #include "../common/json.hpp"
+#include "interop.hpp"
 #include "lavaflow/core/format.hpp"
 #include "lavaflow/lavaflow.hpp"
 #include "lavaflow/transports/local.hpp"
@@ -78,6 +79,7 @@ int main(int argc, char** argv) {
   auto ctx = VulkanContext::create();
   const auto rows = strategies(topo, ctx ? &*ctx : nullptr);
   const auto trows = transports(*loc, ctx ? &*ctx : nullptr);
+  const auto interop = lfinfo::interop_report(devices ? *devices : std::vector<DeviceCapabilities>{});
 
   if (json) {
     lfapp::Json j;
@@ -135,6 +137,25 @@ int main(int argc, char** argv) {
     for (const auto& t : trows)
       j.begin_object().field("name", t.name).field("available", t.probe.ok).field("reason", t.probe.reason).end_object();
     j.end_array();
+    j.begin_object("interop");
+    j.begin_array("notes");
+    for (const auto& n : interop.notes) j.value(n);
+    j.end_array();
+    j.begin_array("devices");
+    for (const auto& d : interop.devices)
+      j.begin_object().field("api", d.api).field("name", d.name).field("detail", d.detail).end_object();
+    j.end_array();
+    j.begin_array("matrix");
+    for (const auto& m : interop.matrix)
+      j.begin_object()
+          .field("exporter", m.exporter)
+          .field("importer", m.importer)
+          .field("memory", m.memory)
+          .field("memory_how", m.memory_how)
+          .field("semaphore", m.semaphore)
+          .field("semaphore_how", m.semaphore_how)
+          .end_object();
+    j.end_array().end_object();
     j.end_object();
     std::puts(j.str().c_str());
     return 0;
@@ -175,5 +196,12 @@ int main(int argc, char** argv) {
   std::printf("\nLocal channel transports (preference order)\n");
   for (const auto& t : trows)
     std::printf("  %-8s %-11s %s\n", t.name.c_str(), t.probe.ok ? "available" : "unavailable", t.probe.reason.c_str());
+  std::printf("\nCUDA / OpenCL / OpenGL\n");
+  for (const auto& d : interop.devices) std::printf("  %-7s %s\n          %s\n", d.api.c_str(), d.name.c_str(), d.detail.c_str());
+  for (const auto& n : interop.notes) std::printf("  %s\n", n.c_str());
+  std::printf("\nInterop matrix (exporter -> importer: memory | semaphores)\n");
+  for (const auto& m : interop.matrix)
+    std::printf("  %s -> %s\n      memory:     %-3s %s\n      semaphores: %-3s %s\n", m.exporter.c_str(), m.importer.c_str(),
+                yes(m.memory), m.memory_how.c_str(), yes(m.semaphore), m.semaphore_how.c_str());
   return 0;
 }
