@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../common/json.hpp"
+#include "interop.hpp"
 #include "local.hpp"
 #include "lavaflow/core/format.hpp"
 #include "lavaflow/lavaflow.hpp"
@@ -268,7 +269,10 @@ void usage() {
       "       lavaflow-bench local [--iterations N] [--cpus A,B] [--quick] [--json]\n"
       "  alloc   allocation + export time of exportable Vulkan buffers (4 KiB, 1 MiB, 64 MiB) next to a\n"
       "          plain vkAllocateMemory of the same size and memory type, and of each CPU strategy next\n"
-      "          to an anonymous mmap; median of N (default 101) runs each.");
+      "          to an anonymous mmap; median of N (default 101) runs each.\n"
+      "       lavaflow-bench interop [--size BYTES] [--frame BYTES] [--rounds N] [--json]\n"
+      "  interop (CUDA GPU) a copy kernel over Vulkan-imported vs cudaMalloc memory (1 GiB), the cost of one\n"
+      "          import, and cross-process GPU frame hand-off through a lava-flow channel vs CUDA IPC.");
 }
 
 }  // namespace
@@ -281,6 +285,14 @@ int main(int argc, char** argv) {
   const std::string what = argv[1];
   if (what == "_echo") return lfbench::echo_main(argc, argv);
   if (what == "local") return bench_local(argc, argv);
+  if (what == "interop" || what == "interop-peer") {
+#if LAVAFLOW_BENCH_INTEROP
+    return what == "interop" ? lfbench::bench_interop(argc, argv) : lfbench::bench_interop_peer(argc, argv);
+#else
+    std::puts("lavaflow-bench interop: skipped, the CUDA adapter is not built (LAVAFLOW_WITH_CUDA)");
+    return 77;
+#endif
+  }
   int reps = 101;
   bool json = false;
   for (int i = 2; i < argc; ++i) {
