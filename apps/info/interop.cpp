@@ -97,7 +97,7 @@ void opencl_rows(const std::vector<lavaflow::DeviceCapabilities>& vk, InteropRep
                                     d.host_pointer_path ? "; CPU device: host-pointer path (zero copy)" : "")});
     for (const auto& e : vk) {
       MatrixRow row{vk_name(e), name};
-      const bool match = d.uuid_known && d.device_uuid == e.identity.device_uuid && d.driver_uuid == e.identity.driver_uuid;
+      const bool match = d.uuid_known && d.device_uuid == e.identity.device_uuid;
       if (match && d.external_memory_fd && e.memory_fd_export) {
         row.memory = true;
         row.memory_how = "cl_khr_external_memory_opaque_fd";

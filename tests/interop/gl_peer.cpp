@@ -25,7 +25,7 @@ int main(int argc, char** argv) {
   if (!(*c)->vulkan()) return std::fprintf(stderr, "gl_peer: channel is not on the Vulkan transport\n"), 1;
   auto setup = lftest::gl_for(*(*c)->vulkan());
   if (!setup) return std::printf("LAVAFLOW-SKIP: %s\n", setup.error().message().c_str()), 77;
-  gl::ChannelImports imports(setup->gl);
+  gl::ChannelImports imports(setup->gl, **c);
   for (std::uint64_t i = 0; i < count; ++i) {
     auto r = (*c)->receive(std::chrono::seconds(20));
     if (!r) return std::fprintf(stderr, "gl_peer: message %llu: %s\n", static_cast<unsigned long long>(i), r.error().message().c_str()), 1;
@@ -37,7 +37,8 @@ int main(int argc, char** argv) {
     lfapp::fill_message(expected, i);
     if (bytes != expected) return std::fprintf(stderr, "gl_peer: message %llu corrupt as read by GL\n", static_cast<unsigned long long>(i)), 1;
   }
-  std::printf("gl_peer: %llu messages verified through GL; %zu ring buffers imported for %u slots\n",
-              static_cast<unsigned long long>(count), imports.imported(), (*c)->slots());
+  std::printf("gl_peer: %llu messages verified through GL; %zu ring buffers imported for %u slots; hand-off to GL by %s\n",
+              static_cast<unsigned long long>(count), imports.imported(), (*c)->slots(),
+              imports.gpu_handoff() ? "a shared semaphore" : "the CPU wait in receive()");
   return imports.imported() <= (*c)->slots() ? 0 : 1;
 }

@@ -172,15 +172,17 @@ Result<ExternalBuffer> Interop::import_buffer(const ExportDescriptor& d, UniqueF
                 str_format("{} memory is not Vulkan memory: use cudaHostRegister on its mapping instead", to_string(d.kind)));
   LF_TRY_STATUS(check_device(info_, d.device_uuid, call));
   LF_TRY(cudaExternalMemory_t mem, import_memory(info_, d.allocation_size, d.dedicated, fd, call));
+  // Mapped from the allocation's start: CUDA rejects offsets that are not suitably aligned
+  // (cudaErrorInvalidValue for 66048 on an H100), lava-flow ranges may start anywhere.
   cudaExternalMemoryBufferDesc bd{};
-  bd.offset = d.offset;
-  bd.size = d.size;
-  void* ptr = nullptr;
-  if (auto ok = check(cudaExternalMemoryGetMappedBuffer(&ptr, mem, &bd), "cudaExternalMemoryGetMappedBuffer"); !ok) {
+  bd.offset = 0;
+  bd.size = d.offset + d.size;
+  void* base = nullptr;
+  if (auto ok = check(cudaExternalMemoryGetMappedBuffer(&base, mem, &bd), "cudaExternalMemoryGetMappedBuffer"); !ok) {
     cudaDestroyExternalMemory(mem);
     return std::unexpected(ok.error().within(call));
   }
-  return ExternalBuffer(mem, ptr, d.size);
+  return ExternalBuffer(mem, base, d.offset, d.size);
 }
 
 Result<ExternalBuffer> Interop::import_buffer(const lavaflow::Buffer& buffer) const {
@@ -291,15 +293,16 @@ Result<ExportableAllocation> Interop::allocate_exportable(std::uint64_t size) co
 // ----- owners
 
 ExternalBuffer::ExternalBuffer(ExternalBuffer&& o) noexcept
-    : memory_(std::exchange(o.memory_, nullptr)), ptr_(std::exchange(o.ptr_, nullptr)), size_(o.size_) {}
+    : memory_(std::exchange(o.memory_, nullptr)), base_(std::exchange(o.base_, nullptr)), offset_(o.offset_), size_(o.size_) {}
 ExternalBuffer& ExternalBuffer::operator=(ExternalBuffer&& o) noexcept {
   std::swap(memory_, o.memory_);
-  std::swap(ptr_, o.ptr_);
+  std::swap(base_, o.base_);
+  std::swap(offset_, o.offset_);
   std::swap(size_, o.size_);
   return *this;
 }
 ExternalBuffer::~ExternalBuffer() {
-  if (ptr_) cudaFree(ptr_);
+  if (base_) cudaFree(base_);
   if (memory_) cudaDestroyExternalMemory(memory_);
 }
 

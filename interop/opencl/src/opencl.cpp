@@ -217,11 +217,12 @@ Result<Memory> Interop::import_buffer(const ExportDescriptor& d, UniqueFd&& fd, 
                 str_format("OpenCL device {} does not report its UUID (cl_khr_device_uuid): cannot tell it is the "
                            "exporting device",
                            info_.name));
-  if (d.device_uuid != info_.device_uuid || d.driver_uuid != info_.driver_uuid)
+  // The device UUID decides. Driver UUIDs are not comparable across APIs: NVIDIA's OpenCL reports
+  // its device UUID as CL_DRIVER_UUID_KHR, unlike its Vulkan driver UUID (seen with driver 580).
+  if (d.device_uuid != info_.device_uuid)
     return fail(Errc::DeviceMismatch, call,
-                str_format("memory comes from device {} / driver {}, OpenCL device {} is {} / {}", lavaflow::to_string(d.device_uuid),
-                           lavaflow::to_string(d.driver_uuid), info_.name, lavaflow::to_string(info_.device_uuid),
-                           lavaflow::to_string(info_.driver_uuid)));
+                str_format("memory comes from device {}, OpenCL device {} is {}", lavaflow::to_string(d.device_uuid),
+                           info_.name, lavaflow::to_string(info_.device_uuid)));
   LF_TRY_STATUS(check_handle_fd(fd, call));
   if (d.offset != 0)
     return fail(Errc::Unsupported, call,

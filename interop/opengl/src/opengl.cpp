@@ -283,12 +283,49 @@ void Semaphore::signal(const std::vector<GLuint>& buffers, const std::vector<GLu
 
 // ----- channel imports
 
+Status ChannelImports::setup_semaphore() {
+  tried_semaphore_ = true;
+  const VulkanContext* vk = consumer_->vulkan();
+  if (vk == nullptr || !gl_->capabilities().semaphore_fd) return {};
+  if (!GpuSemaphore::supported(*vk, SemaphoreKind::Binary, false)) return {};
+  LF_TRY(auto sem, GpuSemaphore::create(*vk, SemaphoreKind::Binary));
+  LF_TRY(UniqueFd fd, sem.export_fd());
+  LF_TRY(auto imported, gl_->import_semaphore(std::move(fd)));
+  vk_semaphore_.emplace(std::move(sem));
+  gl_semaphore_.emplace(std::move(imported));
+  return {};
+}
+
 Result<const Buffer*> ChannelImports::buffer(const Received& message) {
+  constexpr const char* call = "gl::ChannelImports::buffer";
+  if (!tried_semaphore_)
+    if (auto ok = setup_semaphore(); !ok) return std::unexpected(ok.error().within(call));
   const lavaflow::Buffer* key = &message.buffer();
-  if (auto it = cache_.find(key); it != cache_.end()) return &it->second;
-  auto imported = gl_->import_buffer(*key);
-  if (!imported) return std::unexpected(imported.error().within("gl::ChannelImports::buffer"));
-  return &cache_.emplace(key, std::move(*imported)).first->second;
+  auto it = cache_.find(key);
+  if (it == cache_.end()) {
+    auto imported = gl_->import_buffer(*key);
+    if (!imported) return std::unexpected(imported.error().within(call));
+    it = cache_.emplace(key, std::move(*imported)).first;
+  }
+  if (gl_semaphore_) {
+    // Vulkan signals (after the producer's timeline point, if any); GL waits for this buffer.
+    const VulkanContext& vk = *consumer_->vulkan();
+    const auto wait = message.gpu_wait();
+    const vk::Semaphore signal = vk_semaphore_->semaphore();
+    const vk::Semaphore wait_sem = wait ? wait->semaphore : vk::Semaphore{};
+    const std::uint64_t wait_value = wait ? wait->value : 0, signal_value = 0;
+    const vk::PipelineStageFlags stage = vk::PipelineStageFlagBits::eAllCommands;
+    vk::TimelineSemaphoreSubmitInfo values(wait ? 1u : 0u, &wait_value, 1, &signal_value);
+    vk::SubmitInfo submit(wait ? 1u : 0u, &wait_sem, &stage, 0, nullptr, 1, &signal, &values);
+    try {
+      vk.queue().submit(submit);
+    } catch (const vk::SystemError& e) {
+      return std::unexpected(from_vk(e.code().value(), "vkQueueSubmit(GL hand-off)").within(call));
+    }
+    gl_semaphore_->wait({it->second.name()});
+    glFlush();  // the wait is queued before Vulkan may signal the semaphore again
+  }
+  return &it->second;
 }
 
 }  // namespace lavaflow::gl

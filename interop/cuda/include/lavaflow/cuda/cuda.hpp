@@ -55,14 +55,17 @@ class ExternalBuffer {
   ExternalBuffer(ExternalBuffer&&) noexcept;
   ExternalBuffer& operator=(ExternalBuffer&&) noexcept;
   ~ExternalBuffer();
-  [[nodiscard]] void* data() const { return ptr_; }
+  /// The user's range (the exported range's offset is already applied).
+  [[nodiscard]] void* data() const { return static_cast<char*>(base_) + offset_; }
   [[nodiscard]] std::uint64_t size() const { return size_; }
 
  private:
   friend class Interop;
-  ExternalBuffer(cudaExternalMemory_t m, void* p, std::uint64_t size) : memory_(m), ptr_(p), size_(size) {}
+  ExternalBuffer(cudaExternalMemory_t m, void* base, std::uint64_t offset, std::uint64_t size)
+      : memory_(m), base_(base), offset_(offset), size_(size) {}
   cudaExternalMemory_t memory_ = nullptr;
-  void* ptr_ = nullptr;
+  void* base_ = nullptr;  // mapping of [0, offset + size)
+  std::uint64_t offset_ = 0;
   std::uint64_t size_ = 0;
 };
 

@@ -21,6 +21,7 @@
 #include "lavaflow/core/channel.hpp"
 #include "lavaflow/core/error.hpp"
 #include "lavaflow/core/gpu_image.hpp"
+#include "lavaflow/core/gpu_semaphore.hpp"
 #include "lavaflow/core/location.hpp"
 #include "lavaflow/core/unique_fd.hpp"
 
@@ -157,17 +158,29 @@ class Interop {
 };
 
 /// A channel consumer's GL view: each ring buffer is imported once, on first sight, and reused
-/// for every later message in that slot.
+/// for every later message in that slot. Each message is also handed to GL properly: where GL has
+/// GL_EXT_semaphore_fd and the consumer's Vulkan device exports binary semaphores, the consumer's
+/// Vulkan queue signals a shared semaphore (after the channel's timeline point, when the producer
+/// ordered the message on the GPU) and GL waits on it for that buffer — without that, a GL driver
+/// may serve reads of reused memory from what it saw before (NVIDIA does). Elsewhere (llvmpipe)
+/// the CPU has already waited in receive().
 class ChannelImports {
  public:
-  explicit ChannelImports(const Interop& gl) : gl_(&gl) {}
-  /// The GL buffer for a received message's ring buffer (imported on first use).
+  ChannelImports(const Interop& gl, const Consumer& consumer) : gl_(&gl), consumer_(&consumer) {}
+  /// The GL buffer for a received message's ring buffer, ready for GL commands issued after this.
   [[nodiscard]] Result<const Buffer*> buffer(const Received& message);
   [[nodiscard]] std::size_t imported() const { return cache_.size(); }
+  /// Whether messages reach GL through a semaphore (else through the CPU wait in receive()).
+  [[nodiscard]] bool gpu_handoff() const { return gl_semaphore_.has_value(); }
 
  private:
+  Status setup_semaphore();
   const Interop* gl_;
+  const Consumer* consumer_;
   std::unordered_map<const lavaflow::Buffer*, Buffer> cache_;
+  bool tried_semaphore_ = false;
+  std::optional<GpuSemaphore> vk_semaphore_;
+  std::optional<Semaphore> gl_semaphore_;
 };
 
 }  // namespace lavaflow::gl
