@@ -155,7 +155,7 @@ TEST_CASE("binary semaphore ping-pong between Vulkan and CUDA") {
   const auto& dev = f.vk.device();
   vk::raii::CommandPool pool(dev, {vk::CommandPoolCreateFlagBits::eResetCommandBuffer, f.vk.queue_family()});
   vk::raii::CommandBuffers cbs(dev, {*pool, vk::CommandBufferLevel::ePrimary, 1});
-  cbs[0].begin({});
+  cbs[0].begin({vk::CommandBufferUsageFlagBits::eSimultaneousUse});  // resubmitted while the last may be pending
   cbs[0].copyBuffer(a.buffer(), b.buffer(), vk::BufferCopy(0, 0, bytes));
   cbs[0].end();
   vk::CommandBuffer raw = *cbs[0];

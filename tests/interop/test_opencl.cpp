@@ -12,6 +12,10 @@ const char* kKernel = R"(
 __kernel void xor_bytes(__global uchar* dst, __global const uchar* src, uchar key, ulong n) {
   size_t i = get_global_id(0);
   if (i < n) dst[i] = src[i] ^ key;
+}
+__kernel void add_one(__global uint* dst, __global const uint* src, ulong n) {
+  size_t i = get_global_id(0);
+  if (i < n) dst[i] = src[i] + 1;
 })";
 
 struct Cl {
@@ -19,9 +23,11 @@ struct Cl {
   cl_command_queue queue = nullptr;
   cl_program program = nullptr;
   cl_kernel kernel = nullptr;
+  cl_kernel add_one = nullptr;
   std::optional<cl::Interop> interop;
   ~Cl() {
     interop.reset();
+    if (add_one) clReleaseKernel(add_one);
     if (kernel) clReleaseKernel(kernel);
     if (program) clReleaseProgram(program);
     if (queue) clReleaseCommandQueue(queue);
@@ -29,12 +35,13 @@ struct Cl {
   }
 };
 
-/// The OpenCL device that runs on `vk`'s device (external memory), else a CPU device.
-std::unique_ptr<Cl> open_cl(const VulkanContext& vk) {
+/// The OpenCL device that runs on `vk`'s device (external memory), else a CPU device (first, when
+/// `cpu_first`).
+std::unique_ptr<Cl> open_cl(const VulkanContext& vk, bool cpu_first = false) {
   auto all = lftest::ok(cl::devices());
   const cl::DeviceInfo* pick = nullptr;
   for (const auto& d : all)
-    if (d.uuid_known && d.device_uuid == vk.capabilities().identity.device_uuid && d.external_memory_fd) pick = &d;
+    if (d.uuid_known && d.device_uuid == vk.capabilities().identity.device_uuid && d.external_memory_fd && !cpu_first) pick = &d;
   if (!pick)
     for (const auto& d : all)
       if (d.host_pointer_path) pick = pick ? pick : &d;
@@ -48,6 +55,8 @@ std::unique_ptr<Cl> open_cl(const VulkanContext& vk) {
   c->program = clCreateProgramWithSource(c->context, 1, &kKernel, nullptr, &err);
   REQUIRE(clBuildProgram(c->program, 1, &pick->device, "", nullptr, nullptr) == CL_SUCCESS);
   c->kernel = clCreateKernel(c->program, "xor_bytes", &err);
+  REQUIRE(err == CL_SUCCESS);
+  c->add_one = clCreateKernel(c->program, "add_one", &err);
   REQUIRE(err == CL_SUCCESS);
   c->interop.emplace(lftest::ok(cl::Interop::create(c->context, pick->device)));
   return c;
@@ -102,8 +111,8 @@ TEST_CASE("an OpenCL kernel computes on Vulkan memory in place, both directions,
 
 TEST_CASE("OpenCL uses CPU shared memory in place on a CPU device") {
   auto vk = lftest::context_or_skip();
-  auto c = open_cl(vk);
-  if (!c->interop->device().host_pointer_path) lftest::skip("the OpenCL device is not a CPU device");
+  auto c = open_cl(vk, true);
+  if (!c->interop->device().host_pointer_path) lftest::skip("no CPU OpenCL device");
   const std::uint64_t n = 100003;
   auto a = lftest::ok(CpuBuffer::allocate({.size = n}));
   auto b = lftest::ok(CpuBuffer::allocate({.size = n}));
@@ -170,4 +179,57 @@ TEST_CASE("a channel consumer hands each received ring buffer to OpenCL once and
     REQUIRE(lftest::first_mismatch(seen, i) == -1);
   }
   CHECK(imports.imported() == 4);
+}
+
+TEST_CASE("binary semaphore ping-pong between Vulkan and OpenCL with a data dependency") {
+  auto vk = lftest::context_or_skip();
+  auto c = open_cl(vk);
+  if (!c->interop->device().external_semaphore_fd)
+    lftest::skip("OpenCL device " + c->interop->device().name + " lacks cl_khr_external_semaphore_opaque_fd");
+  auto to_cl = GpuSemaphore::create(vk, SemaphoreKind::Binary);
+  if (!to_cl) lftest::skip(to_cl.error().message());
+  auto to_vk = lftest::ok(GpuSemaphore::create(vk, SemaphoreKind::Binary));
+  auto cl_wait = lftest::ok(c->interop->import_semaphore(lftest::ok(to_cl->export_fd())));
+  auto cl_signal = lftest::ok(c->interop->import_semaphore(lftest::ok(to_vk.export_fd())));
+  const std::uint64_t words = 1 << 18, bytes = words * 4;
+  auto a = lftest::ok(GpuBuffer::allocate(vk, {.size = bytes}));
+  auto b = lftest::ok(GpuBuffer::allocate(vk, {.size = bytes}));
+  std::vector<std::byte> zero(bytes);
+  lftest::ok(upload(vk, a, zero));
+  auto ma = lftest::ok(c->interop->import_buffer(a));
+  auto mb = lftest::ok(c->interop->import_buffer(b));
+  const auto& dev = vk.device();
+  vk::raii::CommandPool pool(dev, {{}, vk.queue_family()});
+  vk::raii::CommandBuffers cbs(dev, {*pool, vk::CommandBufferLevel::ePrimary, 1});
+  cbs[0].begin({vk::CommandBufferUsageFlagBits::eSimultaneousUse});  // resubmitted while the last may be pending
+  cbs[0].copyBuffer(a.buffer(), b.buffer(), vk::BufferCopy(0, 0, bytes));
+  cbs[0].end();
+  vk::CommandBuffer raw = *cbs[0];
+  vk::Semaphore sig = to_cl->semaphore(), wt = to_vk.semaphore();
+  vk::PipelineStageFlags stage = vk::PipelineStageFlagBits::eTransfer;
+  vk::raii::Fence fence(dev, vk::FenceCreateInfo{});
+  const cl::Memory* both[] = {&ma, &mb};
+  cl_mem da = ma.get(), db = mb.get();
+  cl_ulong n = words;
+  REQUIRE(clSetKernelArg(c->add_one, 0, sizeof da, &da) == CL_SUCCESS);
+  REQUIRE(clSetKernelArg(c->add_one, 1, sizeof db, &db) == CL_SUCCESS);
+  REQUIRE(clSetKernelArg(c->add_one, 2, sizeof n, &n) == CL_SUCCESS);
+  const std::size_t global = words;
+  const int rounds = 200;
+  for (int i = 0; i < rounds; ++i) {
+    // Vulkan: b = a (after OpenCL's previous step); OpenCL: a = b + 1 (after this copy).
+    vk::SubmitInfo si(i == 0 ? 0u : 1u, &wt, &stage, 1, &raw, 1, &sig);
+    vk.queue().submit(si, i + 1 == rounds ? *fence : vk::Fence{});
+    lftest::ok(c->interop->wait(c->queue, cl_wait));
+    auto access = lftest::ok(c->interop->acquire(c->queue, both));
+    REQUIRE(clEnqueueNDRangeKernel(c->queue, c->add_one, 1, nullptr, &global, nullptr, 0, nullptr, nullptr) == CL_SUCCESS);
+    lftest::ok(access.release());
+    if (i + 1 < rounds) lftest::ok(c->interop->signal(c->queue, cl_signal));
+    REQUIRE(clFlush(c->queue) == CL_SUCCESS);
+  }
+  REQUIRE(clFinish(c->queue) == CL_SUCCESS);
+  REQUIRE(dev.waitForFences(*fence, VK_TRUE, 10'000'000'000ull) == vk::Result::eSuccess);
+  std::vector<std::uint32_t> out(words);
+  lftest::ok(download(vk, a, std::as_writable_bytes(std::span(out))));
+  CHECK(std::all_of(out.begin(), out.end(), [&](std::uint32_t v) { return v == rounds; }));
 }

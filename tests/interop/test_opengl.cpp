@@ -204,3 +204,67 @@ TEST_CASE("a GL producer writes ring buffers through GL and a Vulkan consumer pr
   CHECK(imported.size() == 4);
   CHECK(lftest::wait_exit(pid) == 0);
 }
+
+TEST_CASE("binary semaphore ping-pong between Vulkan and a GL compute shader with a data dependency") {
+  auto f = setup();
+  if (!f.gl.gl.capabilities().semaphore_fd) lftest::skip("GL context lacks GL_EXT_semaphore_fd");
+  auto to_gl = GpuSemaphore::create(f.vk, SemaphoreKind::Binary);
+  if (!to_gl) lftest::skip(to_gl.error().message());
+  auto to_vk = lftest::ok(GpuSemaphore::create(f.vk, SemaphoreKind::Binary));
+  auto gl_wait = lftest::ok(f.gl.gl.import_semaphore(lftest::ok(to_gl->export_fd())));
+  auto gl_signal = lftest::ok(f.gl.gl.import_semaphore(lftest::ok(to_vk.export_fd())));
+  const std::uint64_t words = 1 << 18, bytes = words * 4;
+  auto a = lftest::ok(GpuBuffer::allocate(f.vk, {.size = bytes}));
+  auto b = lftest::ok(GpuBuffer::allocate(f.vk, {.size = bytes}));
+  std::vector<std::byte> zero(bytes);
+  lftest::ok(upload(f.vk, a, zero));
+  auto ga = lftest::ok(f.gl.gl.import_buffer(a));
+  auto gb = lftest::ok(f.gl.gl.import_buffer(b));
+  const char* src = "#version 430\nlayout(local_size_x = 256) in;\n"
+                    "layout(std430, binding = 0) buffer A { uint a[]; };\n"
+                    "layout(std430, binding = 1) readonly buffer B { uint b[]; };\n"
+                    "void main() { uint i = gl_GlobalInvocationID.x; a[i] = b[i] + 1u; }\n";
+  GLuint sh = glCreateShader(GL_COMPUTE_SHADER);
+  glShaderSource(sh, 1, &src, nullptr);
+  glCompileShader(sh);
+  GLint ok = 0;
+  glGetShaderiv(sh, GL_COMPILE_STATUS, &ok);
+  REQUIRE(ok == GL_TRUE);
+  GLuint prog = glCreateProgram();
+  glAttachShader(prog, sh);
+  glLinkProgram(prog);
+  glGetProgramiv(prog, GL_LINK_STATUS, &ok);
+  REQUIRE(ok == GL_TRUE);
+  glUseProgram(prog);
+  glBindBufferRange(GL_SHADER_STORAGE_BUFFER, 0, ga.name(), static_cast<GLintptr>(ga.offset()), static_cast<GLsizeiptr>(bytes));
+  glBindBufferRange(GL_SHADER_STORAGE_BUFFER, 1, gb.name(), static_cast<GLintptr>(gb.offset()), static_cast<GLsizeiptr>(bytes));
+  const auto& dev = f.vk.device();
+  vk::raii::CommandPool pool(dev, {{}, f.vk.queue_family()});
+  vk::raii::CommandBuffers cbs(dev, {*pool, vk::CommandBufferLevel::ePrimary, 1});
+  cbs[0].begin({vk::CommandBufferUsageFlagBits::eSimultaneousUse});
+  cbs[0].copyBuffer(a.buffer(), b.buffer(), vk::BufferCopy(0, 0, bytes));
+  cbs[0].end();
+  vk::CommandBuffer raw = *cbs[0];
+  vk::Semaphore sig = to_gl->semaphore(), wt = to_vk.semaphore();
+  vk::PipelineStageFlags stage = vk::PipelineStageFlagBits::eTransfer;
+  vk::raii::Fence fence(dev, vk::FenceCreateInfo{});
+  const int rounds = 200;
+  for (int i = 0; i < rounds; ++i) {
+    // Vulkan: b = a (after GL's previous step); GL: a = b + 1 (after this copy).
+    vk::SubmitInfo si(i == 0 ? 0u : 1u, &wt, &stage, 1, &raw, 1, &sig);
+    f.vk.queue().submit(si, i + 1 == rounds ? *fence : vk::Fence{});
+    gl_wait.wait({ga.name(), gb.name()});
+    glDispatchCompute(static_cast<GLuint>(words / 256), 1, 1);
+    glMemoryBarrier(GL_ALL_BARRIER_BITS);
+    if (i + 1 < rounds) gl_signal.signal({ga.name(), gb.name()});
+    else glFlush();
+  }
+  glFinish();
+  REQUIRE(glGetError() == GL_NO_ERROR);
+  REQUIRE(dev.waitForFences(*fence, VK_TRUE, 10'000'000'000ull) == vk::Result::eSuccess);
+  std::vector<std::uint32_t> out(words);
+  lftest::ok(download(f.vk, a, std::as_writable_bytes(std::span(out))));
+  CHECK(std::all_of(out.begin(), out.end(), [&](std::uint32_t v) { return v == rounds; }));
+  glDeleteProgram(prog);
+  glDeleteShader(sh);
+}
