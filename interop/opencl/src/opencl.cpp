@@ -274,11 +274,12 @@ Result<Semaphore> Interop::import_semaphore(UniqueFd&& fd) const {
                            "wait instead",
                            info_.name));
   LF_TRY_STATUS(check_handle_fd(fd, call));
+  // No device list: the semaphore then belongs to every device of the context. (The list's
+  // property id changed between the provisional and final extension — 0x2051 vs 0x2053 — and
+  // NVIDIA's driver 580 rejects the provisional one that Debian's headers name.)
   const cl_semaphore_properties_khr props[] = {
       CL_SEMAPHORE_TYPE_KHR, CL_SEMAPHORE_TYPE_BINARY_KHR,
-      CL_SEMAPHORE_HANDLE_OPAQUE_FD_KHR, static_cast<cl_semaphore_properties_khr>(fd.get()),
-      CL_DEVICE_HANDLE_LIST_KHR, reinterpret_cast<cl_semaphore_properties_khr>(device_),
-      CL_DEVICE_HANDLE_LIST_END_KHR, 0};
+      CL_SEMAPHORE_HANDLE_OPAQUE_FD_KHR, static_cast<cl_semaphore_properties_khr>(fd.get()), 0};
   cl_int err = CL_SUCCESS;
   cl_semaphore_khr s = fns_->create_semaphore(context_, props, &err);
   if (err != CL_SUCCESS || s == nullptr)
