@@ -231,3 +231,31 @@ TEST_CASE("a CUDA stream waits on a channel's timeline and reads each received r
   CHECK(imports.imported() == 4);
   CU_OK(cudaStreamDestroy(stream));
 }
+
+TEST_CASE("a consumer process reads every channel message with CUDA, ordered by the timeline, no CPU wait") {
+  auto f = setup();
+  const auto dir = lftest::channel_dir();
+  auto prod = lftest::ok(Producer::create("cuda-proc", {.slots = 4, .slot_size = 1 << 20, .transport = "vulkan",
+                                                        .transports = local_transports(), .vulkan = &f.vk, .directory = dir}));
+  const std::uint64_t count = 200;
+  const pid_t pid = lftest::run({LAVAFLOW_CUDA_PEER, "consume", dir.string(), "cuda-proc", std::to_string(count)});
+  lftest::ok(prod->wait_for_consumers(1, std::chrono::seconds(30)));
+  std::vector<GpuBuffer> staging;
+  for (int k = 0; k < 8; ++k) staging.push_back(lftest::ok(GpuBuffer::allocate(f.vk, {.size = 1 << 20, .memory = GpuMemory::HostVisible})));
+  std::vector<lftest::PendingCopy> pending(8);
+  for (std::uint64_t i = 0; i < count; ++i) {
+    auto loan = lftest::ok(prod->loan(std::chrono::seconds(20)));
+    auto& st = staging[i % 8];
+    if (*pending[i % 8].fence)  // staging reuse: its last copy must be done
+      REQUIRE(f.vk.device().waitForFences(*pending[i % 8].fence, VK_TRUE, 10'000'000'000ull) == vk::Result::eSuccess);
+    const std::uint64_t n = 1000 + (i * 7919) % 1000000;
+    lftest::fill(st.bytes().first(n), i);
+    auto sig = loan.gpu_signal();
+    pending[i % 8] = lftest::submit_copy(f.vk, st.buffer(), 0, static_cast<GpuBuffer&>(loan.buffer()).buffer(), 0, n,
+                                         std::nullopt, sig);
+    if (!sig)  // no shared timeline: the copy must be finished before the hand-off
+      REQUIRE(f.vk.device().waitForFences(*pending[i % 8].fence, VK_TRUE, 10'000'000'000ull) == vk::Result::eSuccess);
+    lftest::ok(prod->publish(std::move(loan), {.size = n}));  // no CPU wait when the channel has a timeline
+  }
+  CHECK(lftest::wait_exit(pid) == 0);
+}
