@@ -242,19 +242,23 @@ TEST_CASE("a consumer process reads every channel message with CUDA, ordered by 
   lftest::ok(prod->wait_for_consumers(1, std::chrono::seconds(30)));
   std::vector<GpuBuffer> staging;
   for (int k = 0; k < 8; ++k) staging.push_back(lftest::ok(GpuBuffer::allocate(f.vk, {.size = 1 << 20, .memory = GpuMemory::HostVisible})));
-  std::vector<lftest::PendingCopy> pending(8);
+  // Destroyed, not move-assigned, before reuse: a PendingCopy must free its command buffers
+  // before its pool.
+  std::vector<std::optional<lftest::PendingCopy>> pending(8);
   for (std::uint64_t i = 0; i < count; ++i) {
     auto loan = lftest::ok(prod->loan(std::chrono::seconds(20)));
     auto& st = staging[i % 8];
-    if (*pending[i % 8].fence)  // staging reuse: its last copy must be done
-      REQUIRE(f.vk.device().waitForFences(*pending[i % 8].fence, VK_TRUE, 10'000'000'000ull) == vk::Result::eSuccess);
+    auto& slot = pending[i % 8];
+    if (slot)  // staging reuse: its last copy must be done
+      REQUIRE(f.vk.device().waitForFences(*slot->fence, VK_TRUE, 10'000'000'000ull) == vk::Result::eSuccess);
+    slot.reset();
     const std::uint64_t n = 1000 + (i * 7919) % 1000000;
     lftest::fill(st.bytes().first(n), i);
     auto sig = loan.gpu_signal();
-    pending[i % 8] = lftest::submit_copy(f.vk, st.buffer(), 0, static_cast<GpuBuffer&>(loan.buffer()).buffer(), 0, n,
-                                         std::nullopt, sig);
+    slot.emplace(lftest::submit_copy(f.vk, st.buffer(), 0, static_cast<GpuBuffer&>(loan.buffer()).buffer(), 0, n,
+                                     std::nullopt, sig));
     if (!sig)  // no shared timeline: the copy must be finished before the hand-off
-      REQUIRE(f.vk.device().waitForFences(*pending[i % 8].fence, VK_TRUE, 10'000'000'000ull) == vk::Result::eSuccess);
+      REQUIRE(f.vk.device().waitForFences(*slot->fence, VK_TRUE, 10'000'000'000ull) == vk::Result::eSuccess);
     lftest::ok(prod->publish(std::move(loan), {.size = n}));  // no CPU wait when the channel has a timeline
   }
   CHECK(lftest::wait_exit(pid) == 0);
