@@ -22,6 +22,9 @@
 #include <vector>
 
 #include "../common/payload.hpp"
+#if LAVAFLOW_DEMO_MPI
+#include "mesh.hpp"
+#endif
 #include "lavaflow/core/format.hpp"
 #include "lavaflow/lavaflow.hpp"
 #include "lavaflow/transports/local.hpp"
@@ -377,6 +380,7 @@ void usage() {
       "  lavaflow-demo produce --channel NAME [--count N] [--size BYTES] [--transport auto|shm|vulkan]\n"
       "                        [--consumers K] [--slots N] [--interval-us U] [--dir DIR]\n"
       "  lavaflow-demo consume --channel NAME [--count N] [--timeout SECONDS] [--dir DIR]\n"
+      "  mpiexec -n N lavaflow-demo mesh [--count N] [--size BYTES]   every rank to every rank, routed per pair\n"
       "      the two halves, in any start order, for two terminals; consume checks sequence and checksum\n"
       "      of every message and exits non-zero naming loss, corruption or the producer's death\n"
       "  lavaflow-demo share [--size BYTES]\n"
@@ -404,6 +408,18 @@ int main(int argc, char** argv) {
     a.opts[k.substr(2)] = argv[++i];
   }
   if (a.command.empty()) return run_both(a, "/proc/self/exe");
+  if (a.command == "mesh") {
+#if LAVAFLOW_DEMO_MPI
+    auto count = number(a, "count", 1000);
+    auto size = number(a, "size", 4096);
+    if (!count) return die("mesh", count.error());
+    if (!size) return die("mesh", size.error());
+    return lfdemo::mesh_main(argc, argv, *count, *size);
+#else
+    std::fprintf(stderr, "lavaflow-demo mesh: MPI is not built (LAVAFLOW_WITH_MPI)\n");
+    return 77;
+#endif
+  }
   if (a.command == "produce") return produce(a);
   if (a.command == "consume") return consume(a);
   if (a.command == "share") {

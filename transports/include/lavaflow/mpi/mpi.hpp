@@ -1,0 +1,180 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+/// @file
+/// lavaflow::mpi — channels between MPI ranks, routed per pair: ranks on one host use the local
+/// transports (Vulkan IPC or shared memory, fds over the local socket), ranks on different hosts a
+/// remote channel over MPI point-to-point.
+///
+/// A remote channel moves bytes (fds are node-local): the producer's ring buffer is sent as is
+/// (`MPI_Isend` straight from the loaned buffer: a 64-byte header, then the payload) into a receive
+/// posted on the consumer's ring buffer (no copy on either side, no unexpected-message buffering:
+/// the producer sends only with a credit, and every credit stands for a posted receive).
+///
+/// Differences from local channels (design note 0010): one consumer per remote channel; FullPolicy
+/// DropOldest is refused (a sent message cannot be taken back); waits poll MPI (`MPI_Test`),
+/// busy or with short sleeps, because MPI has no blocking wait with a timeout.
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "lavaflow/core/channel.hpp"
+#include "lavaflow/core/cpu_buffer.hpp"
+#include "lavaflow/core/duration.hpp"
+#include "lavaflow/core/error.hpp"
+#include "lavaflow/core/location.hpp"
+#include "lavaflow/core/transport.hpp"
+
+namespace lavaflow::mpi {
+
+/// An MPI error code as a lava-flow Error ("MPI_Send: MPI_ERR_RANK: invalid rank").
+[[nodiscard]] Error to_error(int code, std::string call);
+
+/// The routing-only transport for peers on other hosts (its ring buffers are not fds).
+[[nodiscard]] std::shared_ptr<const Transport> mpi_transport();
+
+struct CommunicatorOptions {
+  std::optional<HostIdentity> host;       ///< override of this host's identity (tests, containers)
+  const VulkanContext* vulkan = nullptr;  ///< devices this rank has (for Vulkan IPC routing); null: enumerate
+  Duration timeout = std::chrono::seconds(30);  ///< for the location exchange
+};
+
+/// The route of a channel from rank `from` (producer) to rank `to` (consumer).
+struct PairRoute {
+  int from = 0, to = 0;
+  std::string transport;  ///< "vulkan", "shm" or "mpi"
+  std::string reason;
+};
+
+/// An MPI job's ranks and where they are. Wraps (duplicates) a user's communicator; no global state.
+class Communicator {
+ public:
+  /// Exchanges every rank's ProcessLocation (collective: every rank of `comm` must call it).
+  [[nodiscard]] static Result<Communicator> create(MPI_Comm comm = MPI_COMM_WORLD, CommunicatorOptions options = {});
+  Communicator(Communicator&&) noexcept;
+  Communicator& operator=(Communicator&&) noexcept;
+  ~Communicator();
+
+  [[nodiscard]] int rank() const { return rank_; }
+  [[nodiscard]] int size() const { return static_cast<int>(locations_.size()); }
+  /// The private duplicate lava-flow communicates on (MPI_ERRORS_RETURN).
+  [[nodiscard]] MPI_Comm comm() const { return comm_; }
+  [[nodiscard]] const ProcessLocation& location(int rank) const { return locations_.at(static_cast<std::size_t>(rank)); }
+  /// How a channel from `from` to `to` goes, and why.
+  [[nodiscard]] Result<PairRoute> route(int from, int to) const;
+  /// Every ordered pair of distinct ranks.
+  [[nodiscard]] std::vector<PairRoute> routes() const;
+  /// A name shared by every rank of this job (for local channels between its ranks).
+  [[nodiscard]] const std::string& job_key() const { return job_key_; }
+
+ private:
+  Communicator() = default;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  std::vector<ProcessLocation> locations_;
+  std::string job_key_;
+};
+
+struct RemoteOptions {
+  std::uint32_t slots = 8;             ///< ring length (producer's choice; the consumer takes it)
+  std::uint64_t slot_size = 1 << 20;   ///< payload bytes per ring buffer
+  FullPolicy policy = FullPolicy::Block;
+  WaitMode wait = WaitMode::SpinThenBlock;
+  bool timestamps = false;
+  /// Distinguishes channels between the same two ranks: 0 … 8190.
+  int channel = 0;
+  Duration connect_timeout = std::chrono::seconds(30);
+};
+
+class RemoteProducer;
+class RemoteConsumer;
+
+/// A loaned ring buffer of a remote channel; dropped unpublished, it goes back.
+class RemoteLoan {
+ public:
+  RemoteLoan(RemoteLoan&&) noexcept;
+  RemoteLoan& operator=(RemoteLoan&&) = delete;
+  ~RemoteLoan();
+  [[nodiscard]] std::span<std::byte> bytes() const;
+  [[nodiscard]] std::uint64_t sequence() const { return seq_; }
+
+ private:
+  friend class RemoteProducer;
+  RemoteLoan(RemoteProducer* p, std::uint32_t slot, std::uint64_t seq) : producer_(p), slot_(slot), seq_(seq) {}
+  RemoteProducer* producer_ = nullptr;
+  std::uint32_t slot_ = 0;
+  std::uint64_t seq_ = 0;
+};
+
+/// A received message of a remote channel; released (its ring buffer re-posted, a credit sent back)
+/// when destroyed.
+class RemoteReceived {
+ public:
+  RemoteReceived(RemoteReceived&&) noexcept;
+  RemoteReceived& operator=(RemoteReceived&&) = delete;
+  ~RemoteReceived();
+  [[nodiscard]] std::span<const std::byte> bytes() const;
+  [[nodiscard]] const MessageInfo& info() const { return info_; }
+  Status release();
+
+ private:
+  friend class RemoteConsumer;
+  RemoteReceived(RemoteConsumer* c, std::uint32_t slot, MessageInfo info) : consumer_(c), slot_(slot), info_(info) {}
+  RemoteConsumer* consumer_ = nullptr;
+  std::uint32_t slot_ = 0;
+  MessageInfo info_;
+};
+
+class RemoteProducer {
+ public:
+  /// Announces the channel to `consumer_rank` (does not wait: the first loan() waits for its answer).
+  [[nodiscard]] static Result<std::unique_ptr<RemoteProducer>> create(const Communicator& comm, int consumer_rank,
+                                                                      RemoteOptions options = {});
+  ~RemoteProducer();
+  [[nodiscard]] Result<RemoteLoan> loan(Duration timeout = kForever);
+  [[nodiscard]] Result<RemoteLoan> try_loan();
+  /// Sends the buffer's header + `info.size` bytes (0: the whole slot) from the buffer itself.
+  [[nodiscard]] Result<MessageInfo> publish(RemoteLoan&& loan, MessageInfo info = {});
+  /// Waits until every published message has been received and released by the consumer.
+  [[nodiscard]] Status flush(Duration timeout = kForever);
+  [[nodiscard]] std::uint64_t slot_size() const;
+  [[nodiscard]] std::uint32_t slots() const;
+
+  struct Impl;
+
+ private:
+  friend class RemoteLoan;
+  explicit RemoteProducer(std::unique_ptr<Impl> impl);
+  void give_back(std::uint32_t slot);
+  std::unique_ptr<Impl> impl_;
+};
+
+class RemoteConsumer {
+ public:
+  /// Waits (up to options.connect_timeout) for `producer_rank`'s announcement of the channel,
+  /// checks it, allocates the ring and posts a receive on every ring buffer.
+  [[nodiscard]] static Result<std::unique_ptr<RemoteConsumer>> open(const Communicator& comm, int producer_rank,
+                                                                    RemoteOptions options = {});
+  ~RemoteConsumer();
+  /// The next message, waiting at most `timeout`; Malformed on a size or sequence mismatch.
+  [[nodiscard]] Result<RemoteReceived> receive(Duration timeout = kForever);
+  [[nodiscard]] Result<RemoteReceived> try_receive();
+  [[nodiscard]] std::uint64_t slot_size() const;
+  [[nodiscard]] std::uint32_t slots() const;
+
+  struct Impl;
+
+ private:
+  friend class RemoteReceived;
+  explicit RemoteConsumer(std::unique_ptr<Impl> impl);
+  Status release(std::uint32_t slot);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace lavaflow::mpi

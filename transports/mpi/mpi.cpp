@@ -1,0 +1,581 @@
+// SPDX-License-Identifier: MIT
+#include "lavaflow/mpi/mpi.hpp"
+
+#include <time.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "lavaflow/core/format.hpp"
+#include "lavaflow/core/vulkan_context.hpp"
+#include "lavaflow/transports/local.hpp"
+
+namespace lavaflow::mpi {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr std::size_t kHeader = 64;
+constexpr std::uint32_t kDataMagic = 0x4d464c46;   // "FLFM"
+constexpr std::uint32_t kHelloMagic = 0x484d4c46;  // "FLMH"
+constexpr std::uint16_t kVersion = 1;
+constexpr int kMaxChannel = 8190;
+
+struct Header {
+  std::uint32_t magic;
+  std::uint16_t version;
+  std::uint16_t flags;
+  std::uint64_t seq;
+  std::uint64_t size;
+  std::uint64_t tag;
+  std::uint64_t timestamp_ns;
+  std::uint8_t reserved[24];
+};
+static_assert(sizeof(Header) == kHeader);
+
+struct Hello {
+  std::uint32_t magic;
+  std::uint16_t version;
+  std::uint16_t reserved;
+  std::uint32_t slots;
+  std::int32_t channel;
+  std::uint64_t slot_size;
+};
+
+int data_tag(int channel) { return channel * 4 + 0; }
+int credit_tag(int channel) { return channel * 4 + 1; }
+int hello_tag(int channel) { return channel * 4 + 2; }
+int ack_tag(int channel) { return channel * 4 + 3; }
+
+Status check(int rc, const char* call) {
+  if (rc == MPI_SUCCESS) return {};
+  return std::unexpected(to_error(rc, call));
+}
+
+Clock::time_point deadline_after(Duration timeout) {
+  if (timeout == kForever || timeout > std::chrono::hours(24 * 365)) return Clock::time_point::max();
+  return Clock::now() + timeout;
+}
+
+/// Polls `done` (returns Result<bool>) until true or the deadline: spinning, then (unless
+/// busy-polling) sleeping 20 µs between tests — MPI has no blocking wait with a timeout.
+template <class F>
+Status poll_until(F&& done, Clock::time_point deadline, WaitMode mode, Errc on_timeout, const std::string& what) {
+  const auto start = Clock::now();
+  for (;;) {
+    LF_TRY(bool ok, done());
+    if (ok) return {};
+    const auto now = Clock::now();
+    if (now >= deadline) return fail(on_timeout, "lavaflow::mpi", what);
+    if (mode != WaitMode::BusyPoll && now - start > std::chrono::microseconds(20)) {
+      timespec ts{0, 20'000};
+      ::nanosleep(&ts, nullptr);
+    }
+  }
+}
+
+Result<bool> test(MPI_Request& r, MPI_Status* st, const char* call) {
+  int flag = 0;
+  LF_TRY_STATUS(check(MPI_Test(&r, &flag, st ? st : MPI_STATUS_IGNORE), call));
+  return flag != 0;
+}
+
+void cancel(MPI_Request& r) {
+  if (r == MPI_REQUEST_NULL) return;
+  MPI_Cancel(&r);
+  MPI_Wait(&r, MPI_STATUS_IGNORE);
+}
+
+/// Waits up to `limit` for `r`; cancels it when it does not complete (peer gone).
+void finish_or_cancel(MPI_Request& r, Duration limit) {
+  if (r == MPI_REQUEST_NULL) return;
+  const auto end = Clock::now() + limit;
+  int flag = 0;
+  while (Clock::now() < end) {
+    if (MPI_Test(&r, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || flag) return;
+    timespec ts{0, 50'000};
+    ::nanosleep(&ts, nullptr);
+  }
+  cancel(r);
+}
+
+Result<CpuBuffer> ring_buffer(std::uint64_t slot_size) {
+  return CpuBuffer::allocate({.size = kHeader + slot_size, .strategy = CpuStrategy::SharedMemory});
+}
+
+class MpiTransport final : public Transport {
+ public:
+  std::string_view name() const override { return "mpi"; }
+  Probe can_connect(const ProcessLocation& me, const std::optional<ProcessLocation>& peer,
+                    const TransportEnv&) const override {
+    if (!peer) return {true, "MPI point-to-point (any rank)"};
+    const auto scope = detect_scope(me, *peer);
+    return {true, str_format("MPI point-to-point: {}", scope.reason)};
+  }
+  Result<std::unique_ptr<Buffer>> allocate(const TransportEnv&, std::uint64_t) const override {
+    return fail(Errc::Unsupported, "mpi transport", "remote channels move bytes: use lavaflow::mpi::RemoteProducer");
+  }
+  Result<std::unique_ptr<Buffer>> import(const TransportEnv&, const ExportDescriptor&, UniqueFd&&) const override {
+    return fail(Errc::Unsupported, "mpi transport", "fds do not cross hosts: use lavaflow::mpi::RemoteConsumer");
+  }
+};
+
+Status check_options(const RemoteOptions& o, const char* call) {
+  if (o.channel < 0 || o.channel > kMaxChannel)
+    return fail(Errc::InvalidArgument, call, str_format("channel {} outside 0..{}", o.channel, kMaxChannel));
+  if (o.policy == FullPolicy::DropOldest)
+    return fail(Errc::Unsupported, call, "DropOldest is not available over MPI: a sent message cannot be taken back");
+  if (o.slots == 0 || o.slots > 1024) return fail(Errc::InvalidArgument, call, str_format("{} slots, allowed 1..1024", o.slots));
+  if (o.slot_size == 0 || o.slot_size > (1ull << 31) - kHeader)
+    return fail(Errc::InvalidArgument, call, str_format("slot size {} outside 1..2 GiB", o.slot_size));
+  return {};
+}
+
+Status check_peer(const Communicator& comm, int peer, const char* call) {
+  if (peer < 0 || peer >= comm.size() || peer == comm.rank())
+    return fail(Errc::InvalidArgument, call, str_format("peer rank {} (this is rank {} of {})", peer, comm.rank(), comm.size()));
+  return {};
+}
+
+std::uint64_t now_ns() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+}  // namespace
+
+Error to_error(int code, std::string call) {
+  char text[MPI_MAX_ERROR_STRING] = {};
+  int len = 0;
+  MPI_Error_string(code, text, &len);
+  int cls = MPI_ERR_UNKNOWN;
+  MPI_Error_class(code, &cls);
+  const Errc e = cls == MPI_ERR_TRUNCATE ? Errc::Malformed
+                 : cls == MPI_ERR_RANK || cls == MPI_ERR_TAG || cls == MPI_ERR_COUNT ? Errc::InvalidArgument
+                 : cls == MPI_ERR_NO_MEM ? Errc::OutOfMemory
+                                          : Errc::System;
+  return Error(e, std::move(call), str_format("MPI error class {}: {}", cls, std::string(text, static_cast<std::size_t>(len))));
+}
+
+std::shared_ptr<const Transport> mpi_transport() { return std::make_shared<MpiTransport>(); }
+
+// ----- Communicator
+
+Communicator::Communicator(Communicator&& o) noexcept
+    : comm_(std::exchange(o.comm_, MPI_COMM_NULL)), rank_(o.rank_), locations_(std::move(o.locations_)), job_key_(std::move(o.job_key_)) {}
+Communicator& Communicator::operator=(Communicator&& o) noexcept {
+  std::swap(comm_, o.comm_);
+  std::swap(rank_, o.rank_);
+  std::swap(locations_, o.locations_);
+  std::swap(job_key_, o.job_key_);
+  return *this;
+}
+Communicator::~Communicator() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
+}
+
+Result<Communicator> Communicator::create(MPI_Comm user, CommunicatorOptions o) {
+  constexpr const char* call = "mpi::Communicator::create";
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) return fail(Errc::Unsupported, call, "MPI_Init has not been called");
+  Communicator c;
+  LF_TRY_STATUS(check(MPI_Comm_dup(user, &c.comm_), "MPI_Comm_dup"));
+  LF_TRY_STATUS(check(MPI_Comm_set_errhandler(c.comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler"));
+  int size = 0;
+  LF_TRY_STATUS(check(MPI_Comm_rank(c.comm_, &c.rank_), "MPI_Comm_rank"));
+  LF_TRY_STATUS(check(MPI_Comm_size(c.comm_, &size), "MPI_Comm_size"));
+
+  std::vector<DeviceIdentity> devices;
+  if (o.vulkan) {
+    devices.push_back(o.vulkan->capabilities().identity);
+  } else if (auto all = enumerate_devices()) {
+    for (const auto& d : *all) devices.push_back(d.identity);
+  }
+  ProcessLocation me;
+  if (o.host) {
+    me = ProcessLocation::current_with(*o.host, devices);
+  } else {
+    LF_TRY(me, ProcessLocation::current(devices));
+  }
+  me.mpi_rank = c.rank_;
+  const auto mine = me.serialize();
+  int len = static_cast<int>(mine.size());
+  std::vector<int> lens(static_cast<std::size_t>(size)), offsets(static_cast<std::size_t>(size));
+  LF_TRY_STATUS(check(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, c.comm_), "MPI_Allgather(location sizes)"));
+  int total = 0;
+  for (int i = 0; i < size; ++i) {
+    if (lens[static_cast<std::size_t>(i)] <= 0 || lens[static_cast<std::size_t>(i)] > 1 << 20)
+      return fail(Errc::Malformed, call, str_format("rank {} announced a {}-byte location", i, lens[static_cast<std::size_t>(i)]));
+    offsets[static_cast<std::size_t>(i)] = total;
+    total += lens[static_cast<std::size_t>(i)];
+  }
+  std::vector<std::byte> all(static_cast<std::size_t>(total));
+  LF_TRY_STATUS(check(MPI_Allgatherv(mine.data(), len, MPI_BYTE, all.data(), lens.data(), offsets.data(), MPI_BYTE, c.comm_),
+                      "MPI_Allgatherv(locations)"));
+  for (int i = 0; i < size; ++i) {
+    auto loc = ProcessLocation::deserialize(
+        std::span(all).subspan(static_cast<std::size_t>(offsets[static_cast<std::size_t>(i)]), static_cast<std::size_t>(lens[static_cast<std::size_t>(i)])));
+    if (!loc) return std::unexpected(loc.error().within(str_format("{}: location of rank {}", call, i)));
+    loc->mpi_rank = i;
+    c.locations_.push_back(std::move(*loc));
+  }
+  c.job_key_ = str_format("mpi{}-{}", c.locations_[0].pid, size);
+  return c;
+}
+
+Result<PairRoute> Communicator::route(int from, int to) const {
+  if (from < 0 || to < 0 || from >= size() || to >= size() || from == to)
+    return fail(Errc::InvalidArgument, "mpi::Communicator::route", str_format("pair {} -> {} of {} ranks", from, to, size()));
+  const auto& a = location(from);
+  const auto& b = location(to);
+  const auto scope = detect_scope(a, b);
+  if (scope.scope == Scope::Remote) return PairRoute{from, to, "mpi", "remote: " + scope.reason + "; MPI point-to-point"};
+  if (auto d = common_device(a, b))
+    return PairRoute{from, to, "vulkan", str_format("Vulkan IPC: {}; both have device {}", scope.reason, d->name)};
+  return PairRoute{from, to, "shm", "CPU shared memory: " + scope.reason + "; no common Vulkan device"};
+}
+
+std::vector<PairRoute> Communicator::routes() const {
+  std::vector<PairRoute> out;
+  for (int i = 0; i < size(); ++i)
+    for (int j = 0; j < size(); ++j)
+      if (i != j) out.push_back(*route(i, j));
+  return out;
+}
+
+// ----- RemoteProducer
+
+struct RemoteProducer::Impl {
+  MPI_Comm comm = MPI_COMM_NULL;
+  int peer = 0;
+  RemoteOptions o;
+  std::vector<CpuBuffer> ring;
+  std::vector<MPI_Request> sends;
+  std::vector<bool> loaned;
+  std::uint32_t loans = 0, cursor = 0;
+  std::uint64_t next_seq = 0, released = 0;
+  std::uint64_t credit = 0;
+  MPI_Request credit_req = MPI_REQUEST_NULL;
+  Hello hello{};
+  MPI_Request hello_req = MPI_REQUEST_NULL;
+  std::uint32_t ack = 0;
+  MPI_Request ack_req = MPI_REQUEST_NULL;
+  bool connected = false;
+
+  Status post_credit() {
+    return check(MPI_Irecv(&credit, 1, MPI_UINT64_T, peer, credit_tag(o.channel), comm, &credit_req), "MPI_Irecv(credit)");
+  }
+
+  /// Takes in whatever the consumer has said (answer, credits) without waiting.
+  Status progress() {
+    if (!connected) {
+      MPI_Status st;
+      LF_TRY(bool got, test(ack_req, &st, "MPI_Test(answer)"));
+      if (!got) return {};
+      if (ack != kHelloMagic)
+        return fail(Errc::Malformed, "mpi::RemoteProducer", str_format("rank {} answered channel {} with {:#x}", peer, o.channel, ack));
+      connected = true;
+      LF_TRY_STATUS(post_credit());
+    }
+    for (;;) {
+      MPI_Status st;
+      LF_TRY(bool got, test(credit_req, &st, "MPI_Test(credit)"));
+      if (!got) return {};
+      if (credit > next_seq || credit < released)
+        return fail(Errc::Malformed, "mpi::RemoteProducer",
+                    str_format("rank {} released {} messages of {} sent (before: {})", peer, credit, next_seq, released));
+      released = credit;
+      LF_TRY_STATUS(post_credit());
+    }
+  }
+
+  /// A slot whose last send has completed and is not loaned, when the consumer has room.
+  Result<std::optional<std::uint32_t>> free_slot() {
+    LF_TRY_STATUS(progress());
+    if (!connected || next_seq - released + loans >= o.slots) return std::optional<std::uint32_t>{};
+    for (std::uint32_t k = 0; k < o.slots; ++k) {
+      const std::uint32_t s = (cursor + k) % o.slots;
+      if (loaned[s]) continue;
+      LF_TRY(bool done, test(sends[s], nullptr, "MPI_Test(send)"));
+      if (done) return std::optional<std::uint32_t>{s};
+    }
+    return std::optional<std::uint32_t>{};
+  }
+};
+
+RemoteProducer::RemoteProducer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+RemoteProducer::~RemoteProducer() {
+  auto& m = *impl_;
+  for (auto& r : m.sends) finish_or_cancel(r, std::chrono::seconds(2));
+  finish_or_cancel(m.hello_req, std::chrono::milliseconds(100));
+  cancel(m.ack_req);
+  cancel(m.credit_req);
+}
+
+Result<std::unique_ptr<RemoteProducer>> RemoteProducer::create(const Communicator& comm, int consumer_rank, RemoteOptions o) {
+  constexpr const char* call = "mpi::RemoteProducer::create";
+  LF_TRY_STATUS(check_options(o, call));
+  LF_TRY_STATUS(check_peer(comm, consumer_rank, call));
+  auto m = std::make_unique<Impl>();
+  m->comm = comm.comm();
+  m->peer = consumer_rank;
+  m->o = o;
+  for (std::uint32_t k = 0; k < o.slots; ++k) {
+    LF_TRY(auto b, ring_buffer(o.slot_size));
+    m->ring.push_back(std::move(b));
+  }
+  m->sends.assign(o.slots, MPI_REQUEST_NULL);
+  m->loaned.assign(o.slots, false);
+  m->hello = Hello{kHelloMagic, kVersion, 0, o.slots, o.channel, o.slot_size};
+  LF_TRY_STATUS(check(MPI_Irecv(&m->ack, 1, MPI_UINT32_T, consumer_rank, ack_tag(o.channel), m->comm, &m->ack_req), "MPI_Irecv(answer)"));
+  LF_TRY_STATUS(check(MPI_Isend(&m->hello, sizeof(Hello), MPI_BYTE, consumer_rank, hello_tag(o.channel), m->comm, &m->hello_req),
+                      "MPI_Isend(announce)"));
+  return std::unique_ptr<RemoteProducer>(new RemoteProducer(std::move(m)));
+}
+
+Result<RemoteLoan> RemoteProducer::loan(Duration timeout) {
+  auto& m = *impl_;
+  if (m.o.policy == FullPolicy::FailFast) return try_loan();
+  std::optional<std::uint32_t> slot;
+  LF_TRY_STATUS(poll_until(
+      [&]() -> Result<bool> {
+        LF_TRY(slot, m.free_slot());
+        return slot.has_value();
+      },
+      deadline_after(timeout), m.o.wait, Errc::Timeout,
+      m.connected ? str_format("ring full: rank {} released no buffer of channel {} in time", m.peer, m.o.channel)
+                  : str_format("rank {} did not open channel {} in time", m.peer, m.o.channel)));
+  m.loaned[*slot] = true;
+  ++m.loans;
+  m.cursor = (*slot + 1) % m.o.slots;
+  return RemoteLoan(this, *slot, m.next_seq);
+}
+
+Result<RemoteLoan> RemoteProducer::try_loan() {
+  auto& m = *impl_;
+  LF_TRY(auto slot, m.free_slot());
+  if (!slot)
+    return fail(Errc::WouldBlock, "mpi::RemoteProducer::try_loan",
+                m.connected ? "ring full: the consumer has not released a buffer" : "the consumer has not opened the channel yet");
+  m.loaned[*slot] = true;
+  ++m.loans;
+  m.cursor = (*slot + 1) % m.o.slots;
+  return RemoteLoan(this, *slot, m.next_seq);
+}
+
+Result<MessageInfo> RemoteProducer::publish(RemoteLoan&& loan, MessageInfo info) {
+  constexpr const char* call = "mpi::RemoteProducer::publish";
+  auto& m = *impl_;
+  if (loan.producer_ != this) return fail(Errc::InvalidArgument, call, "loan belongs to another channel");
+  const std::uint32_t slot = loan.slot_;
+  if (info.size == 0) info.size = m.o.slot_size;
+  if (info.size > m.o.slot_size)
+    return fail(Errc::InvalidArgument, call, str_format("{} bytes do not fit a {}-byte ring buffer", info.size, m.o.slot_size));
+  info.sequence = m.next_seq;
+  info.timestamp_ns = m.o.timestamps ? now_ns() : 0;
+  Header h{kDataMagic, kVersion, 0, info.sequence, info.size, info.user_tag, info.timestamp_ns, {}};
+  std::memcpy(m.ring[slot].host_ptr(), &h, sizeof h);
+  LF_TRY_STATUS(check(MPI_Isend(m.ring[slot].host_ptr(), static_cast<int>(kHeader + info.size), MPI_BYTE, m.peer,
+                                data_tag(m.o.channel), m.comm, &m.sends[slot]),
+                      "MPI_Isend(message)"));
+  loan.producer_ = nullptr;  // published: the loan no longer gives the slot back
+  m.loaned[slot] = false;
+  --m.loans;
+  ++m.next_seq;
+  return info;
+}
+
+Status RemoteProducer::flush(Duration timeout) {
+  auto& m = *impl_;
+  return poll_until(
+      [&]() -> Result<bool> {
+        LF_TRY_STATUS(m.progress());
+        if (m.released != m.next_seq) return false;
+        for (auto& r : m.sends) {
+          LF_TRY(bool done, test(r, nullptr, "MPI_Test(send)"));
+          if (!done) return false;
+        }
+        return true;
+      },
+      deadline_after(timeout), m.o.wait, Errc::Timeout,
+      str_format("rank {} released {} of {} messages of channel {} in time", m.peer, m.released, m.next_seq, m.o.channel));
+}
+
+void RemoteProducer::give_back(std::uint32_t slot) {
+  impl_->loaned[slot] = false;
+  --impl_->loans;
+}
+std::uint64_t RemoteProducer::slot_size() const { return impl_->o.slot_size; }
+std::uint32_t RemoteProducer::slots() const { return impl_->o.slots; }
+
+RemoteLoan::RemoteLoan(RemoteLoan&& o) noexcept : producer_(std::exchange(o.producer_, nullptr)), slot_(o.slot_), seq_(o.seq_) {}
+RemoteLoan::~RemoteLoan() {
+  if (producer_) producer_->give_back(slot_);
+}
+std::span<std::byte> RemoteLoan::bytes() const {
+  if (!producer_) return {};
+  auto& m = *producer_->impl_;
+  return m.ring[slot_].bytes().subspan(kHeader, m.o.slot_size);
+}
+
+// ----- RemoteConsumer
+
+struct RemoteConsumer::Impl {
+  MPI_Comm comm = MPI_COMM_NULL;
+  int peer = 0;
+  RemoteOptions o;
+  std::vector<CpuBuffer> ring;
+  std::vector<MPI_Request> recvs;
+  std::deque<std::uint32_t> posted;  // in posting order: MPI matches messages to them in this order
+  std::uint64_t expected = 0, released = 0;
+  std::deque<std::pair<std::unique_ptr<std::uint64_t>, MPI_Request>> credits;
+
+  Status post(std::uint32_t slot) {
+    LF_TRY_STATUS(check(MPI_Irecv(ring[slot].host_ptr(), static_cast<int>(kHeader + o.slot_size), MPI_BYTE, peer,
+                                  data_tag(o.channel), comm, &recvs[slot]),
+                        "MPI_Irecv(message)"));
+    posted.push_back(slot);
+    return {};
+  }
+
+  Status send_credit() {
+    while (!credits.empty()) {
+      LF_TRY(bool done, test(credits.front().second, nullptr, "MPI_Test(credit)"));
+      if (!done) break;
+      credits.pop_front();
+    }
+    auto value = std::make_unique<std::uint64_t>(released);
+    MPI_Request r = MPI_REQUEST_NULL;
+    LF_TRY_STATUS(check(MPI_Isend(value.get(), 1, MPI_UINT64_T, peer, credit_tag(o.channel), comm, &r), "MPI_Isend(credit)"));
+    credits.emplace_back(std::move(value), r);
+    return {};
+  }
+};
+
+RemoteConsumer::RemoteConsumer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+RemoteConsumer::~RemoteConsumer() {
+  auto& m = *impl_;
+  for (auto& [v, r] : m.credits) finish_or_cancel(r, std::chrono::milliseconds(500));
+  for (auto& r : m.recvs) cancel(r);
+}
+
+Result<std::unique_ptr<RemoteConsumer>> RemoteConsumer::open(const Communicator& comm, int producer_rank, RemoteOptions o) {
+  constexpr const char* call = "mpi::RemoteConsumer::open";
+  LF_TRY_STATUS(check_peer(comm, producer_rank, call));
+  if (o.channel < 0 || o.channel > kMaxChannel)
+    return fail(Errc::InvalidArgument, call, str_format("channel {} outside 0..{}", o.channel, kMaxChannel));
+  auto m = std::make_unique<Impl>();
+  m->comm = comm.comm();
+  m->peer = producer_rank;
+  Hello hello{};
+  MPI_Request r = MPI_REQUEST_NULL;
+  LF_TRY_STATUS(check(MPI_Irecv(&hello, sizeof hello, MPI_BYTE, producer_rank, hello_tag(o.channel), m->comm, &r), "MPI_Irecv(announce)"));
+  MPI_Status st;
+  auto got = poll_until([&] { return test(r, &st, "MPI_Test(announce)"); }, deadline_after(o.connect_timeout), o.wait,
+                        Errc::Timeout, str_format("rank {} did not announce channel {} in time", producer_rank, o.channel));
+  if (!got) {
+    cancel(r);
+    return std::unexpected(got.error().within(call));
+  }
+  int count = 0;
+  MPI_Get_count(&st, MPI_BYTE, &count);
+  if (count != static_cast<int>(sizeof hello) || hello.magic != kHelloMagic)
+    return fail(Errc::Malformed, call, str_format("rank {} sent {} bytes that are not a channel announcement", producer_rank, count));
+  if (hello.version != kVersion)
+    return fail(Errc::VersionMismatch, call, str_format("announcement version {}, this build speaks {}", hello.version, kVersion));
+  if (hello.channel != o.channel)
+    return fail(Errc::Malformed, call, str_format("announcement for channel {} on channel {}'s tag", hello.channel, o.channel));
+  RemoteOptions theirs = o;
+  theirs.slots = hello.slots;
+  theirs.slot_size = hello.slot_size;
+  theirs.policy = FullPolicy::Block;
+  if (auto ok = check_options(theirs, call); !ok)
+    return std::unexpected(Error(Errc::Malformed, call, "announcement out of range: " + ok.error().cause()));
+  m->o = theirs;
+  for (std::uint32_t k = 0; k < theirs.slots; ++k) {
+    LF_TRY(auto b, ring_buffer(theirs.slot_size));
+    m->ring.push_back(std::move(b));
+  }
+  m->recvs.assign(theirs.slots, MPI_REQUEST_NULL);
+  for (std::uint32_t k = 0; k < theirs.slots; ++k) LF_TRY_STATUS(m->post(k));
+  std::uint32_t answer = kHelloMagic;
+  LF_TRY_STATUS(check(MPI_Send(&answer, 1, MPI_UINT32_T, producer_rank, ack_tag(o.channel), m->comm), "MPI_Send(answer)"));
+  return std::unique_ptr<RemoteConsumer>(new RemoteConsumer(std::move(m)));
+}
+
+Result<RemoteReceived> RemoteConsumer::receive(Duration timeout) {
+  constexpr const char* call = "mpi::RemoteConsumer::receive";
+  auto& m = *impl_;
+  if (m.posted.empty())
+    return fail(Errc::WouldBlock, call, "every ring buffer is held by the application: release one first");
+  const std::uint32_t slot = m.posted.front();
+  MPI_Status st;
+  auto got = poll_until([&] { return test(m.recvs[slot], &st, "MPI_Test(message)"); }, deadline_after(timeout), m.o.wait,
+                        Errc::Timeout, str_format("no message from rank {} on channel {} in time", m.peer, m.o.channel));
+  if (!got) {
+    if (got.error().code() != Errc::Timeout) {  // e.g. MPI_ERR_TRUNCATE: the receive is over; re-post it
+      m.posted.pop_front();
+      (void)m.post(slot);
+    }
+    return std::unexpected(got.error().within(call));
+  }
+  m.posted.pop_front();
+  int count = 0;
+  MPI_Get_count(&st, MPI_BYTE, &count);
+  Header h{};
+  if (count < static_cast<int>(kHeader)) {
+    (void)m.post(slot);
+    return fail(Errc::Malformed, call, str_format("{} bytes from rank {}: shorter than a message header", count, m.peer));
+  }
+  std::memcpy(&h, m.ring[slot].host_ptr(), sizeof h);
+  std::string bad;
+  if (h.magic != kDataMagic || h.version != kVersion) bad = str_format("bad header magic {:#x} / version {}", h.magic, h.version);
+  else if (h.seq != m.expected) bad = str_format("sequence mismatch: message {} arrived where {} was expected", h.seq, m.expected);
+  else if (h.size != static_cast<std::uint64_t>(count) - kHeader)
+    bad = str_format("size mismatch: header says {} bytes, {} arrived", h.size, count - static_cast<int>(kHeader));
+  if (!bad.empty()) {
+    (void)m.post(slot);
+    return fail(Errc::Malformed, call, str_format("rank {}, channel {}: {}", m.peer, m.o.channel, bad));
+  }
+  ++m.expected;
+  return RemoteReceived(this, slot, MessageInfo{h.size, h.tag, h.timestamp_ns, h.seq});
+}
+
+Result<RemoteReceived> RemoteConsumer::try_receive() {
+  auto r = receive(Duration::zero());
+  if (!r && r.error().code() == Errc::Timeout)
+    return fail(Errc::WouldBlock, "mpi::RemoteConsumer::try_receive", "no message yet");
+  return r;
+}
+
+Status RemoteConsumer::release(std::uint32_t slot) {
+  auto& m = *impl_;
+  LF_TRY_STATUS(m.post(slot));
+  ++m.released;
+  return m.send_credit();
+}
+
+std::uint64_t RemoteConsumer::slot_size() const { return impl_->o.slot_size; }
+std::uint32_t RemoteConsumer::slots() const { return impl_->o.slots; }
+
+RemoteReceived::RemoteReceived(RemoteReceived&& o) noexcept
+    : consumer_(std::exchange(o.consumer_, nullptr)), slot_(o.slot_), info_(o.info_) {}
+RemoteReceived::~RemoteReceived() { (void)release(); }
+Status RemoteReceived::release() {
+  if (!consumer_) return {};
+  auto* c = std::exchange(consumer_, nullptr);
+  return c->release(slot_);
+}
+std::span<const std::byte> RemoteReceived::bytes() const {
+  if (!consumer_) return {};
+  return consumer_->impl_->ring[slot_].bytes().subspan(kHeader, info_.size);
+}
+
+}  // namespace lavaflow::mpi
