@@ -186,6 +186,12 @@ Result<Communicator> Communicator::create(MPI_Comm user, CommunicatorOptions o) 
   Communicator c;
   LF_TRY_STATUS(check(MPI_Comm_dup(user, &c.comm_), "MPI_Comm_dup"));
   LF_TRY_STATUS(check(MPI_Comm_set_errhandler(c.comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler"));
+  // MPICH 4.0.2 reports an error found while completing a request (MPI_Test on a truncated
+  // message) through MPI_COMM_WORLD's handler, not the request's communicator: unless the world
+  // returns errors too, malformed input from a peer aborts the whole job instead of becoming an
+  // error. On by default; CommunicatorOptions::world_errors_return = false leaves it alone.
+  if (o.world_errors_return)
+    LF_TRY_STATUS(check(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler(world)"));
   int size = 0;
   LF_TRY_STATUS(check(MPI_Comm_rank(c.comm_, &c.rank_), "MPI_Comm_rank"));
   LF_TRY_STATUS(check(MPI_Comm_size(c.comm_, &size), "MPI_Comm_size"));
@@ -341,7 +347,15 @@ Result<std::unique_ptr<RemoteProducer>> RemoteProducer::create(const Communicato
 
 Result<RemoteLoan> RemoteProducer::loan(Duration timeout) {
   auto& m = *impl_;
-  if (m.o.policy == FullPolicy::FailFast) return try_loan();
+  if (m.o.policy == FullPolicy::FailFast) {  // waits for the consumer to open, never for room
+    LF_TRY_STATUS(poll_until(
+        [&]() -> Result<bool> {
+          if (auto ok = m.progress(); !ok) return std::unexpected(ok.error());
+          return m.connected;
+        },
+        deadline_after(timeout), m.o.wait, Errc::Timeout, str_format("rank {} did not open channel {} in time", m.peer, m.o.channel)));
+    return try_loan();
+  }
   std::optional<std::uint32_t> slot;
   LF_TRY_STATUS(poll_until(
       [&]() -> Result<bool> {

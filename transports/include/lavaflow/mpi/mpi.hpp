@@ -43,6 +43,9 @@ struct CommunicatorOptions {
   std::optional<HostIdentity> host;       ///< override of this host's identity (tests, containers)
   const VulkanContext* vulkan = nullptr;  ///< devices this rank has (for Vulkan IPC routing); null: enumerate
   Duration timeout = std::chrono::seconds(30);  ///< for the location exchange
+  /// Also set MPI_ERRORS_RETURN on MPI_COMM_WORLD: MPICH 4.0.2 raises request-completion errors
+  /// (a truncated message from a misbehaving peer) there, and would otherwise abort the job.
+  bool world_errors_return = true;
 };
 
 /// The route of a channel from rank `from` (producer) to rank `to` (consumer).

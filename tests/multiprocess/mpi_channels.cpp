@@ -1,0 +1,157 @@
+// SPDX-License-Identifier: MIT
+// Remote (MPI) channel checks, run under `mpiexec -n 2` (rank 0 produces, rank 1 consumes; the
+// route is forced to MPI even though both ranks share a host). Prints "mpi-channels: OK" from rank
+// 0 when every check held on both ranks; exits non-zero naming the failed check otherwise.
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "../../apps/common/payload.hpp"
+#include "lavaflow/mpi/mpi.hpp"
+
+using namespace lavaflow;
+using namespace std::chrono_literals;
+
+namespace {
+
+int failures = 0;
+void expect(bool ok, const std::string& what) {
+  if (!ok) {
+    ++failures;
+    std::fprintf(stderr, "FAILED: %s\n", what.c_str());
+  }
+}
+template <class R>
+bool is(const R& r, Errc code) {
+  return !r && r.error().code() == code;
+}
+
+constexpr int kDataTagOf(int channel) { return channel * 4; }  // lavaflow::mpi's data tag of a channel
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  {
+    auto comm = mpi::Communicator::create();
+    if (!comm || comm->size() != 2) {
+      std::fprintf(stderr, "mpi-channels needs exactly 2 ranks\n");
+      MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    const int me = comm->rank();
+    auto barrier = [&] { MPI_Barrier(comm->comm()); };
+
+    // 1. A stream of 20,000 messages of varying size, verified in order.
+    const std::uint64_t n = 20000;
+    if (me == 0) {
+      auto p = mpi::RemoteProducer::create(*comm, 1, {.slots = 8, .slot_size = 65536, .channel = 1});
+      expect(bool(p), "create producer");
+      std::vector<std::byte> msg;
+      for (std::uint64_t i = 0; p && i < n; ++i) {
+        auto loan = (*p)->loan(10s);
+        if (!loan) { expect(false, "loan: " + loan.error().message()); break; }
+        msg.resize(1 + (i * 7919) % 65536);
+        lfapp::fill_message(msg, i);
+        std::memcpy(loan->bytes().data(), msg.data(), msg.size());
+        auto info = (*p)->publish(std::move(*loan), {.size = msg.size(), .user_tag = lfapp::checksum(msg)});
+        expect(info && info->sequence == i, "publish");
+      }
+      if (p) expect(bool((*p)->flush(10s)), "flush");
+    } else {
+      auto c = mpi::RemoteConsumer::open(*comm, 0, {.channel = 1});
+      expect(bool(c), "open consumer");
+      for (std::uint64_t i = 0; c && i < n; ++i) {
+        auto r = (*c)->receive(10s);
+        if (!r) { expect(false, "receive: " + r.error().message()); break; }
+        expect(r->info().sequence == i && r->bytes().size() == 1 + (i * 7919) % 65536 &&
+                   lfapp::checksum(r->bytes()) == r->info().user_tag && lfapp::matches(r->bytes(), i),
+               "message " + std::to_string(i) + " intact");
+      }
+    }
+    barrier();
+
+    // 2. Full ring: FailFast says WouldBlock, Block times out naming the consumer; DropOldest is refused.
+    if (me == 0) {
+      expect(is(mpi::RemoteProducer::create(*comm, 1, {.policy = FullPolicy::DropOldest, .channel = 2}), Errc::Unsupported),
+             "DropOldest refused");
+      auto p = mpi::RemoteProducer::create(*comm, 1, {.slots = 2, .slot_size = 64, .policy = FullPolicy::FailFast, .channel = 3});
+      for (int i = 0; p && i < 2; ++i) {
+        auto loan = (*p)->loan(10s);
+        expect(loan && (*p)->publish(std::move(*loan), {.size = 8}).has_value(), "publish into empty ring");
+      }
+      if (p) expect(is((*p)->try_loan(), Errc::WouldBlock), "full ring: WouldBlock");
+      auto q = mpi::RemoteProducer::create(*comm, 1, {.slots = 1, .slot_size = 64, .channel = 4});
+      if (q) {
+        auto loan = (*q)->loan(10s);
+        expect(loan && (*q)->publish(std::move(*loan), {.size = 8}).has_value(), "publish one");
+        const auto t0 = std::chrono::steady_clock::now();
+        auto again = (*q)->loan(200ms);
+        expect(is(again, Errc::Timeout) && again.error().cause().find("rank 1") != std::string::npos, "Block: Timeout naming rank 1");
+        expect(std::chrono::steady_clock::now() - t0 < 2s, "timeout bounded");
+      }
+      barrier();  // the consumer is done with channels 3 and 4
+    } else {
+      auto c3 = mpi::RemoteConsumer::open(*comm, 0, {.channel = 3});
+      auto c4 = mpi::RemoteConsumer::open(*comm, 0, {.channel = 4});
+      expect(c3 && c4, "open consumers 3 and 4");
+      // Holds what arrives without releasing: the producers see a full ring.
+      std::vector<mpi::RemoteReceived> held;
+      for (int i = 0; c3 && i < 2; ++i)
+        if (auto r = (*c3)->receive(10s)) held.push_back(std::move(*r));
+      if (c4)
+        if (auto r = (*c4)->receive(10s)) held.push_back(std::move(*r));
+      expect(held.size() == 3, "three messages held");
+      if (c4) expect(is((*c4)->receive(10s), Errc::WouldBlock), "every buffer held: WouldBlock");
+      barrier();
+    }
+
+    // 3. Malformed bytes on the wire: a bad header, a wrong sequence, an oversize message; and a
+    //    receive timeout.
+    if (me == 0) {
+      auto p = mpi::RemoteProducer::create(*comm, 1, {.slots = 4, .slot_size = 128, .channel = 5});
+      barrier();  // the consumer has posted its receives
+      std::vector<std::byte> junk(64 + 16, std::byte{0x5a});
+      MPI_Send(junk.data(), static_cast<int>(junk.size()), MPI_BYTE, 1, kDataTagOf(5), comm->comm());
+      std::uint64_t header[8] = {0x0001'4d464c46ull, 7 /*seq*/, 16 /*size*/, 0, 0, 0, 0, 0};
+      std::memcpy(junk.data(), header, sizeof header);
+      MPI_Send(junk.data(), static_cast<int>(junk.size()), MPI_BYTE, 1, kDataTagOf(5), comm->comm());
+      std::vector<std::byte> big(64 + 4096);
+      MPI_Send(big.data(), static_cast<int>(big.size()), MPI_BYTE, 1, kDataTagOf(5), comm->comm());
+      barrier();
+    } else {
+      auto c = mpi::RemoteConsumer::open(*comm, 0, {.channel = 5});
+      barrier();
+      if (c) {
+        auto bad = (*c)->receive(10s);
+        expect(is(bad, Errc::Malformed) && bad.error().cause().find("magic") != std::string::npos, "bad header: Malformed");
+        auto seq = (*c)->receive(10s);
+        expect(is(seq, Errc::Malformed) && seq.error().cause().find("sequence mismatch") != std::string::npos,
+               "wrong sequence: Malformed (" + (seq ? std::string("ok") : seq.error().message()) + ")");
+        auto big = (*c)->receive(10s);
+        expect(is(big, Errc::Malformed), "oversize message: Malformed (" + (big ? std::string("ok") : big.error().message()) + ")");
+        const auto t0 = std::chrono::steady_clock::now();
+        expect(is((*c)->receive(100ms), Errc::Timeout), "nothing sent: Timeout");
+        expect(std::chrono::steady_clock::now() - t0 < 2s, "receive timeout bounded");
+      }
+      barrier();
+    }
+
+    // 4. A channel nobody announces: open times out naming the rank.
+    if (me == 1) {
+      auto c = mpi::RemoteConsumer::open(*comm, 0, {.channel = 9, .connect_timeout = 200ms});
+      expect(is(c, Errc::Timeout) && c.error().cause().find("rank 0") != std::string::npos, "unannounced channel: Timeout");
+    }
+
+    int all = 0;
+    MPI_Reduce(&failures, &all, 1, MPI_INT, MPI_SUM, 0, comm->comm());
+    if (me == 0) std::printf(all == 0 ? "mpi-channels: OK\n" : "mpi-channels: %d check(s) FAILED\n", all);
+    MPI_Bcast(&all, 1, MPI_INT, 0, comm->comm());
+    failures = all;
+  }
+  MPI_Finalize();
+  return failures == 0 ? 0 : 1;
+}
