@@ -8,6 +8,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <cerrno>
+#include <cstdlib>
+#include <unistd.h>
 #include <functional>
 #include <string>
 #include <vector>
@@ -270,6 +273,9 @@ void usage() {
       "  alloc   allocation + export time of exportable Vulkan buffers (4 KiB, 1 MiB, 64 MiB) next to a\n"
       "          plain vkAllocateMemory of the same size and memory type, and of each CPU strategy next\n"
       "          to an anonymous mmap; median of N (default 101) runs each.\n"
+      "       lavaflow-bench remote [--json]        (starts itself under mpiexec -n 2 when needed)\n"
+      "  remote  raw MPI ping-pong latency and windowed bandwidth (OSU methods), 8 B … 4 MiB, next to a\n"
+      "          lava-flow remote channel (route forced to MPI) doing the same.\n"
       "       lavaflow-bench interop [--size BYTES] [--frame BYTES] [--rounds N] [--json]\n"
       "  interop (CUDA GPU) a copy kernel over Vulkan-imported vs cudaMalloc memory (1 GiB), the cost of one\n"
       "          import, and cross-process GPU frame hand-off through a lava-flow channel vs CUDA IPC.");
@@ -285,6 +291,26 @@ int main(int argc, char** argv) {
   const std::string what = argv[1];
   if (what == "_echo") return lfbench::echo_main(argc, argv);
   if (what == "local") return bench_local(argc, argv);
+  if (what == "remote") {
+#ifdef LAVAFLOW_BENCH_REMOTE
+    // Under mpiexec already (a PMI or OpenMPI rank variable is set): become the MPI program.
+    // Otherwise start it under mpiexec -n 2.
+    std::vector<std::string> args;
+    const bool under_mpi = std::getenv("PMI_RANK") || std::getenv("OMPI_COMM_WORLD_RANK");
+    if (!under_mpi) args = {LAVAFLOW_MPIEXEC, "-n", "2"};
+    args.push_back(LAVAFLOW_BENCH_REMOTE);
+    for (int i = 2; i < argc; ++i) args.push_back(argv[i]);
+    std::vector<char*> raw;
+    for (auto& s : args) raw.push_back(s.data());
+    raw.push_back(nullptr);
+    ::execv(raw[0], raw.data());
+    std::fprintf(stderr, "lavaflow-bench remote: cannot start %s: %s\n", raw[0], std::strerror(errno));
+    return 1;
+#else
+    std::puts("lavaflow-bench remote: skipped, the MPI transport is not built (LAVAFLOW_WITH_MPI)");
+    return 77;
+#endif
+  }
   if (what == "interop" || what == "interop-peer") {
 #if LAVAFLOW_BENCH_INTEROP
     return what == "interop" ? lfbench::bench_interop(argc, argv) : lfbench::bench_interop_peer(argc, argv);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 
 #include "lavaflow/core/format.hpp"
@@ -100,8 +101,25 @@ void finish_or_cancel(MPI_Request& r, Duration limit) {
   cancel(r);
 }
 
-Result<CpuBuffer> ring_buffer(std::uint64_t slot_size) {
-  return CpuBuffer::allocate({.size = kHeader + slot_size, .strategy = CpuStrategy::SharedMemory});
+/// A ring buffer of a remote channel: page-aligned private memory (it never leaves the process as
+/// an fd; MPI sends from it and receives into it). Private heap memory rather than a memfd mapping:
+/// MPI libraries (MPICH over UCX) handle it on their fast path.
+struct RingBuffer {
+  struct Free {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+  std::unique_ptr<std::byte, Free> mem;
+  std::uint64_t size = 0;
+  [[nodiscard]] std::byte* host_ptr() const { return mem.get(); }
+  [[nodiscard]] std::span<std::byte> bytes() const { return {mem.get(), size}; }
+};
+
+Result<RingBuffer> ring_buffer(std::uint64_t slot_size) {
+  const std::uint64_t size = (kHeader + slot_size + 4095) / 4096 * 4096;
+  auto* p = static_cast<std::byte*>(std::aligned_alloc(4096, size));
+  if (p == nullptr) return fail(Errc::OutOfMemory, "mpi ring buffer", str_format("{} bytes", size));
+  std::memset(p, 0, size);
+  return RingBuffer{std::unique_ptr<std::byte, RingBuffer::Free>(p), kHeader + slot_size};
 }
 
 class MpiTransport final : public Transport {
@@ -260,7 +278,7 @@ struct RemoteProducer::Impl {
   MPI_Comm comm = MPI_COMM_NULL;
   int peer = 0;
   RemoteOptions o;
-  std::vector<CpuBuffer> ring;
+  std::vector<RingBuffer> ring;
   std::vector<MPI_Request> sends;
   std::vector<bool> loaned;
   std::uint32_t loans = 0, cursor = 0;
@@ -300,13 +318,17 @@ struct RemoteProducer::Impl {
     }
   }
 
-  /// A slot whose last send has completed and is not loaned, when the consumer has room.
+  /// A slot whose last send has completed and is not loaned, when the consumer has room. Every
+  /// MPI_Test runs the MPI library's progress engine (hundreds of ns over UCX), so the hot path
+  /// makes as few as it can: credits are read only when the window looks full, and the slot after
+  /// the last one used is tried first.
   Result<std::optional<std::uint32_t>> free_slot() {
-    LF_TRY_STATUS(progress());
+    if (!connected || next_seq - released + loans >= o.slots) LF_TRY_STATUS(progress());
     if (!connected || next_seq - released + loans >= o.slots) return std::optional<std::uint32_t>{};
     for (std::uint32_t k = 0; k < o.slots; ++k) {
       const std::uint32_t s = (cursor + k) % o.slots;
       if (loaned[s]) continue;
+      if (sends[s] == MPI_REQUEST_NULL) return std::optional<std::uint32_t>{s};
       LF_TRY(bool done, test(sends[s], nullptr, "MPI_Test(send)"));
       if (done) return std::optional<std::uint32_t>{s};
     }
@@ -444,7 +466,7 @@ struct RemoteConsumer::Impl {
   MPI_Comm comm = MPI_COMM_NULL;
   int peer = 0;
   RemoteOptions o;
-  std::vector<CpuBuffer> ring;
+  std::vector<RingBuffer> ring;
   std::vector<MPI_Request> recvs;
   std::deque<std::uint32_t> posted;  // in posting order: MPI matches messages to them in this order
   std::uint64_t expected = 0, released = 0;
