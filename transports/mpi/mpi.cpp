@@ -61,14 +61,15 @@ Clock::time_point deadline_after(Duration timeout) {
 
 /// Polls `done` (returns Result<bool>) until true or the deadline: spinning, then (unless
 /// busy-polling) sleeping 20 µs between tests — MPI has no blocking wait with a timeout.
-template <class F>
-Status poll_until(F&& done, Clock::time_point deadline, WaitMode mode, Errc on_timeout, const std::string& what) {
+/// `what` makes the timeout's message — only when it happens (formatting costs more than a message).
+template <class F, class W>
+Status poll_until(F&& done, Clock::time_point deadline, WaitMode mode, Errc on_timeout, W&& what) {
   const auto start = Clock::now();
   for (;;) {
     LF_TRY(bool ok, done());
     if (ok) return {};
     const auto now = Clock::now();
-    if (now >= deadline) return fail(on_timeout, "lavaflow::mpi", what);
+    if (now >= deadline) return fail(on_timeout, "lavaflow::mpi", what());
     if (mode != WaitMode::BusyPoll && now - start > std::chrono::microseconds(20)) {
       timespec ts{0, 20'000};
       ::nanosleep(&ts, nullptr);
@@ -375,7 +376,7 @@ Result<RemoteLoan> RemoteProducer::loan(Duration timeout) {
           if (auto ok = m.progress(); !ok) return std::unexpected(ok.error());
           return m.connected;
         },
-        deadline_after(timeout), m.o.wait, Errc::Timeout, str_format("rank {} did not open channel {} in time", m.peer, m.o.channel)));
+        deadline_after(timeout), m.o.wait, Errc::Timeout, [&] { return str_format("rank {} did not open channel {} in time", m.peer, m.o.channel); }));
     return try_loan();
   }
   std::optional<std::uint32_t> slot;
@@ -384,9 +385,8 @@ Result<RemoteLoan> RemoteProducer::loan(Duration timeout) {
         LF_TRY(slot, m.free_slot());
         return slot.has_value();
       },
-      deadline_after(timeout), m.o.wait, Errc::Timeout,
-      m.connected ? str_format("ring full: rank {} released no buffer of channel {} in time", m.peer, m.o.channel)
-                  : str_format("rank {} did not open channel {} in time", m.peer, m.o.channel)));
+      deadline_after(timeout), m.o.wait, Errc::Timeout, [&] { return m.connected ? str_format("ring full: rank {} released no buffer of channel {} in time", m.peer, m.o.channel)
+                  : str_format("rank {} did not open channel {} in time", m.peer, m.o.channel); }));
   m.loaned[*slot] = true;
   ++m.loans;
   m.cursor = (*slot + 1) % m.o.slots;
@@ -439,8 +439,7 @@ Status RemoteProducer::flush(Duration timeout) {
         }
         return true;
       },
-      deadline_after(timeout), m.o.wait, Errc::Timeout,
-      str_format("rank {} released {} of {} messages of channel {} in time", m.peer, m.released, m.next_seq, m.o.channel));
+      deadline_after(timeout), m.o.wait, Errc::Timeout, [&] { return str_format("rank {} released {} of {} messages of channel {} in time", m.peer, m.released, m.next_seq, m.o.channel); });
 }
 
 void RemoteProducer::give_back(std::uint32_t slot) {
@@ -469,8 +468,18 @@ struct RemoteConsumer::Impl {
   std::vector<RingBuffer> ring;
   std::vector<MPI_Request> recvs;
   std::deque<std::uint32_t> posted;  // in posting order: MPI matches messages to them in this order
-  std::uint64_t expected = 0, released = 0;
+  std::uint64_t expected = 0, released = 0, credited = 0;
   std::deque<std::pair<std::unique_ptr<std::uint64_t>, MPI_Request>> credits;
+
+  /// Credits are batched: sent once a quarter of the ring is released, or at once when no message
+  /// is waiting (the producer may be waiting for room, and an idle consumer owes nothing).
+  Status maybe_credit() {
+    if (released - credited >= std::max<std::uint64_t>(1, o.slots / 4)) return send_credit();
+    int ready = 0;
+    if (!posted.empty())
+      LF_TRY_STATUS(check(MPI_Request_get_status(recvs[posted.front()], &ready, MPI_STATUS_IGNORE), "MPI_Request_get_status"));
+    return ready ? Status{} : send_credit();
+  }
 
   Status post(std::uint32_t slot) {
     LF_TRY_STATUS(check(MPI_Irecv(ring[slot].host_ptr(), static_cast<int>(kHeader + o.slot_size), MPI_BYTE, peer,
@@ -486,6 +495,7 @@ struct RemoteConsumer::Impl {
       if (!done) break;
       credits.pop_front();
     }
+    credited = released;
     auto value = std::make_unique<std::uint64_t>(released);
     MPI_Request r = MPI_REQUEST_NULL;
     LF_TRY_STATUS(check(MPI_Isend(value.get(), 1, MPI_UINT64_T, peer, credit_tag(o.channel), comm, &r), "MPI_Isend(credit)"));
@@ -498,6 +508,7 @@ RemoteConsumer::RemoteConsumer(std::unique_ptr<Impl> impl) : impl_(std::move(imp
 
 RemoteConsumer::~RemoteConsumer() {
   auto& m = *impl_;
+  if (m.released != m.credited) (void)m.send_credit();
   for (auto& [v, r] : m.credits) finish_or_cancel(r, std::chrono::milliseconds(500));
   for (auto& r : m.recvs) cancel(r);
 }
@@ -515,7 +526,7 @@ Result<std::unique_ptr<RemoteConsumer>> RemoteConsumer::open(const Communicator&
   LF_TRY_STATUS(check(MPI_Irecv(&hello, sizeof hello, MPI_BYTE, producer_rank, hello_tag(o.channel), m->comm, &r), "MPI_Irecv(announce)"));
   MPI_Status st;
   auto got = poll_until([&] { return test(r, &st, "MPI_Test(announce)"); }, deadline_after(o.connect_timeout), o.wait,
-                        Errc::Timeout, str_format("rank {} did not announce channel {} in time", producer_rank, o.channel));
+                        Errc::Timeout, [&] { return str_format("rank {} did not announce channel {} in time", producer_rank, o.channel); });
   if (!got) {
     cancel(r);
     return std::unexpected(got.error().within(call));
@@ -554,7 +565,7 @@ Result<RemoteReceived> RemoteConsumer::receive(Duration timeout) {
   const std::uint32_t slot = m.posted.front();
   MPI_Status st;
   auto got = poll_until([&] { return test(m.recvs[slot], &st, "MPI_Test(message)"); }, deadline_after(timeout), m.o.wait,
-                        Errc::Timeout, str_format("no message from rank {} on channel {} in time", m.peer, m.o.channel));
+                        Errc::Timeout, [&] { return str_format("no message from rank {} on channel {} in time", m.peer, m.o.channel); });
   if (!got) {
     if (got.error().code() != Errc::Timeout) {  // e.g. MPI_ERR_TRUNCATE: the receive is over; re-post it
       m.posted.pop_front();
@@ -595,7 +606,7 @@ Status RemoteConsumer::release(std::uint32_t slot) {
   auto& m = *impl_;
   LF_TRY_STATUS(m.post(slot));
   ++m.released;
-  return m.send_credit();
+  return m.maybe_credit();
 }
 
 std::uint64_t RemoteConsumer::slot_size() const { return impl_->o.slot_size; }
