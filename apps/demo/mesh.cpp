@@ -134,6 +134,9 @@ Status run(const mpi::Communicator& comm, const VulkanContext* vk, std::uint64_t
       ++received;
     }
   }
+  // Everything this rank expects has arrived: close its consumers (a remote one hands back its
+  // last credits), then wait until every peer has released what this rank sent.
+  ins.clear();
   for (auto& o : outs) {
     if (o.local) LF_TRY_STATUS(o.local->flush(std::chrono::seconds(60)));
     if (o.remote) LF_TRY_STATUS(o.remote->flush(std::chrono::seconds(60)));

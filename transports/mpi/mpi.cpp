@@ -471,14 +471,11 @@ struct RemoteConsumer::Impl {
   std::uint64_t expected = 0, released = 0, credited = 0;
   std::deque<std::pair<std::unique_ptr<std::uint64_t>, MPI_Request>> credits;
 
-  /// Credits are batched: sent once a quarter of the ring is released, or at once when no message
-  /// is waiting (the producer may be waiting for room, and an idle consumer owes nothing).
+  /// Credits are batched: one per quarter of the ring released; the rest goes out when the
+  /// consumer next waits for a message (see receive()) or closes — off the message path.
   Status maybe_credit() {
     if (released - credited >= std::max<std::uint64_t>(1, o.slots / 4)) return send_credit();
-    int ready = 0;
-    if (!posted.empty())
-      LF_TRY_STATUS(check(MPI_Request_get_status(recvs[posted.front()], &ready, MPI_STATUS_IGNORE), "MPI_Request_get_status"));
-    return ready ? Status{} : send_credit();
+    return {};
   }
 
   Status post(std::uint32_t slot) {
@@ -564,6 +561,12 @@ Result<RemoteReceived> RemoteConsumer::receive(Duration timeout) {
     return fail(Errc::WouldBlock, call, "every ring buffer is held by the application: release one first");
   const std::uint32_t slot = m.posted.front();
   MPI_Status st;
+  bool ready = false;
+  if (m.released != m.credited) {  // about to wait: the producer may be waiting for room
+    LF_TRY(ready, test(m.recvs[slot], &st, "MPI_Test(message)"));
+    if (!ready) LF_TRY_STATUS(m.send_credit());
+  }
+  if (!ready) {
   auto got = poll_until([&] { return test(m.recvs[slot], &st, "MPI_Test(message)"); }, deadline_after(timeout), m.o.wait,
                         Errc::Timeout, [&] { return str_format("no message from rank {} on channel {} in time", m.peer, m.o.channel); });
   if (!got) {
@@ -572,6 +575,7 @@ Result<RemoteReceived> RemoteConsumer::receive(Duration timeout) {
       (void)m.post(slot);
     }
     return std::unexpected(got.error().within(call));
+  }
   }
   m.posted.pop_front();
   int count = 0;

@@ -144,7 +144,9 @@ class RemoteProducer {
   [[nodiscard]] Result<RemoteLoan> try_loan();
   /// Sends the buffer's header + `info.size` bytes (0: the whole slot) from the buffer itself.
   [[nodiscard]] Result<MessageInfo> publish(RemoteLoan&& loan, MessageInfo info = {});
-  /// Waits until every published message has been received and released by the consumer.
+  /// Waits until every published message has been received and released by the consumer. The
+  /// consumer reports releases in batches: the last ones when it next waits for a message or when
+  /// it is closed — so a peer that neither receives nor closes makes this time out.
   [[nodiscard]] Status flush(Duration timeout = kForever);
   [[nodiscard]] std::uint64_t slot_size() const;
   [[nodiscard]] std::uint32_t slots() const;
