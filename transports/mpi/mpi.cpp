@@ -471,10 +471,10 @@ struct RemoteConsumer::Impl {
   std::uint64_t expected = 0, released = 0, credited = 0;
   std::deque<std::pair<std::unique_ptr<std::uint64_t>, MPI_Request>> credits;
 
-  /// Credits are batched: one per quarter of the ring released; the rest goes out when the
-  /// consumer next waits for a message (see receive()) or closes — off the message path.
+  /// Credits are batched: one per half ring released; the rest goes out when the consumer waits
+  /// for a message for a while (see receive()) or closes — off the message path.
   Status maybe_credit() {
-    if (released - credited >= std::max<std::uint64_t>(1, o.slots / 4)) return send_credit();
+    if (released - credited >= std::max<std::uint64_t>(1, o.slots / 2)) return send_credit();
     return {};
   }
 
@@ -561,13 +561,18 @@ Result<RemoteReceived> RemoteConsumer::receive(Duration timeout) {
     return fail(Errc::WouldBlock, call, "every ring buffer is held by the application: release one first");
   const std::uint32_t slot = m.posted.front();
   MPI_Status st;
-  bool ready = false;
-  if (m.released != m.credited) {  // about to wait: the producer may be waiting for room
-    LF_TRY(ready, test(m.recvs[slot], &st, "MPI_Test(message)"));
-    if (!ready) LF_TRY_STATUS(m.send_credit());
-  }
-  if (!ready) {
-  auto got = poll_until([&] { return test(m.recvs[slot], &st, "MPI_Test(message)"); }, deadline_after(timeout), m.o.wait,
+  {
+  // Leftover credits go out once this wait lasts (the producer may be waiting for room); a short
+  // wait — the next message already on its way — costs no extra message.
+  const auto wait_start = Clock::now();
+  auto got = poll_until(
+      [&]() -> Result<bool> {
+        LF_TRY(bool arrived, test(m.recvs[slot], &st, "MPI_Test(message)"));
+        if (!arrived && m.released != m.credited && Clock::now() - wait_start > std::chrono::microseconds(20))
+          LF_TRY_STATUS(m.send_credit());
+        return arrived;
+      },
+      deadline_after(timeout), m.o.wait,
                         Errc::Timeout, [&] { return str_format("no message from rank {} on channel {} in time", m.peer, m.o.channel); });
   if (!got) {
     if (got.error().code() != Errc::Timeout) {  // e.g. MPI_ERR_TRUNCATE: the receive is over; re-post it
