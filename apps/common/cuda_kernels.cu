@@ -38,3 +38,21 @@ cudaError_t lf_kernel_copy16(void* dst, const void* src, unsigned long long byte
   copy_kernel<<<blocks(n) < 132 * 16 ? blocks(n) : 132 * 16, 256, 0, s>>>(static_cast<uint4*>(dst), static_cast<const uint4*>(src), n);
   return cudaGetLastError();
 }
+
+namespace {
+__global__ void invert_kernel(cudaSurfaceObject_t s, unsigned w, unsigned h) {
+  const unsigned x = blockIdx.x * 16 + threadIdx.x, y = blockIdx.y * 16 + threadIdx.y;
+  if (x >= w || y >= h) return;
+  uchar4 p;
+  surf2Dread(&p, s, x * 4, y);
+  p.x = 255 - p.x;
+  p.y = 255 - p.y;
+  p.z = 255 - p.z;
+  surf2Dwrite(p, s, x * 4, y);
+}
+}  // namespace
+
+cudaError_t lf_kernel_invert_rgba8(cudaSurfaceObject_t surface, unsigned width, unsigned height, cudaStream_t s) {
+  invert_kernel<<<dim3((width + 15) / 16, (height + 15) / 16), dim3(16, 16), 0, s>>>(surface, width, height);
+  return cudaGetLastError();
+}

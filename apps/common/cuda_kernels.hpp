@@ -8,3 +8,5 @@ cudaError_t lf_kernel_xor(void* dst, const void* src, unsigned char key, unsigne
 cudaError_t lf_kernel_add_one(void* dst, const void* src, unsigned long long words, cudaStream_t s);
 /// 16-byte-vector copy of `bytes` (a multiple of 16).
 cudaError_t lf_kernel_copy16(void* dst, const void* src, unsigned long long bytes, cudaStream_t s);
+/// Inverts R, G and B of every pixel of an RGBA8 surface in place (alpha kept).
+cudaError_t lf_kernel_invert_rgba8(cudaSurfaceObject_t surface, unsigned width, unsigned height, cudaStream_t s);
