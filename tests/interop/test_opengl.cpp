@@ -268,3 +268,51 @@ TEST_CASE("binary semaphore ping-pong between Vulkan and a GL compute shader wit
   glDeleteProgram(prog);
   glDeleteShader(sh);
 }
+
+TEST_CASE("a channel consumer reads received ring buffers as GL buffer textures in a shader") {
+  auto f = setup();
+  const auto dir = lftest::channel_dir();
+  auto prod = lftest::ok(Producer::create("gl-tex", {.slots = 2, .slot_size = 4096, .transport = "vulkan",
+                                                     .transports = local_transports(), .vulkan = &f.vk, .directory = dir}));
+  auto con = lftest::ok(Consumer::open("gl-tex", {.transports = local_transports(), .directory = dir}));
+  gl::ChannelImports imports(f.gl.gl, *con);
+  const char* src = "#version 430\nlayout(local_size_x = 64) in;\n"
+                    "layout(binding = 0) uniform usamplerBuffer words;\n"
+                    "layout(std430, binding = 1) buffer Out { uint o[]; };\n"
+                    "void main() { uint i = gl_GlobalInvocationID.x; o[i] = texelFetch(words, int(i)).r; }\n";
+  GLuint sh = glCreateShader(GL_COMPUTE_SHADER);
+  glShaderSource(sh, 1, &src, nullptr);
+  glCompileShader(sh);
+  GLuint prog = glCreateProgram();
+  glAttachShader(prog, sh);
+  glLinkProgram(prog);
+  GLint linked = 0;
+  glGetProgramiv(prog, GL_LINK_STATUS, &linked);
+  REQUIRE(linked == GL_TRUE);
+  GLuint out = 0;
+  glCreateBuffers(1, &out);
+  glNamedBufferStorage(out, 4096, nullptr, GL_DYNAMIC_STORAGE_BIT);
+  auto stager = lftest::ok(Stager::create(f.vk, 4096));
+  for (std::uint32_t m = 0; m < 6; ++m) {
+    auto loan = lftest::ok(prod->loan(std::chrono::seconds(10)));
+    std::vector<std::uint32_t> words(1024);
+    for (std::uint32_t i = 0; i < 1024; ++i) words[i] = m * 100000 + i;
+    lftest::ok(stager.upload(static_cast<const GpuBuffer&>(loan.buffer()), std::as_bytes(std::span(words))));
+    lftest::ok(prod->publish(std::move(loan)));
+    auto r = lftest::ok(con->receive(std::chrono::seconds(10)));
+    const auto* tex = lftest::ok(imports.texture(r, GL_R32UI));
+    glUseProgram(prog);
+    glBindTextureUnit(0, tex->name());
+    glBindBufferBase(GL_SHADER_STORAGE_BUFFER, 1, out);
+    glDispatchCompute(1024 / 64, 1, 1);
+    glMemoryBarrier(GL_ALL_BARRIER_BITS);
+    std::vector<std::uint32_t> seen(1024);
+    glGetNamedBufferSubData(out, 0, 4096, seen.data());
+    REQUIRE(glGetError() == GL_NO_ERROR);
+    REQUIRE(seen == words);
+  }
+  CHECK(imports.imported() == 2);
+  glDeleteBuffers(1, &out);
+  glDeleteProgram(prog);
+  glDeleteShader(sh);
+}

@@ -328,4 +328,23 @@ Result<const Buffer*> ChannelImports::buffer(const Received& message) {
   return &it->second;
 }
 
+Result<const Texture*> ChannelImports::texture(const Received& message, GLenum internal_format) {
+  constexpr const char* call = "gl::ChannelImports::texture";
+  LF_TRY(const Buffer* buf, buffer(message));
+  auto& list = textures_[&message.buffer()];
+  for (const auto& t : list)
+    if (t.internal_format() == internal_format) return &t;
+  clear_gl_errors();
+  GLuint tex = 0;
+  glCreateTextures(GL_TEXTURE_BUFFER, 1, &tex);
+  glTextureBufferRange(tex, internal_format, buf->name(), static_cast<GLintptr>(buf->offset()),
+                       static_cast<GLsizeiptr>(buf->size()));
+  if (auto ok = check_gl("glTextureBufferRange", str_format("making a buffer texture over {} bytes", buf->size())); !ok) {
+    glDeleteTextures(1, &tex);
+    return std::unexpected(ok.error().within(call));
+  }
+  list.push_back(Texture(0, tex, internal_format, 0, 0));
+  return &list.back();
+}
+
 }  // namespace lavaflow::gl

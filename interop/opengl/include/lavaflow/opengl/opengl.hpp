@@ -89,6 +89,8 @@ class Buffer {
 };
 
 /// An imported 2D image as a GL texture (GL_TEXTURE_2D, one level).
+class ChannelImports;
+
 class Texture {
  public:
   Texture(Texture&&) noexcept;
@@ -101,6 +103,7 @@ class Texture {
 
  private:
   friend class Interop;
+  friend class ChannelImports;
   Texture(GLuint memory, GLuint texture, GLenum fmt, std::uint32_t w, std::uint32_t h)
       : memory_(memory), texture_(texture), internal_format_(fmt), width_(w), height_(h) {}
   GLuint memory_ = 0;
@@ -169,6 +172,10 @@ class ChannelImports {
   ChannelImports(const Interop& gl, const Consumer& consumer) : gl_(&gl), consumer_(&consumer) {}
   /// The GL buffer for a received message's ring buffer, ready for GL commands issued after this.
   [[nodiscard]] Result<const Buffer*> buffer(const Received& message);
+  /// The same as a buffer texture (GL_TEXTURE_BUFFER over the imported buffer, `internal_format`
+  /// texels, e.g. GL_RGBA8 or GL_R32UI) for shaders that read it with texelFetch; made once per
+  /// ring buffer and format, the message handed to GL as in buffer().
+  [[nodiscard]] Result<const Texture*> texture(const Received& message, GLenum internal_format);
   [[nodiscard]] std::size_t imported() const { return cache_.size(); }
   /// Whether messages reach GL through a semaphore (else through the CPU wait in receive()).
   [[nodiscard]] bool gpu_handoff() const { return gl_semaphore_.has_value(); }
@@ -178,6 +185,7 @@ class ChannelImports {
   const Interop* gl_;
   const Consumer* consumer_;
   std::unordered_map<const lavaflow::Buffer*, Buffer> cache_;
+  std::unordered_map<const lavaflow::Buffer*, std::vector<Texture>> textures_;
   bool tried_semaphore_ = false;
   std::optional<GpuSemaphore> vk_semaphore_;
   std::optional<Semaphore> gl_semaphore_;
