@@ -7,6 +7,7 @@
 //       the two halves, for two terminals.
 //   lavaflow-demo share [--size BYTES]
 //       one exportable Vulkan buffer handed to a second process by descriptor + fd.
+#include <fcntl.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -114,7 +115,12 @@ Status check_message(const Consumer& c, const Received& r, std::optional<Stager>
   return {};
 }
 
-int produce(const Args& a) {
+/// What the producer half reports to run_both's summary.
+struct ProducerSummary {
+  std::string route, reason, ring;
+};
+
+int produce(const Args& a, ProducerSummary* summary = nullptr) {
   const std::string name = a.get("channel", "");
   if (name.empty()) return die("producer", Error(Errc::InvalidArgument, "produce", "--channel NAME is required"));
   auto count = number(a, "count", 1000);
@@ -137,8 +143,11 @@ int produce(const Args& a) {
   auto& prod = **p;
   std::printf("[producer pid %d] channel \"%s\": route %s — %s\n", ::getpid(), name.c_str(), prod.route().transport.c_str(),
               prod.route().reason.c_str());
-  if (prod.vulkan()) std::printf("[producer] ring of %u x %s in Vulkan memory on %s\n", prod.slots(), human_bytes(double(*size)).c_str(), describe(*prod.vulkan()).c_str());
-  else std::printf("[producer] ring of %u x %s in CPU shared memory\n", prod.slots(), human_bytes(double(*size)).c_str());
+  const std::string ring = prod.vulkan()
+                               ? str_format("{} x {} in Vulkan memory on {}", prod.slots(), human_bytes(double(*size)), describe(*prod.vulkan()))
+                               : str_format("{} x {} in CPU shared memory", prod.slots(), human_bytes(double(*size)));
+  std::printf("[producer] ring of %s\n", ring.c_str());
+  if (summary) *summary = {prod.route().transport, prod.route().reason, ring};
   std::printf("[producer] waiting for %llu consumer(s)…\n", static_cast<unsigned long long>(*consumers));
   std::fflush(stdout);
   if (auto ok = prod.wait_for_consumers(static_cast<std::uint32_t>(*consumers), 60s); !ok) return die("producer", ok.error());
@@ -222,6 +231,11 @@ int consume(const Args& a) {
   const double secs = ms_since(t0) / 1000;
   std::sort(latency_ns.begin(), latency_ns.end());
   auto pct = [&](double q) { return latency_ns.empty() ? 0.0 : double(latency_ns[static_cast<std::size_t>(q * double(latency_ns.size() - 1))]) / 1000; };
+  if (auto fd = a.get("summary-fd", ""); !fd.empty()) {  // for run_both's summary
+    const std::string line = str_format("{} {} {:.1f} {:.1f} {:.3f} {}\n", *count, bytes, pct(0.5), pct(0.99), secs,
+                                        con.vulkan() ? describe(*con.vulkan()) : std::string("CPU shared memory (no Vulkan import)"));
+    (void)!::write(std::stoi(fd), line.data(), line.size());
+  }
   std::printf("[consumer] OK: %llu messages, %s, all verified (none lost, duplicated, reordered or corrupt) in %.3f s — "
               "%.0f msg/s, %s/s; publish→receive latency p50 %.1f us, p99 %.1f us\n",
               static_cast<unsigned long long>(*count), human_bytes(double(bytes)).c_str(), secs, double(*count) / secs,
@@ -235,7 +249,15 @@ int run_both(const Args& a, const char* self) {
   if (!count) return die("demo", count.error());
   if (!size) return die("demo", size.error());
   const std::string name = str_format("demo-{}", ::getpid());
-  std::vector<std::string> args{self, "consume", "--channel", name, "--count", std::to_string(*count)};
+  int pipe_fds[2];
+  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
+    std::perror("pipe2");
+    return 1;
+  }
+  UniqueFd summary_read(pipe_fds[0]), summary_write(pipe_fds[1]);
+  ::fcntl(summary_write.get(), F_SETFD, 0);  // the consumer inherits the write end
+  std::vector<std::string> args{self, "consume", "--channel", name, "--count", std::to_string(*count),
+                                "--summary-fd", std::to_string(summary_write.get())};
   std::vector<char*> argv;
   for (auto& s : args) argv.push_back(s.data());
   argv.push_back(nullptr);
@@ -247,17 +269,37 @@ int run_both(const Args& a, const char* self) {
     std::perror("posix_spawn");
     return 1;
   }
+  summary_write.reset();
   Args p = a;
   p.opts["channel"] = name;
   p.opts["count"] = std::to_string(*count);
   p.opts["size"] = std::to_string(*size);
-  const int prc = produce(p);
+  ProducerSummary ps;
+  const int prc = produce(p, &ps);
   int status = 0;
   ::waitpid(child, &status, 0);
   const int crc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   if (prc != 0 || crc != 0) {
     std::fprintf(stderr, "lavaflow-demo: FAILED (producer exit %d, consumer exit %d)\n", prc, crc);
     return 1;
+  }
+  char buf[1024] = {};
+  const auto n = ::read(summary_read.get(), buf, sizeof buf - 1);
+  unsigned long long frames = 0, bytes = 0;
+  double p50 = 0, p99 = 0, secs = 0;
+  int used = 0;
+  if (n > 0 && std::sscanf(buf, "%llu %llu %lf %lf %lf %n", &frames, &bytes, &p50, &p99, &secs, &used) == 5) {
+    std::string consumer_device(buf + used);
+    while (!consumer_device.empty() && consumer_device.back() == '\n') consumer_device.pop_back();
+    std::printf("\nsummary\n"
+                "  route       %s — %s\n"
+                "  producer    ring of %s\n"
+                "  consumer    %s\n"
+                "  frames      %llu of %s, every byte verified (none lost, duplicated, reordered or corrupt)\n"
+                "  throughput  %.0f frames/s, %s/s\n"
+                "  latency     publish -> receive p50 %.1f us, p99 %.1f us\n",
+                ps.route.c_str(), ps.reason.c_str(), ps.ring.c_str(), consumer_device.c_str(), frames,
+                human_bytes(double(*size)).c_str(), double(frames) / secs, human_bytes(double(bytes) / secs).c_str(), p50, p99);
   }
   std::printf("lavaflow-demo: OK\n");
   return 0;
