@@ -29,12 +29,6 @@ Fixture setup() {
 
 #define CU_OK(expr) REQUIRE((expr) == cudaSuccess)
 
-std::vector<std::byte> pattern(std::size_t n, std::uint64_t seed) {
-  std::vector<std::byte> v(n);
-  lftest::fill(v, seed);
-  return v;
-}
-
 }  // namespace
 
 TEST_CASE("Vulkan to CUDA and CUDA to Vulkan buffers are byte-exact, odd sizes and non-zero offsets") {
@@ -49,7 +43,7 @@ TEST_CASE("Vulkan to CUDA and CUDA to Vulkan buffers are byte-exact, odd sizes a
     CHECK(lftest::first_mismatch(seen, size) == -1);
     CU_OK(lf_kernel_xor(ext.data(), ext.data(), 0xa5, size, nullptr));
     CU_OK(cudaDeviceSynchronize());
-    std::vector<std::byte> back(size), want = pattern(size, size);
+    std::vector<std::byte> back(size), want = lftest::pattern(size, size);
     for (auto& b : want) b ^= std::byte{0xa5};
     lftest::ok(download(f.vk, buf, back));
     CHECK(back == want);
@@ -65,7 +59,7 @@ TEST_CASE("Vulkan to CUDA and CUDA to Vulkan buffers are byte-exact, odd sizes a
   CHECK_FALSE(ex.fd.valid());
   std::vector<std::byte> seen(len);
   CU_OK(cudaMemcpy(seen.data(), ext.data(), len, cudaMemcpyDeviceToHost));
-  const auto all = pattern(size, 9);
+  const auto all = lftest::pattern(size, 9);
   CHECK(std::equal(seen.begin(), seen.end(), all.begin() + static_cast<std::ptrdiff_t>(offset)));
 }
 
@@ -74,7 +68,7 @@ TEST_CASE("memory allocated by CUDA (cuMemCreate) is imported by Vulkan, both di
   const std::uint64_t size = (8 << 20) + 13;
   auto alloc = f.cu.allocate_exportable(size);
   if (!alloc) lftest::skip("no POSIX-fd CUDA allocations: " + alloc.error().message());
-  const auto px = pattern(size, 77);
+  const auto px = lftest::pattern(size, 77);
   CU_OK(cudaMemcpy(alloc->data(), px.data(), size, cudaMemcpyHostToDevice));
   auto ex = lftest::ok(alloc->export_for(f.vk));
   auto vkbuf = lftest::ok(GpuBuffer::import(f.vk, ex.descriptor, std::move(ex.fd)));
@@ -90,7 +84,7 @@ TEST_CASE("Vulkan images are CUDA mipmapped arrays: pixels both ways") {
   for (auto [w, h] : {std::pair{333u, 77u}, std::pair{1920u, 1080u}}) {
     INFO(w << "x" << h);
     auto img = lftest::ok(GpuImage::allocate(f.vk, {.width = w, .height = h, .format = PixelFormat::Rgba8}));
-    auto px = pattern(img.descriptor().packed_size(), w);
+    auto px = lftest::pattern(img.descriptor().packed_size(), w);
     lftest::ok(upload_image(f.vk, img, px));
     auto arr = lftest::ok(f.cu.import_image(img));
     std::vector<std::byte> seen(px.size());

@@ -24,12 +24,6 @@ Fixture setup() {
   return Fixture{std::move(vk), std::move(*gl)};
 }
 
-std::vector<std::byte> pattern(std::size_t n, std::uint64_t seed) {
-  std::vector<std::byte> v(n);
-  lftest::fill(v, seed);
-  return v;
-}
-
 }  // namespace
 
 TEST_CASE("Vulkan to GL and GL to Vulkan buffers are byte-exact, odd sizes and both memory kinds") {
@@ -43,7 +37,7 @@ TEST_CASE("Vulkan to GL and GL to Vulkan buffers are byte-exact, odd sizes and b
       CHECK(glbuf.size() == size);
       auto seen = lftest::gl_read(glbuf.name(), 0, size);
       CHECK(lftest::first_mismatch(seen, size) == -1);
-      const auto next = pattern(size, size + 7);
+      const auto next = lftest::pattern(size, size + 7);
       glNamedBufferSubData(glbuf.name(), 0, static_cast<GLsizeiptr>(size), next.data());
       glFinish();  // llvmpipe has no GL_EXT_semaphore_fd: the CPU waits for GL
       CHECK(lftest::gpu_check(f.vk, buf, size + 7) == "");
@@ -65,7 +59,7 @@ TEST_CASE("GL imports a sub-range at a non-zero offset of an exported buffer") {
   CHECK(glbuf.offset() == offset);
   CHECK(glbuf.size() == len);
   auto seen = lftest::gl_read(glbuf.name(), glbuf.offset(), len);
-  auto all = pattern(size, 3);
+  auto all = lftest::pattern(size, 3);
   CHECK(std::equal(seen.begin(), seen.end(), all.begin() + static_cast<std::ptrdiff_t>(offset)));
 }
 
@@ -81,7 +75,7 @@ TEST_CASE("Vulkan images and GL textures share pixels both ways") {
       auto img = lftest::ok(GpuImage::allocate(f.vk, {.width = w, .height = h, .format = c.fmt}));
       const auto n = img.descriptor().packed_size();
       // Float patterns must stay finite and exact: use small integers.
-      auto px = pattern(n, w + h);
+      auto px = lftest::pattern(n, w + h);
       if (c.fmt == PixelFormat::R32f)
         for (std::size_t i = 0; i < n / 4; ++i) {
           const float v = static_cast<float>(i % 1000);

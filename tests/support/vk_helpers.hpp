@@ -20,6 +20,12 @@ inline std::byte pattern_byte(std::uint64_t seed, std::uint64_t i) {
 inline void fill(std::span<std::byte> s, std::uint64_t seed) {
   for (std::uint64_t i = 0; i < s.size(); ++i) s[i] = pattern_byte(seed, i);
 }
+/// `n` bytes of the pattern for `seed`.
+inline std::vector<std::byte> pattern(std::size_t n, std::uint64_t seed) {
+  std::vector<std::byte> v(n);
+  fill(v, seed);
+  return v;
+}
 /// Index of the first wrong byte, or -1.
 inline long long first_mismatch(std::span<const std::byte> s, std::uint64_t seed) {
   for (std::uint64_t i = 0; i < s.size(); ++i)
@@ -36,9 +42,7 @@ inline std::string vk_copy_status(const lavaflow::VulkanContext& ctx, vk::Buffer
 
 /// Writes the pattern into `b` (mapped, or through a staging buffer and a GPU copy).
 inline std::string gpu_fill(const lavaflow::VulkanContext& ctx, const lavaflow::GpuBuffer& b, std::uint64_t seed) {
-  std::vector<std::byte> data(b.size());
-  fill(data, seed);
-  auto s = lavaflow::upload(ctx, b, data);
+  auto s = lavaflow::upload(ctx, b, pattern(b.size(), seed));
   return s ? std::string() : s.error().message();
 }
 

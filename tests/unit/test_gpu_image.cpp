@@ -4,14 +4,6 @@
 
 using namespace lavaflow;
 
-namespace {
-std::vector<std::byte> pattern(std::size_t n, std::uint64_t seed) {
-  std::vector<std::byte> v(n);
-  lftest::fill(v, seed);
-  return v;
-}
-}  // namespace
-
 TEST_CASE("exportable images: pixels written in one context are read in another, odd sizes and formats") {
   auto a = lftest::context_or_skip();
   auto b = lftest::ok(VulkanContext::create({.device = a.capabilities().identity.device_uuid}));
@@ -19,7 +11,7 @@ TEST_CASE("exportable images: pixels written in one context are read in another,
     for (auto [w, h] : {std::pair{1u, 1u}, std::pair{333u, 77u}, std::pair{640u, 480u}}) {
       INFO(to_string(fmt) << " " << w << "x" << h);
       auto img = lftest::ok(GpuImage::allocate(a, {.width = w, .height = h, .format = fmt}));
-      const auto px = pattern(img.descriptor().packed_size(), w * 31 + h);
+      const auto px = lftest::pattern(img.descriptor().packed_size(), w * 31 + h);
       lftest::ok(upload_image(a, img, px));
       auto ex = lftest::ok(img.export_handle());
       auto round = lftest::ok(ImageDescriptor::deserialize(ex.descriptor.serialize()));

@@ -387,10 +387,7 @@ Result<RemoteLoan> RemoteProducer::loan(Duration timeout) {
       },
       deadline_after(timeout), m.o.wait, Errc::Timeout, [&] { return m.connected ? str_format("ring full: rank {} released no buffer of channel {} in time", m.peer, m.o.channel)
                   : str_format("rank {} did not open channel {} in time", m.peer, m.o.channel); }));
-  m.loaned[*slot] = true;
-  ++m.loans;
-  m.cursor = (*slot + 1) % m.o.slots;
-  return RemoteLoan(this, *slot, m.next_seq);
+  return take(*slot);
 }
 
 Result<RemoteLoan> RemoteProducer::try_loan() {
@@ -399,10 +396,7 @@ Result<RemoteLoan> RemoteProducer::try_loan() {
   if (!slot)
     return fail(Errc::WouldBlock, "mpi::RemoteProducer::try_loan",
                 m.connected ? "ring full: the consumer has not released a buffer" : "the consumer has not opened the channel yet");
-  m.loaned[*slot] = true;
-  ++m.loans;
-  m.cursor = (*slot + 1) % m.o.slots;
-  return RemoteLoan(this, *slot, m.next_seq);
+  return take(*slot);
 }
 
 Result<MessageInfo> RemoteProducer::publish(RemoteLoan&& loan, MessageInfo info) {
@@ -440,6 +434,14 @@ Status RemoteProducer::flush(Duration timeout) {
         return true;
       },
       deadline_after(timeout), m.o.wait, Errc::Timeout, [&] { return str_format("rank {} released {} of {} messages of channel {} in time", m.peer, m.released, m.next_seq, m.o.channel); });
+}
+
+RemoteLoan RemoteProducer::take(std::uint32_t slot) {
+  auto& m = *impl_;
+  m.loaned[slot] = true;
+  ++m.loans;
+  m.cursor = (slot + 1) % m.o.slots;
+  return RemoteLoan(this, slot, m.next_seq);
 }
 
 void RemoteProducer::give_back(std::uint32_t slot) {

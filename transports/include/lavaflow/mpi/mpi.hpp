@@ -156,6 +156,7 @@ class RemoteProducer {
  private:
   friend class RemoteLoan;
   explicit RemoteProducer(std::unique_ptr<Impl> impl);
+  RemoteLoan take(std::uint32_t slot);  ///< loans a free slot (loan and try_loan)
   void give_back(std::uint32_t slot);
   std::unique_ptr<Impl> impl_;
 };
