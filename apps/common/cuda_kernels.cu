@@ -56,3 +56,18 @@ cudaError_t lf_kernel_invert_rgba8(cudaSurfaceObject_t surface, unsigned width, 
   invert_kernel<<<dim3((width + 15) / 16, (height + 15) / 16), dim3(16, 16), 0, s>>>(surface, width, height);
   return cudaGetLastError();
 }
+
+// lavaflow-viewer's test image (apps/viewer/pattern.h: the same formula as its Vulkan shader).
+#include "../viewer/pattern.h"
+
+namespace {
+__global__ void pattern_kernel(unsigned* pixels, unsigned width, unsigned height, unsigned frame) {
+  const unsigned x = blockIdx.x * 16 + threadIdx.x, y = blockIdx.y * 16 + threadIdx.y;
+  if (x < width && y < height) pixels[static_cast<unsigned long long>(y) * width + x] = lf_pattern(x, y, width, height, frame);
+}
+}  // namespace
+
+cudaError_t lf_kernel_pattern(void* pixels, unsigned width, unsigned height, unsigned frame, cudaStream_t s) {
+  pattern_kernel<<<dim3((width + 15) / 16, (height + 15) / 16), dim3(16, 16), 0, s>>>(static_cast<unsigned*>(pixels), width, height, frame);
+  return cudaGetLastError();
+}

@@ -1,0 +1,42 @@
+/* SPDX-License-Identifier: MIT */
+/* The viewer's animated test image, one formula for every writer and checker: the Vulkan compute
+ * shader (GLSL, through glslc's #include), the CUDA kernel and the C++ side (CPU writer, screenshot
+ * check). Integer arithmetic only, so every writer produces the same bytes and a screenshot can be
+ * compared exactly. Written in the subset of syntax that GLSL 4.50, CUDA and C++ share. */
+#ifndef LAVAFLOW_VIEWER_PATTERN_H
+#define LAVAFLOW_VIEWER_PATTERN_H
+
+#if defined(GL_core_profile) || defined(GL_ES)
+#define LF_U32 uint
+#define LF_FN
+#else
+#define LF_U32 unsigned
+#if defined(__CUDACC__)
+#define LF_FN __host__ __device__ inline
+#else
+#define LF_FN inline
+#endif
+#endif
+
+/* Triangle wave 0..period..0 of t. */
+LF_FN LF_U32 lf_triangle(LF_U32 t, LF_U32 period) {
+  LF_U32 m = t % (2u * period);
+  return m < period ? m : 2u * period - m;
+}
+
+/* RGBA8 pixel (x, y) of frame `frame` of a width x height image, packed little-endian (R lowest):
+ * a colour ramp scrolling with the frame, concentric rings around a point bouncing across the image,
+ * and a moving XOR weave. Alpha 255. */
+LF_FN LF_U32 lf_pattern(LF_U32 x, LF_U32 y, LF_U32 width, LF_U32 height, LF_U32 frame) {
+  LF_U32 cx = lf_triangle(frame * 3u, width > 1u ? width - 1u : 1u);
+  LF_U32 cy = lf_triangle(frame * 2u, height > 1u ? height - 1u : 1u);
+  LF_U32 dx = x > cx ? x - cx : cx - x;
+  LF_U32 dy = y > cy ? y - cy : cy - y;
+  LF_U32 rings = ((dx * dx + dy * dy) >> 5u) + frame * 4u;
+  LF_U32 r = (x * 255u / (width > 1u ? width - 1u : 1u) + frame) & 255u;
+  LF_U32 g = (rings & 64u) != 0u ? 255u - (rings & 63u) * 2u : (rings & 63u) * 2u;
+  LF_U32 b = ((x + frame) ^ (y + frame * 2u)) & 255u;
+  return r | (g << 8u) | (b << 16u) | (255u << 24u);
+}
+
+#endif
