@@ -22,7 +22,9 @@ quick=${LAVAFLOW_GPU_QUICK:-0}
 # The 1,000,000-message Vulkan-IPC streams verify every message on the CPU; with device-local
 # rings that is a GPU copy + fence per message each way (~3k msg/s on an H100), too slow for one
 # device command. They run on lavapipe in CI; here the same processes run 100k messages below.
-ctest --test-dir "$build" -j 8 --output-on-failure --timeout 300 -E "1,000,000 messages.*Vulkan IPC" > "$out/ctest.log" 2>&1
+# LAVAFLOW_GPU_TESTS=REGEX runs only the matching tests (a quick re-run of one area).
+ctest --test-dir "$build" -j 8 --output-on-failure --timeout 300 -E "1,000,000 messages.*Vulkan IPC" \
+  ${LAVAFLOW_GPU_TESTS:+-R "$LAVAFLOW_GPU_TESTS"} > "$out/ctest.log" 2>&1
 rc=$?
 grep -h "LAVAFLOW-SKIP" "$build/Testing/Temporary/LastTest.log" | sort -u >> "$out/ctest.log"
 stream() {  # transport consumers count
@@ -43,5 +45,20 @@ if [ "$quick" != 1 ]; then
 "$build/apps/bench/lavaflow-bench" local > "$out/bench-local.txt" 2>&1
 fi
 "$build/apps/bench/lavaflow-bench" interop > "$out/bench-interop.txt" 2>&1 || rc=1
+# The viewer headless (EGL on the GPU; no X server there): Vulkan compute and CUDA producers, paced
+# and flat out; every screenshot checked pixel by pixel, by the viewer and by the PNG checker.
+viewer="$build/apps/viewer/lavaflow-viewer"
+if [ -x "$viewer" ]; then
+  {
+    for mode in "" "--cuda"; do
+      for fps in 60 0; do
+        name="viewer${mode:+-cuda}-fps$fps"
+        echo "== lavaflow-viewer --headless $mode --fps $fps --frames 600"
+        "$viewer" --headless $mode --fps "$fps" --frames 600 --screenshot "$out/$name.png" || rc=1
+        "$build/tests/multiprocess/lavaflow_png_check" "$out/$name.png" || rc=1
+      done
+    done
+  } > "$out/viewer.txt" 2>&1
+fi
 tail -25 "$out/ctest.log"
 exit $rc
