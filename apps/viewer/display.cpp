@@ -74,6 +74,15 @@ class Surface {
     return {};
   }
 
+  /// Binds the context to this thread again. Needed after a session: on NVIDIA, tearing down the
+  /// previous consumer's Vulkan context leaves the EGL context unbound.
+  [[nodiscard]] Status make_current() const {
+    if (window_) glfwMakeContextCurrent(window_);
+    else if (egl_) LF_TRY_STATUS(egl_->make_current());
+    if (!glGetString(GL_RENDERER)) return fail(Errc::Driver, "viewer", "the GL context cannot be made current again");
+    return {};
+  }
+
   [[nodiscard]] bool windowed() const { return window_ != nullptr; }
   [[nodiscard]] bool closed() const {
     if (!window_) return false;
@@ -313,6 +322,8 @@ int display_main(const DisplayOptions& o) {
       if (auto ok = gl::load_functions(); !ok) return die(ok.error());
       renderer.emplace();
       if (auto ok = renderer->init(); !ok) return die(ok.error());
+    } else if (auto ok = surface.make_current(); !ok) {
+      return die(ok.error());
     }
     // Zero copy where GL can import this ring (same device, GL_EXT_memory_object_fd); else upload.
     std::string gl_path = "upload (one copy per frame)";
@@ -338,6 +349,7 @@ int display_main(const DisplayOptions& o) {
     std::fflush(stdout);
 
     Stats st;
+    const auto session_start = Clock::now();
     End end = End::Stopped;
     while (true) {
       if (stop_requested()) break;
@@ -401,8 +413,10 @@ int display_main(const DisplayOptions& o) {
         break;
       }
     }
-    std::printf("[viewer] %llu frames drawn (%llu received; older ones skipped to show the newest), latency publish->drawn p50 %.2f ms, p99 %.2f ms\n",
-                static_cast<unsigned long long>(st.drawn), static_cast<unsigned long long>(st.received),
+    const double session_s = std::chrono::duration<double>(Clock::now() - session_start).count();
+    std::printf("[viewer] %llu frames drawn in %.2f s (%.1f fps; %llu received, older ones skipped to show the newest), "
+                "latency publish->drawn p50 %.2f ms, p99 %.2f ms\n",
+                static_cast<unsigned long long>(st.drawn), session_s, double(st.drawn) / session_s, static_cast<unsigned long long>(st.received),
                 Stats::percentile(st.latency_ms, 0.5), Stats::percentile(st.latency_ms, 0.99));
     imports.reset();  // GL objects go while the context is current
     switch (end) {

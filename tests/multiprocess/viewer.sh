@@ -10,6 +10,7 @@
 # Exit 77 (skip) when the viewer reports no usable Vulkan/GL device.
 set -uo pipefail
 case_name=$1 viewer=$2 png_check=$3 xvfb=${4:-}
+[[ $xvfb == *NOTFOUND ]] && xvfb=""
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
 cd "$work"
