@@ -37,6 +37,9 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 constexpr int kNoDevice = 77;
+/// user_tag of the end-of-stream message a timed producer (--seconds) sends last; its sequence
+/// number is the count of data messages before it, which the consumer checks.
+constexpr std::uint64_t kEndOfStream = ~0ull;
 
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 
@@ -128,7 +131,8 @@ int produce(const Args& a, ProducerSummary* summary = nullptr) {
   auto consumers = number(a, "consumers", 1);
   auto slots = number(a, "slots", 8);
   auto interval = number(a, "interval-us", 0);
-  for (auto* r : {&count, &size, &consumers, &slots, &interval})
+  auto seconds = number(a, "seconds", 0);
+  for (auto* r : {&count, &size, &consumers, &slots, &interval, &seconds})
     if (!*r) return die("producer", r->error());
   std::string transport = a.get("transport", "auto");
   if (transport != "auto" && transport != "shm" && transport != "vulkan")
@@ -154,27 +158,36 @@ int produce(const Args& a, ProducerSummary* summary = nullptr) {
 
   std::optional<Stager> stager;  // only for device-local rings without a host mapping
   std::vector<std::byte> scratch;
+  const bool progress = a.get("progress", "1") != "0";
   const auto t0 = Clock::now();
+  const auto deadline = t0 + std::chrono::seconds(*seconds);
+  // --seconds S: stream for S seconds (at most --count messages when that is given too).
+  const std::uint64_t limit = *seconds && !a.opts.count("count") ? ~0ull : *count;
   auto last_print = t0;
-  for (std::uint64_t seq = 0; seq < *count; ++seq) {
+  std::uint64_t sent = 0;
+  for (std::uint64_t seq = 0; seq < limit && (!*seconds || Clock::now() < deadline); ++seq, ++sent) {
     auto loan = prod.loan(30s);
     if (!loan) return die("producer", loan.error());
     auto sum = write_message(prod, *loan, seq, *size, stager, scratch);
     if (!sum) return die("producer", sum.error());
     if (auto pub = prod.publish(std::move(*loan), {.size = *size, .user_tag = *sum}); !pub) return die("producer", pub.error());
     if (*interval) std::this_thread::sleep_for(std::chrono::microseconds(*interval));
-    if (Clock::now() - last_print > 1s) {
+    if (progress && Clock::now() - last_print > 1s) {
       last_print = Clock::now();
-      std::printf("[producer] %llu / %llu messages, %u consumer(s)\n", static_cast<unsigned long long>(seq + 1),
-                  static_cast<unsigned long long>(*count), prod.consumer_count());
+      std::printf("[producer] %llu messages sent, %u consumer(s)\n", static_cast<unsigned long long>(seq + 1), prod.consumer_count());
       std::fflush(stdout);
     }
   }
   const double secs = ms_since(t0) / 1000;
+  if (*seconds) {  // tell the consumers where the stream ends
+    auto loan = prod.loan(30s);
+    if (!loan) return die("producer", loan.error());
+    if (auto pub = prod.publish(std::move(*loan), {.size = 1, .user_tag = kEndOfStream}); !pub) return die("producer", pub.error());
+  }
   // Let consumers finish with the ring before the producer (and the ring) goes away.
   if (auto ok = prod.flush(60s); !ok) return die("producer", ok.error());
-  std::printf("[producer] done: %llu messages of %s in %.3f s — %.0f msg/s, %s/s\n", static_cast<unsigned long long>(*count),
-              human_bytes(double(*size)).c_str(), secs, double(*count) / secs, human_bytes(double(*count) * double(*size) / secs).c_str());
+  std::printf("[producer] done: %llu messages of %s in %.3f s — %.0f msg/s, %s/s\n", static_cast<unsigned long long>(sent),
+              human_bytes(double(*size)).c_str(), secs, double(sent) / secs, human_bytes(double(sent) * double(*size) / secs).c_str());
   return 0;
 }
 
@@ -194,20 +207,32 @@ int consume(const Args& a) {
   if (con.vulkan()) std::printf("[consumer] ring imported into own Vulkan context on %s\n", describe(*con.vulkan()).c_str());
   std::fflush(stdout);
   std::vector<std::uint64_t> latency_ns;
-  latency_ns.reserve(std::min<std::uint64_t>(*count, 10'000'000));
+  latency_ns.reserve(std::min<std::uint64_t>(*count ? *count : 100000, 10000000));
   std::vector<std::byte> scratch;
   std::optional<Stager> stager;
   std::uint64_t expect = 0, bytes = 0;
+  // --count 0: until the producer's end-of-stream message (lavaflow-demo produce --seconds S).
+  const bool until_end = *count == 0;
+  const std::uint64_t limit = until_end ? ~0ull : *count;
+  const bool tty = ::isatty(STDOUT_FILENO) != 0;
   const auto t0 = Clock::now();
   auto last_print = t0;
-  for (std::uint64_t i = 0; i < *count; ++i) {
+  for (std::uint64_t i = 0; i < limit; ++i) {
     auto r = con.receive(std::chrono::seconds(*timeout_s));
     if (!r) {
-      std::fprintf(stderr, "[consumer] FAILED after %llu of %llu messages: %s\n", static_cast<unsigned long long>(i),
-                   static_cast<unsigned long long>(*count), r.error().message().c_str());
+      std::fprintf(stderr, "\n[consumer] FAILED after %llu messages%s: %s\n", static_cast<unsigned long long>(i),
+                   until_end ? " (before the end-of-stream message)" : str_format(" of {}", *count).c_str(), r.error().message().c_str());
       return 1;
     }
     const auto seq = r->info().sequence;
+    if (until_end && r->info().user_tag == kEndOfStream) {
+      if (seq != expect) {
+        std::fprintf(stderr, "[consumer] FAILED: the stream ended at message %llu but %llu arrived\n", static_cast<unsigned long long>(seq),
+                     static_cast<unsigned long long>(expect));
+        return 1;
+      }
+      break;
+    }
     if (seq != expect) {
       std::fprintf(stderr, "[consumer] FAILED: message %llu arrived where %llu was expected (%s)\n",
                    static_cast<unsigned long long>(seq), static_cast<unsigned long long>(expect),
@@ -218,36 +243,43 @@ int consume(const Args& a) {
     timespec ts{};
     ::clock_gettime(CLOCK_MONOTONIC, &ts);
     const auto now = static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-    if (latency_ns.size() < latency_ns.capacity()) latency_ns.push_back(now - r->info().timestamp_ns);
+    if (latency_ns.size() < 10000000) latency_ns.push_back(now - r->info().timestamp_ns);
     bytes += r->info().size;
     ++expect;
-    if (Clock::now() - last_print > 1s) {
+    if (Clock::now() - last_print > (tty ? 200ms : 1s)) {
       last_print = Clock::now();
-      std::printf("[consumer] %llu / %llu messages verified\n", static_cast<unsigned long long>(i + 1),
-                  static_cast<unsigned long long>(*count));
+      const double s = ms_since(t0) / 1000;
+      // One progress line: rewritten in place on a terminal, a line per second in a log.
+      std::printf("%s[consumer] %5.1f s  %llu messages verified  %.0f msg/s  %s/s%s", tty ? "\r" : "", s,
+                  static_cast<unsigned long long>(i + 1), double(i + 1) / s, human_bytes(double(bytes) / s).c_str(), tty ? "   " : "\n");
       std::fflush(stdout);
     }
   }
+  if (tty) std::printf("\n");
+  const std::uint64_t received = expect;
   const double secs = ms_since(t0) / 1000;
   std::sort(latency_ns.begin(), latency_ns.end());
   auto pct = [&](double q) { return latency_ns.empty() ? 0.0 : double(latency_ns[static_cast<std::size_t>(q * double(latency_ns.size() - 1))]) / 1000; };
   if (auto fd = a.get("summary-fd", ""); !fd.empty()) {  // for run_both's summary
-    const std::string line = str_format("{} {} {:.1f} {:.1f} {:.3f} {}\n", *count, bytes, pct(0.5), pct(0.99), secs,
+    const std::string line = str_format("{} {} {:.1f} {:.1f} {:.3f} {}\n", received, bytes, pct(0.5), pct(0.99), secs,
                                         con.vulkan() ? describe(*con.vulkan()) : std::string("CPU shared memory (no Vulkan import)"));
     (void)!::write(std::stoi(fd), line.data(), line.size());
   }
   std::printf("[consumer] OK: %llu messages, %s, all verified (none lost, duplicated, reordered or corrupt) in %.3f s — "
               "%.0f msg/s, %s/s; publish→receive latency p50 %.1f us, p99 %.1f us\n",
-              static_cast<unsigned long long>(*count), human_bytes(double(bytes)).c_str(), secs, double(*count) / secs,
+              static_cast<unsigned long long>(received), human_bytes(double(bytes)).c_str(), secs, double(received) / secs,
               human_bytes(double(bytes) / secs).c_str(), pct(0.5), pct(0.99));
   return 0;
 }
 
 int run_both(const Args& a, const char* self) {
-  auto count = number(a, "count", 2000);
+  auto count = number(a, "count", 0);
   auto size = number(a, "size", 1 << 20);
+  auto seconds = number(a, "seconds", a.opts.count("count") ? 0 : 3);
   if (!count) return die("demo", count.error());
   if (!size) return die("demo", size.error());
+  if (!seconds) return die("demo", seconds.error());
+  if (!*count && !*seconds) return die("demo", Error(Errc::InvalidArgument, "lavaflow-demo", "give --count N or --seconds S"));
   const std::string name = str_format("demo-{}", ::getpid());
   int pipe_fds[2];
   if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
@@ -261,8 +293,8 @@ int run_both(const Args& a, const char* self) {
   std::vector<char*> argv;
   for (auto& s : args) argv.push_back(s.data());
   argv.push_back(nullptr);
-  std::printf("lavaflow-demo: a producer (this process) and a consumer process, channel \"%s\", %llu messages of %s\n",
-              name.c_str(), static_cast<unsigned long long>(*count), human_bytes(double(*size)).c_str());
+  std::printf("lavaflow-demo: a producer (this process) and a consumer process, channel \"%s\", %s of %s messages\n", name.c_str(),
+              *count ? str_format("{} messages", *count).c_str() : str_format("{} s", *seconds).c_str(), human_bytes(double(*size)).c_str());
   std::fflush(stdout);
   pid_t child = -1;
   if (::posix_spawn(&child, self, nullptr, nullptr, argv.data(), environ) != 0) {
@@ -272,8 +304,11 @@ int run_both(const Args& a, const char* self) {
   summary_write.reset();
   Args p = a;
   p.opts["channel"] = name;
-  p.opts["count"] = std::to_string(*count);
+  if (*count) p.opts["count"] = std::to_string(*count);
+  else p.opts.erase("count");
+  p.opts["seconds"] = std::to_string(*seconds);
   p.opts["size"] = std::to_string(*size);
+  p.opts["progress"] = "0";  // the consumer's progress line speaks for both
   ProducerSummary ps;
   const int prc = produce(p, &ps);
   int status = 0;
@@ -417,11 +452,13 @@ int share(std::uint64_t size) {
 void usage() {
   std::puts(
       "usage:\n"
-      "  lavaflow-demo [--count N] [--size BYTES] [--transport auto|shm|vulkan]\n"
-      "      producer here + consumer process over a channel (default 2000 x 1 MiB); verifies every message\n"
-      "  lavaflow-demo produce --channel NAME [--count N] [--size BYTES] [--transport auto|shm|vulkan]\n"
+      "  lavaflow-demo [--seconds S | --count N] [--size BYTES] [--transport auto|shm|vulkan]\n"
+      "      producer here + consumer process over a channel (default: 3 s of 1 MiB frames); verifies every\n"
+      "      byte, shows a progress line and ends with a summary (route, devices, throughput, latency)\n"
+      "  lavaflow-demo produce --channel NAME [--count N | --seconds S] [--size BYTES] [--transport auto|shm|vulkan]\n"
       "                        [--consumers K] [--slots N] [--interval-us U] [--dir DIR]\n"
       "  lavaflow-demo consume --channel NAME [--count N] [--timeout SECONDS] [--dir DIR]\n"
+      "      (--count 0: until the producer's end of stream, as sent by produce --seconds)\n"
       "  mpiexec -n N lavaflow-demo mesh [--count N] [--size BYTES]   every rank to every rank, routed per pair\n"
       "      the two halves, in any start order, for two terminals; consume checks sequence and checksum\n"
       "      of every message and exits non-zero naming loss, corruption or the producer's death\n"
