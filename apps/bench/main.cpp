@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "../common/json.hpp"
+#include "../common/plot.hpp"
 #include "interop.hpp"
 #include "local.hpp"
 #include "lavaflow/core/format.hpp"
@@ -178,9 +179,11 @@ const lfbench::Row* find(const std::vector<lfbench::Row>& rows, std::string_view
 int bench_local(int argc, char** argv) {
   lfbench::Config cfg;
   bool json = false;
+  std::string plot;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json") json = true;
+    else if (a == "--plot" && i + 1 < argc) plot = argv[++i];
     else if (a == "--iterations" && i + 1 < argc) cfg.iterations = std::max(100, std::atoi(argv[++i]));
     else if (a == "--cpus" && i + 1 < argc) {
       if (std::sscanf(argv[++i], "%d,%d", &cfg.cpu_a, &cfg.cpu_b) != 2) {
@@ -223,6 +226,22 @@ int bench_local(int argc, char** argv) {
   if (shm64 && shm16m) targets.push_back({"shm poll 16 MiB untouched p50 / 64 B p50", shm16m->p50_ns / shm64->p50_ns, 2.0, false});
   if (shmblk && futex) targets.push_back({"shm block 64 B p50 / futex ping-pong p50", shmblk->p50_ns / futex->p50_ns, 1.3, false});
   if (shm64) targets.push_back({"shm poll 64 B pipelined, million msgs/s", shm64->msgs_per_s / 1e6, 5.0, true});
+
+  if (!plot.empty()) {  // p50 one-way latency vs size, a line per transport, mode and variant
+    std::vector<lfapp::PlotSeries> series;
+    for (const auto& r : *rows) {
+      const bool baseline = r.name.rfind("lavaflow-", 0) != 0;
+      const std::string label = str_format("{}{}{}", r.name, r.mode.empty() || baseline ? "" : " " + r.mode, r.touched ? " touched" : "");
+      auto it = std::find_if(series.begin(), series.end(), [&](const auto& s) { return s.label == label; });
+      if (it == series.end()) it = series.insert(series.end(), {label, {}, baseline});
+      it->points.emplace_back(r.size, r.p50_ns);
+    }
+    if (auto ok = lfapp::plot_vs_size(plot, "lavaflow-bench local: one-way latency p50 (round trip / 2)", "p50 latency (ns)", series); !ok) {
+      std::fprintf(stderr, "lavaflow-bench local: %s\n", ok.error().message().c_str());
+      return 1;
+    }
+    std::fprintf(stderr, "lavaflow-bench local: plot written to %s\n", plot.c_str());
+  }
 
   if (json) {
     lfapp::Json j;
@@ -269,16 +288,17 @@ int bench_local(int argc, char** argv) {
 void usage() {
   std::puts(
       "usage: lavaflow-bench alloc [--reps N] [--json]\n"
-      "       lavaflow-bench local [--iterations N] [--cpus A,B] [--quick] [--json]\n"
+      "       lavaflow-bench local [--iterations N] [--cpus A,B] [--quick] [--json] [--plot FILE.png]\n"
       "  alloc   allocation + export time of exportable Vulkan buffers (4 KiB, 1 MiB, 64 MiB) next to a\n"
       "          plain vkAllocateMemory of the same size and memory type, and of each CPU strategy next\n"
       "          to an anonymous mmap; median of N (default 101) runs each.\n"
-      "       lavaflow-bench remote [--json]        (starts itself under mpiexec -n 2 when needed)\n"
+      "       lavaflow-bench remote [--json] [--plot FILE.png]   (starts itself under mpiexec -n 2 when needed)\n"
       "  remote  raw MPI ping-pong latency and windowed bandwidth (OSU methods), 8 B … 4 MiB, next to a\n"
       "          lava-flow remote channel (route forced to MPI) doing the same.\n"
       "       lavaflow-bench interop [--size BYTES] [--frame BYTES] [--rounds N] [--json]\n"
       "  interop (CUDA GPU) a copy kernel over Vulkan-imported vs cudaMalloc memory (1 GiB), the cost of one\n"
-      "          import, and cross-process GPU frame hand-off through a lava-flow channel vs CUDA IPC.");
+      "          import, and cross-process GPU frame hand-off through a lava-flow channel vs CUDA IPC.\n"
+      "  --plot FILE.png  latency against message size, one line per transport and baseline (gnuplot).");
 }
 
 }  // namespace

@@ -6,6 +6,8 @@
 // table, or with --json {"results":[{"name","kind","size","p50_ns","avg_ns","mb_per_s"}…]}.
 #include <mpi.h>
 
+#include "../common/plot.hpp"
+
 #include <algorithm>
 #include <bit>
 #include <chrono>
@@ -150,7 +152,11 @@ Status lf_bandwidth(const mpi::Communicator& c, std::uint64_t size, Row& out) {
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   bool json = false;
-  for (int i = 1; i < argc; ++i) json = json || std::strcmp(argv[i], "--json") == 0;
+  std::string plot;
+  for (int i = 1; i < argc; ++i) {
+    json = json || std::strcmp(argv[i], "--json") == 0;
+    if (std::strcmp(argv[i], "--plot") == 0 && i + 1 < argc) plot = argv[++i];
+  }
   int code = 0;
   {
     auto comm = mpi::Communicator::create();
@@ -179,6 +185,17 @@ int main(int argc, char** argv) {
         MPI_Abort(MPI_COMM_WORLD, 1);
       }
       rows.push_back(lf);
+    }
+    if (me == 0 && !plot.empty()) {  // latency vs size: raw MPI and the lava-flow channel
+      std::vector<lfapp::PlotSeries> series{{"mpi-raw p50", {}, true}, {"lavaflow-mpi p50", {}, false}};
+      for (const auto& r : rows)
+        if (r.kind == "latency") series[r.name == "mpi-raw" ? 0 : 1].points.emplace_back(r.size, r.p50_ns);
+      if (auto ok = lfapp::plot_vs_size(plot, "lavaflow-bench remote: one-way latency, route forced to MPI", "p50 latency (ns)", series); !ok) {
+        std::fprintf(stderr, "lavaflow-bench remote: %s\n", ok.error().message().c_str());
+        code = 1;
+      } else {
+        std::fprintf(stderr, "lavaflow-bench remote: plot written to %s\n", plot.c_str());
+      }
     }
     if (me == 0) {
       if (json) {
