@@ -292,7 +292,7 @@ void usage() {
       "  alloc   allocation + export time of exportable Vulkan buffers (4 KiB, 1 MiB, 64 MiB) next to a\n"
       "          plain vkAllocateMemory of the same size and memory type, and of each CPU strategy next\n"
       "          to an anonymous mmap; median of N (default 101) runs each.\n"
-      "       lavaflow-bench remote [--json] [--plot FILE.png]   (starts itself under mpiexec -n 2 when needed)\n"
+      "       lavaflow-bench remote [--max-size BYTES] [--json] [--plot FILE.png]   (starts itself under mpiexec -n 2 when needed)\n"
       "  remote  raw MPI ping-pong latency and windowed bandwidth (OSU methods), 8 B … 4 MiB, next to a\n"
       "          lava-flow remote channel (route forced to MPI) doing the same.\n"
       "       lavaflow-bench interop [--size BYTES] [--frame BYTES] [--rounds N] [--json]\n"

@@ -116,7 +116,8 @@ int main(int argc, char** argv) {
       barrier();  // the consumer has posted its receives
       std::vector<std::byte> junk(64 + 16, std::byte{0x5a});
       MPI_Send(junk.data(), static_cast<int>(junk.size()), MPI_BYTE, 1, kDataTagOf(5), comm->comm());
-      std::uint64_t header[8] = {0x0001'4d464c46ull, 7 /*seq*/, 16 /*size*/, 0, 0, 0, 0, 0};
+      // magic "FLFM", wire version 2
+      std::uint64_t header[8] = {0x0002'4d464c46ull, 7 /*seq*/, 16 /*size*/, 0, 0, 0, 0, 0};
       std::memcpy(junk.data(), header, sizeof header);
       MPI_Send(junk.data(), static_cast<int>(junk.size()), MPI_BYTE, 1, kDataTagOf(5), comm->comm());
       std::vector<std::byte> big(64 + 4096);

@@ -6,7 +6,7 @@
 /// remote channel over MPI point-to-point.
 ///
 /// A remote channel moves bytes (fds are node-local): the producer's ring buffer is sent as is
-/// (`MPI_Isend` straight from the loaned buffer: a 64-byte header, then the payload) into a receive
+/// (`MPI_Isend` straight from the loaned buffer: a 40-byte header, then the payload) into a receive
 /// posted on the consumer's ring buffer (no copy on either side, no unexpected-message buffering:
 /// the producer sends only with a credit, and every credit stands for a posted receive).
 ///
