@@ -74,8 +74,7 @@ class Surface {
     return {};
   }
 
-  /// Binds the context to this thread again. Needed after a session: on NVIDIA, tearing down the
-  /// previous consumer's Vulkan context leaves the EGL context unbound.
+  /// Binds the context to this thread (again, for a new session) and checks that it works.
   [[nodiscard]] Status make_current() const {
     if (window_) glfwMakeContextCurrent(window_);
     else if (egl_) LF_TRY_STATUS(egl_->make_current());
@@ -278,7 +277,7 @@ enum class End { PeerLost, WindowClosed, FramesDone, Stopped };
 int display_main(const DisplayOptions& o) {
   if (o.channel.empty()) return die(Error(Errc::InvalidArgument, "viewer", "--channel NAME is required"));
   install_stop_handlers();
-  Surface surface;
+  std::optional<Surface> surface;
   std::optional<gl::Interop> gl;
   std::optional<Renderer> renderer;
   std::uint64_t total_drawn = 0;
@@ -287,7 +286,7 @@ int display_main(const DisplayOptions& o) {
 
   auto finish = [&](int rc) -> int {
     if (rc == 0 && !o.screenshot.empty()) {
-      if (!last) return die(Error(Errc::NotFound, "--screenshot", "no frame was drawn"));
+      if (!last || !renderer) return die(Error(Errc::NotFound, "--screenshot", "no frame was drawn since the last producer connected"));
       const auto px = renderer->read_back();
       if (o.verify) {
         if (auto ok = verify(px, *last); !ok) return die(ok.error());
@@ -315,15 +314,17 @@ int display_main(const DisplayOptions& o) {
     route_line = str_format("{} ({})", c.route().transport, c.route().reason);
     std::printf("[viewer] producer pid %d, route %s\n", c.producer_pid(), route_line.c_str());
 
-    if (!renderer) {  // the GL context, once: on the producer's device where we can tell
+    if (!renderer) {  // the GL context: on the producer's device where we can tell
       std::optional<Uuid> device;
       if (c.vulkan()) device = c.vulkan()->capabilities().identity.device_uuid;
-      if (auto ok = surface.open(o.headless, device); !ok) return die(ok.error());
+      if (!surface) {
+        surface.emplace();
+        if (auto ok = surface->open(o.headless, device); !ok) return die(ok.error());
+      }
+      if (auto ok = surface->make_current(); !ok) return die(ok.error());
       if (auto ok = gl::load_functions(); !ok) return die(ok.error());
       renderer.emplace();
       if (auto ok = renderer->init(); !ok) return die(ok.error());
-    } else if (auto ok = surface.make_current(); !ok) {
-      return die(ok.error());
     }
     // Zero copy where GL can import this ring (same device, GL_EXT_memory_object_fd); else upload.
     std::string gl_path = "upload (one copy per frame)";
@@ -344,7 +345,7 @@ int display_main(const DisplayOptions& o) {
       }
     }
     const char* gl_name = reinterpret_cast<const char*>(glGetString(GL_RENDERER));
-    std::printf("[viewer] %s on %s: frames %s\n", surface.windowed() ? "window" : "headless EGL", gl_name ? gl_name : "?",
+    std::printf("[viewer] %s on %s: frames %s\n", surface->windowed() ? "window" : "headless EGL", gl_name ? gl_name : "?",
                 gl_path.c_str());
     std::fflush(stdout);
 
@@ -353,7 +354,7 @@ int display_main(const DisplayOptions& o) {
     End end = End::Stopped;
     while (true) {
       if (stop_requested()) break;
-      if (surface.closed()) {
+      if (surface->closed()) {
         end = End::WindowClosed;
         break;
       }
@@ -386,22 +387,22 @@ int display_main(const DisplayOptions& o) {
                                                         "start the producer with --transport shm"));
         texture = renderer->upload(r->bytes().first(bytes));
       }
-      if (!last || last->width != tag.width || last->height != tag.height) surface.fit(tag.width, tag.height);
+      if (!last || last->width != tag.width || last->height != tag.height) surface->fit(tag.width, tag.height);
       renderer->draw(texture, tag.width, tag.height);
       glFinish();  // GL is done reading the ring buffer: it may go back to the producer
       const double lat = double(now_ns() - r->info().timestamp_ns) / 1e6;
       r->release();
-      surface.present(renderer->framebuffer(), tag.width, tag.height);
+      surface->present(renderer->framebuffer(), tag.width, tag.height);
       last = tag;
       ++st.drawn;
       ++total_drawn;
       st.latency_ms.push_back(lat);
       st.window_ms.push_back(lat);
       const double secs = std::chrono::duration<double>(Clock::now() - st.since).count();
-      if (secs >= (surface.windowed() ? 0.5 : 1.0)) {
+      if (secs >= (surface->windowed() ? 0.5 : 1.0)) {
         const double fps = double(st.drawn - st.drawn_at_report) / secs;
         const auto line = str_format("{:.1f} fps, latency {:.2f} ms (p50), route {}", fps, Stats::percentile(st.window_ms, 0.5), c.route().transport);
-        if (surface.windowed()) surface.set_title("lavaflow-viewer — " + line);
+        if (surface->windowed()) surface->set_title("lavaflow-viewer — " + line);
         std::printf("[viewer] %s, %llu frames\n", line.c_str(), static_cast<unsigned long long>(total_drawn));
         std::fflush(stdout);
         st.window_ms.clear();
@@ -423,7 +424,14 @@ int display_main(const DisplayOptions& o) {
       case End::PeerLost:
         std::printf("[viewer] the producer (pid %d) went away\n", c.producer_pid());
         std::fflush(stdout);
-        if (o.wait) continue;
+        if (o.wait) {
+          // The next producer may be on another device; and on NVIDIA a headless EGL context does
+          // not survive the Vulkan device that shared its memory. Start GL afresh (a window stays).
+          renderer.reset();
+          gl.reset();
+          if (!surface->windowed()) surface.reset();
+          continue;
+        }
         if (o.frames && total_drawn < o.frames) {
           std::fprintf(stderr, "[viewer] FAILED: only %llu of %llu frames before the producer left\n",
                        static_cast<unsigned long long>(total_drawn), static_cast<unsigned long long>(o.frames));
