@@ -2,16 +2,38 @@
 # lavaflow-demo mesh with 4 ranks on two simulated hosts: ranks 0-1 and 2-3 each run in their own
 # UTS namespace (unshare -u, as root) named simhost-a / simhost-b, launched MPMD. Asserts that
 # same-host pairs took a local route (vulkan or shm), cross-host pairs took MPI, and that every
-# message arrived intact. Exit 77 (skipped) when this machine cannot make UTS namespaces.
-#   mesh_two_hosts.sh MPIEXEC LAVAFLOW_DEMO
+# message arrived intact.
+#   mesh_two_hosts.sh MPIEXEC LAVAFLOW_DEMO [netns]
+# With "netns", each host also gets its own network namespace, the two joined by a veth pair
+# (10.77.x.1 <-> 10.77.x.2), and MPI is told to use TCP only (MPICH over UCX: UCX_TLS=tcp,self): the
+# cross-host messages must then cross the veth link, which the script checks on its byte counters.
+# Exit 77 (skipped) when this machine cannot make the namespaces, or the MPI is not MPICH.
 set -uo pipefail
-mpiexec=$1 demo=$2
-if ! unshare -u true 2>/dev/null; then
-  echo "LAVAFLOW-SKIP: cannot create UTS namespaces here (unshare -u needs root or CAP_SYS_ADMIN)"
-  exit 77
+mpiexec=$1 demo=$2 mode=${3:-uts}
+skip() { echo "LAVAFLOW-SKIP: $*"; exit 77; }
+unshare -u true 2>/dev/null || skip "cannot create UTS namespaces here (unshare -u needs root or CAP_SYS_ADMIN)"
+count=500 size=20000
+wrap_a=() wrap_b=() env_args=()
+if [ "$mode" = netns ]; then
+  command -v ip > /dev/null || skip "no ip(8) (iproute2) for network namespaces"
+  "$mpiexec" --version 2>&1 | grep -qi hydra || skip "the veth/TCP run is written for MPICH (Hydra); this mpiexec is another MPI"
+  id=$$ sub=$(( $$ % 250 + 1 ))
+  ns_a=lf-a-$id ns_b=lf-b-$id
+  cleanup() { ip netns del "$ns_a" 2>/dev/null; ip netns del "$ns_b" 2>/dev/null; }
+  trap cleanup EXIT
+  { ip netns add "$ns_a" && ip netns add "$ns_b" && ip link add "lfv$id" type veth peer name "lfw$id" &&
+    ip link set "lfv$id" netns "$ns_a" && ip link set "lfw$id" netns "$ns_b" &&
+    ip -n "$ns_a" addr add "10.77.$sub.1/24" dev "lfv$id" && ip -n "$ns_b" addr add "10.77.$sub.2/24" dev "lfw$id" &&
+    ip -n "$ns_a" link set "lfv$id" up && ip -n "$ns_b" link set "lfw$id" up &&
+    ip -n "$ns_a" link set lo up && ip -n "$ns_b" link set lo up; } 2>/dev/null ||
+    skip "cannot create network namespaces joined by veth here"
+  wrap_a=(ip netns exec "$ns_a") wrap_b=(ip netns exec "$ns_b")
+  env_args=(-genv UCX_TLS tcp,self)
+  rx_bytes() { ip -n "$ns_a" -s link show "lfv$id" | awk 'NR==4 {print $1}'; }
+  before=$(rx_bytes)
 fi
-out=$("$mpiexec" -n 2 unshare -u sh -c "hostname simhost-a && exec $demo mesh --count 500 --size 20000" : \
-                 -n 2 unshare -u sh -c "hostname simhost-b && exec $demo mesh --count 500 --size 20000" 2>&1)
+out=$("$mpiexec" "${env_args[@]}" -n 2 "${wrap_a[@]}" unshare -u sh -c "hostname simhost-a && exec $demo mesh --count $count --size $size" : \
+                 -n 2 "${wrap_b[@]}" unshare -u sh -c "hostname simhost-b && exec $demo mesh --count $count --size $size" 2>&1)
 rc=$?
 echo "$out"
 [ $rc -eq 0 ] || { echo "FAILED: mesh exited with $rc"; exit 1; }
@@ -30,5 +52,11 @@ for from in 0 1 2 3; do
     fi
   done
 done
-[ $bad -eq 0 ] && echo "two simulated hosts: same-host pairs local, cross-host pairs MPI, all data intact"
+if [ "$mode" = netns ]; then
+  # Host b's two ranks send count x size bytes to each of host a's two ranks: all through the veth.
+  got=$(( $(rx_bytes) - before )) want=$(( 4 * count * size ))
+  echo "veth into host a: $got bytes received (cross-host payload towards it: $want bytes)"
+  [ "$got" -ge "$want" ] || { echo "FAILED: the cross-host traffic did not go over the veth link"; bad=1; }
+fi
+[ $bad -eq 0 ] && echo "two simulated hosts ($mode): same-host pairs local, cross-host pairs MPI, all data intact"
 exit $bad
