@@ -42,7 +42,7 @@ using detail::kMaxSlots;
 // before it is used as a size or an index.
 
 constexpr std::uint32_t kControlMagic = 0x52434c46;  // "FLCR"
-constexpr std::uint32_t kControlVersion = 1;
+constexpr std::uint32_t kControlVersion = 2;
 
 struct alignas(64) SharedConsumer {
   std::atomic<std::uint32_t> state;  // 0 free, 1 active; written by the producer's service thread only
@@ -70,10 +70,14 @@ struct ControlBlock {
   alignas(64) std::atomic<std::uint64_t> write_seq;  // messages published
   alignas(64) std::atomic<std::uint32_t> data_futex;
   std::atomic<std::uint32_t> consumers_waiting;
+  // Consumers that may sleep on data_futex (not BusyPoll). While there are none, publish() needs
+  // no full fence and no wake-up check: busy-polling peers pay only for the hand-off itself.
+  std::atomic<std::uint32_t> blocking_consumers;
   alignas(64) std::atomic<std::uint32_t> space_futex;
   std::atomic<std::uint32_t> producer_waiting;
   std::atomic<std::uint32_t> closed;  // producer closed the channel in order
   std::uint32_t drop_oldest;          // 1: the producer may advance consumers' `next` (DropOldest)
+  std::uint32_t producer_blocks;      // 1: the producer may sleep on space_futex (not BusyPoll)
   SharedConsumer consumers[kMaxConsumers];
   SharedSlot ring[kMaxSlots];
 };
@@ -131,7 +135,10 @@ Status wait_until(Ready ready, Aborted aborted, std::atomic<std::uint32_t>& word
           if (dl.passed()) return fail(Errc::Timeout, call, "timed out");
         }
       }
-      cpu_relax();
+      // BusyPoll is the caller's choice to spend a core on latency: its first tests run without a
+      // pause (on Intel cores since Skylake a pause is ~140 cycles, longer than the hand-off it
+      // waits for); a longer wait pauses, so as not to flood the writer's cache line.
+      if (mode != WaitMode::BusyPoll || i >= 32) cpu_relax();
     }
   }
   for (;;) {
@@ -489,6 +496,7 @@ Result<std::unique_ptr<Producer>> Producer::create(const std::string& name, Prod
   impl->control->max_consumers = o.max_consumers;
   impl->control->slot_size = o.slot_size;
   impl->control->drop_oldest = o.policy == FullPolicy::DropOldest;
+  impl->control->producer_blocks = o.wait != WaitMode::BusyPoll;
   for (std::uint32_t i = 0; i < o.slots; ++i) {
     auto b = impl->transport->allocate(impl->env, o.slot_size);
     if (!b) return std::unexpected(b.error().within(call));
@@ -566,13 +574,16 @@ Result<MessageInfo> Producer::publish(Loan&& loan, MessageInfo info) {
   slot.timestamp_ns.store(info.timestamp_ns, std::memory_order_relaxed);
   slot.flags.store(loan.gpu_signaled_ ? kGpuOrdered : 0, std::memory_order_relaxed);
   // The hand-off: one store makes the message (written before it) visible to every consumer.
-  slot.seq.store(loan.seq_ + 1, std::memory_order_seq_cst);
+  // A consumer that may sleep needs the store ordered before the check of its waiting flag
+  // (seq_cst on both sides); with only busy-polling consumers a release store is enough.
+  const bool wake = m.control->blocking_consumers.load(std::memory_order_relaxed) != 0;
+  slot.seq.store(loan.seq_ + 1, wake ? std::memory_order_seq_cst : std::memory_order_release);
   m.control->write_seq.store(loan.seq_ + 1, std::memory_order_release);
   ++m.write_seq;
   if (++m.write_slot == m.options.slots) m.write_slot = 0;
   m.loan_out = false;
   loan.producer_ = nullptr;
-  if (m.control->consumers_waiting.load(std::memory_order_seq_cst) != 0) futex_wake_all(m.control->data_futex);
+  if (wake && m.control->consumers_waiting.load(std::memory_order_seq_cst) != 0) futex_wake_all(m.control->data_futex);
   return info;
 }
 
@@ -626,8 +637,9 @@ Status Producer::flush(Duration timeout) {
     return true;
   };
   auto never = [] { return std::optional<Error>(); };
-  return wait_until(drained, never, m.control->space_futex, m.control->producer_waiting, WaitMode::Block, timeout,
-                    "Producer::flush");
+  // A busy-polling producer never sleeps (its consumers do not wake it): it polls here too.
+  return wait_until(drained, never, m.control->space_futex, m.control->producer_waiting,
+                    m.options.wait == WaitMode::BusyPoll ? WaitMode::BusyPoll : WaitMode::Block, timeout, "Producer::flush");
 }
 
 Status Producer::wait_for_consumers(std::uint32_t n, Duration timeout) {
@@ -670,6 +682,7 @@ struct Consumer::Impl {
   std::optional<CpuBuffer> control_mem;
   ControlBlock* control = nullptr;
   SharedConsumer* self = nullptr;
+  bool counted_blocking = false;  // counted in control->blocking_consumers
   std::uint32_t slots = 0;
   std::uint64_t slot_size = 0;
   std::int32_t producer_pid = 0;
@@ -699,6 +712,7 @@ struct Consumer::Impl {
   }
 
   ~Impl() {
+    if (counted_blocking) control->blocking_consumers.fetch_sub(1, std::memory_order_seq_cst);
     if (watcher.joinable()) {
       std::uint64_t one = 1;
       (void)!::write(stop_fd.get(), &one, sizeof one);
@@ -801,8 +815,13 @@ Result<std::unique_ptr<Consumer>> Consumer::open(const std::string& name, Consum
   if (cb.magic != kControlMagic || cb.version != kControlVersion || cb.slots != w.slots || cb.slot_size != w.slot_size ||
       cb.max_consumers > kMaxConsumers || w.consumer_index >= cb.max_consumers || cb.drop_oldest > 1)
     return fail(Errc::Malformed, call, "control block does not match the handshake");
+  if (cb.producer_blocks > 1) return fail(Errc::Malformed, call, "control block does not match the handshake");
   impl->self = &impl->control->consumers[w.consumer_index];
   impl->contended_next = cb.drop_oldest == 1;
+  if (o.wait != WaitMode::BusyPoll) {  // the producer must wake us from now on
+    impl->control->blocking_consumers.fetch_add(1, std::memory_order_seq_cst);
+    impl->counted_blocking = true;
+  }
   impl->expected = impl->released = impl->self->next.load(std::memory_order_acquire);  // where we joined
   impl->cursor = impl->released;
   impl->cursor_slot = impl->released_slot = static_cast<std::uint32_t>(impl->released % w.slots);
@@ -907,6 +926,10 @@ void Consumer::release(std::uint32_t slot) {
     m.done[m.released_slot] = 0;
     ++m.released;
     if (++m.released_slot == m.slots) m.released_slot = 0;
+  }
+  if (m.control->producer_blocks == 0) {  // a busy-polling producer: no fence, nobody to wake
+    m.self->released.store(m.released, std::memory_order_release);
+    return;
   }
   m.self->released.store(m.released, std::memory_order_seq_cst);
   if (m.control->producer_waiting.load(std::memory_order_seq_cst) != 0) futex_wake_all(m.control->space_futex);
