@@ -3,6 +3,7 @@
 // lavaflow-viewer's two halves: the compute process that produces frames into a channel, and the
 // window (or headless GL context) that shows them.
 #include <cstdint>
+#include <cstdio>
 #include <string>
 
 #include "lavaflow/core/channel.hpp"
@@ -42,6 +43,13 @@ struct FrameTag {
 inline FrameTag parse_tag(std::uint64_t tag) {
   return {static_cast<std::uint32_t>(tag >> 48), static_cast<std::uint32_t>((tag >> 32) & 0xFFFF),
           static_cast<std::uint32_t>(tag)};
+}
+
+/// Prints `who`'s failure and gives the exit status: 77 (skip) when this machine lacks the device
+/// or feature, else 1.
+inline int report_failure(const char* who, const lavaflow::Error& e) {
+  std::fprintf(stderr, "[%s] FAILED: %s\n", who, e.message().c_str());
+  return e.code() == lavaflow::Errc::NotFound || e.code() == lavaflow::Errc::Unsupported ? kSkip : 1;
 }
 
 int produce_main(const ProduceOptions& o);
