@@ -30,10 +30,7 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-int die(const Error& e) {
-  std::fprintf(stderr, "[viewer] FAILED: %s\n", e.message().c_str());
-  return e.code() == Errc::NotFound || e.code() == Errc::Unsupported ? kSkip : 1;
-}
+int die(const Error& e) { return report_failure("viewer", e); }
 
 std::uint64_t now_ns() {
   timespec ts{};

@@ -21,10 +21,7 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-int die(const Error& e) {
-  std::fprintf(stderr, "[producer] FAILED: %s\n", e.message().c_str());
-  return e.code() == Errc::NotFound || e.code() == Errc::Unsupported ? kSkip : 1;
-}
+int die(const Error& e) { return report_failure("producer", e); }
 
 Result<std::unique_ptr<FrameWriter>> choose_writer(const ProduceOptions& o, const Producer& p) {
   if (o.cuda) return make_cuda_writer(p);
