@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "lavaflow/core/format.hpp"
@@ -304,7 +305,12 @@ int display_main(const DisplayOptions& o) {
     auto opened = Consumer::open(o.channel, {.connect_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(o.timeout_s)),
                                              .transports = local_transports()});
     if (!opened) {
-      if (opened.error().code() == Errc::Timeout && o.wait) continue;
+      // With --wait, keep waiting: also when we reached a producer that was dying (its socket
+      // still listening for a moment after kill -9), which answers with a hang-up.
+      if (o.wait && (opened.error().code() == Errc::Timeout || opened.error().code() == Errc::PeerLost)) {
+        std::this_thread::sleep_for(50ms);
+        continue;
+      }
       return die(opened.error());
     }
     Consumer& c = **opened;

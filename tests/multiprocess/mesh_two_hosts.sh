@@ -17,6 +17,10 @@ wrap_a=() wrap_b=() env_args=()
 if [ "$mode" = netns ]; then
   command -v ip > /dev/null || skip "no ip(8) (iproute2) for network namespaces"
   "$mpiexec" --version 2>&1 | grep -qi hydra || skip "the veth/TCP run is written for MPICH (Hydra); this mpiexec is another MPI"
+  # Namespaces left by an earlier run that was killed (its pid is gone) go first.
+  for ns in $(ip netns list 2>/dev/null | awk '/^lf-[ab]-[0-9]+/ {print $1}'); do
+    kill -0 "${ns##*-}" 2>/dev/null || ip netns del "$ns" 2>/dev/null
+  done
   id=$$ sub=$(( $$ % 250 + 1 ))
   ns_a=lf-a-$id ns_b=lf-b-$id
   cleanup() { ip netns del "$ns_a" 2>/dev/null; ip netns del "$ns_b" 2>/dev/null; }
@@ -32,12 +36,21 @@ if [ "$mode" = netns ]; then
   rx_bytes() { ip -n "$ns_a" -s link show "lfv$id" | awk 'NR==4 {print $1}'; }
   before=$(rx_bytes)
 fi
-out=$("$mpiexec" "${env_args[@]}" -n 2 "${wrap_a[@]}" unshare -u sh -c "hostname simhost-a && exec $demo mesh --count $count --size $size" : \
+limit=()
+[ "$mode" = netns ] && limit=(timeout 60)  # MPICH's MPI_Finalize can hang there: see below
+out=$("${limit[@]}" "$mpiexec" "${env_args[@]}" -n 2 "${wrap_a[@]}" unshare -u sh -c "hostname simhost-a && exec $demo mesh --count $count --size $size" : \
                  -n 2 "${wrap_b[@]}" unshare -u sh -c "hostname simhost-b && exec $demo mesh --count $count --size $size" 2>&1)
 rc=$?
 echo "$out"
-[ $rc -eq 0 ] || { echo "FAILED: mesh exited with $rc"; exit 1; }
-echo "$out" | grep -q "mesh: OK" || { echo "FAILED: no 'mesh: OK'"; exit 1; }
+echo "$out" | grep -q "mesh: OK" || { echo "FAILED: no 'mesh: OK' (exit status $rc)"; exit 1; }
+finalize_hung=0
+if [ $rc -eq 124 ] && [ "$mode" = netns ]; then
+  # Seen here in about half the runs: every rank has verified its data and rank 0 has printed the
+  # result, then the ranks block in MPI_Finalize's PMI barrier (gdb: read() under PMPI_Finalize).
+  finalize_hung=1
+elif [ $rc -ne 0 ]; then
+  echo "FAILED: mesh exited with $rc"; exit 1
+fi
 host_of() { case $1 in 0|1) echo a ;; *) echo b ;; esac; }
 bad=0
 for from in 0 1 2 3; do
@@ -58,5 +71,9 @@ if [ "$mode" = netns ]; then
   echo "veth into host a: $got bytes received (cross-host payload towards it: $want bytes)"
   [ "$got" -ge "$want" ] || { echo "FAILED: the cross-host traffic did not go over the veth link"; bad=1; }
 fi
-[ $bad -eq 0 ] && echo "two simulated hosts ($mode): same-host pairs local, cross-host pairs MPI, all data intact"
-exit $bad
+[ $bad -eq 0 ] || exit 1
+if [ $finalize_hung -eq 1 ]; then
+  echo "LAVAFLOW-SKIP: mesh over veth/TCP verified (routes, data, veth counters), but MPICH's MPI_Finalize then hung in its PMI barrier (UCX_TLS=tcp,self across network namespaces); killed after 60 s"
+  exit 77
+fi
+echo "two simulated hosts ($mode): same-host pairs local, cross-host pairs MPI, all data intact"

@@ -4,9 +4,11 @@
 #include <time.h>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 
 #include "lavaflow/core/format.hpp"
 #include "lavaflow/core/vulkan_context.hpp"
@@ -23,7 +25,7 @@ constexpr std::size_t kHeader = 40;
 constexpr std::uint32_t kDataMagic = 0x4d464c46;   // "FLFM"
 constexpr std::uint32_t kHelloMagic = 0x484d4c46;  // "FLMH"
 constexpr std::uint16_t kVersion = 2;
-constexpr int kMaxChannel = 8190;
+constexpr int kMaxChannel = 4094;  // 8 tags per channel under MPI_TAG_UB >= 32767
 
 struct Header {
   std::uint32_t magic;
@@ -45,10 +47,16 @@ struct Hello {
   std::uint64_t slot_size;
 };
 
-int data_tag(int channel) { return channel * 4 + 0; }
-int credit_tag(int channel) { return channel * 4 + 1; }
-int hello_tag(int channel) { return channel * 4 + 2; }
-int ack_tag(int channel) { return channel * 4 + 3; }
+int data_tag(int channel) { return channel * 8 + 0; }
+int credit_tag(int channel) { return channel * 8 + 1; }
+int hello_tag(int channel) { return channel * 8 + 2; }
+int ack_tag(int channel) { return channel * 8 + 3; }
+int chunk_tag(int channel) { return channel * 8 + 4; }  // chunks 1… of a chunked message
+
+// Header flags: a message sent in chunks (publish_gpu). The first MPI message carries the header
+// and chunk 0, chunks 1 … n-1 follow on chunk_tag; bits 8-13 hold log2 of the chunk size.
+constexpr std::uint16_t kChunked = 1;
+constexpr unsigned kMinChunkLog2 = 12, kMaxChunkLog2 = 30;
 
 Status check(int rc, const char* call) {
   if (rc == MPI_SUCCESS) return {};
@@ -112,23 +120,107 @@ void finish_or_cancel(MPI_Request& r, Duration limit) {
 
 /// A ring buffer of a remote channel: page-aligned private memory (it never leaves the process as
 /// an fd; MPI sends from it and receives into it). Private heap memory rather than a memfd mapping:
-/// MPI libraries (MPICH over UCX) handle it on their fast path.
+/// MPI libraries (MPICH over UCX) handle it on their fast path. With GPU staging it is pinned host
+/// memory instead (a CpuBuffer imported into Vulkan), which the GPU's copy engine reaches directly.
 struct RingBuffer {
   struct Free {
     void operator()(std::byte* p) const { std::free(p); }
   };
   std::unique_ptr<std::byte, Free> mem;
+  std::optional<CpuBuffer> pinned;
   std::uint64_t size = 0;
-  [[nodiscard]] std::byte* host_ptr() const { return mem.get(); }
-  [[nodiscard]] std::span<std::byte> bytes() const { return {mem.get(), size}; }
+  [[nodiscard]] std::byte* host_ptr() const { return pinned ? pinned->host_ptr() : mem.get(); }
+  [[nodiscard]] std::span<std::byte> bytes() const { return {host_ptr(), size}; }
 };
 
-Result<RingBuffer> ring_buffer(std::uint64_t slot_size) {
+Result<RingBuffer> ring_buffer(std::uint64_t slot_size, const VulkanContext* vulkan) {
   const std::uint64_t size = (kHeader + slot_size + 4095) / 4096 * 4096;
+  if (vulkan) {
+    auto b = CpuBuffer::allocate({.size = size, .strategy = CpuStrategy::GpuPinned, .gpu = vulkan, .strict = true});
+    if (!b) return std::unexpected(b.error().within("mpi ring buffer (GPU staging)"));
+    RingBuffer r;
+    r.pinned.emplace(std::move(*b));
+    r.size = kHeader + slot_size;
+    std::memset(r.host_ptr(), 0, size);
+    return r;
+  }
   auto* p = static_cast<std::byte*>(std::aligned_alloc(4096, size));
   if (p == nullptr) return fail(Errc::OutOfMemory, "mpi ring buffer", str_format("{} bytes", size));
   std::memset(p, 0, size);
-  return RingBuffer{std::unique_ptr<std::byte, RingBuffer::Free>(p), kHeader + slot_size};
+  RingBuffer r;
+  r.mem.reset(p);
+  r.size = kHeader + slot_size;
+  return r;
+}
+
+/// GPU copies between ring buffers and GPU buffers, one submission per chunk, each with its own
+/// fence: the CPU sends (or the GPU uploads) chunk k while the GPU copies chunk k + 1. Fences, not a
+/// timeline semaphore, so that it works on every driver (lavapipe included).
+class ChunkCopier {
+ public:
+  static Result<std::unique_ptr<ChunkCopier>> create(const VulkanContext& vk) {
+    try {
+      auto c = std::unique_ptr<ChunkCopier>(new ChunkCopier(vk));
+      c->pool_ = vk::raii::CommandPool(vk.device(), {vk::CommandPoolCreateFlagBits::eResetCommandBuffer, vk.queue_family()});
+      return c;
+    } catch (const vk::SystemError& e) {
+      return fail(Errc::Driver, "vkCreateCommandPool", e.what());
+    }
+  }
+  ~ChunkCopier() {
+    for (auto& c : copies_)
+      if (c.busy) (void)vk_.device().waitForFences(*c.fence, VK_TRUE, 10'000'000'000ull);
+  }
+
+  /// Queues a copy; returns a ticket for wait().
+  Result<std::size_t> copy(vk::Buffer src, std::uint64_t src_offset, vk::Buffer dst, std::uint64_t dst_offset, std::uint64_t bytes) {
+    try {
+      std::size_t i = 0;  // a command buffer whose last copy is done, else a new one
+      while (i < copies_.size() && copies_[i].busy && copies_[i].fence.getStatus() != vk::Result::eSuccess) ++i;
+      if (i == copies_.size())
+        copies_.push_back({std::move(vk::raii::CommandBuffers(vk_.device(), {*pool_, vk::CommandBufferLevel::ePrimary, 1})[0]),
+                           vk::raii::Fence(vk_.device(), vk::FenceCreateInfo{}), false});
+      auto& c = copies_[i];
+      if (c.busy) vk_.device().resetFences(*c.fence);
+      c.cb.reset();
+      c.cb.begin({vk::CommandBufferUsageFlagBits::eOneTimeSubmit});
+      c.cb.copyBuffer(src, dst, vk::BufferCopy(src_offset, dst_offset, bytes));
+      vk::MemoryBarrier visible(vk::AccessFlagBits::eTransferWrite, vk::AccessFlagBits::eHostRead | vk::AccessFlagBits::eMemoryRead);
+      c.cb.pipelineBarrier(vk::PipelineStageFlagBits::eTransfer, vk::PipelineStageFlagBits::eHost | vk::PipelineStageFlagBits::eAllCommands,
+                           {}, visible, {}, {});
+      c.cb.end();
+      vk::CommandBuffer raw = *c.cb;
+      vk_.queue().submit(vk::SubmitInfo({}, {}, raw), *c.fence);
+      c.busy = true;
+      return i;
+    } catch (const vk::SystemError& e) {
+      return fail(Errc::Driver, "vkQueueSubmit(chunk copy)", e.what());
+    }
+  }
+  Status wait(std::size_t ticket, Duration timeout) {
+    const auto ns = timeout == kForever ? UINT64_MAX : static_cast<std::uint64_t>(std::chrono::nanoseconds(timeout).count());
+    if (vk_.device().waitForFences(*copies_.at(ticket).fence, VK_TRUE, ns) != vk::Result::eSuccess)
+      return fail(Errc::Timeout, "vkWaitForFences(chunk copy)", "the GPU did not finish a chunk copy in time");
+    return {};
+  }
+
+ private:
+  explicit ChunkCopier(const VulkanContext& vk) : vk_(vk) {}
+  struct Copy {
+    vk::raii::CommandBuffer cb;
+    vk::raii::Fence fence;
+    bool busy;
+  };
+  const VulkanContext& vk_;
+  vk::raii::CommandPool pool_{nullptr};
+  std::vector<Copy> copies_;  // destroyed before the pool
+};
+
+Status check_staging(const RemoteOptions& o, const GpuBuffer& gpu, std::uint64_t offset, std::uint64_t size, const char* call) {
+  if (!o.vulkan) return fail(Errc::InvalidArgument, call, "GPU staging needs RemoteOptions::vulkan (the GPU buffer's device)");
+  if (offset > gpu.size() || size > gpu.size() - offset)
+    return fail(Errc::InvalidArgument, call, str_format("range [{}, +{}) outside the {}-byte GPU buffer", offset, size, gpu.size()));
+  return {};
 }
 
 class MpiTransport final : public Transport {
@@ -156,6 +248,8 @@ Status check_options(const RemoteOptions& o, const char* call) {
   if (o.slots == 0 || o.slots > 1024) return fail(Errc::InvalidArgument, call, str_format("{} slots, allowed 1..1024", o.slots));
   if (o.slot_size == 0 || o.slot_size > (1ull << 31) - kHeader)
     return fail(Errc::InvalidArgument, call, str_format("slot size {} outside 1..2 GiB", o.slot_size));
+  if (!std::has_single_bit(o.chunk) || o.chunk < (1u << kMinChunkLog2) || o.chunk > (1u << kMaxChunkLog2))
+    return fail(Errc::InvalidArgument, call, str_format("chunk {} is not a power of two in 4 KiB..1 GiB", o.chunk));
   return {};
 }
 
@@ -289,6 +383,8 @@ struct RemoteProducer::Impl {
   RemoteOptions o;
   std::vector<RingBuffer> ring;
   std::vector<MPI_Request> sends;
+  std::vector<std::vector<MPI_Request>> chunk_sends;  // per slot: chunks 1… of a chunked message
+  std::unique_ptr<ChunkCopier> copier;                // GPU staging, made on first use
   std::vector<int> completed;  // MPI_Testsome's indices
   std::vector<bool> loaned;
   std::uint32_t loans = 0, cursor = 0;
@@ -349,6 +445,13 @@ struct RemoteProducer::Impl {
     for (std::uint32_t k = 0; k < o.slots; ++k) {
       const std::uint32_t s = (cursor + k) % o.slots;
       if (loaned[s]) continue;
+      if (!chunk_sends[s].empty()) {
+        int all = 0;
+        LF_TRY_STATUS(check(MPI_Testall(static_cast<int>(chunk_sends[s].size()), chunk_sends[s].data(), &all, MPI_STATUSES_IGNORE),
+                            "MPI_Testall(chunks)"));
+        if (!all) continue;
+        chunk_sends[s].clear();
+      }
       if (sends[s] == MPI_REQUEST_NULL) return std::optional<std::uint32_t>{s};
       LF_TRY(bool done, test(sends[s], nullptr, "MPI_Test(send)"));
       if (done) return std::optional<std::uint32_t>{s};
@@ -362,6 +465,8 @@ RemoteProducer::RemoteProducer(std::unique_ptr<Impl> impl) : impl_(std::move(imp
 RemoteProducer::~RemoteProducer() {
   auto& m = *impl_;
   for (auto& r : m.sends) finish_or_cancel(r, std::chrono::seconds(2));
+  for (auto& chunks : m.chunk_sends)
+    for (auto& r : chunks) finish_or_cancel(r, std::chrono::seconds(2));
   finish_or_cancel(m.hello_req, std::chrono::milliseconds(100));
   cancel(m.ack_req);
   cancel(m.credit_req);
@@ -376,10 +481,11 @@ Result<std::unique_ptr<RemoteProducer>> RemoteProducer::create(const Communicato
   m->peer = consumer_rank;
   m->o = o;
   for (std::uint32_t k = 0; k < o.slots; ++k) {
-    LF_TRY(auto b, ring_buffer(o.slot_size));
+    LF_TRY(auto b, ring_buffer(o.slot_size, o.vulkan));
     m->ring.push_back(std::move(b));
   }
   m->sends.assign(o.slots, MPI_REQUEST_NULL);
+  m->chunk_sends.resize(o.slots);
   m->loaned.assign(o.slots, false);
   m->hello = Hello{kHelloMagic, kVersion, 0, o.slots, o.channel, o.slot_size};
   LF_TRY_STATUS(check(MPI_Irecv(&m->ack, 1, MPI_UINT32_T, consumer_rank, ack_tag(o.channel), m->comm, &m->ack_req), "MPI_Irecv(answer)"));
@@ -441,6 +547,57 @@ Result<MessageInfo> RemoteProducer::publish(RemoteLoan&& loan, MessageInfo info)
   return info;
 }
 
+Result<MessageInfo> RemoteProducer::publish_gpu(RemoteLoan&& loan, const GpuBuffer& src, std::uint64_t offset, std::uint64_t size,
+                                                MessageInfo info) {
+  constexpr const char* call = "mpi::RemoteProducer::publish_gpu";
+  auto& m = *impl_;
+  if (loan.producer_ != this) return fail(Errc::InvalidArgument, call, "loan belongs to another channel");
+  LF_TRY_STATUS(check_staging(m.o, src, offset, size, call));
+  if (size == 0 || size > m.o.slot_size)
+    return fail(Errc::InvalidArgument, call, str_format("{} bytes: outside 1..{} (the ring buffer)", size, m.o.slot_size));
+  if (!m.copier) {
+    LF_TRY(m.copier, ChunkCopier::create(*m.o.vulkan));
+  }
+  const std::uint32_t slot = loan.slot_;
+  auto& ring = m.ring[slot];
+  const std::uint64_t chunk = m.o.chunk;
+  const std::uint64_t n = (size + chunk - 1) / chunk;
+  // Queue every chunk's copy at once; the GPU works through them while chunks go out below.
+  std::vector<std::size_t> done(n);
+  for (std::uint64_t k = 0; k < n; ++k) {
+    const std::uint64_t len = std::min(chunk, size - k * chunk);
+    LF_TRY(done[k], m.copier->copy(src.buffer(), src.offset() + offset + k * chunk, ring.pinned->gpu_buffer(), kHeader + k * chunk, len));
+  }
+  info.size = size;
+  info.sequence = m.next_seq;
+  info.timestamp_ns = m.o.timestamps ? now_ns() : 0;
+  const auto flags = static_cast<std::uint16_t>(kChunked | (std::countr_zero(chunk) << 8));
+  Header h{kDataMagic, kVersion, flags, info.sequence, info.size, info.user_tag, info.timestamp_ns};
+  std::memcpy(ring.host_ptr(), &h, sizeof h);
+  for (std::uint64_t k = 0; k < n; ++k) {
+    const std::uint64_t len = std::min(chunk, size - k * chunk);
+    // A failure here loses the message (chunks already sent cannot be withdrawn); the consumer
+    // then times out on the rest of it, naming the chunk.
+    LF_TRY_STATUS(m.copier->wait(done[k], std::chrono::seconds(10)));
+    if (k == 0) {
+      LF_TRY_STATUS(check(MPI_Isend(ring.host_ptr(), static_cast<int>(kHeader + len), MPI_BYTE, m.peer, data_tag(m.o.channel), m.comm,
+                                    &m.sends[slot]),
+                          "MPI_Isend(chunk 0)"));
+    } else {
+      MPI_Request r = MPI_REQUEST_NULL;
+      LF_TRY_STATUS(check(MPI_Isend(ring.host_ptr() + kHeader + k * chunk, static_cast<int>(len), MPI_BYTE, m.peer, chunk_tag(m.o.channel),
+                                    m.comm, &r),
+                          "MPI_Isend(chunk)"));
+      m.chunk_sends[slot].push_back(r);
+    }
+  }
+  loan.producer_ = nullptr;
+  m.loaned[slot] = false;
+  --m.loans;
+  ++m.next_seq;
+  return info;
+}
+
 Status RemoteProducer::flush(Duration timeout) {
   auto& m = *impl_;
   return poll_until(
@@ -492,6 +649,12 @@ struct RemoteConsumer::Impl {
   std::deque<std::uint32_t> posted;  // in posting order: MPI matches messages to them in this order
   std::uint64_t expected = 0, released = 0, credited = 0;
   std::deque<std::pair<std::unique_ptr<std::uint64_t>, MPI_Request>> credits;
+  std::unique_ptr<ChunkCopier> copier;  // GPU staging, made on first use
+  bool broken = false;                  // lost its place inside a chunked message
+  std::string broken_reason;
+
+  using PartFn = std::function<Status(std::uint64_t offset, std::uint64_t bytes)>;
+  Result<std::pair<std::uint32_t, MessageInfo>> take_next(Duration timeout, const PartFn& on_part, const char* call);
 
   /// Credits are batched: one per half ring released; the rest goes out when the consumer waits
   /// for a message for a while (see receive()) or closes — off the message path.
@@ -566,7 +729,7 @@ Result<std::unique_ptr<RemoteConsumer>> RemoteConsumer::open(const Communicator&
     return std::unexpected(Error(Errc::Malformed, call, "announcement out of range: " + ok.error().cause()));
   m->o = theirs;
   for (std::uint32_t k = 0; k < theirs.slots; ++k) {
-    LF_TRY(auto b, ring_buffer(theirs.slot_size));
+    LF_TRY(auto b, ring_buffer(theirs.slot_size, o.vulkan));
     m->ring.push_back(std::move(b));
   }
   m->recvs.assign(theirs.slots, MPI_REQUEST_NULL);
@@ -576,9 +739,12 @@ Result<std::unique_ptr<RemoteConsumer>> RemoteConsumer::open(const Communicator&
   return std::unique_ptr<RemoteConsumer>(new RemoteConsumer(std::move(m)));
 }
 
-Result<RemoteReceived> RemoteConsumer::receive(Duration timeout) {
-  constexpr const char* call = "mpi::RemoteConsumer::receive";
-  auto& m = *impl_;
+/// Waits for the next message in posted order and checks it; for a chunked message, also receives
+/// chunks 1… into the same ring buffer. `on_part(offset, bytes)` (may be empty) is called for each
+/// part of the payload as it is in — the GPU path uploads it then. Returns the slot and the header.
+Result<std::pair<std::uint32_t, MessageInfo>> RemoteConsumer::Impl::take_next(Duration timeout, const PartFn& on_part, const char* call) {
+  auto& m = *this;
+  if (m.broken) return fail(Errc::Malformed, call, "the channel lost its place in a chunked message earlier: " + m.broken_reason);
   if (m.posted.empty())
     return fail(Errc::WouldBlock, call, "every ring buffer is held by the application: release one first");
   const std::uint32_t slot = m.posted.front();
@@ -617,17 +783,110 @@ Result<RemoteReceived> RemoteConsumer::receive(Duration timeout) {
     return fail(Errc::Malformed, call, str_format("{} bytes from rank {}: shorter than a message header", count, m.peer));
   }
   std::memcpy(&h, m.ring[slot].host_ptr(), sizeof h);
+  const bool chunked = (h.flags & kChunked) != 0;
+  const unsigned chunk_log2 = h.flags >> 8;
+  const std::uint64_t arrived = static_cast<std::uint64_t>(count) - kHeader;
   std::string bad;
   if (h.magic != kDataMagic || h.version != kVersion) bad = str_format("bad header magic {:#x} / version {}", h.magic, h.version);
   else if (h.seq != m.expected) bad = str_format("sequence mismatch: message {} arrived where {} was expected", h.seq, m.expected);
-  else if (h.size != static_cast<std::uint64_t>(count) - kHeader)
-    bad = str_format("size mismatch: header says {} bytes, {} arrived", h.size, count - static_cast<int>(kHeader));
+  else if ((h.flags & ~0x3F01u) != 0 || (chunked && (chunk_log2 < kMinChunkLog2 || chunk_log2 > kMaxChunkLog2)))
+    bad = str_format("unknown header flags {:#x}", h.flags);
+  else if (h.size > m.o.slot_size) bad = str_format("header says {} bytes; the ring buffer holds {}", h.size, m.o.slot_size);
+  else if (!chunked && h.size != arrived) bad = str_format("size mismatch: header says {} bytes, {} arrived", h.size, arrived);
+  else if (chunked && arrived != std::min<std::uint64_t>(h.size, 1ull << chunk_log2))
+    bad = str_format("size mismatch: chunk 0 of a {}-byte message holds {} bytes", h.size, arrived);
   if (!bad.empty()) {
     (void)m.post(slot);
     return fail(Errc::Malformed, call, str_format("rank {}, channel {}: {}", m.peer, m.o.channel, bad));
   }
   ++m.expected;
-  return RemoteReceived(this, slot, MessageInfo{h.size, h.tag, h.timestamp_ns, h.seq});
+  if (on_part) {
+    if (auto ok = on_part(0, arrived); !ok) {
+      if (chunked && h.size > arrived) {  // its other chunks are on their way and nobody takes them
+        m.broken = true;
+        m.broken_reason = ok.error().message();
+      }
+      (void)m.post(slot);
+      return std::unexpected(ok.error());
+    }
+  }
+  if (chunked) {
+    // Chunks 1… arrive in order on their own tag (MPI does not overtake): receive each straight
+    // into its place in the ring buffer.
+    const std::uint64_t chunk = 1ull << chunk_log2, n = (h.size + chunk - 1) / chunk;
+    std::vector<MPI_Request> parts(n - 1, MPI_REQUEST_NULL);
+    Status status;
+    for (std::uint64_t k = 1; status && k < n; ++k)
+      status = check(MPI_Irecv(m.ring[slot].host_ptr() + kHeader + k * chunk, static_cast<int>(chunk), MPI_BYTE, m.peer, chunk_tag(m.o.channel),
+                               m.comm, &parts[k - 1]),
+                     "MPI_Irecv(chunk)");
+    for (std::uint64_t k = 1; status && k < n; ++k) {
+      MPI_Status cst;
+      status = poll_until([&] { return test(parts[k - 1], &cst, "MPI_Test(chunk)"); }, timeout, m.o.wait, Errc::Timeout,
+                          [&] { return str_format("chunk {} of {} of message {} from rank {} did not arrive in time", k, n, h.seq, m.peer); });
+      if (!status) break;
+      int c = 0;
+      MPI_Get_count(&cst, MPI_BYTE, &c);
+      const std::uint64_t want = std::min(chunk, h.size - k * chunk);
+      if (static_cast<std::uint64_t>(c) != want)
+        status = fail(Errc::Malformed, call, str_format("chunk {} of message {} holds {} bytes, expected {}", k, h.seq, c, want));
+      else if (on_part)
+        status = on_part(k * chunk, want);
+    }
+    if (!status) {
+      for (auto& r : parts) cancel(r);
+      m.broken = true;  // the rest of this message may still come: the stream is out of step
+      m.broken_reason = status.error().message();
+      (void)m.post(slot);
+      return std::unexpected(status.error().within(call));
+    }
+  }
+  return std::pair{slot, MessageInfo{h.size, h.tag, h.timestamp_ns, h.seq}};
+}
+
+Result<RemoteReceived> RemoteConsumer::receive(Duration timeout) {
+  LF_TRY(auto got, impl_->take_next(timeout, {}, "mpi::RemoteConsumer::receive"));
+  return RemoteReceived(this, got.first, got.second);
+}
+
+Result<MessageInfo> RemoteConsumer::receive_gpu(const GpuBuffer& dst, std::uint64_t offset, Duration timeout) {
+  constexpr const char* call = "mpi::RemoteConsumer::receive_gpu";
+  auto& m = *impl_;
+  LF_TRY_STATUS(check_staging(m.o, dst, offset, 0, call));
+  if (!m.copier) {
+    LF_TRY(m.copier, ChunkCopier::create(*m.o.vulkan));
+  }
+  std::vector<std::size_t> tickets;  // every copy is waited for: fences of separate submissions
+  std::uint32_t slot = 0;            // may signal out of order
+  auto upload = [&](std::uint64_t at, std::uint64_t bytes) -> Status {
+    if (bytes == 0) return {};
+    LF_TRY(auto t, m.copier->copy(m.ring[slot].pinned->gpu_buffer(), kHeader + at, dst.buffer(), dst.offset() + offset + at, bytes));
+    tickets.push_back(t);
+    return {};
+  };
+  if (m.posted.empty()) return fail(Errc::WouldBlock, call, "every ring buffer is held by the application: release one first");
+  slot = m.posted.front();
+  // The whole message must fit at `offset`; its size is known only from its header, so the first
+  // part checks it (the message is then consumed and reported).
+  std::uint64_t total = 0;
+  auto checked_upload = [&](std::uint64_t at, std::uint64_t bytes) -> Status {
+    if (at == 0) {
+      Header h{};
+      std::memcpy(&h, m.ring[slot].host_ptr(), sizeof h);
+      total = h.size;
+      if (offset + total > dst.size())
+        return fail(Errc::InvalidArgument, call, str_format("message {} of {} bytes does not fit at offset {} of a {}-byte GPU buffer", h.seq,
+                                                            total, offset, dst.size()));
+    }
+    return upload(at, bytes);
+  };
+  LF_TRY(auto got, m.take_next(timeout, checked_upload, call));
+  Status waited;
+  for (auto t : tickets)
+    if (waited) waited = m.copier->wait(t, std::chrono::seconds(10));
+  LF_TRY_STATUS(release(got.first));  // the GPU is done reading the ring buffer (or gave up)
+  LF_TRY_STATUS(waited);
+  return got.second;
 }
 
 Result<RemoteReceived> RemoteConsumer::try_receive() {

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "lavaflow/core/channel.hpp"
+#include "lavaflow/core/gpu_buffer.hpp"
 #include "lavaflow/core/cpu_buffer.hpp"
 #include "lavaflow/core/duration.hpp"
 #include "lavaflow/core/error.hpp"
@@ -90,9 +91,15 @@ struct RemoteOptions {
   FullPolicy policy = FullPolicy::Block;
   WaitMode wait = WaitMode::SpinThenBlock;
   bool timestamps = false;
-  /// Distinguishes channels between the same two ranks: 0 … 8190.
+  /// Distinguishes channels between the same two ranks: 0 … 4094.
   int channel = 0;
   Duration connect_timeout = std::chrono::seconds(30);
+  /// GPU staging (publish_gpu / receive_gpu): the ring buffers become pinned host memory of this
+  /// Vulkan device (VK_EXT_external_memory_host), which its copy engine reads and writes directly.
+  const VulkanContext* vulkan = nullptr;
+  /// publish_gpu's chunk: a power of two, 4 KiB … 1 GiB. Each chunk goes out as its own MPI
+  /// message as soon as the GPU has copied it, while the GPU copies the next.
+  std::uint64_t chunk = 1 << 20;
 };
 
 class RemoteProducer;
@@ -144,6 +151,12 @@ class RemoteProducer {
   [[nodiscard]] Result<RemoteLoan> try_loan();
   /// Sends the buffer's header + `info.size` bytes (0: the whole slot) from the buffer itself.
   [[nodiscard]] Result<MessageInfo> publish(RemoteLoan&& loan, MessageInfo info = {});
+  /// Sends [offset, offset + size) of a (device-local) GPU buffer, staged through the loaned ring
+  /// buffer in pipelined chunks: the GPU copies every chunk into the pinned ring buffer (one
+  /// submission each, signalling a timeline), and each chunk is sent the moment its copy is done,
+  /// while the GPU copies the next. Needs RemoteOptions::vulkan (the device of `src`).
+  [[nodiscard]] Result<MessageInfo> publish_gpu(RemoteLoan&& loan, const GpuBuffer& src, std::uint64_t offset,
+                                                std::uint64_t size, MessageInfo info = {});
   /// Waits until every published message has been received and released by the consumer. The
   /// consumer reports releases in batches: the last ones when it next waits for a message or when
   /// it is closed — so a peer that neither receives nor closes makes this time out.
@@ -169,7 +182,12 @@ class RemoteConsumer {
                                                                     RemoteOptions options = {});
   ~RemoteConsumer();
   /// The next message, waiting at most `timeout`; Malformed on a size or sequence mismatch.
+  /// A message sent in chunks (publish_gpu) is returned once every chunk is in.
   [[nodiscard]] Result<RemoteReceived> receive(Duration timeout = kForever);
+  /// The next message, straight on into `dst` at `offset`: each chunk is uploaded by the GPU as
+  /// soon as it arrives (overlapping the arrival of the next); returns when the data is in `dst`,
+  /// the ring buffer already released. Needs RemoteOptions::vulkan (the device of `dst`).
+  [[nodiscard]] Result<MessageInfo> receive_gpu(const GpuBuffer& dst, std::uint64_t offset, Duration timeout = kForever);
   [[nodiscard]] Result<RemoteReceived> try_receive();
   [[nodiscard]] std::uint64_t slot_size() const;
   [[nodiscard]] std::uint32_t slots() const;
