@@ -435,6 +435,23 @@ struct RemoteProducer::Impl {
     return {};
   }
 
+  /// Makes `info` the next message (sequence, timestamp) and writes its header at the start of
+  /// `slot`'s ring buffer.
+  void write_header(std::uint32_t slot, MessageInfo& info, std::uint16_t flags) {
+    info.sequence = next_seq;
+    info.timestamp_ns = o.timestamps ? now_ns() : 0;
+    const Header h{kDataMagic, kVersion, flags, info.sequence, info.size, info.user_tag, info.timestamp_ns};
+    std::memcpy(ring[slot].host_ptr(), &h, sizeof h);
+  }
+
+  /// The message in `loan`'s slot is on its way: the loan no longer gives the slot back.
+  void sent(RemoteLoan& loan) {
+    loaned[loan.slot_] = false;
+    --loans;
+    ++next_seq;
+    loan.producer_ = nullptr;
+  }
+
   /// A slot whose last send has completed and is not loaned, when the consumer has room. Every
   /// MPI_Test runs the MPI library's progress engine (hundreds of ns over UCX), so the hot path
   /// makes as few as it can: credits are read only when the window looks full, and the slot after
@@ -533,17 +550,11 @@ Result<MessageInfo> RemoteProducer::publish(RemoteLoan&& loan, MessageInfo info)
   if (info.size == 0) info.size = m.o.slot_size;
   if (info.size > m.o.slot_size)
     return fail(Errc::InvalidArgument, call, str_format("{} bytes do not fit a {}-byte ring buffer", info.size, m.o.slot_size));
-  info.sequence = m.next_seq;
-  info.timestamp_ns = m.o.timestamps ? now_ns() : 0;
-  Header h{kDataMagic, kVersion, 0, info.sequence, info.size, info.user_tag, info.timestamp_ns};
-  std::memcpy(m.ring[slot].host_ptr(), &h, sizeof h);
+  m.write_header(slot, info, 0);
   LF_TRY_STATUS(check(MPI_Isend(m.ring[slot].host_ptr(), static_cast<int>(kHeader + info.size), MPI_BYTE, m.peer,
                                 data_tag(m.o.channel), m.comm, &m.sends[slot]),
                       "MPI_Isend(message)"));
-  loan.producer_ = nullptr;  // published: the loan no longer gives the slot back
-  m.loaned[slot] = false;
-  --m.loans;
-  ++m.next_seq;
+  m.sent(loan);
   return info;
 }
 
@@ -569,11 +580,7 @@ Result<MessageInfo> RemoteProducer::publish_gpu(RemoteLoan&& loan, const GpuBuff
     LF_TRY(done[k], m.copier->copy(src.buffer(), src.offset() + offset + k * chunk, ring.pinned->gpu_buffer(), kHeader + k * chunk, len));
   }
   info.size = size;
-  info.sequence = m.next_seq;
-  info.timestamp_ns = m.o.timestamps ? now_ns() : 0;
-  const auto flags = static_cast<std::uint16_t>(kChunked | (std::countr_zero(chunk) << 8));
-  Header h{kDataMagic, kVersion, flags, info.sequence, info.size, info.user_tag, info.timestamp_ns};
-  std::memcpy(ring.host_ptr(), &h, sizeof h);
+  m.write_header(slot, info, static_cast<std::uint16_t>(kChunked | (std::countr_zero(chunk) << 8)));
   for (std::uint64_t k = 0; k < n; ++k) {
     const std::uint64_t len = std::min(chunk, size - k * chunk);
     // A failure here loses the message (chunks already sent cannot be withdrawn); the consumer
@@ -591,10 +598,7 @@ Result<MessageInfo> RemoteProducer::publish_gpu(RemoteLoan&& loan, const GpuBuff
       m.chunk_sends[slot].push_back(r);
     }
   }
-  loan.producer_ = nullptr;
-  m.loaned[slot] = false;
-  --m.loans;
-  ++m.next_seq;
+  m.sent(loan);
   return info;
 }
 
@@ -653,7 +657,13 @@ struct RemoteConsumer::Impl {
   bool broken = false;                  // lost its place inside a chunked message
   std::string broken_reason;
 
-  using PartFn = std::function<Status(std::uint64_t offset, std::uint64_t bytes)>;
+  /// A part of message `sequence`'s payload that has arrived: bytes [offset, +bytes) of `total`,
+  /// in the ring buffer of `slot`.
+  struct Part {
+    std::uint32_t slot;
+    std::uint64_t sequence, offset, bytes, total;
+  };
+  using PartFn = std::function<Status(const Part&)>;
   Result<std::pair<std::uint32_t, MessageInfo>> take_next(Duration timeout, const PartFn& on_part, const char* call);
 
   /// Credits are batched: one per half ring released; the rest goes out when the consumer waits
@@ -740,8 +750,10 @@ Result<std::unique_ptr<RemoteConsumer>> RemoteConsumer::open(const Communicator&
 }
 
 /// Waits for the next message in posted order and checks it; for a chunked message, also receives
-/// chunks 1… into the same ring buffer. `on_part(offset, bytes)` (may be empty) is called for each
-/// part of the payload as it is in — the GPU path uploads it then. Returns the slot and the header.
+/// chunks 1… into the same ring buffer. `on_part` (may be empty) is called for each part of the
+/// payload as it is in — the GPU path uploads it then. Returns the slot and the header. A channel
+/// that loses its place inside a chunked message is marked broken, and that ring buffer is not
+/// posted again (a GPU copy may still be reading it; the channel refuses every later call anyway).
 Result<std::pair<std::uint32_t, MessageInfo>> RemoteConsumer::Impl::take_next(Duration timeout, const PartFn& on_part, const char* call) {
   auto& m = *this;
   if (m.broken) return fail(Errc::Malformed, call, "the channel lost its place in a chunked message earlier: " + m.broken_reason);
@@ -801,12 +813,13 @@ Result<std::pair<std::uint32_t, MessageInfo>> RemoteConsumer::Impl::take_next(Du
   }
   ++m.expected;
   if (on_part) {
-    if (auto ok = on_part(0, arrived); !ok) {
+    if (auto ok = on_part({slot, h.seq, 0, arrived, h.size}); !ok) {
       if (chunked && h.size > arrived) {  // its other chunks are on their way and nobody takes them
         m.broken = true;
         m.broken_reason = ok.error().message();
+      } else {
+        (void)m.post(slot);
       }
-      (void)m.post(slot);
       return std::unexpected(ok.error());
     }
   }
@@ -831,13 +844,12 @@ Result<std::pair<std::uint32_t, MessageInfo>> RemoteConsumer::Impl::take_next(Du
       if (static_cast<std::uint64_t>(c) != want)
         status = fail(Errc::Malformed, call, str_format("chunk {} of message {} holds {} bytes, expected {}", k, h.seq, c, want));
       else if (on_part)
-        status = on_part(k * chunk, want);
+        status = on_part({slot, h.seq, k * chunk, want, h.size});
     }
     if (!status) {
       for (auto& r : parts) cancel(r);
       m.broken = true;  // the rest of this message may still come: the stream is out of step
       m.broken_reason = status.error().message();
-      (void)m.post(slot);
       return std::unexpected(status.error().within(call));
     }
   }
@@ -856,31 +868,20 @@ Result<MessageInfo> RemoteConsumer::receive_gpu(const GpuBuffer& dst, std::uint6
   if (!m.copier) {
     LF_TRY(m.copier, ChunkCopier::create(*m.o.vulkan));
   }
+  // Each part is uploaded as it lands. The whole message must fit at `offset`; its size is known
+  // only from its header, so the first part checks it (the message is then consumed and reported).
   std::vector<std::size_t> tickets;  // every copy is waited for: fences of separate submissions
-  std::uint32_t slot = 0;            // may signal out of order
-  auto upload = [&](std::uint64_t at, std::uint64_t bytes) -> Status {
-    if (bytes == 0) return {};
-    LF_TRY(auto t, m.copier->copy(m.ring[slot].pinned->gpu_buffer(), kHeader + at, dst.buffer(), dst.offset() + offset + at, bytes));
+  auto upload = [&](const Impl::Part& part) -> Status {  // may signal out of order
+    if (part.offset == 0 && offset + part.total > dst.size())
+      return fail(Errc::InvalidArgument, call, str_format("message {} of {} bytes does not fit at offset {} of a {}-byte GPU buffer",
+                                                          part.sequence, part.total, offset, dst.size()));
+    if (part.bytes == 0) return {};
+    LF_TRY(auto t, m.copier->copy(m.ring[part.slot].pinned->gpu_buffer(), kHeader + part.offset, dst.buffer(),
+                                  dst.offset() + offset + part.offset, part.bytes));
     tickets.push_back(t);
     return {};
   };
-  if (m.posted.empty()) return fail(Errc::WouldBlock, call, "every ring buffer is held by the application: release one first");
-  slot = m.posted.front();
-  // The whole message must fit at `offset`; its size is known only from its header, so the first
-  // part checks it (the message is then consumed and reported).
-  std::uint64_t total = 0;
-  auto checked_upload = [&](std::uint64_t at, std::uint64_t bytes) -> Status {
-    if (at == 0) {
-      Header h{};
-      std::memcpy(&h, m.ring[slot].host_ptr(), sizeof h);
-      total = h.size;
-      if (offset + total > dst.size())
-        return fail(Errc::InvalidArgument, call, str_format("message {} of {} bytes does not fit at offset {} of a {}-byte GPU buffer", h.seq,
-                                                            total, offset, dst.size()));
-    }
-    return upload(at, bytes);
-  };
-  LF_TRY(auto got, m.take_next(timeout, checked_upload, call));
+  LF_TRY(auto got, m.take_next(timeout, upload, call));
   Status waited;
   for (auto t : tickets)
     if (waited) waited = m.copier->wait(t, std::chrono::seconds(10));
