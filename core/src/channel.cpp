@@ -813,9 +813,8 @@ Result<std::unique_ptr<Consumer>> Consumer::open(const std::string& name, Consum
   impl->control = reinterpret_cast<ControlBlock*>(impl->control_mem->host_ptr());
   const auto& cb = *impl->control;
   if (cb.magic != kControlMagic || cb.version != kControlVersion || cb.slots != w.slots || cb.slot_size != w.slot_size ||
-      cb.max_consumers > kMaxConsumers || w.consumer_index >= cb.max_consumers || cb.drop_oldest > 1)
+      cb.max_consumers > kMaxConsumers || w.consumer_index >= cb.max_consumers || cb.drop_oldest > 1 || cb.producer_blocks > 1)
     return fail(Errc::Malformed, call, "control block does not match the handshake");
-  if (cb.producer_blocks > 1) return fail(Errc::Malformed, call, "control block does not match the handshake");
   impl->self = &impl->control->consumers[w.consumer_index];
   impl->contended_next = cb.drop_oldest == 1;
   if (o.wait != WaitMode::BusyPoll) {  // the producer must wake us from now on
