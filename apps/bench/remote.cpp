@@ -119,6 +119,17 @@ Status lf_latency(const mpi::Communicator& c, std::uint64_t size, Row& out) {
   return {};
 }
 
+/// One channel from rank 0 (producer, `p`) to rank 1 (consumer, `q`).
+Status open_one_way(const mpi::Communicator& c, const mpi::RemoteOptions& o, std::unique_ptr<mpi::RemoteProducer>& p,
+                    std::unique_ptr<mpi::RemoteConsumer>& q) {
+  if (c.rank() == 0) {
+    LF_TRY(p, mpi::RemoteProducer::create(c, 1, o));
+  } else {
+    LF_TRY(q, mpi::RemoteConsumer::open(c, 0, o));
+  }
+  return {};
+}
+
 Status lf_bandwidth(const mpi::Communicator& c, std::uint64_t size, Row& out) {
   const int me = c.rank(), it = std::max(4, iterations(size) / 20), wu = 2;
   const int ch = 1000 + static_cast<int>(std::countr_zero(size));
@@ -128,11 +139,7 @@ Status lf_bandwidth(const mpi::Communicator& c, std::uint64_t size, Row& out) {
   const mpi::RemoteOptions o{.slots = slots, .slot_size = size, .wait = WaitMode::BusyPoll, .channel = ch};
   std::unique_ptr<mpi::RemoteProducer> p;
   std::unique_ptr<mpi::RemoteConsumer> q;
-  if (me == 0) {
-    LF_TRY(p, mpi::RemoteProducer::create(c, 1, o));
-  } else {
-    LF_TRY(q, mpi::RemoteConsumer::open(c, 0, o));
-  }
+  LF_TRY_STATUS(open_one_way(c, o, p, q));
   char ack = 0;
   Clock::time_point t0;
   for (int i = 0; i < it + wu; ++i) {
@@ -162,17 +169,13 @@ Status lf_bandwidth(const mpi::Communicator& c, std::uint64_t size, Row& out) {
 /// unpipelined baseline (copy all, then send all, then upload all). MB/s on rank 0, after the
 /// consumer has every message in its GPU buffer.
 Status lf_gpu_staging(const mpi::Communicator& c, const VulkanContext& vk, std::uint64_t size, std::uint64_t chunk, Row& out) {
-  const int me = c.rank(), it = 10, wu = 2;
+  const int it = 10, wu = 2;
   const mpi::RemoteOptions o{.slots = 2, .slot_size = size, .wait = WaitMode::BusyPoll,
                              .channel = 2000 + static_cast<int>(std::countr_zero(chunk)), .vulkan = &vk, .chunk = chunk};
   LF_TRY(auto gpu, GpuBuffer::allocate(vk, {.size = size, .memory = GpuMemory::DeviceLocal}));
   std::unique_ptr<mpi::RemoteProducer> p;
   std::unique_ptr<mpi::RemoteConsumer> q;
-  if (me == 0) {
-    LF_TRY(p, mpi::RemoteProducer::create(c, 1, o));
-  } else {
-    LF_TRY(q, mpi::RemoteConsumer::open(c, 0, o));
-  }
+  LF_TRY_STATUS(open_one_way(c, o, p, q));
   Clock::time_point t0;
   for (int i = 0; i < it + wu; ++i) {
     if (i == wu) {

@@ -40,6 +40,7 @@ constexpr int kNoDevice = 77;
 /// user_tag of the end-of-stream message a timed producer (--seconds) sends last; its sequence
 /// number is the count of data messages before it, which the consumer checks.
 constexpr std::uint64_t kEndOfStream = ~0ull;
+constexpr std::uint64_t kMaxLatencySamples = 10'000'000;  // the consumer's latency percentiles use at most these
 
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 
@@ -207,7 +208,7 @@ int consume(const Args& a) {
   if (con.vulkan()) std::printf("[consumer] ring imported into own Vulkan context on %s\n", describe(*con.vulkan()).c_str());
   std::fflush(stdout);
   std::vector<std::uint64_t> latency_ns;
-  latency_ns.reserve(std::min<std::uint64_t>(*count ? *count : 100000, 10000000));
+  latency_ns.reserve(std::min<std::uint64_t>(*count ? *count : 100000, kMaxLatencySamples));
   std::vector<std::byte> scratch;
   std::optional<Stager> stager;
   std::uint64_t expect = 0, bytes = 0;
@@ -243,7 +244,7 @@ int consume(const Args& a) {
     timespec ts{};
     ::clock_gettime(CLOCK_MONOTONIC, &ts);
     const auto now = static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-    if (latency_ns.size() < 10000000) latency_ns.push_back(now - r->info().timestamp_ns);
+    if (latency_ns.size() < kMaxLatencySamples) latency_ns.push_back(now - r->info().timestamp_ns);
     bytes += r->info().size;
     ++expect;
     if (Clock::now() - last_print > (tty ? 200ms : 1s)) {
