@@ -117,10 +117,10 @@ int main(int argc, char** argv) {
       barrier();  // the consumer has posted its receives
       std::vector<std::byte> junk(64 + 16, std::byte{0x5a});
       MPI_Send(junk.data(), static_cast<int>(junk.size()), MPI_BYTE, 1, kDataTagOf(5), comm->comm());
-      // magic "FLFM", wire version 2
-      std::uint64_t header[8] = {0x0002'4d464c46ull, 7 /*seq*/, 16 /*size*/, 0, 0, 0, 0, 0};
-      std::memcpy(junk.data(), header, sizeof header);
-      MPI_Send(junk.data(), static_cast<int>(junk.size()), MPI_BYTE, 1, kDataTagOf(5), comm->comm());
+      // 16 payload bytes, then a trailer: sequence 7 (0 expected), no flags, magic 'L' + wire version 3
+      const std::uint32_t trailer[2] = {7, 0x4c03u << 16};
+      std::memcpy(junk.data() + 16, trailer, sizeof trailer);
+      MPI_Send(junk.data(), 16 + sizeof trailer, MPI_BYTE, 1, kDataTagOf(5), comm->comm());
       std::vector<std::byte> big(64 + 4096);
       MPI_Send(big.data(), static_cast<int>(big.size()), MPI_BYTE, 1, kDataTagOf(5), comm->comm());
       barrier();

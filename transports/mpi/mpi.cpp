@@ -8,7 +8,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <expected>
 #include <functional>
+#include <span>
 
 #include "lavaflow/core/format.hpp"
 #include "lavaflow/core/vulkan_context.hpp"
@@ -19,24 +21,68 @@ namespace lavaflow::mpi {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-// Each message is one MPI message: this header, then the payload. 40 bytes: every byte counts for
-// small messages (MPI's fastest path covers only a few dozen bytes), so no padding to a cache line.
-constexpr std::size_t kHeader = 40;
-constexpr std::uint32_t kDataMagic = 0x4d464c46;   // "FLFM"
-constexpr std::uint32_t kHelloMagic = 0x484d4c46;  // "FLMH"
-constexpr std::uint16_t kVersion = 2;
+// Each message is one MPI message: the payload, then a trailer (wire version 3). The payload starts
+// the ring buffer (page-aligned for the application and the GPU copy engine); the trailer follows
+// it, so its length can depend on the message: 8 bytes (sequence, flags, magic) and an 8-byte
+// field for each of total size (chunked), user tag and timestamp that the message has. Small
+// messages stay small: MPI's fastest path covers only a couple of dozen bytes (24 B over UCX's
+// shared memory here), so an 8-byte payload travels as 16 bytes.
+constexpr std::uint16_t kVersion = 3;
+constexpr std::uint16_t kDataMagic = 0x4c00 | kVersion;  // 'L', wire version
+constexpr std::uint32_t kHelloMagic = 0x484d4c46;        // "FLMH"
 constexpr int kMaxChannel = 4094;  // 8 tags per channel under MPI_TAG_UB >= 32767
 
-struct Header {
-  std::uint32_t magic;
-  std::uint16_t version;
+// Trailer flags. kChunked: a message sent in chunks (publish_gpu): the data-tag message is the
+// trailer alone, chunks 0 … n-1 follow on chunk_tag; bits 8-13 hold log2 of the chunk size.
+constexpr std::uint16_t kChunked = 1, kHasTag = 2, kHasTime = 4;
+constexpr unsigned kMinChunkLog2 = 12, kMaxChunkLog2 = 30;
+
+struct TrailerEnd {  // the last 8 bytes of every data-tag message
+  std::uint32_t seq;  // low 32 bits of the sequence number
   std::uint16_t flags;
-  std::uint64_t seq;
-  std::uint64_t size;
-  std::uint64_t tag;
-  std::uint64_t timestamp_ns;
+  std::uint16_t magic;
 };
-static_assert(sizeof(Header) == kHeader);
+static_assert(sizeof(TrailerEnd) == 8);
+constexpr std::size_t kMaxTrailer = 8 * 3 + sizeof(TrailerEnd);
+
+/// A message's trailer, decoded: [total size if chunked][user tag][timestamp] then TrailerEnd.
+struct Trailer {
+  std::uint16_t flags = 0;
+  std::uint64_t seq = 0, total = 0, tag = 0, timestamp_ns = 0;
+  [[nodiscard]] std::size_t length() const { return sizeof(TrailerEnd) + 8 * static_cast<std::size_t>(std::popcount(flags & 7u)); }
+  /// Writes it at `at` (length() bytes).
+  void write(std::byte* at) const {
+    auto put = [&](std::uint64_t v) { std::memcpy(at, &v, 8); at += 8; };
+    if (flags & kChunked) put(total);
+    if (flags & kHasTag) put(tag);
+    if (flags & kHasTime) put(timestamp_ns);
+    const TrailerEnd e{static_cast<std::uint32_t>(seq), flags, kDataMagic};
+    std::memcpy(at, &e, sizeof e);
+  }
+  /// Reads the trailer that ends `msg`; the cause when it is not one.
+  static std::expected<Trailer, std::string> read(std::span<const std::byte> msg) {
+    if (msg.size() < sizeof(TrailerEnd)) return std::unexpected(str_format("{} bytes: shorter than a message trailer", msg.size()));
+    TrailerEnd e{};
+    std::memcpy(&e, msg.data() + msg.size() - sizeof e, sizeof e);
+    if ((e.magic & 0xff00) != (kDataMagic & 0xff00)) return std::unexpected(str_format("bad trailer magic {:#x}", e.magic));
+    if (e.magic != kDataMagic)
+      return std::unexpected(str_format("wire version {}, this build speaks {}", e.magic & 0xff, kVersion));
+    const unsigned chunk_log2 = e.flags >> 8;
+    if ((e.flags & ~0x3F07u) != 0 || ((e.flags & kChunked) != 0) != (chunk_log2 != 0) ||
+        (chunk_log2 != 0 && (chunk_log2 < kMinChunkLog2 || chunk_log2 > kMaxChunkLog2)))
+      return std::unexpected(str_format("unknown trailer flags {:#x}", e.flags));
+    Trailer t;
+    t.flags = e.flags;
+    t.seq = e.seq;
+    if (msg.size() < t.length()) return std::unexpected(str_format("{} bytes: shorter than their {}-byte trailer", msg.size(), t.length()));
+    const std::byte* at = msg.data() + msg.size() - t.length();
+    auto get = [&] { std::uint64_t v; std::memcpy(&v, at, 8); at += 8; return v; };
+    if (t.flags & kChunked) t.total = get();
+    if (t.flags & kHasTag) t.tag = get();
+    if (t.flags & kHasTime) t.timestamp_ns = get();
+    return t;
+  }
+};
 
 struct Hello {
   std::uint32_t magic;
@@ -51,12 +97,7 @@ int data_tag(int channel) { return channel * 8 + 0; }
 int credit_tag(int channel) { return channel * 8 + 1; }
 int hello_tag(int channel) { return channel * 8 + 2; }
 int ack_tag(int channel) { return channel * 8 + 3; }
-int chunk_tag(int channel) { return channel * 8 + 4; }  // chunks 1… of a chunked message
-
-// Header flags: a message sent in chunks (publish_gpu). The first MPI message carries the header
-// and chunk 0, chunks 1 … n-1 follow on chunk_tag; bits 8-13 hold log2 of the chunk size.
-constexpr std::uint16_t kChunked = 1;
-constexpr unsigned kMinChunkLog2 = 12, kMaxChunkLog2 = 30;
+int chunk_tag(int channel) { return channel * 8 + 4; }  // the chunks of a chunked message
 
 Status check(int rc, const char* call) {
   if (rc == MPI_SUCCESS) return {};
@@ -134,13 +175,13 @@ struct RingBuffer {
 };
 
 Result<RingBuffer> ring_buffer(std::uint64_t slot_size, const VulkanContext* vulkan) {
-  const std::uint64_t size = (kHeader + slot_size + 4095) / 4096 * 4096;
+  const std::uint64_t size = (slot_size + kMaxTrailer + 4095) / 4096 * 4096;
   if (vulkan) {
     auto b = CpuBuffer::allocate({.size = size, .strategy = CpuStrategy::GpuPinned, .gpu = vulkan, .strict = true});
     if (!b) return std::unexpected(b.error().within("mpi ring buffer (GPU staging)"));
     RingBuffer r;
     r.pinned.emplace(std::move(*b));
-    r.size = kHeader + slot_size;
+    r.size = slot_size + kMaxTrailer;
     std::memset(r.host_ptr(), 0, size);
     return r;
   }
@@ -149,7 +190,7 @@ Result<RingBuffer> ring_buffer(std::uint64_t slot_size, const VulkanContext* vul
   std::memset(p, 0, size);
   RingBuffer r;
   r.mem.reset(p);
-  r.size = kHeader + slot_size;
+  r.size = slot_size + kMaxTrailer;
   return r;
 }
 
@@ -246,7 +287,7 @@ Status check_options(const RemoteOptions& o, const char* call) {
   if (o.policy == FullPolicy::DropOldest)
     return fail(Errc::Unsupported, call, "DropOldest is not available over MPI: a sent message cannot be taken back");
   if (o.slots == 0 || o.slots > 1024) return fail(Errc::InvalidArgument, call, str_format("{} slots, allowed 1..1024", o.slots));
-  if (o.slot_size == 0 || o.slot_size > (1ull << 31) - kHeader)
+  if (o.slot_size == 0 || o.slot_size > (1ull << 31) - kMaxTrailer)
     return fail(Errc::InvalidArgument, call, str_format("slot size {} outside 1..2 GiB", o.slot_size));
   if (!std::has_single_bit(o.chunk) || o.chunk < (1u << kMinChunkLog2) || o.chunk > (1u << kMaxChunkLog2))
     return fail(Errc::InvalidArgument, call, str_format("chunk {} is not a power of two in 4 KiB..1 GiB", o.chunk));
@@ -435,13 +476,16 @@ struct RemoteProducer::Impl {
     return {};
   }
 
-  /// Makes `info` the next message (sequence, timestamp) and writes its header at the start of
-  /// `slot`'s ring buffer.
-  void write_header(std::uint32_t slot, MessageInfo& info, std::uint16_t flags) {
+  /// Makes `info` the next message (sequence, timestamp) and writes its trailer into `slot`'s ring
+  /// buffer at `at`; returns the trailer's length.
+  std::size_t write_trailer(std::uint32_t slot, std::uint64_t at, MessageInfo& info, std::uint16_t flags) {
     info.sequence = next_seq;
     info.timestamp_ns = o.timestamps ? now_ns() : 0;
-    const Header h{kDataMagic, kVersion, flags, info.sequence, info.size, info.user_tag, info.timestamp_ns};
-    std::memcpy(ring[slot].host_ptr(), &h, sizeof h);
+    if (info.user_tag != 0) flags |= kHasTag;
+    if (o.timestamps) flags |= kHasTime;
+    const Trailer t{flags, info.sequence, info.size, info.user_tag, info.timestamp_ns};
+    t.write(ring[slot].host_ptr() + at);
+    return t.length();
   }
 
   /// The message in `loan`'s slot is on its way: the loan no longer gives the slot back.
@@ -550,8 +594,8 @@ Result<MessageInfo> RemoteProducer::publish(RemoteLoan&& loan, MessageInfo info)
   if (info.size == 0) info.size = m.o.slot_size;
   if (info.size > m.o.slot_size)
     return fail(Errc::InvalidArgument, call, str_format("{} bytes do not fit a {}-byte ring buffer", info.size, m.o.slot_size));
-  m.write_header(slot, info, 0);
-  LF_TRY_STATUS(check(MPI_Isend(m.ring[slot].host_ptr(), static_cast<int>(kHeader + info.size), MPI_BYTE, m.peer,
+  const std::size_t trailer = m.write_trailer(slot, info.size, info, 0);
+  LF_TRY_STATUS(check(MPI_Isend(m.ring[slot].host_ptr(), static_cast<int>(info.size + trailer), MPI_BYTE, m.peer,
                                 data_tag(m.o.channel), m.comm, &m.sends[slot]),
                       "MPI_Isend(message)"));
   m.sent(loan);
@@ -577,28 +621,26 @@ Result<MessageInfo> RemoteProducer::publish_gpu(RemoteLoan&& loan, const GpuBuff
   std::vector<std::size_t> done(n);
   for (std::uint64_t k = 0; k < n; ++k) {
     const std::uint64_t len = std::min(chunk, size - k * chunk);
-    LF_TRY(done[k], m.copier->copy(src.buffer(), src.offset() + offset + k * chunk, ring.pinned->gpu_buffer(), kHeader + k * chunk, len));
+    LF_TRY(done[k], m.copier->copy(src.buffer(), src.offset() + offset + k * chunk, ring.pinned->gpu_buffer(), k * chunk, len));
   }
+  // The trailer goes first, on its own (from the spare bytes after the slot): the consumer learns
+  // the message's size and posts its chunk receives while the copies run.
   info.size = size;
-  m.write_header(slot, info, static_cast<std::uint16_t>(kChunked | (std::countr_zero(chunk) << 8)));
+  const std::size_t trailer = m.write_trailer(slot, m.o.slot_size, info, static_cast<std::uint16_t>(kChunked | (std::countr_zero(chunk) << 8)));
+  LF_TRY_STATUS(check(MPI_Isend(ring.host_ptr() + m.o.slot_size, static_cast<int>(trailer), MPI_BYTE, m.peer, data_tag(m.o.channel), m.comm,
+                                &m.sends[slot]),
+                      "MPI_Isend(trailer)"));
+  m.sent(loan);
   for (std::uint64_t k = 0; k < n; ++k) {
     const std::uint64_t len = std::min(chunk, size - k * chunk);
     // A failure here loses the message (chunks already sent cannot be withdrawn); the consumer
     // then times out on the rest of it, naming the chunk.
     LF_TRY_STATUS(m.copier->wait(done[k], std::chrono::seconds(10)));
-    if (k == 0) {
-      LF_TRY_STATUS(check(MPI_Isend(ring.host_ptr(), static_cast<int>(kHeader + len), MPI_BYTE, m.peer, data_tag(m.o.channel), m.comm,
-                                    &m.sends[slot]),
-                          "MPI_Isend(chunk 0)"));
-    } else {
-      MPI_Request r = MPI_REQUEST_NULL;
-      LF_TRY_STATUS(check(MPI_Isend(ring.host_ptr() + kHeader + k * chunk, static_cast<int>(len), MPI_BYTE, m.peer, chunk_tag(m.o.channel),
-                                    m.comm, &r),
-                          "MPI_Isend(chunk)"));
-      m.chunk_sends[slot].push_back(r);
-    }
+    MPI_Request r = MPI_REQUEST_NULL;
+    LF_TRY_STATUS(check(MPI_Isend(ring.host_ptr() + k * chunk, static_cast<int>(len), MPI_BYTE, m.peer, chunk_tag(m.o.channel), m.comm, &r),
+                        "MPI_Isend(chunk)"));
+    m.chunk_sends[slot].push_back(r);
   }
-  m.sent(loan);
   return info;
 }
 
@@ -639,7 +681,7 @@ RemoteLoan::~RemoteLoan() {
 std::span<std::byte> RemoteLoan::bytes() const {
   if (!producer_) return {};
   auto& m = *producer_->impl_;
-  return m.ring[slot_].bytes().subspan(kHeader, m.o.slot_size);
+  return m.ring[slot_].bytes().first(m.o.slot_size);
 }
 
 // ----- RemoteConsumer
@@ -674,7 +716,7 @@ struct RemoteConsumer::Impl {
   }
 
   Status post(std::uint32_t slot) {
-    LF_TRY_STATUS(check(MPI_Irecv(ring[slot].host_ptr(), static_cast<int>(kHeader + o.slot_size), MPI_BYTE, peer,
+    LF_TRY_STATUS(check(MPI_Irecv(ring[slot].host_ptr(), static_cast<int>(o.slot_size + kMaxTrailer), MPI_BYTE, peer,
                                   data_tag(o.channel), comm, &recvs[slot]),
                         "MPI_Irecv(message)"));
     posted.push_back(slot);
@@ -750,8 +792,8 @@ Result<std::unique_ptr<RemoteConsumer>> RemoteConsumer::open(const Communicator&
 }
 
 /// Waits for the next message in posted order and checks it; for a chunked message, also receives
-/// chunks 1… into the same ring buffer. `on_part` (may be empty) is called for each part of the
-/// payload as it is in — the GPU path uploads it then. Returns the slot and the header. A channel
+/// its chunks into the same ring buffer. `on_part` (may be empty) is called for each part of the
+/// payload as it is in — the GPU path uploads it then. Returns the slot and the trailer. A channel
 /// that loses its place inside a chunked message is marked broken, and that ring buffer is not
 /// posted again (a GPU copy may still be reading it; the channel refuses every later call anyway).
 Result<std::pair<std::uint32_t, MessageInfo>> RemoteConsumer::Impl::take_next(Duration timeout, const PartFn& on_part, const char* call) {
@@ -789,32 +831,26 @@ Result<std::pair<std::uint32_t, MessageInfo>> RemoteConsumer::Impl::take_next(Du
   m.posted.pop_front();
   int count = 0;
   MPI_Get_count(&st, MPI_BYTE, &count);
-  Header h{};
-  if (count < static_cast<int>(kHeader)) {
-    (void)m.post(slot);
-    return fail(Errc::Malformed, call, str_format("{} bytes from rank {}: shorter than a message header", count, m.peer));
-  }
-  std::memcpy(&h, m.ring[slot].host_ptr(), sizeof h);
-  const bool chunked = (h.flags & kChunked) != 0;
-  const unsigned chunk_log2 = h.flags >> 8;
-  const std::uint64_t arrived = static_cast<std::uint64_t>(count) - kHeader;
+  std::byte* const base = m.ring[slot].host_ptr();
+  auto t = Trailer::read({base, static_cast<std::size_t>(std::max(count, 0))});
+  const bool chunked = t && (t->flags & kChunked) != 0;
+  const std::uint64_t arrived = t ? static_cast<std::uint64_t>(count) - t->length() : 0;  // payload bytes in this message
   std::string bad;
-  if (h.magic != kDataMagic || h.version != kVersion) bad = str_format("bad header magic {:#x} / version {}", h.magic, h.version);
-  else if (h.seq != m.expected) bad = str_format("sequence mismatch: message {} arrived where {} was expected", h.seq, m.expected);
-  else if ((h.flags & ~0x3F01u) != 0 || (chunked && (chunk_log2 < kMinChunkLog2 || chunk_log2 > kMaxChunkLog2)))
-    bad = str_format("unknown header flags {:#x}", h.flags);
-  else if (h.size > m.o.slot_size) bad = str_format("header says {} bytes; the ring buffer holds {}", h.size, m.o.slot_size);
-  else if (!chunked && h.size != arrived) bad = str_format("size mismatch: header says {} bytes, {} arrived", h.size, arrived);
-  else if (chunked && arrived != std::min<std::uint64_t>(h.size, 1ull << chunk_log2))
-    bad = str_format("size mismatch: chunk 0 of a {}-byte message holds {} bytes", h.size, arrived);
+  if (!t) bad = t.error();
+  else if (t->seq != static_cast<std::uint32_t>(m.expected))
+    bad = str_format("sequence mismatch: message {} (low 32 bits) arrived where {} was expected", t->seq, m.expected);
+  else if (!chunked && arrived > m.o.slot_size) bad = str_format("{} payload bytes; the ring buffer holds {}", arrived, m.o.slot_size);
+  else if (chunked && (arrived != 0 || t->total == 0 || t->total > m.o.slot_size))
+    bad = str_format("chunked message of {} bytes with {} bytes before its trailer; the ring buffer holds {}", t->total, arrived, m.o.slot_size);
   if (!bad.empty()) {
     (void)m.post(slot);
     return fail(Errc::Malformed, call, str_format("rank {}, channel {}: {}", m.peer, m.o.channel, bad));
   }
-  ++m.expected;
+  const std::uint64_t seq = m.expected++;
+  const std::uint64_t size = chunked ? t->total : arrived;
   if (on_part) {
-    if (auto ok = on_part({slot, h.seq, 0, arrived, h.size}); !ok) {
-      if (chunked && h.size > arrived) {  // its other chunks are on their way and nobody takes them
+    if (auto ok = on_part({slot, seq, 0, arrived, size}); !ok) {
+      if (chunked) {  // its chunks are on their way and nobody takes them
         m.broken = true;
         m.broken_reason = ok.error().message();
       } else {
@@ -824,27 +860,26 @@ Result<std::pair<std::uint32_t, MessageInfo>> RemoteConsumer::Impl::take_next(Du
     }
   }
   if (chunked) {
-    // Chunks 1… arrive in order on their own tag (MPI does not overtake): receive each straight
+    // The chunks arrive in order on their own tag (MPI does not overtake): receive each straight
     // into its place in the ring buffer.
-    const std::uint64_t chunk = 1ull << chunk_log2, n = (h.size + chunk - 1) / chunk;
-    std::vector<MPI_Request> parts(n - 1, MPI_REQUEST_NULL);
+    const std::uint64_t chunk = 1ull << (t->flags >> 8), n = (size + chunk - 1) / chunk;
+    std::vector<MPI_Request> parts(n, MPI_REQUEST_NULL);
     Status status;
-    for (std::uint64_t k = 1; status && k < n; ++k)
-      status = check(MPI_Irecv(m.ring[slot].host_ptr() + kHeader + k * chunk, static_cast<int>(chunk), MPI_BYTE, m.peer, chunk_tag(m.o.channel),
-                               m.comm, &parts[k - 1]),
+    for (std::uint64_t k = 0; status && k < n; ++k)
+      status = check(MPI_Irecv(base + k * chunk, static_cast<int>(chunk), MPI_BYTE, m.peer, chunk_tag(m.o.channel), m.comm, &parts[k]),
                      "MPI_Irecv(chunk)");
-    for (std::uint64_t k = 1; status && k < n; ++k) {
+    for (std::uint64_t k = 0; status && k < n; ++k) {
       MPI_Status cst;
-      status = poll_until([&] { return test(parts[k - 1], &cst, "MPI_Test(chunk)"); }, timeout, m.o.wait, Errc::Timeout,
-                          [&] { return str_format("chunk {} of {} of message {} from rank {} did not arrive in time", k, n, h.seq, m.peer); });
+      status = poll_until([&] { return test(parts[k], &cst, "MPI_Test(chunk)"); }, timeout, m.o.wait, Errc::Timeout,
+                          [&] { return str_format("chunk {} of {} of message {} from rank {} did not arrive in time", k, n, seq, m.peer); });
       if (!status) break;
       int c = 0;
       MPI_Get_count(&cst, MPI_BYTE, &c);
-      const std::uint64_t want = std::min(chunk, h.size - k * chunk);
+      const std::uint64_t want = std::min(chunk, size - k * chunk);
       if (static_cast<std::uint64_t>(c) != want)
-        status = fail(Errc::Malformed, call, str_format("chunk {} of message {} holds {} bytes, expected {}", k, h.seq, c, want));
+        status = fail(Errc::Malformed, call, str_format("chunk {} of message {} holds {} bytes, expected {}", k, seq, c, want));
       else if (on_part)
-        status = on_part({slot, h.seq, k * chunk, want, h.size});
+        status = on_part({slot, seq, k * chunk, want, size});
     }
     if (!status) {
       for (auto& r : parts) cancel(r);
@@ -853,7 +888,7 @@ Result<std::pair<std::uint32_t, MessageInfo>> RemoteConsumer::Impl::take_next(Du
       return std::unexpected(status.error().within(call));
     }
   }
-  return std::pair{slot, MessageInfo{h.size, h.tag, h.timestamp_ns, h.seq}};
+  return std::pair{slot, MessageInfo{size, t->tag, t->timestamp_ns, seq}};
 }
 
 Result<RemoteReceived> RemoteConsumer::receive(Duration timeout) {
@@ -876,7 +911,7 @@ Result<MessageInfo> RemoteConsumer::receive_gpu(const GpuBuffer& dst, std::uint6
       return fail(Errc::InvalidArgument, call, str_format("message {} of {} bytes does not fit at offset {} of a {}-byte GPU buffer",
                                                           part.sequence, part.total, offset, dst.size()));
     if (part.bytes == 0) return {};
-    LF_TRY(auto t, m.copier->copy(m.ring[part.slot].pinned->gpu_buffer(), kHeader + part.offset, dst.buffer(),
+    LF_TRY(auto t, m.copier->copy(m.ring[part.slot].pinned->gpu_buffer(), part.offset, dst.buffer(),
                                   dst.offset() + offset + part.offset, part.bytes));
     tickets.push_back(t);
     return {};
@@ -917,7 +952,7 @@ Status RemoteReceived::release() {
 }
 std::span<const std::byte> RemoteReceived::bytes() const {
   if (!consumer_) return {};
-  return consumer_->impl_->ring[slot_].bytes().subspan(kHeader, info_.size);
+  return consumer_->impl_->ring[slot_].bytes().first(info_.size);
 }
 
 }  // namespace lavaflow::mpi

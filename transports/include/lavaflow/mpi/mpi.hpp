@@ -6,7 +6,7 @@
 /// remote channel over MPI point-to-point.
 ///
 /// A remote channel moves bytes (fds are node-local): the producer's ring buffer is sent as is
-/// (`MPI_Isend` straight from the loaned buffer: a 40-byte header, then the payload) into a receive
+/// (`MPI_Isend` straight from the loaned buffer: the payload, then an 8–32-byte trailer) into a receive
 /// posted on the consumer's ring buffer (no copy on either side, no unexpected-message buffering:
 /// the producer sends only with a credit, and every credit stands for a posted receive).
 ///
@@ -149,7 +149,9 @@ class RemoteProducer {
   ~RemoteProducer();
   [[nodiscard]] Result<RemoteLoan> loan(Duration timeout = kForever);
   [[nodiscard]] Result<RemoteLoan> try_loan();
-  /// Sends the buffer's header + `info.size` bytes (0: the whole slot) from the buffer itself.
+  /// Sends the first `info.size` bytes of the buffer (0: the whole slot) and a trailer written
+  /// after them, from the buffer itself (a trailer of 8 bytes, 8 more each for a non-zero user tag
+  /// and a timestamp).
   [[nodiscard]] Result<MessageInfo> publish(RemoteLoan&& loan, MessageInfo info = {});
   /// Sends [offset, offset + size) of a (device-local) GPU buffer, staged through the loaned ring
   /// buffer in pipelined chunks: the GPU copies every chunk into the pinned ring buffer (one
