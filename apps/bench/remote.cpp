@@ -35,9 +35,12 @@ struct Row {
 
 constexpr int kWindow = 64;
 constexpr std::uint64_t kMax = 4u << 20;
+// Latency: warm-up, then kRounds blocks of raw MPI and lava-flow in turn — both see the same
+// moments of a shared machine, so their ratio holds still while the machine's speed drifts.
+constexpr int kRounds = 10;
 
-int iterations(std::uint64_t size) { return size <= 8192 ? 2000 : size <= (256u << 10) ? 300 : 60; }
-int warmup(std::uint64_t size) { return size <= 8192 ? 200 : 10; }
+int block(std::uint64_t size) { return size <= 8192 ? 300 : size <= (256u << 10) ? 40 : 8; }
+int warmup(std::uint64_t size) { return size <= 8192 ? 500 : 10; }
 double ns(Clock::duration d) { return std::chrono::duration<double, std::nano>(d).count(); }
 
 Row summarize(std::string name, std::uint64_t size, std::vector<double>& half) {
@@ -47,10 +50,22 @@ Row summarize(std::string name, std::uint64_t size, std::vector<double>& half) {
   return Row{std::move(name), "latency", size, half[half.size() / 2], avg, 0};
 }
 
-Row raw_latency(MPI_Comm comm, int me, std::uint64_t size, std::vector<char>& buf) {
-  std::vector<double> half;
-  const int it = iterations(size), wu = warmup(size);
-  for (int i = 0; i < it + wu; ++i) {
+/// The ring the channel uses for `size`-byte messages in the latency test — a ring a user would
+/// pick: deep for small messages (credits then go back once per 32 messages), 2 buffers for large
+/// ones (a ping-pong holds one at a time; each new buffer costs MPI a registration and a trip
+/// through DRAM).
+std::uint32_t latency_slots(std::uint64_t size) { return size <= 8192 ? 64u : 2u; }
+
+/// The ring of the bandwidth test: about 256 KiB (2 to 64 buffers). Every buffer of the ring is a
+/// distinct piece of memory on both sides, where osu_bw sends from and receives into one buffer
+/// each side; the raw "ring" baseline sends the same window through the same number of buffers.
+std::uint32_t bandwidth_slots(std::uint64_t size) {
+  return static_cast<std::uint32_t>(std::clamp<std::uint64_t>((256u << 10) / size, 2, kWindow));
+}
+
+/// Raw MPI ping-pong (osu_latency): `n` round trips, half of each appended to `half`.
+void raw_pingpong(MPI_Comm comm, int me, std::uint64_t size, std::vector<char>& buf, int n, std::vector<double>* half) {
+  for (int i = 0; i < n; ++i) {
     const auto t0 = Clock::now();
     if (me == 0) {
       MPI_Send(buf.data(), static_cast<int>(size), MPI_BYTE, 1, 1, comm);
@@ -59,63 +74,51 @@ Row raw_latency(MPI_Comm comm, int me, std::uint64_t size, std::vector<char>& bu
       MPI_Recv(buf.data(), static_cast<int>(size), MPI_BYTE, 0, 1, comm, MPI_STATUS_IGNORE);
       MPI_Send(buf.data(), static_cast<int>(size), MPI_BYTE, 0, 1, comm);
     }
-    if (i >= wu) half.push_back(ns(Clock::now() - t0) / 2);
+    if (half) half->push_back(ns(Clock::now() - t0) / 2);
   }
-  return summarize("mpi-raw", size, half);
 }
 
-Row raw_bandwidth(MPI_Comm comm, int me, std::uint64_t size, std::vector<char>& buf) {
-  const int it = std::max(4, iterations(size) / 20), wu = 2;
-  MPI_Request req[kWindow];
-  char ack = 0;
-  Clock::time_point t0;
-  for (int i = 0; i < it + wu; ++i) {
-    if (i == wu) t0 = Clock::now();
+/// The same over two lava-flow channels (ping one way, pong the other): loan, publish, receive.
+Status lf_pingpong(int me, mpi::RemoteProducer& p, mpi::RemoteConsumer& q, std::uint64_t size, int n, std::vector<double>* half) {
+  for (int i = 0; i < n; ++i) {
+    const auto t0 = Clock::now();
     if (me == 0) {
-      for (auto& r : req) MPI_Isend(buf.data(), static_cast<int>(size), MPI_BYTE, 1, 2, comm, &r);
-      MPI_Waitall(kWindow, req, MPI_STATUSES_IGNORE);
-      MPI_Recv(&ack, 1, MPI_BYTE, 1, 3, comm, MPI_STATUS_IGNORE);
+      LF_TRY(auto loan, p.loan(std::chrono::seconds(30)));
+      LF_TRY(auto info, p.publish(std::move(loan), {.size = size}));
+      (void)info;
+      LF_TRY(auto r, q.receive(std::chrono::seconds(30)));
     } else {
-      for (auto& r : req) MPI_Irecv(buf.data(), static_cast<int>(size), MPI_BYTE, 0, 2, comm, &r);
-      MPI_Waitall(kWindow, req, MPI_STATUSES_IGNORE);
-      MPI_Send(&ack, 1, MPI_BYTE, 0, 3, comm);
-    }
+      LF_TRY(auto r, q.receive(std::chrono::seconds(30)));
+      LF_TRY(auto loan, p.loan(std::chrono::seconds(30)));
+      LF_TRY(auto info, p.publish(std::move(loan), {.size = size}));
+      (void)info;
+    }  // the ping is released after the pong is on its way
+    if (half) half->push_back(ns(Clock::now() - t0) / 2);
   }
-  const double secs = ns(Clock::now() - t0) / 1e9;
-  return Row{"mpi-raw", "bandwidth", size, 0, 0, double(size) * kWindow * it / secs / 1e6};
+  return {};
 }
 
-Status lf_latency(const mpi::Communicator& c, std::uint64_t size, Row& out) {
-  const int me = c.rank(), it = iterations(size), wu = warmup(size);
+/// Latency of raw MPI and of a lava-flow channel, measured in alternating blocks.
+Status latency(const mpi::Communicator& c, MPI_Comm raw, std::uint64_t size, std::vector<char>& buf, Row& raw_row, Row& lf_row) {
+  const int me = c.rank();
   const int ping = 100 + static_cast<int>(std::countr_zero(size)) * 2, pong = ping + 1;
   std::unique_ptr<mpi::RemoteProducer> p;
   std::unique_ptr<mpi::RemoteConsumer> q;
-  // A ring a user would pick: deep for small messages (credits then go back once per 32 messages),
-  // 2 buffers for large ones (a ping-pong holds one at a time; each new buffer costs MPI a
-  // registration and a trip through DRAM).
-  const mpi::RemoteOptions o{.slots = size <= 8192 ? 64u : 2u, .slot_size = size, .wait = WaitMode::BusyPoll};
+  const mpi::RemoteOptions o{.slots = latency_slots(size), .slot_size = size, .wait = WaitMode::BusyPoll};
   auto opt = [&](int ch) { auto x = o; x.channel = ch; return x; };
   LF_TRY(p, mpi::RemoteProducer::create(c, 1 - me, opt(me == 0 ? ping : pong)));
   LF_TRY(q, mpi::RemoteConsumer::open(c, 1 - me, opt(me == 0 ? pong : ping)));
-  std::vector<double> half;
-  for (int i = 0; i < it + wu; ++i) {
-    const auto t0 = Clock::now();
-    if (me == 0) {
-      LF_TRY(auto loan, p->loan(std::chrono::seconds(30)));
-      LF_TRY(auto info, p->publish(std::move(loan), {.size = size}));
-      (void)info;
-      LF_TRY(auto r, q->receive(std::chrono::seconds(30)));
-    } else {
-      LF_TRY(auto r, q->receive(std::chrono::seconds(30)));
-      LF_TRY(auto loan, p->loan(std::chrono::seconds(30)));
-      LF_TRY(auto info, p->publish(std::move(loan), {.size = size}));
-      (void)info;
-    }  // the ping is released after the pong is on its way
-    if (i >= wu) half.push_back(ns(Clock::now() - t0) / 2);
+  raw_pingpong(raw, me, size, buf, warmup(size), nullptr);
+  LF_TRY_STATUS(lf_pingpong(me, *p, *q, size, warmup(size), nullptr));
+  std::vector<double> raw_half, lf_half;
+  for (int round = 0; round < kRounds; ++round) {
+    raw_pingpong(raw, me, size, buf, block(size), &raw_half);
+    LF_TRY_STATUS(lf_pingpong(me, *p, *q, size, block(size), &lf_half));
   }
   q.reset();  // closing hands back the last credits; then the peer's flush can finish
   LF_TRY_STATUS(p->flush(std::chrono::seconds(30)));
-  out = summarize("lavaflow-mpi", size, half);
+  raw_row = summarize("mpi-raw", size, raw_half);
+  lf_row = summarize("lavaflow-mpi", size, lf_half);
   return {};
 }
 
@@ -130,37 +133,87 @@ Status open_one_way(const mpi::Communicator& c, const mpi::RemoteOptions& o, std
   return {};
 }
 
-Status lf_bandwidth(const mpi::Communicator& c, std::uint64_t size, Row& out) {
-  const int me = c.rank(), it = std::max(4, iterations(size) / 20), wu = 2;
-  const int ch = 1000 + static_cast<int>(std::countr_zero(size));
-  // A ring of about 1 MiB (4 to 64 buffers): the buffers stay in cache, as osu_bw's single buffer
-  // does; a 64-deep ring of large buffers streams through DRAM at about half the rate here.
-  const auto slots = static_cast<std::uint32_t>(std::clamp<std::uint64_t>((1u << 20) / size, 4, kWindow));
-  const mpi::RemoteOptions o{.slots = slots, .slot_size = size, .wait = WaitMode::BusyPoll, .channel = ch};
+/// A page-aligned buffer, touched.
+struct PageBuffer {
+  struct Free {
+    void operator()(char* p) const { std::free(p); }
+  };
+  std::unique_ptr<char, Free> mem;
+  explicit PageBuffer(std::uint64_t size)
+      : mem(static_cast<char*>(std::aligned_alloc(4096, (size + 4095) / 4096 * 4096))) {
+    std::memset(mem.get(), 1, size);
+  }
+};
+
+/// One window of raw MPI bandwidth (osu_bw): 64 MPI_Isend / MPI_Irecv, then a 1-byte ack; the k-th
+/// message of the window uses buffer k % buffers.size().
+void raw_window(MPI_Comm comm, int me, std::uint64_t size, const std::vector<PageBuffer>& buffers) {
+  MPI_Request req[kWindow];
+  char ack = 0;
+  const std::size_t n = buffers.size();
+  if (me == 0) {
+    for (int k = 0; k < kWindow; ++k) MPI_Isend(buffers[k % n].mem.get(), static_cast<int>(size), MPI_BYTE, 1, 2, comm, &req[k]);
+    MPI_Waitall(kWindow, req, MPI_STATUSES_IGNORE);
+    MPI_Recv(&ack, 1, MPI_BYTE, 1, 3, comm, MPI_STATUS_IGNORE);
+  } else {
+    for (int k = 0; k < kWindow; ++k) MPI_Irecv(buffers[k % n].mem.get(), static_cast<int>(size), MPI_BYTE, 0, 2, comm, &req[k]);
+    MPI_Waitall(kWindow, req, MPI_STATUSES_IGNORE);
+    MPI_Send(&ack, 1, MPI_BYTE, 0, 3, comm);
+  }
+}
+
+/// The same window through a lava-flow channel (rank 0 publishes 64 messages, rank 1 receives them).
+Status lf_window(MPI_Comm comm, mpi::RemoteProducer* p, mpi::RemoteConsumer* q, std::uint64_t size) {
+  char ack = 0;
+  if (p) {
+    for (int k = 0; k < kWindow; ++k) {
+      LF_TRY(auto loan, p->loan(std::chrono::seconds(30)));
+      LF_TRY(auto info, p->publish(std::move(loan), {.size = size}));
+      (void)info;
+    }
+    MPI_Recv(&ack, 1, MPI_BYTE, 1, 3, comm, MPI_STATUS_IGNORE);
+  } else {
+    for (int k = 0; k < kWindow; ++k) {
+      LF_TRY(auto r, q->receive(std::chrono::seconds(30)));
+    }
+    MPI_Send(&ack, 1, MPI_BYTE, 0, 3, comm);
+  }
+  return {};
+}
+
+/// Windowed bandwidth, in kBandwidthRounds rounds; each round times raw MPI with one buffer a side
+/// (osu_bw), raw MPI through a ring of distinct buffers (as many as the channel's) and the channel,
+/// one after the other. Each figure is the median over the rounds.
+constexpr int kBandwidthRounds = 5;
+Status bandwidth(const mpi::Communicator& c, MPI_Comm raw, std::uint64_t size, Row& raw_row, Row& ring_row, Row& lf_row) {
+  const int me = c.rank();
+  const int windows = size <= 8192 ? 20 : size <= (256u << 10) ? 5 : 2;
+  const std::uint32_t slots = bandwidth_slots(size);
+  const mpi::RemoteOptions o{.slots = slots, .slot_size = size, .wait = WaitMode::BusyPoll, .channel = 1000 + static_cast<int>(std::countr_zero(size))};
   std::unique_ptr<mpi::RemoteProducer> p;
   std::unique_ptr<mpi::RemoteConsumer> q;
   LF_TRY_STATUS(open_one_way(c, o, p, q));
-  char ack = 0;
-  Clock::time_point t0;
-  for (int i = 0; i < it + wu; ++i) {
-    if (i == wu) t0 = Clock::now();
-    if (me == 0) {
-      for (int k = 0; k < kWindow; ++k) {
-        LF_TRY(auto loan, p->loan(std::chrono::seconds(30)));
-        LF_TRY(auto info, p->publish(std::move(loan), {.size = size}));
-        (void)info;
+  std::vector<PageBuffer> one, ring;
+  one.emplace_back(size);
+  for (std::uint32_t k = 0; k < slots; ++k) ring.emplace_back(size);
+  std::vector<double> rates[3];
+  for (int round = -1; round < kBandwidthRounds; ++round) {  // round -1: warm-up
+    for (int which = 0; which < 3; ++which) {
+      MPI_Barrier(raw);
+      const auto t0 = Clock::now();
+      for (int w = 0; w < windows; ++w) {
+        if (which == 2) LF_TRY_STATUS(lf_window(raw, p.get(), q.get(), size));
+        else raw_window(raw, me, size, which == 0 ? one : ring);
       }
-      MPI_Recv(&ack, 1, MPI_BYTE, 1, 3, c.comm(), MPI_STATUS_IGNORE);
-    } else {
-      for (int k = 0; k < kWindow; ++k) {
-        LF_TRY(auto r, q->receive(std::chrono::seconds(30)));
-      }
-      MPI_Send(&ack, 1, MPI_BYTE, 0, 3, c.comm());
+      if (round >= 0) rates[which].push_back(double(size) * kWindow * windows / (ns(Clock::now() - t0) / 1e9) / 1e6);
     }
   }
-  const double secs = ns(Clock::now() - t0) / 1e9;
   if (p) LF_TRY_STATUS(p->flush(std::chrono::seconds(30)));
-  out = Row{"lavaflow-mpi", "bandwidth", size, 0, 0, double(size) * kWindow * it / secs / 1e6};
+  for (auto& r : rates) std::sort(r.begin(), r.end());
+  auto median = [&](int which) { return rates[which][kBandwidthRounds / 2]; };
+  raw_row = Row{"mpi-raw", "bandwidth", size, 0, 0, median(0)};
+  ring_row = Row{"mpi-raw-ring", "bandwidth", size, 0, 0, median(1)};
+  lf_row = Row{"lavaflow-mpi", "bandwidth", size, 0, 0, median(2)};
   return {};
 }
 
@@ -203,12 +256,13 @@ Status lf_gpu_staging(const mpi::Communicator& c, const VulkanContext& vk, std::
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
-  bool json = false;
+  bool json = false, staging = true;
   std::string plot;
   std::uint64_t max_size = kMax;
   for (int i = 1; i < argc; ++i) {
     json = json || std::strcmp(argv[i], "--json") == 0;
     if (std::strcmp(argv[i], "--plot") == 0 && i + 1 < argc) plot = argv[++i];
+    staging = staging && std::strcmp(argv[i], "--no-staging") != 0;
     if (std::strcmp(argv[i], "--max-size") == 0 && i + 1 < argc) max_size = std::clamp<std::uint64_t>(std::strtoull(argv[++i], nullptr, 10), 8, kMax);
   }
   int code = 0;
@@ -222,27 +276,22 @@ int main(int argc, char** argv) {
     std::vector<char> buf(kMax);
     MPI_Comm raw;
     MPI_Comm_dup(MPI_COMM_WORLD, &raw);
-    std::vector<Row> rows;
-    for (std::uint64_t size = 8; size <= max_size; size *= 4) {
+    std::vector<Row> rows;  // per size: raw latency, lf latency, raw bandwidth, raw ring bandwidth, lf bandwidth
+    // 8 B … 8 KiB by fours, then every power of two to 4 MiB (the targets start at 64 KiB).
+    for (std::uint64_t size = 8; size <= max_size; size *= size < 8192 ? 4 : 2) {
       MPI_Barrier(raw);
-      rows.push_back(raw_latency(raw, me, size, buf));
-      Row lf;
-      if (auto ok = lf_latency(*comm, size, lf); !ok) {
+      Row r[5];
+      auto ok = latency(*comm, raw, size, buf, r[0], r[1]);
+      if (ok) ok = bandwidth(*comm, raw, size, r[2], r[3], r[4]);
+      if (!ok) {
         std::fprintf(stderr, "rank %d: %s\n", me, ok.error().message().c_str());
         MPI_Abort(MPI_COMM_WORLD, 1);
       }
-      rows.push_back(lf);
-      MPI_Barrier(raw);
-      rows.push_back(raw_bandwidth(raw, me, size, buf));
-      if (auto ok = lf_bandwidth(*comm, size, lf); !ok) {
-        std::fprintf(stderr, "rank %d: %s\n", me, ok.error().message().c_str());
-        MPI_Abort(MPI_COMM_WORLD, 1);
-      }
-      rows.push_back(lf);
+      rows.insert(rows.end(), r, r + 5);
     }
     // GPU staging (when both ranks have a Vulkan device): 64 MiB messages, pipelined chunks vs one piece.
-    std::vector<Row> staging;
-    {
+    std::vector<Row> staged;
+    if (staging) {
       auto vk = VulkanContext::create();
       int have = vk ? 1 : 0, both = 0;
       MPI_Allreduce(&have, &both, 1, MPI_INT, MPI_MIN, raw);
@@ -254,7 +303,7 @@ int main(int argc, char** argv) {
           std::fprintf(stderr, "rank %d: GPU staging: %s\n", me, ok.error().message().c_str());
           MPI_Abort(MPI_COMM_WORLD, 1);
         }
-        staging.push_back(r);
+        staged.push_back(r);
       }
     }
     if (me == 0 && !plot.empty()) {  // latency vs size: raw MPI and the lava-flow channel
@@ -275,27 +324,28 @@ int main(int argc, char** argv) {
           std::printf("%s{\"name\":\"%s\",\"kind\":\"%s\",\"size\":%llu,\"p50_ns\":%.1f,\"avg_ns\":%.1f,\"mb_per_s\":%.1f}",
                       i ? "," : "", rows[i].name.c_str(), rows[i].kind.c_str(), static_cast<unsigned long long>(rows[i].size),
                       rows[i].p50_ns, rows[i].avg_ns, rows[i].mb_per_s);
-        for (const auto& r : staging)
+        for (const auto& r : staged)
           std::printf(",{\"name\":\"%s\",\"kind\":\"%s\",\"size\":%llu,\"mb_per_s\":%.1f}", r.name.c_str(), r.kind.c_str(),
                       static_cast<unsigned long long>(r.size), r.mb_per_s);
         std::printf("]}\n");
       } else {
-        std::printf("lavaflow-bench remote: 2 ranks, route forced to MPI; latency = round trip / 2 (OSU method), "
-                    "bandwidth = windows of %d messages\n", kWindow);
-        std::printf("%10s  %12s %12s %7s  %12s %12s %7s  %11s %11s %7s\n", "size", "raw p50 ns", "lf p50 ns", "ratio",
-                    "raw avg ns", "lf avg ns", "ratio", "raw MB/s", "lf MB/s", "ratio");
-        for (std::size_t i = 0; i + 3 < rows.size(); i += 4) {
-          const auto &rl = rows[i], &ll = rows[i + 1], &rb = rows[i + 2], &lb = rows[i + 3];
-          std::printf("%10llu  %12.0f %12.0f %7.2f  %12.0f %12.0f %7.2f  %11.0f %11.0f %7.2f\n",
-                      static_cast<unsigned long long>(rl.size), rl.p50_ns, ll.p50_ns, ll.p50_ns / rl.p50_ns, rl.avg_ns,
-                      ll.avg_ns, ll.avg_ns / rl.avg_ns, rb.mb_per_s, lb.mb_per_s, lb.mb_per_s / rb.mb_per_s);
+        std::printf("lavaflow-bench remote: 2 ranks, route forced to MPI; latency = round trip / 2 (OSU method, ns), raw and lf "
+                    "in %d alternating blocks; bandwidth = windows of %d messages (median of %d rounds): raw = one buffer a side "
+                    "(osu_bw), ring = raw MPI through as many distinct buffers as the channel's ring\n", kRounds, kWindow, kBandwidthRounds);
+        std::printf("%8s  %10s %10s %6s  %10s %10s %6s  %9s %9s %9s %6s %6s\n", "size", "raw p50", "lf p50", "ratio", "raw avg",
+                    "lf avg", "ratio", "raw MB/s", "ring MB/s", "lf MB/s", "/raw", "/ring");
+        for (std::size_t i = 0; i + 4 < rows.size(); i += 5) {
+          const auto &rl = rows[i], &ll = rows[i + 1], &rb = rows[i + 2], &gb = rows[i + 3], &lb = rows[i + 4];
+          std::printf("%8llu  %10.0f %10.0f %6.2f  %10.0f %10.0f %6.2f  %9.0f %9.0f %9.0f %6.2f %6.2f\n",
+                      static_cast<unsigned long long>(rl.size), rl.p50_ns, ll.p50_ns, ll.p50_ns / rl.p50_ns, rl.avg_ns, ll.avg_ns,
+                      ll.avg_ns / rl.avg_ns, rb.mb_per_s, gb.mb_per_s, lb.mb_per_s, lb.mb_per_s / rb.mb_per_s, lb.mb_per_s / gb.mb_per_s);
         }
         std::printf("targets: latency <= 1.10 x raw at 8 B and <= 1.03 x at >= 64 KiB; bandwidth >= 0.95 x raw at >= 64 KiB\n");
-        if (!staging.empty()) {
+        if (!staged.empty()) {
           std::printf("GPU buffer -> GPU buffer through the channel (publish_gpu / receive_gpu, pinned ring buffers):\n");
-          for (const auto& r : staging)
+          for (const auto& r : staged)
             std::printf("  %-30s %llu-byte messages  %9.0f MB/s  (%.2f x unchunked)\n", r.name.c_str(), static_cast<unsigned long long>(r.size),
-                        r.mb_per_s, r.mb_per_s / staging.back().mb_per_s);
+                        r.mb_per_s, r.mb_per_s / staged.back().mb_per_s);
         }
       }
     }
