@@ -111,21 +111,25 @@ Clock::time_point deadline_after(Clock::time_point now, Duration timeout) {
 
 /// Polls `done` (returns Result<bool>) until true or `timeout`: spinning, then (unless
 /// busy-polling) sleeping 20 µs between tests — MPI has no blocking wait with a timeout.
-/// The clock is read only after the first miss and then every 16th test: a clock read costs as much
-/// as a small message's hand-off on the fast path, and a spin loop's reaction time grows with it.
+/// The clock is read only every 16th test (the first read starts the timeout): a clock read costs
+/// as much as a small message's hand-off on the fast path, and a spin loop's reaction time grows
+/// with it.
 /// `what` makes the timeout's message — only when it happens (formatting costs more than a message).
 template <class F, class W>
 Status poll_until(F&& done, Duration timeout, WaitMode mode, Errc on_timeout, W&& what) {
   LF_TRY(bool first, done());
   if (first) return {};
   if (timeout <= Duration::zero()) return fail(on_timeout, "lavaflow::mpi", what());
-  const auto start = Clock::now();
-  const auto deadline = deadline_after(start, timeout);
+  Clock::time_point start{}, deadline{};
   for (std::uint32_t tests = 1;; ++tests) {
     LF_TRY(bool ok, done());
     if (ok) return {};
     if (tests % 16 != 0 && mode == WaitMode::BusyPoll) continue;
     const auto now = Clock::now();
+    if (start == Clock::time_point{}) {
+      start = now;
+      deadline = deadline_after(start, timeout);
+    }
     if (now >= deadline) return fail(on_timeout, "lavaflow::mpi", what());
     if (mode != WaitMode::BusyPoll && now - start > std::chrono::microseconds(20)) {
       timespec ts{0, 20'000};
@@ -419,6 +423,10 @@ std::vector<PairRoute> Communicator::routes() const {
 // ----- RemoteProducer
 
 struct RemoteProducer::Impl {
+  Impl() = default;
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+  ~Impl();
   MPI_Comm comm = MPI_COMM_NULL;
   int peer = 0;
   RemoteOptions o;
@@ -523,14 +531,16 @@ struct RemoteProducer::Impl {
 
 RemoteProducer::RemoteProducer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-RemoteProducer::~RemoteProducer() {
-  auto& m = *impl_;
-  for (auto& r : m.sends) finish_or_cancel(r, std::chrono::seconds(2));
-  for (auto& chunks : m.chunk_sends)
+RemoteProducer::~RemoteProducer() = default;
+
+/// Also when create() fails half-way: no request outlives the memory it reads or writes.
+RemoteProducer::Impl::~Impl() {
+  for (auto& r : sends) finish_or_cancel(r, std::chrono::seconds(2));
+  for (auto& chunks : chunk_sends)
     for (auto& r : chunks) finish_or_cancel(r, std::chrono::seconds(2));
-  finish_or_cancel(m.hello_req, std::chrono::milliseconds(100));
-  cancel(m.ack_req);
-  cancel(m.credit_req);
+  finish_or_cancel(hello_req, std::chrono::milliseconds(100));
+  cancel(ack_req);
+  cancel(credit_req);
 }
 
 Result<std::unique_ptr<RemoteProducer>> RemoteProducer::create(const Communicator& comm, int consumer_rank, RemoteOptions o) {
@@ -697,6 +707,10 @@ struct RemoteConsumer::Impl {
   std::deque<std::pair<std::unique_ptr<std::uint64_t>, MPI_Request>> credits;
   std::unique_ptr<ChunkCopier> copier;  // GPU staging, made on first use
   bool broken = false;                  // lost its place inside a chunked message
+  Impl() = default;
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+  ~Impl();
   std::string broken_reason;
 
   /// A part of message `sequence`'s payload that has arrived: bytes [offset, +bytes) of `total`,
@@ -715,10 +729,10 @@ struct RemoteConsumer::Impl {
     return {};
   }
 
+  /// Starts `slot`'s receive again. Persistent receives (one per ring buffer, made at open): a
+  /// restart costs MPI less than a new MPI_Irecv, on the path of every message.
   Status post(std::uint32_t slot) {
-    LF_TRY_STATUS(check(MPI_Irecv(ring[slot].host_ptr(), static_cast<int>(o.slot_size + kMaxTrailer), MPI_BYTE, peer,
-                                  data_tag(o.channel), comm, &recvs[slot]),
-                        "MPI_Irecv(message)"));
+    LF_TRY_STATUS(check(MPI_Start(&recvs[slot]), "MPI_Start(message receive)"));
     posted.push_back(slot);
     return {};
   }
@@ -740,11 +754,15 @@ struct RemoteConsumer::Impl {
 
 RemoteConsumer::RemoteConsumer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-RemoteConsumer::~RemoteConsumer() {
-  auto& m = *impl_;
-  if (m.released != m.credited) (void)m.send_credit();
-  for (auto& [v, r] : m.credits) finish_or_cancel(r, std::chrono::milliseconds(500));
-  for (auto& r : m.recvs) cancel(r);
+RemoteConsumer::~RemoteConsumer() = default;
+
+/// Also when open() fails half-way: no receive outlives the ring buffer it writes into.
+RemoteConsumer::Impl::~Impl() {
+  if (released != credited) (void)send_credit();
+  for (auto& [v, r] : credits) finish_or_cancel(r, std::chrono::milliseconds(500));
+  for (auto slot : posted) cancel(recvs[slot]);  // the active ones; then free them all
+  for (auto& r : recvs)
+    if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
 }
 
 Result<std::unique_ptr<RemoteConsumer>> RemoteConsumer::open(const Communicator& comm, int producer_rank, RemoteOptions o) {
@@ -785,7 +803,12 @@ Result<std::unique_ptr<RemoteConsumer>> RemoteConsumer::open(const Communicator&
     m->ring.push_back(std::move(b));
   }
   m->recvs.assign(theirs.slots, MPI_REQUEST_NULL);
-  for (std::uint32_t k = 0; k < theirs.slots; ++k) LF_TRY_STATUS(m->post(k));
+  for (std::uint32_t k = 0; k < theirs.slots; ++k) {
+    LF_TRY_STATUS(check(MPI_Recv_init(m->ring[k].host_ptr(), static_cast<int>(theirs.slot_size + kMaxTrailer), MPI_BYTE, producer_rank,
+                                      data_tag(o.channel), m->comm, &m->recvs[k]),
+                        "MPI_Recv_init(message)"));
+    LF_TRY_STATUS(m->post(k));
+  }
   std::uint32_t answer = kHelloMagic;
   LF_TRY_STATUS(check(MPI_Send(&answer, 1, MPI_UINT32_T, producer_rank, ack_tag(o.channel), m->comm), "MPI_Send(answer)"));
   return std::unique_ptr<RemoteConsumer>(new RemoteConsumer(std::move(m)));
