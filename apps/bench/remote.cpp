@@ -56,11 +56,12 @@ Row summarize(std::string name, std::uint64_t size, std::vector<double>& half) {
 /// through DRAM).
 std::uint32_t latency_slots(std::uint64_t size) { return size <= 8192 ? 64u : 2u; }
 
-/// The ring of the bandwidth test: about 256 KiB (2 to 64 buffers). Every buffer of the ring is a
-/// distinct piece of memory on both sides, where osu_bw sends from and receives into one buffer
-/// each side; the raw "ring" baseline sends the same window through the same number of buffers.
-std::uint32_t bandwidth_slots(std::uint64_t size) {
-  return static_cast<std::uint32_t>(std::clamp<std::uint64_t>((256u << 10) / size, 2, kWindow));
+/// The ring of the bandwidth test: about `ring_bytes` (--ring-bytes, default 256 KiB; 2 to 64
+/// buffers). Every buffer of the ring is a distinct piece of memory on both sides, where osu_bw
+/// sends from and receives into one buffer each side; the raw "ring" baseline sends the same window
+/// through the same number of buffers.
+std::uint32_t bandwidth_slots(std::uint64_t size, std::uint64_t ring_bytes) {
+  return static_cast<std::uint32_t>(std::clamp<std::uint64_t>(ring_bytes / size, 2, kWindow));
 }
 
 /// Raw MPI ping-pong (osu_latency): `n` round trips, half of each appended to `half`.
@@ -185,10 +186,11 @@ Status lf_window(MPI_Comm comm, mpi::RemoteProducer* p, mpi::RemoteConsumer* q, 
 /// (osu_bw), raw MPI through a ring of distinct buffers (as many as the channel's) and the channel,
 /// one after the other. Each figure is the median over the rounds.
 constexpr int kBandwidthRounds = 5;
-Status bandwidth(const mpi::Communicator& c, MPI_Comm raw, std::uint64_t size, Row& raw_row, Row& ring_row, Row& lf_row) {
+Status bandwidth(const mpi::Communicator& c, MPI_Comm raw, std::uint64_t size, std::uint64_t ring_bytes, Row& raw_row, Row& ring_row,
+                 Row& lf_row) {
   const int me = c.rank();
   const int windows = size <= 8192 ? 20 : size <= (256u << 10) ? 5 : 2;
-  const std::uint32_t slots = bandwidth_slots(size);
+  const std::uint32_t slots = bandwidth_slots(size, ring_bytes);
   const mpi::RemoteOptions o{.slots = slots, .slot_size = size, .wait = WaitMode::BusyPoll, .channel = 1000 + static_cast<int>(std::countr_zero(size))};
   std::unique_ptr<mpi::RemoteProducer> p;
   std::unique_ptr<mpi::RemoteConsumer> q;
@@ -258,11 +260,12 @@ int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   bool json = false, staging = true;
   std::string plot;
-  std::uint64_t max_size = kMax;
+  std::uint64_t max_size = kMax, ring_bytes = 256u << 10;
   for (int i = 1; i < argc; ++i) {
     json = json || std::strcmp(argv[i], "--json") == 0;
     if (std::strcmp(argv[i], "--plot") == 0 && i + 1 < argc) plot = argv[++i];
     staging = staging && std::strcmp(argv[i], "--no-staging") != 0;
+    if (std::strcmp(argv[i], "--ring-bytes") == 0 && i + 1 < argc) ring_bytes = std::clamp<std::uint64_t>(std::strtoull(argv[++i], nullptr, 10), 8, 1u << 30);
     if (std::strcmp(argv[i], "--max-size") == 0 && i + 1 < argc) max_size = std::clamp<std::uint64_t>(std::strtoull(argv[++i], nullptr, 10), 8, kMax);
   }
   int code = 0;
@@ -282,7 +285,7 @@ int main(int argc, char** argv) {
       MPI_Barrier(raw);
       Row r[5];
       auto ok = latency(*comm, raw, size, buf, r[0], r[1]);
-      if (ok) ok = bandwidth(*comm, raw, size, r[2], r[3], r[4]);
+      if (ok) ok = bandwidth(*comm, raw, size, ring_bytes, r[2], r[3], r[4]);
       if (!ok) {
         std::fprintf(stderr, "rank %d: %s\n", me, ok.error().message().c_str());
         MPI_Abort(MPI_COMM_WORLD, 1);

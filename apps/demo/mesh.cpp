@@ -164,6 +164,9 @@ int mesh_main(int argc, char** argv, std::uint64_t count, std::uint64_t size) {
       std::printf("route table (producer -> consumer: transport — reason)\n");
       for (const auto& p : comm->routes())
         std::printf("  route %d -> %d: %s — %s\n", p.from, p.to, p.transport.c_str(), p.reason.c_str());
+      const auto gpu = mpi::gpu_awareness();
+      std::printf("MPI and GPU memory: %s (%s); remote GPU buffers go through pinned host memory\n",
+                  gpu.cuda ? "CUDA-aware" : "not CUDA-aware", gpu.how.c_str());
       std::fflush(stdout);
     }
     std::uint64_t received = 0;

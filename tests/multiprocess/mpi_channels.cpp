@@ -49,7 +49,8 @@ int main(int argc, char** argv) {
     // 1. A stream of 20,000 messages of varying size, verified in order.
     const std::uint64_t n = 20000;
     if (me == 0) {
-      auto p = mpi::RemoteProducer::create(*comm, 1, {.slots = 8, .slot_size = 65536, .channel = 1});
+      // Timestamped (the trailer carries a timestamp only when asked): checked by the consumer.
+      auto p = mpi::RemoteProducer::create(*comm, 1, {.slots = 8, .slot_size = 65536, .timestamps = true, .channel = 1});
       expect(bool(p), "create producer");
       std::vector<std::byte> msg;
       for (std::uint64_t i = 0; p && i < n; ++i) {
@@ -65,13 +66,17 @@ int main(int argc, char** argv) {
     } else {
       auto c = mpi::RemoteConsumer::open(*comm, 0, {.channel = 1});
       expect(bool(c), "open consumer");
+      std::uint64_t last_ts = 0;
       for (std::uint64_t i = 0; c && i < n; ++i) {
         auto r = (*c)->receive(10s);
         if (!r) { expect(false, "receive: " + r.error().message()); break; }
         expect(r->info().sequence == i && r->bytes().size() == 1 + (i * 7919) % 65536 &&
                    lfapp::checksum(r->bytes()) == r->info().user_tag && lfapp::matches(r->bytes(), i),
                "message " + std::to_string(i) + " intact");
+        expect(r->info().timestamp_ns >= last_ts && r->info().timestamp_ns > 0, "message " + std::to_string(i) + " timestamped, in order");
+        last_ts = r->info().timestamp_ns;
       }
+      expect(mpi::gpu_awareness().how.size() > 0, "MPI's GPU support is reported");
     }
     barrier();
 

@@ -2,6 +2,9 @@
 #include "lavaflow/mpi/mpi.hpp"
 
 #include <time.h>
+#if __has_include(<mpi-ext.h>)  // Open MPI's extensions: MPIX_CUDA_AWARE_SUPPORT, MPIX_Query_cuda_support
+#include <mpi-ext.h>
+#endif
 
 #include <algorithm>
 #include <bit>
@@ -326,6 +329,21 @@ Error to_error(int code, std::string call) {
 }
 
 std::shared_ptr<const Transport> mpi_transport() { return std::make_shared<MpiTransport>(); }
+
+GpuAwareness gpu_awareness() {
+#if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
+  const int yes = MPIX_Query_cuda_support();
+  return {yes == 1, str_format("MPIX_Query_cuda_support() = {} (Open MPI built with CUDA support)", yes)};
+#elif defined(MPIX_CUDA_AWARE_SUPPORT)
+  return {false, "Open MPI built without CUDA support (MPIX_CUDA_AWARE_SUPPORT = 0)"};
+#elif defined(MPIX_GPU_SUPPORT_CUDA)
+  int yes = 0;
+  if (MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA, &yes) != MPI_SUCCESS) return {false, "MPIX_GPU_query_support(CUDA) failed"};
+  return {yes != 0, str_format("MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA) = {}", yes)};
+#else
+  return {false, "this MPI library has no query for GPU support"};
+#endif
+}
 
 // ----- Communicator
 

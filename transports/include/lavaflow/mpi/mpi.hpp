@@ -40,6 +40,16 @@ namespace lavaflow::mpi {
 /// The routing-only transport for peers on other hosts (its ring buffers are not fds).
 [[nodiscard]] std::shared_ptr<const Transport> mpi_transport();
 
+/// Whether this MPI library reads and writes CUDA device memory itself ("CUDA-aware"), asked at run
+/// time (Open MPI: MPIX_Query_cuda_support; MPICH: MPIX_GPU_query_support). Remote channels stage
+/// GPU buffers through pinned host memory either way (publish_gpu / receive_gpu, design note
+/// 0010); this says whether a CUDA-aware path could be taken, and `how` says how it was found out.
+struct GpuAwareness {
+  bool cuda = false;
+  std::string how;
+};
+[[nodiscard]] GpuAwareness gpu_awareness();
+
 struct CommunicatorOptions {
   std::optional<HostIdentity> host;       ///< override of this host's identity (tests, containers)
   const VulkanContext* vulkan = nullptr;  ///< devices this rank has (for Vulkan IPC routing); null: enumerate
@@ -99,7 +109,7 @@ struct RemoteOptions {
   const VulkanContext* vulkan = nullptr;
   /// publish_gpu's chunk: a power of two, 4 KiB … 1 GiB. Each chunk goes out as its own MPI
   /// message as soon as the GPU has copied it, while the GPU copies the next.
-  std::uint64_t chunk = 1 << 20;
+  std::uint64_t chunk = 4 << 20;
 };
 
 class RemoteProducer;
