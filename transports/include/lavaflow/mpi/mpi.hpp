@@ -110,6 +110,10 @@ struct RemoteOptions {
   /// publish_gpu's chunk: a power of two, 4 KiB … 1 GiB. Each chunk goes out as its own MPI
   /// message as soon as the GPU has copied it, while the GPU copies the next.
   std::uint64_t chunk = 4 << 20;
+  /// A ring of 256 KiB or more (without GPU staging) in transparent huge pages, rounded up to
+  /// 2 MiB: MPI's single-copy path pins every page of a large message, and large pages make that
+  /// cheap. Each side decides for its own ring.
+  bool huge_pages = true;
 };
 
 class RemoteProducer;
