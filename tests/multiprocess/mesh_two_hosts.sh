@@ -36,17 +36,31 @@ if [ "$mode" = netns ]; then
   rx_bytes() { ip -n "$ns_a" -s link show "lfv$id" | awk 'NR==4 {print $1}'; }
   before=$(rx_bytes)
 fi
-limit=()
-[ "$mode" = netns ] && limit=(timeout 60)  # MPICH's MPI_Finalize can hang there: see below
-out=$("${limit[@]}" "$mpiexec" "${env_args[@]}" -n 2 "${wrap_a[@]}" unshare -u sh -c "hostname simhost-a && exec $demo mesh --count $count --size $size" : \
-                 -n 2 "${wrap_b[@]}" unshare -u sh -c "hostname simhost-b && exec $demo mesh --count $count --size $size" 2>&1)
-rc=$?
+# The job runs in the background: 60 s at most, and over veth/TCP at most 10 s more once rank 0
+# has printed its result (MPICH's MPI_Finalize can hang there: see below).
+log=$(mktemp)
+"$mpiexec" "${env_args[@]}" -n 2 "${wrap_a[@]}" unshare -u sh -c "hostname simhost-a && exec $demo mesh --count $count --size $size" : \
+           -n 2 "${wrap_b[@]}" unshare -u sh -c "hostname simhost-b && exec $demo mesh --count $count --size $size" > "$log" 2>&1 &
+job=$! rc=0 waited=0 done_at=
+while kill -0 "$job" 2>/dev/null; do
+  sleep 0.2; waited=$((waited + 1))
+  [ -z "$done_at" ] && grep -q "^mesh: " "$log" && done_at=$waited
+  if [ "$waited" -ge 300 ] || { [ "$mode" = netns ] && [ -n "$done_at" ] && [ $((waited - done_at)) -ge 50 ]; }; then
+    kill -TERM "$job" 2>/dev/null; sleep 1; kill -KILL "$job" 2>/dev/null; rc=124; break
+  fi
+done
+[ $rc -eq 124 ] || { wait "$job"; rc=$?; }
+out=$(cat "$log"); rm -f "$log"
 echo "$out"
 echo "$out" | grep -q "mesh: OK" || { echo "FAILED: no 'mesh: OK' (exit status $rc)"; exit 1; }
 finalize_hung=0
-if [ $rc -eq 124 ] && [ "$mode" = netns ]; then
-  # Seen here in about half the runs: every rank has verified its data and rank 0 has printed the
-  # result, then the ranks block in MPI_Finalize's PMI barrier (gdb: read() under PMPI_Finalize).
+if [ $rc -eq 124 ] && [ "$mode" = netns ] && echo "$out" | grep -q "mesh: OK"; then
+  # Seen here in about a third of the runs: every rank has verified its data and rank 0 has printed
+  # the result, then MPI_Finalize hangs. gdb: one rank has closed its UCX endpoints and waits in
+  # the PMI barrier (read() under PMPI_Finalize), no longer progressing UCX; the others are still
+  # closing theirs (ucp_worker_progress -> uct_tcp_iface_progress under PMPI_Finalize) and wait
+  # for it to answer over TCP. The known MPI-over-UCX finalize race (openucx/ucx#2682; Open MPI
+  # answered it with a progress thread during its fence, open-mpi/ompi#5307; MPICH 4.0.2 has none).
   finalize_hung=1
 elif [ $rc -ne 0 ]; then
   echo "FAILED: mesh exited with $rc"; exit 1
@@ -73,7 +87,7 @@ if [ "$mode" = netns ]; then
 fi
 [ $bad -eq 0 ] || exit 1
 if [ $finalize_hung -eq 1 ]; then
-  echo "LAVAFLOW-SKIP: mesh over veth/TCP verified (routes, data, veth counters), but MPICH's MPI_Finalize then hung in its PMI barrier (UCX_TLS=tcp,self across network namespaces); killed after 60 s"
+  echo "LAVAFLOW-SKIP: mesh over veth/TCP verified (routes, data, veth counters), but MPICH's MPI_Finalize then hung (UCX endpoint close over TCP vs a rank already in the PMI barrier: openucx/ucx#2682); killed 10 s after the result"
   exit 77
 fi
 echo "two simulated hosts ($mode): same-host pairs local, cross-host pairs MPI, all data intact"

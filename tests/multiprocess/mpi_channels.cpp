@@ -147,6 +147,36 @@ int main(int argc, char** argv) {
       barrier();
     }
 
+    // 3b. A chunked message whose last chunk is longer than announced: the consumer refuses it and
+    //     never writes past its ring buffer (one 64 KiB + 100-byte slot; the chunk would reach
+    //     125 KiB — ASAN watches), and the channel says it lost its place from then on.
+    if (me == 0) {
+      const std::uint64_t total = 65536 + 100;
+      auto p = mpi::RemoteProducer::create(*comm, 1, {.slots = 1, .slot_size = total, .channel = 6});
+      barrier();
+      // Trailer only: the total, then sequence 0, flags chunked | log2(64 KiB) << 8, magic + version.
+      std::byte msg[16];
+      std::memcpy(msg, &total, 8);
+      const std::uint32_t end[2] = {0, (0x4c03u << 16) | (16u << 8) | 1u};
+      std::memcpy(msg + 8, end, 8);
+      MPI_Send(msg, 16, MPI_BYTE, 1, kDataTagOf(6), comm->comm());
+      std::vector<std::byte> chunk(65536, std::byte{1});
+      MPI_Send(chunk.data(), 65536, MPI_BYTE, 1, kDataTagOf(6) + 4, comm->comm());  // chunk 0: right
+      MPI_Send(chunk.data(), 60000, MPI_BYTE, 1, kDataTagOf(6) + 4, comm->comm());  // chunk 1: 100 announced
+      barrier();
+    } else {
+      auto c = mpi::RemoteConsumer::open(*comm, 0, {.channel = 6});
+      barrier();
+      if (c) {
+        auto r = (*c)->receive(10s);
+        expect(is(r, Errc::Malformed), "oversize chunk: Malformed (" + (r ? std::string("ok") : r.error().message()) + ")");
+        auto again = (*c)->receive(100ms);
+        expect(is(again, Errc::Malformed) && again.error().cause().find("lost its place") != std::string::npos,
+               "after a bad chunk the channel says it is out of step");
+      }
+      barrier();
+    }
+
     // 5. GPU staging: a device-local Vulkan buffer sent in pipelined chunks (1 MiB + remainder),
     //    received once straight into the consumer's GPU buffer and once through plain receive().
     {

@@ -917,8 +917,11 @@ Result<std::pair<std::uint32_t, MessageInfo>> RemoteConsumer::Impl::take_next(Du
     const std::uint64_t chunk = 1ull << (t->flags >> 8), n = (size + chunk - 1) / chunk;
     std::vector<MPI_Request> parts(n, MPI_REQUEST_NULL);
     Status status;
+    // Each receive takes exactly its chunk's bytes: a longer chunk is MPI_ERR_TRUNCATE, never a
+    // write past the slot.
     for (std::uint64_t k = 0; status && k < n; ++k)
-      status = check(MPI_Irecv(base + k * chunk, static_cast<int>(chunk), MPI_BYTE, m.peer, chunk_tag(m.o.channel), m.comm, &parts[k]),
+      status = check(MPI_Irecv(base + k * chunk, static_cast<int>(std::min(chunk, size - k * chunk)), MPI_BYTE, m.peer, chunk_tag(m.o.channel),
+                               m.comm, &parts[k]),
                      "MPI_Irecv(chunk)");
     for (std::uint64_t k = 0; status && k < n; ++k) {
       MPI_Status cst;
