@@ -115,7 +115,7 @@ int main(int argc, char** argv) {
       barrier();
     }
 
-    // 3. Malformed bytes on the wire: a bad header, a wrong sequence, an oversize message; and a
+    // 3. Malformed bytes on the wire: a bad trailer, a wrong sequence, an oversize message; and a
     //    receive timeout.
     if (me == 0) {
       auto p = mpi::RemoteProducer::create(*comm, 1, {.slots = 4, .slot_size = 128, .channel = 5});
@@ -134,7 +134,7 @@ int main(int argc, char** argv) {
       barrier();
       if (c) {
         auto bad = (*c)->receive(10s);
-        expect(is(bad, Errc::Malformed) && bad.error().cause().find("magic") != std::string::npos, "bad header: Malformed");
+        expect(is(bad, Errc::Malformed) && bad.error().cause().find("magic") != std::string::npos, "bad trailer: Malformed");
         auto seq = (*c)->receive(10s);
         expect(is(seq, Errc::Malformed) && seq.error().cause().find("sequence mismatch") != std::string::npos,
                "wrong sequence: Malformed (" + (seq ? std::string("ok") : seq.error().message()) + ")");
