@@ -5,6 +5,7 @@
 // window), next to a lava-flow remote channel (route forced to MPI) doing the same. Rank 0 prints a
 // table, or with --json {"results":[{"name","kind","size","p50_ns","avg_ns","mb_per_s"}…]}.
 #include <mpi.h>
+#include <sys/mman.h>
 
 #include "../common/plot.hpp"
 
@@ -134,15 +135,18 @@ Status open_one_way(const mpi::Communicator& c, const mpi::RemoteOptions& o, std
   return {};
 }
 
-/// A page-aligned buffer, touched.
+/// A page-aligned buffer, touched; `huge`: 2 MiB-aligned in transparent huge pages, as the
+/// channel's ring is from 256 KiB (what a raw MPI program gets from the same allocation).
 struct PageBuffer {
   struct Free {
     void operator()(char* p) const { std::free(p); }
   };
   std::unique_ptr<char, Free> mem;
-  explicit PageBuffer(std::uint64_t size)
-      : mem(static_cast<char*>(std::aligned_alloc(4096, (size + 4095) / 4096 * 4096))) {
-    std::memset(mem.get(), 1, size);
+  explicit PageBuffer(std::uint64_t size, bool huge = false) {
+    const std::uint64_t align = huge ? 2u << 20 : 4096u, bytes = (size + align - 1) / align * align;
+    mem.reset(static_cast<char*>(std::aligned_alloc(align, bytes)));
+    if (huge) (void)::madvise(mem.get(), bytes, MADV_HUGEPAGE);
+    std::memset(mem.get(), 1, bytes);
   }
 };
 
@@ -183,11 +187,11 @@ Status lf_window(MPI_Comm comm, mpi::RemoteProducer* p, mpi::RemoteConsumer* q, 
 }
 
 /// Windowed bandwidth, in kBandwidthRounds rounds; each round times raw MPI with one buffer a side
-/// (osu_bw), raw MPI through a ring of distinct buffers (as many as the channel's) and the channel,
-/// one after the other. Each figure is the median over the rounds.
+/// (osu_bw), raw MPI through a ring of distinct buffers (as many as the channel's), the channel,
+/// and raw MPI with one buffer a side in huge pages, one after the other. Each figure is the median
+/// over the rounds. Rows: mpi-raw, mpi-raw-ring, lavaflow-mpi, mpi-raw-hugepages.
 constexpr int kBandwidthRounds = 5;
-Status bandwidth(const mpi::Communicator& c, MPI_Comm raw, std::uint64_t size, std::uint64_t ring_bytes, Row& raw_row, Row& ring_row,
-                 Row& lf_row) {
+Status bandwidth(const mpi::Communicator& c, MPI_Comm raw, std::uint64_t size, std::uint64_t ring_bytes, Row* rows) {
   const int me = c.rank();
   const int windows = size <= 8192 ? 20 : size <= (256u << 10) ? 5 : 2;
   const std::uint32_t slots = bandwidth_slots(size, ring_bytes);
@@ -195,17 +199,18 @@ Status bandwidth(const mpi::Communicator& c, MPI_Comm raw, std::uint64_t size, s
   std::unique_ptr<mpi::RemoteProducer> p;
   std::unique_ptr<mpi::RemoteConsumer> q;
   LF_TRY_STATUS(open_one_way(c, o, p, q));
-  std::vector<PageBuffer> one, ring;
+  std::vector<PageBuffer> one, ring, huge;
   one.emplace_back(size);
+  huge.emplace_back(size, true);
   for (std::uint32_t k = 0; k < slots; ++k) ring.emplace_back(size);
-  std::vector<double> rates[3];
+  std::vector<double> rates[4];
   for (int round = -1; round < kBandwidthRounds; ++round) {  // round -1: warm-up
-    for (int which = 0; which < 3; ++which) {
+    for (int which = 0; which < 4; ++which) {
       MPI_Barrier(raw);
       const auto t0 = Clock::now();
       for (int w = 0; w < windows; ++w) {
         if (which == 2) LF_TRY_STATUS(lf_window(raw, p.get(), q.get(), size));
-        else raw_window(raw, me, size, which == 0 ? one : ring);
+        else raw_window(raw, me, size, which == 0 ? one : which == 1 ? ring : huge);
       }
       if (round >= 0) rates[which].push_back(double(size) * kWindow * windows / (ns(Clock::now() - t0) / 1e9) / 1e6);
     }
@@ -213,9 +218,8 @@ Status bandwidth(const mpi::Communicator& c, MPI_Comm raw, std::uint64_t size, s
   if (p) LF_TRY_STATUS(p->flush(std::chrono::seconds(30)));
   for (auto& r : rates) std::sort(r.begin(), r.end());
   auto median = [&](int which) { return rates[which][kBandwidthRounds / 2]; };
-  raw_row = Row{"mpi-raw", "bandwidth", size, 0, 0, median(0)};
-  ring_row = Row{"mpi-raw-ring", "bandwidth", size, 0, 0, median(1)};
-  lf_row = Row{"lavaflow-mpi", "bandwidth", size, 0, 0, median(2)};
+  const char* names[4] = {"mpi-raw", "mpi-raw-ring", "lavaflow-mpi", "mpi-raw-hugepages"};
+  for (int which = 0; which < 4; ++which) rows[which] = Row{names[which], "bandwidth", size, 0, 0, median(which)};
   return {};
 }
 
@@ -279,18 +283,19 @@ int main(int argc, char** argv) {
     std::vector<char> buf(kMax);
     MPI_Comm raw;
     MPI_Comm_dup(MPI_COMM_WORLD, &raw);
-    std::vector<Row> rows;  // per size: raw latency, lf latency, raw bandwidth, raw ring bandwidth, lf bandwidth
+    // Per size: raw latency, lf latency, then bandwidth: raw, raw ring, lf, raw in huge pages.
+    std::vector<Row> rows;
     // 8 B … 8 KiB by fours, then every power of two to 4 MiB (the targets start at 64 KiB).
     for (std::uint64_t size = 8; size <= max_size; size *= size < 8192 ? 4 : 2) {
       MPI_Barrier(raw);
-      Row r[5];
+      Row r[6];
       auto ok = latency(*comm, raw, size, buf, r[0], r[1]);
-      if (ok) ok = bandwidth(*comm, raw, size, ring_bytes, r[2], r[3], r[4]);
+      if (ok) ok = bandwidth(*comm, raw, size, ring_bytes, r + 2);
       if (!ok) {
         std::fprintf(stderr, "rank %d: %s\n", me, ok.error().message().c_str());
         MPI_Abort(MPI_COMM_WORLD, 1);
       }
-      rows.insert(rows.end(), r, r + 5);
+      rows.insert(rows.end(), r, r + 6);
     }
     // GPU staging (when both ranks have a Vulkan device): 64 MiB messages, pipelined chunks vs one piece.
     std::vector<Row> staged;
@@ -334,14 +339,15 @@ int main(int argc, char** argv) {
       } else {
         std::printf("lavaflow-bench remote: 2 ranks, route forced to MPI; latency = round trip / 2 (OSU method, ns), raw and lf "
                     "in %d alternating blocks; bandwidth = windows of %d messages (median of %d rounds): raw = one buffer a side "
-                    "(osu_bw), ring = raw MPI through as many distinct buffers as the channel's ring\n", kRounds, kWindow, kBandwidthRounds);
-        std::printf("%8s  %10s %10s %6s  %10s %10s %6s  %9s %9s %9s %6s %6s\n", "size", "raw p50", "lf p50", "ratio", "raw avg",
-                    "lf avg", "ratio", "raw MB/s", "ring MB/s", "lf MB/s", "/raw", "/ring");
-        for (std::size_t i = 0; i + 4 < rows.size(); i += 5) {
-          const auto &rl = rows[i], &ll = rows[i + 1], &rb = rows[i + 2], &gb = rows[i + 3], &lb = rows[i + 4];
-          std::printf("%8llu  %10.0f %10.0f %6.2f  %10.0f %10.0f %6.2f  %9.0f %9.0f %9.0f %6.2f %6.2f\n",
+                    "(osu_bw), ring = raw MPI through as many distinct buffers as the channel's ring, huge = osu_bw from a buffer in huge pages\n", kRounds, kWindow, kBandwidthRounds);
+        std::printf("%8s  %10s %10s %6s  %10s %10s %6s  %9s %9s %9s %9s %6s %6s %6s\n", "size", "raw p50", "lf p50", "ratio", "raw avg",
+                    "lf avg", "ratio", "raw MB/s", "ring MB/s", "huge MB/s", "lf MB/s", "/raw", "/ring", "/huge");
+        for (std::size_t i = 0; i + 5 < rows.size(); i += 6) {
+          const auto &rl = rows[i], &ll = rows[i + 1], &rb = rows[i + 2], &gb = rows[i + 3], &lb = rows[i + 4], &hb = rows[i + 5];
+          std::printf("%8llu  %10.0f %10.0f %6.2f  %10.0f %10.0f %6.2f  %9.0f %9.0f %9.0f %9.0f %6.2f %6.2f %6.2f\n",
                       static_cast<unsigned long long>(rl.size), rl.p50_ns, ll.p50_ns, ll.p50_ns / rl.p50_ns, rl.avg_ns, ll.avg_ns,
-                      ll.avg_ns / rl.avg_ns, rb.mb_per_s, gb.mb_per_s, lb.mb_per_s, lb.mb_per_s / rb.mb_per_s, lb.mb_per_s / gb.mb_per_s);
+                      ll.avg_ns / rl.avg_ns, rb.mb_per_s, gb.mb_per_s, hb.mb_per_s, lb.mb_per_s, lb.mb_per_s / rb.mb_per_s,
+                      lb.mb_per_s / gb.mb_per_s, lb.mb_per_s / hb.mb_per_s);
         }
         std::printf("targets: latency <= 1.10 x raw at 8 B and <= 1.03 x at >= 64 KiB; bandwidth >= 0.95 x raw at >= 64 KiB\n");
         if (!staged.empty()) {

@@ -173,7 +173,7 @@ void finish_or_cancel(MPI_Request& r, Duration limit) {
 /// kMaxTrailer bytes, page-aligned. A ring of at least kHugeRing bytes is backed by transparent
 /// huge pages (2 MiB-aligned, MADV_HUGEPAGE) unless RemoteOptions::huge_pages is off: MPI's
 /// single-copy path pins the pages of every large message (CMA), and a 2 MiB page costs it what a
-/// 4 KiB page does — 128 KiB messages move 1.5× faster here. With GPU staging each slot is pinned
+/// 4 KiB page does — 128 KiB messages move ~1.4× faster here. With GPU staging each slot is pinned
 /// host memory instead (a CpuBuffer imported into Vulkan), which the GPU's copy engine reaches.
 constexpr std::uint64_t kHugeRing = 256u << 10, kHugePage = 2u << 20;
 struct Ring {
