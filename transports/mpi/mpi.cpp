@@ -541,6 +541,27 @@ struct RemoteProducer::Impl {
     loan.producer_ = nullptr;
   }
 
+  /// The chunked format's first part: `loan`'s trailer alone (total size, chunks of 2^chunk_log2),
+  /// sent from the spare bytes after the slot. The loan is spent; the chunks follow with send_chunk.
+  Status send_trailer_alone(RemoteLoan& loan, MessageInfo& info, unsigned chunk_log2) {
+    const std::uint32_t slot = loan.slot_;
+    const std::size_t trailer = write_trailer(slot, o.slot_size, info, static_cast<std::uint16_t>(kChunked | (chunk_log2 << 8)));
+    LF_TRY_STATUS(check(MPI_Isend(ring.host_ptr(slot) + o.slot_size, static_cast<int>(trailer), MPI_BYTE, peer, data_tag(o.channel), comm,
+                                  &sends[slot]),
+                        "MPI_Isend(trailer)"));
+    sent(loan);
+    return {};
+  }
+
+  /// Bytes [at, at + len) of `slot`'s ring buffer as the next chunk of its message.
+  Status send_chunk(std::uint32_t slot, std::uint64_t at, std::uint64_t len) {
+    MPI_Request r = MPI_REQUEST_NULL;
+    LF_TRY_STATUS(check(MPI_Isend(ring.host_ptr(slot) + at, static_cast<int>(len), MPI_BYTE, peer, chunk_tag(o.channel), comm, &r),
+                        "MPI_Isend(chunk)"));
+    chunk_sends[slot].push_back(r);
+    return {};
+  }
+
   /// A slot whose last send has completed and is not loaned, when the consumer has room. Every
   /// MPI_Test runs the MPI library's progress engine (hundreds of ns over UCX), so the hot path
   /// makes as few as it can: credits are read only when the window looks full, and the slot after
@@ -644,20 +665,9 @@ Result<MessageInfo> RemoteProducer::publish(RemoteLoan&& loan, MessageInfo info)
     // bytes: over UCX a 1 MiB + 8-byte message moves at two thirds of the speed of 1 MiB (its
     // rendezvous fragments end in an 8-byte one). The consumer posts the payload's receive when
     // the trailer is in; the payload's rendezvous waits for it without buffering anything.
-    const std::size_t trailer =
-        m.write_trailer(slot, m.o.slot_size, info, static_cast<std::uint16_t>(kChunked | (kMaxChunkLog2 << 8)));
-    LF_TRY_STATUS(check(MPI_Isend(m.ring.host_ptr(slot) + m.o.slot_size, static_cast<int>(trailer), MPI_BYTE, m.peer,
-                                  data_tag(m.o.channel), m.comm, &m.sends[slot]),
-                        "MPI_Isend(trailer)"));
-    m.sent(loan);
+    LF_TRY_STATUS(m.send_trailer_alone(loan, info, kMaxChunkLog2));
     const std::uint64_t chunk = 1ull << kMaxChunkLog2;
-    for (std::uint64_t at = 0; at < info.size; at += chunk) {
-      MPI_Request r = MPI_REQUEST_NULL;
-      LF_TRY_STATUS(check(MPI_Isend(m.ring.host_ptr(slot) + at, static_cast<int>(std::min(chunk, info.size - at)), MPI_BYTE, m.peer,
-                                    chunk_tag(m.o.channel), m.comm, &r),
-                          "MPI_Isend(payload)"));
-      m.chunk_sends[slot].push_back(r);
-    }
+    for (std::uint64_t at = 0; at < info.size; at += chunk) LF_TRY_STATUS(m.send_chunk(slot, at, std::min(chunk, info.size - at)));
     return info;
   }
   const std::size_t trailer = m.write_trailer(slot, info.size, info, 0);
@@ -680,7 +690,6 @@ Result<MessageInfo> RemoteProducer::publish_gpu(RemoteLoan&& loan, const GpuBuff
     LF_TRY(m.copier, ChunkCopier::create(*m.o.vulkan));
   }
   const std::uint32_t slot = loan.slot_;
-  std::byte* const host = m.ring.host_ptr(slot);
   const std::uint64_t chunk = m.o.chunk;
   const std::uint64_t n = (size + chunk - 1) / chunk;
   // Queue every chunk's copy at once; the GPU works through them while chunks go out below.
@@ -692,20 +701,12 @@ Result<MessageInfo> RemoteProducer::publish_gpu(RemoteLoan&& loan, const GpuBuff
   // The trailer goes first, on its own (from the spare bytes after the slot): the consumer learns
   // the message's size and posts its chunk receives while the copies run.
   info.size = size;
-  const std::size_t trailer = m.write_trailer(slot, m.o.slot_size, info, static_cast<std::uint16_t>(kChunked | (std::countr_zero(chunk) << 8)));
-  LF_TRY_STATUS(check(MPI_Isend(host + m.o.slot_size, static_cast<int>(trailer), MPI_BYTE, m.peer, data_tag(m.o.channel), m.comm,
-                                &m.sends[slot]),
-                      "MPI_Isend(trailer)"));
-  m.sent(loan);
+  LF_TRY_STATUS(m.send_trailer_alone(loan, info, static_cast<unsigned>(std::countr_zero(chunk))));
   for (std::uint64_t k = 0; k < n; ++k) {
-    const std::uint64_t len = std::min(chunk, size - k * chunk);
     // A failure here loses the message (chunks already sent cannot be withdrawn); the consumer
     // then times out on the rest of it, naming the chunk.
     LF_TRY_STATUS(m.copier->wait(done[k], std::chrono::seconds(10)));
-    MPI_Request r = MPI_REQUEST_NULL;
-    LF_TRY_STATUS(check(MPI_Isend(host + k * chunk, static_cast<int>(len), MPI_BYTE, m.peer, chunk_tag(m.o.channel), m.comm, &r),
-                        "MPI_Isend(chunk)"));
-    m.chunk_sends[slot].push_back(r);
+    LF_TRY_STATUS(m.send_chunk(slot, k * chunk, std::min(chunk, size - k * chunk)));
   }
   return info;
 }
