@@ -186,7 +186,6 @@ struct Ring {
   std::vector<CpuBuffer> pinned;  // GPU staging: one per slot
   std::vector<std::byte*> at;     // where each slot starts
   std::uint64_t slot_bytes = 0;   // slot_size + kMaxTrailer
-  bool huge = false;              // huge pages asked for (the kernel may still say no)
   [[nodiscard]] std::byte* host_ptr(std::uint32_t slot) const { return at[slot]; }
   [[nodiscard]] std::span<std::byte> bytes(std::uint32_t slot) const { return {at[slot], slot_bytes}; }
 };
@@ -206,15 +205,15 @@ Result<Ring> make_ring(std::uint32_t slots, std::uint64_t slot_size, const Vulka
     return r;
   }
   std::uint64_t total = stride * slots, align = 4096;
-  r.huge = huge_pages && total >= kHugeRing;
-  if (r.huge) {
+  const bool huge = huge_pages && total >= kHugeRing;  // asked for: the kernel may still say no
+  if (huge) {
     align = kHugePage;
     total = (total + kHugePage - 1) / kHugePage * kHugePage;
   }
   auto* p = static_cast<std::byte*>(std::aligned_alloc(align, total));
   if (p == nullptr) return fail(Errc::OutOfMemory, "mpi ring", str_format("{} slots of {} bytes", slots, stride));
   r.block.reset(p);
-  if (r.huge) (void)::madvise(p, total, MADV_HUGEPAGE);  // advice: without THP the ring still works
+  if (huge) (void)::madvise(p, total, MADV_HUGEPAGE);  // advice: without THP the ring still works
   std::memset(p, 0, total);  // faulted in now, not on the message path
   for (std::uint32_t k = 0; k < slots; ++k) r.at.push_back(p + k * stride);
   return r;
@@ -764,11 +763,12 @@ struct RemoteConsumer::Impl {
   std::deque<std::pair<std::unique_ptr<std::uint64_t>, MPI_Request>> credits;
   std::unique_ptr<ChunkCopier> copier;  // GPU staging, made on first use
   bool broken = false;                  // lost its place inside a chunked message
+  std::string broken_reason;
+
   Impl() = default;
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
   ~Impl();
-  std::string broken_reason;
 
   /// A part of message `sequence`'s payload that has arrived: bytes [offset, +bytes) of `total`,
   /// in the ring buffer of `slot`.
@@ -984,7 +984,7 @@ Result<MessageInfo> RemoteConsumer::receive_gpu(const GpuBuffer& dst, std::uint6
     LF_TRY(m.copier, ChunkCopier::create(*m.o.vulkan));
   }
   // Each part is uploaded as it lands. The whole message must fit at `offset`; its size is known
-  // only from its header, so the first part checks it (the message is then consumed and reported).
+  // only from its trailer, so the first part checks it (the message is then consumed and reported).
   std::vector<std::size_t> tickets;  // every copy is waited for: fences of separate submissions
   auto upload = [&](const Impl::Part& part) -> Status {  // may signal out of order
     if (part.offset == 0 && offset + part.total > dst.size())
