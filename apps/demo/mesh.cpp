@@ -22,21 +22,14 @@ using namespace lavaflow;
 
 namespace {
 
-struct Out {  // this rank → peer
+struct Out {  // this rank → peer, whatever the route
   int peer = 0;
-  std::string transport;
-  std::unique_ptr<Producer> local;
-  std::unique_ptr<mpi::RemoteProducer> remote;
+  std::unique_ptr<mpi::RankProducer> channel;
 };
 struct In {  // peer → this rank
   int peer = 0;
-  std::unique_ptr<Consumer> local;
-  std::unique_ptr<mpi::RemoteConsumer> remote;
+  std::unique_ptr<mpi::RankConsumer> channel;
 };
-
-std::string local_name(const mpi::Communicator& c, int from, int to) {
-  return str_format("mesh-{}-{}-{}", c.job_key(), from, to);
-}
 
 Status send_one(Out& o, std::uint64_t seq, std::uint64_t size, std::vector<std::byte>& scratch, std::optional<Stager>& stager,
                 const VulkanContext* vk) {
@@ -44,53 +37,39 @@ Status send_one(Out& o, std::uint64_t seq, std::uint64_t size, std::vector<std::
   scratch.resize(size);
   lfapp::fill_message(scratch, seq);
   const std::uint64_t sum = lfapp::checksum(scratch);
-  if (o.remote) {
-    LF_TRY(auto loan, o.remote->loan(kWait));
-    std::memcpy(loan.bytes().data(), scratch.data(), size);
-    LF_TRY(auto info, o.remote->publish(std::move(loan), {.size = size, .user_tag = sum}));
-    (void)info;
-    return {};
-  }
-  LF_TRY(auto loan, o.local->loan(kWait));
+  LF_TRY(auto loan, o.channel->loan(kWait));
   if (auto b = loan.bytes(); !b.empty()) {
     std::memcpy(b.data(), scratch.data(), size);
-  } else {
+  } else {  // a device-local Vulkan IPC ring (local route on a discrete GPU): upload
     if (!stager) {
-      LF_TRY(auto s, Stager::create(*vk, o.local->slot_size()));
+      LF_TRY(auto s, Stager::create(*vk, o.channel->slot_size()));
       stager.emplace(std::move(s));
     }
-    LF_TRY_STATUS(stager->upload(dynamic_cast<GpuBuffer&>(loan.buffer()), scratch));
+    LF_TRY_STATUS(stager->upload(dynamic_cast<GpuBuffer&>(loan.local()->buffer()), scratch));
   }
-  LF_TRY(auto info, o.local->publish(std::move(loan), {.size = size, .user_tag = sum}));
+  LF_TRY(auto info, o.channel->publish(std::move(loan), {.size = size, .user_tag = sum}));
   (void)info;
   return {};
 }
 
 Status receive_one(In& in, std::uint64_t seq, std::vector<std::byte>& scratch, std::optional<Stager>& stager) {
   constexpr auto kWait = std::chrono::seconds(60);
-  auto verify = [&](std::span<const std::byte> bytes, const MessageInfo& info) -> Status {
-    if (info.sequence != seq)
-      return fail(Errc::Malformed, "mesh", str_format("from rank {}: message {} where {} was expected", in.peer, info.sequence, seq));
-    if (!lfapp::matches(bytes, seq) || lfapp::checksum(bytes) != info.user_tag)
-      return fail(Errc::Malformed, "mesh", str_format("from rank {}: message {} is corrupt (checksum mismatch)", in.peer, seq));
-    return {};
-  };
-  if (in.remote) {
-    LF_TRY(auto r, in.remote->receive(kWait));
-    return verify(r.bytes(), r.info());
-  }
-  LF_TRY(auto r, in.local->receive(kWait));
+  LF_TRY(auto r, in.channel->receive(kWait));
   std::span<const std::byte> view = r.bytes();
-  if (view.empty() && r.info().size > 0) {
+  if (view.empty() && r.info().size > 0) {  // device-local ring: download
     if (!stager) {
-      LF_TRY(auto s, Stager::create(*in.local->vulkan(), in.local->slot_size()));
+      LF_TRY(auto s, Stager::create(*in.channel->local()->vulkan(), in.channel->slot_size()));
       stager.emplace(std::move(s));
     }
     scratch.resize(r.info().size);
-    LF_TRY_STATUS(stager->download(dynamic_cast<GpuBuffer&>(r.buffer()), scratch));
+    LF_TRY_STATUS(stager->download(dynamic_cast<GpuBuffer&>(r.local()->buffer()), scratch));
     view = scratch;
   }
-  return verify(view, r.info());
+  if (r.info().sequence != seq)
+    return fail(Errc::Malformed, "mesh", str_format("from rank {}: message {} where {} was expected", in.peer, r.info().sequence, seq));
+  if (!lfapp::matches(view, seq) || lfapp::checksum(view) != r.info().user_tag)
+    return fail(Errc::Malformed, "mesh", str_format("from rank {}: message {} is corrupt (checksum mismatch)", in.peer, seq));
+  return {};
 }
 
 Status run(const mpi::Communicator& comm, const VulkanContext* vk, std::uint64_t count, std::uint64_t size,
@@ -98,37 +77,23 @@ Status run(const mpi::Communicator& comm, const VulkanContext* vk, std::uint64_t
   const int me = comm.rank(), n = comm.size();
   std::vector<Out> outs;
   std::vector<In> ins;
+  // One channel per ordered pair, routed by the Communicator (the same code on every route).
   // Producers first (none of them waits), then consumers (each finds its producer announced).
+  const mpi::RankChannelOptions o{.slots = 8, .slot_size = size, .vulkan = vk, .connect_timeout = std::chrono::seconds(60)};
   for (int j = 0; j < n; ++j) {
     if (j == me) continue;
-    LF_TRY(auto route, comm.route(me, j));
-    Out o{j, route.transport, nullptr, nullptr};
-    if (route.transport == "mpi") {
-      LF_TRY(o.remote, mpi::RemoteProducer::create(comm, j, {.slots = 8, .slot_size = size, .channel = me * n + j}));
-    } else {
-      LF_TRY(o.local, Producer::create(local_name(comm, me, j), {.slots = 8, .slot_size = size, .transport = route.transport,
-                                                                 .transports = local_transports(), .vulkan = vk}));
-    }
-    outs.push_back(std::move(o));
+    LF_TRY(auto p, mpi::RankProducer::create(comm, j, o));
+    outs.push_back({j, std::move(p)});
   }
   for (int i = 0; i < n; ++i) {
     if (i == me) continue;
-    LF_TRY(auto route, comm.route(i, me));
-    In in{i, nullptr, nullptr};
-    if (route.transport == "mpi") {
-      LF_TRY(in.remote, mpi::RemoteConsumer::open(comm, i, {.channel = i * n + me}));
-    } else {
-      LF_TRY(in.local, Consumer::open(local_name(comm, i, me), {.connect_timeout = std::chrono::seconds(60),
-                                                                .transports = local_transports(), .vulkan = vk}));
-    }
-    ins.push_back(std::move(in));
+    LF_TRY(auto c, mpi::RankConsumer::open(comm, i, o));
+    ins.push_back({i, std::move(c)});
   }
-  for (auto& o : outs)
-    if (o.local) LF_TRY_STATUS(o.local->wait_for_consumers(1, std::chrono::seconds(60)));
   std::vector<std::byte> out_scratch, in_scratch;
   std::optional<Stager> up, down;
   for (std::uint64_t k = 0; k < count; ++k) {
-    for (auto& o : outs) LF_TRY_STATUS(send_one(o, k, size, out_scratch, up, vk));
+    for (auto& out : outs) LF_TRY_STATUS(send_one(out, k, size, out_scratch, up, vk));
     for (auto& in : ins) {
       LF_TRY_STATUS(receive_one(in, k, in_scratch, down));
       ++received;
@@ -137,10 +102,7 @@ Status run(const mpi::Communicator& comm, const VulkanContext* vk, std::uint64_t
   // Everything this rank expects has arrived: close its consumers (a remote one hands back its
   // last credits), then wait until every peer has released what this rank sent.
   ins.clear();
-  for (auto& o : outs) {
-    if (o.local) LF_TRY_STATUS(o.local->flush(std::chrono::seconds(60)));
-    if (o.remote) LF_TRY_STATUS(o.remote->flush(std::chrono::seconds(60)));
-  }
+  for (auto& out : outs) LF_TRY_STATUS(out.channel->flush(std::chrono::seconds(60)));
   return {};
 }
 

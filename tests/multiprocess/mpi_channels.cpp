@@ -264,6 +264,93 @@ int main(int argc, char** argv) {
       barrier();
     }
 
+    // 5. Rank channels: one API on every route. The same stream through the route the Communicator
+    //    picks (both ranks share this host: Vulkan IPC or shm), forced shm and forced MPI.
+    {
+      const std::string want_auto = comm->route(0, 1) ? comm->route(0, 1)->transport : "?";
+      const std::string forced[] = {"", "shm", "mpi"};
+      for (int k = 0; k < 3; ++k) {
+        const std::string label = "rank channel (" + (forced[k].empty() ? "auto: " + want_auto : forced[k]) + "): ";
+        const std::string want = forced[k].empty() ? want_auto : forced[k];
+        const mpi::RankChannelOptions o{.slots = 4, .slot_size = 4096, .channel = 20 + k, .transport = forced[k], .connect_timeout = 10s};
+        const std::uint64_t count = 3000;
+        if (me == 0) {
+          auto p = mpi::RankProducer::create(*comm, 1, o);
+          expect(bool(p), label + "create " + (p ? std::string() : p.error().message()));
+          if (p) {
+            expect((*p)->route().transport == want && !(*p)->route().reason.empty(), label + "producer's route is " + want);
+            expect(((*p)->remote() != nullptr) == (want == "mpi") && ((*p)->local() != nullptr) == (want != "mpi"), label + "the route's channel");
+            expect(is((*p)->try_loan(), Errc::WouldBlock), label + "try_loan before the consumer opens: WouldBlock");
+          }
+          barrier();
+          std::vector<std::byte> msg;
+          for (std::uint64_t i = 0; p && i < count; ++i) {
+            auto loan = (*p)->loan(10s);
+            if (!loan) { expect(false, label + "loan: " + loan.error().message()); break; }
+            msg.resize(1 + (i * 131) % 4096);
+            lfapp::fill_message(msg, i);
+            std::memcpy(loan->bytes().data(), msg.data(), msg.size());
+            auto info = (*p)->publish(std::move(*loan), {.size = msg.size(), .user_tag = lfapp::checksum(msg)});
+            expect(info && info->sequence == i, label + "publish");
+          }
+          if (p) expect(bool((*p)->flush(10s)), label + "flush");
+        } else {
+          barrier();
+          auto c = mpi::RankConsumer::open(*comm, 0, o);
+          expect(bool(c), label + "open " + (c ? std::string() : c.error().message()));
+          if (c) expect((*c)->route().transport == want && (*c)->slots() == 4 && (*c)->slot_size() == 4096, label + "consumer's route and ring");
+          for (std::uint64_t i = 0; c && i < count; ++i) {
+            auto r = (*c)->receive(10s);
+            if (!r) { expect(false, label + "receive: " + r.error().message()); break; }
+            expect(r->info().sequence == i && r->bytes().size() == 1 + (i * 131) % 4096 &&
+                       lfapp::checksum(r->bytes()) == r->info().user_tag && lfapp::matches(r->bytes(), i),
+                   label + "message " + std::to_string(i) + " intact");
+          }
+        }
+        barrier();
+      }
+      // Refusals name their cause: an unknown transport; DropOldest over MPI. A local consumer
+      // that goes away is PeerLost for the producer, not a silent drop.
+      if (me == 0) {
+        expect(is(mpi::RankProducer::create(*comm, 1, {.transport = "tcp"}), Errc::InvalidArgument), "rank channel: unknown transport refused");
+        expect(is(mpi::RankProducer::create(*comm, 1, {.policy = FullPolicy::DropOldest, .channel = 25, .transport = "mpi"}), Errc::Unsupported),
+               "rank channel: DropOldest over MPI refused");
+        expect(is(mpi::RankProducer::create(*comm, 0, {}), Errc::InvalidArgument), "rank channel: to itself refused");
+      }
+      const mpi::RankChannelOptions o{.slots = 2, .slot_size = 64, .channel = 26, .transport = "shm", .connect_timeout = 10s};
+      if (me == 0) {
+        auto p = mpi::RankProducer::create(*comm, 1, o);
+        expect(bool(p), "rank channel, consumer leaves: create");
+        if (p) {
+          auto loan = (*p)->loan(10s);
+          expect(loan && bool((*p)->publish(std::move(*loan), {.size = 8})), "rank channel, consumer leaves: first message");
+        }
+        barrier();  // the consumer has taken it and closed
+        // The producer learns of the hang-up on its own thread, soon after: until then loans go
+        // on (or wait for room), then PeerLost — never a message silently dropped after it.
+        std::string last = "no loan tried";
+        bool lost = false;
+        for (auto end = std::chrono::steady_clock::now() + 5s; p && !lost && std::chrono::steady_clock::now() < end;) {
+          auto loan = (*p)->loan(100ms);
+          if (loan) {
+            (void)(*p)->publish(std::move(*loan), {.size = 8});
+            continue;
+          }
+          last = loan.error().message();
+          lost = loan.error().code() == Errc::PeerLost && loan.error().cause().find("rank 1") != std::string::npos;
+        }
+        expect(lost, "rank channel, consumer leaves: PeerLost naming rank 1 (last: " + last + ")");
+      } else {
+        {
+          auto c = mpi::RankConsumer::open(*comm, 0, o);
+          auto r = c ? (*c)->receive(10s) : Result<mpi::RankReceived>(std::unexpected(c.error()));
+          expect(r && r->info().size == 8, "rank channel, consumer leaves: receive");
+        }
+        barrier();
+      }
+      barrier();
+    }
+
     // 4. A channel nobody announces: open times out naming the rank.
     if (me == 1) {
       auto c = mpi::RemoteConsumer::open(*comm, 0, {.channel = 9, .connect_timeout = 200ms});

@@ -22,6 +22,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "lavaflow/core/channel.hpp"
@@ -215,6 +216,125 @@ class RemoteConsumer {
   explicit RemoteConsumer(std::unique_ptr<Impl> impl);
   Status release(std::uint32_t slot);
   std::unique_ptr<Impl> impl_;
+};
+
+// ----- Rank channels: one API whatever the route
+
+/// A channel from this rank to another, or from another to this one. Both sides name the channel
+/// by (producer rank, consumer rank, `channel`); neither says how it goes.
+struct RankChannelOptions {
+  std::uint32_t slots = 8;            ///< ring length (the producer's choice; local routes: 1..62)
+  std::uint64_t slot_size = 1 << 20;  ///< payload bytes per ring buffer (the producer's choice)
+  FullPolicy policy = FullPolicy::Block;  ///< DropOldest: local routes only (refused over MPI)
+  WaitMode wait = WaitMode::SpinThenBlock;
+  bool timestamps = false;
+  /// Distinguishes channels between the same two ranks (one per direction each): 0 … 4094.
+  int channel = 0;
+  /// "" = Communicator::route()'s choice; "mpi", "shm" or "vulkan" forces one. Both sides must
+  /// force the same (the consumer looks for the channel where its route says it is).
+  std::string transport;
+  /// Local routes: the Vulkan IPC ring's device (null: one is made when needed). MPI route: the
+  /// device for GPU staging (remote()->publish_gpu / receive_gpu).
+  const VulkanContext* vulkan = nullptr;
+  Duration connect_timeout = std::chrono::seconds(30);  ///< consumer: wait this long for the producer
+  bool huge_pages = true;  ///< MPI route: RemoteOptions::huge_pages
+};
+
+class RankProducer;
+class RankConsumer;
+
+/// A loaned ring buffer of a rank channel: Loan or RemoteLoan underneath.
+class RankLoan {
+ public:
+  RankLoan(RankLoan&&) noexcept = default;
+  /// Empty when the ring is device-local GPU memory (Vulkan IPC route on a discrete GPU): write it
+  /// through local()->buffer() then.
+  [[nodiscard]] std::span<std::byte> bytes() const;
+  [[nodiscard]] std::uint64_t sequence() const;
+  /// The route's own loan, for what only it has (Loan::buffer(), gpu_signal()); null on the other route.
+  [[nodiscard]] Loan* local() { return std::get_if<Loan>(&loan_); }
+  [[nodiscard]] RemoteLoan* remote() { return std::get_if<RemoteLoan>(&loan_); }
+
+ private:
+  friend class RankProducer;
+  explicit RankLoan(Loan&& l) : loan_(std::move(l)) {}
+  explicit RankLoan(RemoteLoan&& l) : loan_(std::move(l)) {}
+  std::variant<Loan, RemoteLoan> loan_;
+};
+
+/// A received message of a rank channel; released when destroyed.
+class RankReceived {
+ public:
+  RankReceived(RankReceived&&) noexcept = default;
+  /// Empty when the ring is device-local GPU memory: read it through local()->buffer() then.
+  [[nodiscard]] std::span<const std::byte> bytes() const;
+  [[nodiscard]] const MessageInfo& info() const;
+  Status release();
+  [[nodiscard]] Received* local() { return std::get_if<Received>(&received_); }
+  [[nodiscard]] RemoteReceived* remote() { return std::get_if<RemoteReceived>(&received_); }
+
+ private:
+  friend class RankConsumer;
+  explicit RankReceived(Received&& r) : received_(std::move(r)) {}
+  explicit RankReceived(RemoteReceived&& r) : received_(std::move(r)) {}
+  std::variant<Received, RemoteReceived> received_;
+};
+
+/// The producer end of a channel to `consumer_rank`, routed by the Communicator: a local Producer
+/// (Vulkan IPC or shared memory; the fds go over the local socket) when the two ranks share a host,
+/// a RemoteProducer otherwise. Exactly one consumer: the first loan waits for that rank to open
+/// the channel, and a local consumer that goes away is PeerLost.
+/// Differences between the routes (design note 0013): one loan at a time on a local route, up to
+/// `slots` over MPI; DropOldest only locally; device-local rings (bytes() empty) only locally.
+class RankProducer {
+ public:
+  [[nodiscard]] static Result<std::unique_ptr<RankProducer>> create(const Communicator& comm, int consumer_rank,
+                                                                    RankChannelOptions options = {});
+  ~RankProducer();
+  [[nodiscard]] Result<RankLoan> loan(Duration timeout = kForever);
+  [[nodiscard]] Result<RankLoan> try_loan();
+  [[nodiscard]] Result<MessageInfo> publish(RankLoan&& loan, MessageInfo info = {});
+  /// Waits until the consumer has received and released every published message.
+  [[nodiscard]] Status flush(Duration timeout = kForever);
+  [[nodiscard]] const PairRoute& route() const { return route_; }
+  [[nodiscard]] std::uint32_t slots() const;
+  [[nodiscard]] std::uint64_t slot_size() const;
+  /// The channel underneath (one of them is null), for what only one route has.
+  [[nodiscard]] Producer* local() const { return local_.get(); }
+  [[nodiscard]] RemoteProducer* remote() const { return remote_.get(); }
+
+ private:
+  RankProducer() = default;
+  Status wait_for_consumer(Duration timeout);
+  PairRoute route_;
+  std::unique_ptr<Producer> local_;
+  std::unique_ptr<RemoteProducer> remote_;
+  bool consumer_seen_ = false;
+};
+
+/// The consumer end of a channel from `producer_rank` (see RankProducer).
+class RankConsumer {
+ public:
+  /// Waits up to options.connect_timeout for the producer; only `channel`, `transport`, `wait`,
+  /// `vulkan`, `connect_timeout` and `huge_pages` are read (the ring is the producer's).
+  [[nodiscard]] static Result<std::unique_ptr<RankConsumer>> open(const Communicator& comm, int producer_rank,
+                                                                  RankChannelOptions options = {});
+  ~RankConsumer();
+  /// The next message, waiting at most `timeout`; PeerLost once a local producer is gone and
+  /// everything it sent is received.
+  [[nodiscard]] Result<RankReceived> receive(Duration timeout = kForever);
+  [[nodiscard]] Result<RankReceived> try_receive();
+  [[nodiscard]] const PairRoute& route() const { return route_; }
+  [[nodiscard]] std::uint32_t slots() const;
+  [[nodiscard]] std::uint64_t slot_size() const;
+  [[nodiscard]] Consumer* local() const { return local_.get(); }
+  [[nodiscard]] RemoteConsumer* remote() const { return remote_.get(); }
+
+ private:
+  RankConsumer() = default;
+  PairRoute route_;
+  std::unique_ptr<Consumer> local_;
+  std::unique_ptr<RemoteConsumer> remote_;
 };
 
 }  // namespace lavaflow::mpi
