@@ -111,6 +111,44 @@ int main(int argc, char** argv) {
       barrier();
     }
 
+    // 1c. Small messages without user tag or timestamp (a 2-byte trailer up to 64 bytes, the full
+    //     one above): every size 0 … 80 in turn, 20,000 messages, so the 14-bit sequence wraps.
+    {
+      const std::uint64_t count = 20000;
+      auto size_of = [](std::uint64_t i) { return (i * 37) % 81; };
+      if (me == 0) {
+        auto p = mpi::RemoteProducer::create(*comm, 1, {.slots = 16, .slot_size = 80, .channel = 8});
+        expect(bool(p), "small: create producer");
+        std::vector<std::byte> msg;
+        for (std::uint64_t i = 0; p && i < count; ++i) {
+          auto loan = (*p)->loan(10s);
+          if (!loan) { expect(false, "small: loan: " + loan.error().message()); break; }
+          msg.resize(size_of(i));
+          lfapp::fill_message(msg, i);
+          std::memcpy(loan->bytes().data(), msg.data(), msg.size());
+          // size 0 means the whole slot: a 0-byte message is sent as 80 bytes, like every channel
+          auto info = (*p)->publish(std::move(*loan), {.size = msg.size()});
+          expect(info && info->sequence == i, "small: publish");
+        }
+        if (p) expect(bool((*p)->flush(10s)), "small: flush");
+      } else {
+        auto c = mpi::RemoteConsumer::open(*comm, 0, {.channel = 8});
+        expect(bool(c), "small: open consumer");
+        std::vector<std::byte> want;
+        for (std::uint64_t i = 0; c && i < count; ++i) {
+          auto r = (*c)->receive(10s);
+          if (!r) { expect(false, "small: receive: " + r.error().message()); break; }
+          const std::uint64_t size = size_of(i) == 0 ? 80 : size_of(i);
+          want.resize(size);
+          lfapp::fill_message(want, i);
+          expect(r->info().sequence == i && r->bytes().size() == size && r->info().user_tag == 0 &&
+                     (size_of(i) == 0 || std::memcmp(r->bytes().data(), want.data(), size) == 0),
+                 "small message " + std::to_string(i) + " (" + std::to_string(size) + " bytes) intact");
+        }
+      }
+      barrier();
+    }
+
     // 2. Full ring: FailFast says WouldBlock, Block times out naming the consumer; DropOldest is refused.
     if (me == 0) {
       expect(is(mpi::RemoteProducer::create(*comm, 1, {.policy = FullPolicy::DropOldest, .channel = 2}), Errc::Unsupported),
@@ -153,12 +191,21 @@ int main(int argc, char** argv) {
       barrier();  // the consumer has posted its receives
       std::vector<std::byte> junk(64 + 16, std::byte{0x5a});
       MPI_Send(junk.data(), static_cast<int>(junk.size()), MPI_BYTE, 1, kDataTagOf(5), comm->comm());
-      // 16 payload bytes, then a trailer: sequence 7 (0 expected), no flags, magic 'L' + wire version 3
-      const std::uint32_t trailer[2] = {7, 0x4c03u << 16};
+      // 16 payload bytes, then a trailer: sequence 7 (0 expected), no flags, magic 'L' + wire version 4
+      const std::uint32_t trailer[2] = {7, 0x4c04u << 16};
       std::memcpy(junk.data() + 16, trailer, sizeof trailer);
       MPI_Send(junk.data(), 16 + sizeof trailer, MPI_BYTE, 1, kDataTagOf(5), comm->comm());
       std::vector<std::byte> big(64 + 4096);
       MPI_Send(big.data(), static_cast<int>(big.size()), MPI_BYTE, 1, kDataTagOf(5), comm->comm());
+      // 8 payload bytes and a short trailer (marker bits, low 14 bits of the sequence): sequence 5.
+      const std::uint16_t short_trailer = 0xC000 | 5;
+      std::memcpy(junk.data() + 8, &short_trailer, 2);
+      MPI_Send(junk.data(), 10, MPI_BYTE, 1, kDataTagOf(5), comm->comm());
+      // 100 payload bytes before a short trailer: only messages up to 64 bytes have one.
+      std::vector<std::byte> long_short(102, std::byte{0});
+      const std::uint16_t seq0 = 0xC000;
+      std::memcpy(long_short.data() + 100, &seq0, 2);
+      MPI_Send(long_short.data(), 102, MPI_BYTE, 1, kDataTagOf(5), comm->comm());
       barrier();
     } else {
       auto c = mpi::RemoteConsumer::open(*comm, 0, {.channel = 5});
@@ -171,6 +218,12 @@ int main(int argc, char** argv) {
                "wrong sequence: Malformed (" + (seq ? std::string("ok") : seq.error().message()) + ")");
         auto big = (*c)->receive(10s);
         expect(is(big, Errc::Malformed), "oversize message: Malformed (" + (big ? std::string("ok") : big.error().message()) + ")");
+        auto short_seq = (*c)->receive(10s);
+        expect(is(short_seq, Errc::Malformed) && short_seq.error().cause().find("sequence mismatch") != std::string::npos,
+               "wrong sequence in a short trailer: Malformed (" + (short_seq ? std::string("ok") : short_seq.error().message()) + ")");
+        auto long_short = (*c)->receive(10s);
+        expect(is(long_short, Errc::Malformed) && long_short.error().cause().find("short trailer") != std::string::npos,
+               "100 bytes before a short trailer: Malformed (" + (long_short ? std::string("ok") : long_short.error().message()) + ")");
         const auto t0 = std::chrono::steady_clock::now();
         expect(is((*c)->receive(100ms), Errc::Timeout), "nothing sent: Timeout");
         expect(std::chrono::steady_clock::now() - t0 < 2s, "receive timeout bounded");
@@ -188,7 +241,7 @@ int main(int argc, char** argv) {
       // Trailer only: the total, then sequence 0, flags chunked | log2(64 KiB) << 8, magic + version.
       std::byte msg[16];
       std::memcpy(msg, &total, 8);
-      const std::uint32_t end[2] = {0, (0x4c03u << 16) | (16u << 8) | 1u};
+      const std::uint32_t end[2] = {0, (0x4c04u << 16) | (16u << 8) | 1u};
       std::memcpy(msg + 8, end, 8);
       MPI_Send(msg, 16, MPI_BYTE, 1, kDataTagOf(6), comm->comm());
       std::vector<std::byte> chunk(65536, std::byte{1});
