@@ -171,6 +171,44 @@ void raw_window(MPI_Comm comm, int me, std::uint64_t size, const std::vector<Pag
   }
 }
 
+/// Raw MPI with the channel's flow control (the "credit" baseline): the same ring of buffers, at
+/// most one message in flight per buffer, the receiver re-posting each buffer's receive after it
+/// completes and returning its cumulative count every half ring (and at the end of the window).
+/// What MPI itself gives a producer that may not overwrite a buffer before the consumer is done
+/// with it — osu_bw has 64 messages in flight through one buffer each side.
+void credit_window(MPI_Comm comm, int me, std::uint64_t size, const std::vector<PageBuffer>& buffers) {
+  const std::size_t n = buffers.size();
+  std::vector<MPI_Request> req(n, MPI_REQUEST_NULL);
+  const std::uint64_t every = std::max<std::uint64_t>(1, n / 2);
+  if (me == 0) {
+    std::uint64_t credit = 0;
+    for (std::uint64_t k = 0; k < kWindow; ++k) {
+      while (k - credit >= n) MPI_Recv(&credit, 1, MPI_UINT64_T, 1, 4, comm, MPI_STATUS_IGNORE);
+      MPI_Request& r = req[k % n];
+      if (r != MPI_REQUEST_NULL) MPI_Wait(&r, MPI_STATUS_IGNORE);
+      MPI_Isend(buffers[k % n].mem.get(), static_cast<int>(size), MPI_BYTE, 1, 2, comm, &r);
+    }
+    MPI_Waitall(static_cast<int>(n), req.data(), MPI_STATUSES_IGNORE);
+    while (credit < kWindow) MPI_Recv(&credit, 1, MPI_UINT64_T, 1, 4, comm, MPI_STATUS_IGNORE);
+  } else {
+    std::vector<std::uint64_t> counts;  // one per credit sent, alive until the window ends
+    counts.reserve(kWindow);
+    std::vector<MPI_Request> credits;
+    for (std::uint64_t k = 0; k < std::min<std::uint64_t>(n, kWindow); ++k)
+      MPI_Irecv(buffers[k].mem.get(), static_cast<int>(size), MPI_BYTE, 0, 2, comm, &req[k]);
+    for (std::uint64_t k = 0; k < kWindow; ++k) {
+      MPI_Wait(&req[k % n], MPI_STATUS_IGNORE);
+      if (k + n < kWindow) MPI_Irecv(buffers[k % n].mem.get(), static_cast<int>(size), MPI_BYTE, 0, 2, comm, &req[k % n]);
+      if ((k + 1) % every == 0 || k + 1 == kWindow) {
+        counts.push_back(k + 1);
+        credits.emplace_back();
+        MPI_Isend(&counts.back(), 1, MPI_UINT64_T, 0, 4, comm, &credits.back());
+      }
+    }
+    MPI_Waitall(static_cast<int>(credits.size()), credits.data(), MPI_STATUSES_IGNORE);
+  }
+}
+
 /// The same window through a lava-flow channel (rank 0 publishes 64 messages, rank 1 receives them).
 Status lf_window(MPI_Comm comm, mpi::RemoteProducer* p, mpi::RemoteConsumer* q, std::uint64_t size) {
   char ack = 0;
@@ -192,9 +230,10 @@ Status lf_window(MPI_Comm comm, mpi::RemoteProducer* p, mpi::RemoteConsumer* q, 
 
 /// Windowed bandwidth, in kBandwidthRounds rounds; each round times raw MPI with one buffer a side
 /// (osu_bw), raw MPI through a ring of distinct buffers (as many as the channel's), the channel,
-/// and raw MPI with one buffer a side in huge pages, one after the other. Each figure is the median
-/// over the rounds. Rows: mpi-raw, mpi-raw-ring, lavaflow-mpi, mpi-raw-hugepages.
-constexpr int kBandwidthRounds = 5;
+/// raw MPI with one buffer a side in huge pages, and raw MPI through the ring with the channel's
+/// flow control, one after the other. Each figure is the median over the rounds. Rows: mpi-raw,
+/// mpi-raw-ring, lavaflow-mpi, mpi-raw-hugepages, mpi-raw-credit.
+constexpr int kBandwidthRounds = 5, kBandwidthRows = 5;
 Status bandwidth(const mpi::Communicator& c, MPI_Comm raw, std::uint64_t size, std::uint64_t ring_bytes, Row* rows) {
   const int me = c.rank();
   const int windows = size <= 8192 ? 20 : size <= (256u << 10) ? 5 : 2;
@@ -207,13 +246,14 @@ Status bandwidth(const mpi::Communicator& c, MPI_Comm raw, std::uint64_t size, s
   one.emplace_back(size);
   huge.emplace_back(size, true);
   for (std::uint32_t k = 0; k < slots; ++k) ring.emplace_back(size);
-  std::vector<double> rates[4];
+  std::vector<double> rates[kBandwidthRows];
   for (int round = -1; round < kBandwidthRounds; ++round) {  // round -1: warm-up
-    for (int which = 0; which < 4; ++which) {
+    for (int which = 0; which < kBandwidthRows; ++which) {
       MPI_Barrier(raw);
       const auto t0 = Clock::now();
       for (int w = 0; w < windows; ++w) {
         if (which == 2) LF_TRY_STATUS(lf_window(raw, p.get(), q.get(), size));
+        else if (which == 4) credit_window(raw, me, size, ring);
         else raw_window(raw, me, size, which == 0 ? one : which == 1 ? ring : huge);
       }
       if (round >= 0) rates[which].push_back(double(size) * kWindow * windows / (ns(Clock::now() - t0) / 1e9) / 1e6);
@@ -222,8 +262,8 @@ Status bandwidth(const mpi::Communicator& c, MPI_Comm raw, std::uint64_t size, s
   if (p) LF_TRY_STATUS(p->flush(std::chrono::seconds(30)));
   for (auto& r : rates) std::sort(r.begin(), r.end());
   auto median = [&](int which) { return rates[which][kBandwidthRounds / 2]; };
-  const char* names[4] = {"mpi-raw", "mpi-raw-ring", "lavaflow-mpi", "mpi-raw-hugepages"};
-  for (int which = 0; which < 4; ++which) rows[which] = Row{names[which], "bandwidth", size, 0, 0, median(which), which == 2 ? slots : 0};
+  const char* names[kBandwidthRows] = {"mpi-raw", "mpi-raw-ring", "lavaflow-mpi", "mpi-raw-hugepages", "mpi-raw-credit"};
+  for (int which = 0; which < kBandwidthRows; ++which) rows[which] = Row{names[which], "bandwidth", size, 0, 0, median(which), which == 2 ? slots : 0};
   return {};
 }
 
@@ -287,19 +327,19 @@ int main(int argc, char** argv) {
     std::vector<char> buf(kMax);
     MPI_Comm raw;
     MPI_Comm_dup(MPI_COMM_WORLD, &raw);
-    // Per size: raw latency, lf latency, then bandwidth: raw, raw ring, lf, raw in huge pages.
+    // Per size: raw latency, lf latency, then bandwidth: raw, raw ring, lf, raw in huge pages, raw with credits.
     std::vector<Row> rows;
     // 8 B … 8 KiB by fours, then every power of two to 4 MiB (the targets start at 64 KiB).
     for (std::uint64_t size = 8; size <= max_size; size *= size < 8192 ? 4 : 2) {
       MPI_Barrier(raw);
-      Row r[6];
+      Row r[2 + kBandwidthRows];
       auto ok = latency(*comm, raw, size, buf, r[0], r[1]);
       if (ok) ok = bandwidth(*comm, raw, size, ring_bytes, r + 2);
       if (!ok) {
         std::fprintf(stderr, "rank %d: %s\n", me, ok.error().message().c_str());
         MPI_Abort(MPI_COMM_WORLD, 1);
       }
-      rows.insert(rows.end(), r, r + 6);
+      rows.insert(rows.end(), r, r + 2 + kBandwidthRows);
     }
     // GPU staging (when both ranks have a Vulkan device): 64 MiB messages, pipelined chunks vs one piece.
     std::vector<Row> staged;
@@ -343,15 +383,20 @@ int main(int argc, char** argv) {
       } else {
         std::printf("lavaflow-bench remote: 2 ranks, route forced to MPI; latency = round trip / 2 (OSU method, ns), raw and lf "
                     "in %d alternating blocks; bandwidth = windows of %d messages (median of %d rounds): raw = one buffer a side "
-                    "(osu_bw), ring = raw MPI through as many distinct buffers as the channel's ring, huge = osu_bw from a buffer in huge pages\n", kRounds, kWindow, kBandwidthRounds);
-        std::printf("%8s  %10s %10s %6s  %10s %10s %6s  %9s %9s %9s %9s %6s %6s %6s %5s\n", "size", "raw p50", "lf p50", "ratio", "raw avg",
-                    "lf avg", "ratio", "raw MB/s", "ring MB/s", "huge MB/s", "lf MB/s", "/raw", "/ring", "/huge", "slots");
-        for (std::size_t i = 0; i + 5 < rows.size(); i += 6) {
-          const auto &rl = rows[i], &ll = rows[i + 1], &rb = rows[i + 2], &gb = rows[i + 3], &lb = rows[i + 4], &hb = rows[i + 5];
-          std::printf("%8llu  %10.0f %10.0f %6.2f  %10.0f %10.0f %6.2f  %9.0f %9.0f %9.0f %9.0f %6.2f %6.2f %6.2f %5u\n",
+                    "(osu_bw), ring = raw MPI through as many distinct buffers as the channel's ring, huge = osu_bw from a buffer in huge pages, "
+                    "credit = raw MPI through the ring with the channel's flow control (at most one message in flight per buffer)\n",
+                    kRounds, kWindow, kBandwidthRounds);
+        std::printf("%8s  %10s %10s %6s  %10s %10s %6s  %9s %9s %9s %9s %9s %6s %6s %6s %7s %5s\n", "size", "raw p50", "lf p50", "ratio",
+                    "raw avg", "lf avg", "ratio", "raw MB/s", "ring MB/s", "huge MB/s", "cred MB/s", "lf MB/s", "/raw", "/ring", "/huge",
+                    "/credit", "slots");
+        constexpr std::size_t kPer = 2 + kBandwidthRows;
+        for (std::size_t i = 0; i + kPer <= rows.size(); i += kPer) {
+          const auto &rl = rows[i], &ll = rows[i + 1], &rb = rows[i + 2], &gb = rows[i + 3], &lb = rows[i + 4], &hb = rows[i + 5],
+                     &cb = rows[i + 6];
+          std::printf("%8llu  %10.0f %10.0f %6.2f  %10.0f %10.0f %6.2f  %9.0f %9.0f %9.0f %9.0f %9.0f %6.2f %6.2f %6.2f %7.2f %5u\n",
                       static_cast<unsigned long long>(rl.size), rl.p50_ns, ll.p50_ns, ll.p50_ns / rl.p50_ns, rl.avg_ns, ll.avg_ns,
-                      ll.avg_ns / rl.avg_ns, rb.mb_per_s, gb.mb_per_s, hb.mb_per_s, lb.mb_per_s, lb.mb_per_s / rb.mb_per_s,
-                      lb.mb_per_s / gb.mb_per_s, lb.mb_per_s / hb.mb_per_s, lb.slots);
+                      ll.avg_ns / rl.avg_ns, rb.mb_per_s, gb.mb_per_s, hb.mb_per_s, cb.mb_per_s, lb.mb_per_s, lb.mb_per_s / rb.mb_per_s,
+                      lb.mb_per_s / gb.mb_per_s, lb.mb_per_s / hb.mb_per_s, lb.mb_per_s / cb.mb_per_s, lb.slots);
         }
         std::printf("targets: latency <= 1.10 x raw at 8 B and <= 1.03 x at >= 64 KiB; bandwidth >= 0.95 x raw at >= 64 KiB\n");
         if (!staged.empty()) {
