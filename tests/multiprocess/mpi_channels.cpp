@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,13 @@ void expect(bool ok, const std::string& what) {
 template <class R>
 bool is(const R& r, Errc code) {
   return !r && r.error().code() == code;
+}
+
+/// A Stager for `vk` in `s` (made once); false without a Vulkan context.
+bool staged(std::optional<Stager>& s, const VulkanContext* vk, std::uint64_t capacity) {
+  if (!s && vk)
+    if (auto made = Stager::create(*vk, capacity)) s.emplace(std::move(*made));
+  return s.has_value();
 }
 
 constexpr int kDataTagOf(int channel) { return channel * 8; }  // lavaflow::mpi's data tag of a channel
@@ -337,12 +345,20 @@ int main(int argc, char** argv) {
           }
           barrier();
           std::vector<std::byte> msg;
+          std::optional<Stager> stager;  // a device-local Vulkan ring (a discrete GPU) has no bytes()
           for (std::uint64_t i = 0; p && i < count; ++i) {
             auto loan = (*p)->loan(10s);
             if (!loan) { expect(false, label + "loan: " + loan.error().message()); break; }
             msg.resize(1 + (i * 131) % 4096);
             lfapp::fill_message(msg, i);
-            std::memcpy(loan->bytes().data(), msg.data(), msg.size());
+            if (!loan->bytes().empty()) {
+              std::memcpy(loan->bytes().data(), msg.data(), msg.size());
+            } else if (auto ok = staged(stager, (*p)->local()->vulkan(), 4096) ? stager->upload(dynamic_cast<GpuBuffer&>(loan->local()->buffer()), msg)
+                                                                              : Status(fail(Errc::Unsupported, "test", "no Vulkan context"));
+                       !ok) {
+              expect(false, label + "upload: " + ok.error().message());
+              break;
+            }
             auto info = (*p)->publish(std::move(*loan), {.size = msg.size(), .user_tag = lfapp::checksum(msg)});
             expect(info && info->sequence == i, label + "publish");
           }
@@ -352,11 +368,19 @@ int main(int argc, char** argv) {
           auto c = mpi::RankConsumer::open(*comm, 0, o);
           expect(bool(c), label + "open " + (c ? std::string() : c.error().message()));
           if (c) expect((*c)->route().transport == want && (*c)->slots() == 4 && (*c)->slot_size() == 4096, label + "consumer's route and ring");
+          std::optional<Stager> stager;
+          std::vector<std::byte> down;
           for (std::uint64_t i = 0; c && i < count; ++i) {
             auto r = (*c)->receive(10s);
             if (!r) { expect(false, label + "receive: " + r.error().message()); break; }
-            expect(r->info().sequence == i && r->bytes().size() == 1 + (i * 131) % 4096 &&
-                       lfapp::checksum(r->bytes()) == r->info().user_tag && lfapp::matches(r->bytes(), i),
+            std::span<const std::byte> got = r->bytes();
+            if (got.empty() && r->local() && staged(stager, (*c)->local()->vulkan(), 4096)) {  // device-local ring
+              down.resize(r->info().size);
+              expect(bool(stager->download(dynamic_cast<GpuBuffer&>(r->local()->buffer()), down)), label + "download");
+              got = down;
+            }
+            expect(r->info().sequence == i && got.size() == 1 + (i * 131) % 4096 &&
+                       lfapp::checksum(got) == r->info().user_tag && lfapp::matches(got, i),
                    label + "message " + std::to_string(i) + " intact");
           }
         }
