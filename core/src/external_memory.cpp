@@ -2,6 +2,9 @@
 #include "external_memory.hpp"
 
 #include <fcntl.h>
+#include <unistd.h>
+
+#include <string_view>
 
 #include "lavaflow/core/format.hpp"
 #include "vulkan_state.hpp"
@@ -43,6 +46,16 @@ Status check_memory_type(const VulkanContext& ctx, std::uint32_t index, std::uin
     return fail(Errc::DeviceMismatch, call,
                 str_format("memory type {} cannot back this resource here (allowed mask {:#x})", index, allowed_bits));
   return {};
+}
+
+UniqueFd own_file_description(UniqueFd fd) {
+  const auto path = str_format("/proc/self/fd/{}", fd.get());
+  char target[64] = {};
+  const ssize_t n = ::readlink(path.c_str(), target, sizeof target - 1);
+  if (n <= 0 || !std::string_view(target, static_cast<std::size_t>(n)).starts_with("/memfd:")) return fd;
+  const int fresh = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fresh < 0) return fd;  // e.g. a write-sealed memfd: the shared description still works, one importer at a time
+  return UniqueFd(fresh);    // `fd` (the shared description) is closed here
 }
 
 }  // namespace lavaflow::detail

@@ -20,4 +20,13 @@ inline constexpr auto kOpaqueFd = vk::ExternalMemoryHandleTypeFlagBits::eOpaqueF
 [[nodiscard]] Status check_memory_type(const VulkanContext& ctx, std::uint32_t index, std::uint32_t allowed_bits,
                                        const char* call);
 
+/// An exported fd with a file description of its own. Drivers whose opaque fds are memfds
+/// (lavapipe) hand out dup()s of one description, so every export of a buffer shares one file
+/// offset — and lavapipe's import seeks to 0 and read()s a header through it: two processes
+/// importing the same buffer at once can read each other's half-moved offset and fail with
+/// VK_ERROR_INVALID_EXTERNAL_HANDLE (seen in CI: a 3-consumer fan-out). A memfd is reopened
+/// through /proc/self/fd (same memory, new description); any other fd, or a memfd that cannot be
+/// reopened, is returned as it is.
+[[nodiscard]] UniqueFd own_file_description(UniqueFd fd);
+
 }  // namespace lavaflow::detail

@@ -174,7 +174,8 @@ const ExportDescriptor& GpuBuffer::descriptor() const { return impl_->desc; }
 
 Result<Export> GpuBuffer::export_handle() const {
   if (impl_->imported_from.valid()) {
-    LF_TRY(UniqueFd fd, impl_->imported_from.dup());
+    LF_TRY(UniqueFd dup, impl_->imported_from.dup());
+    UniqueFd fd = detail::own_file_description(std::move(dup));
     return Export{impl_->desc, std::move(fd)};
   }
   vk::MemoryGetFdInfoKHR info(*impl_->memory, kHandle);
@@ -182,6 +183,7 @@ Result<Export> GpuBuffer::export_handle() const {
   LF_TRY(int raw, detail::vk_call("vkGetMemoryFdKHR", [&] { return dev.getMemoryFdKHR(info); }));
   UniqueFd fd(raw);
   LF_TRY_STATUS(fd.set_cloexec());
+  fd = detail::own_file_description(std::move(fd));
   return Export{impl_->desc, std::move(fd)};
 }
 

@@ -231,13 +231,15 @@ Result<GpuImage> GpuImage::import(const VulkanContext& ctx, const ImageDescripto
 
 Result<ImageExport> GpuImage::export_handle() const {
   if (impl_->imported_from.valid()) {
-    LF_TRY(UniqueFd fd, impl_->imported_from.dup());
+    LF_TRY(UniqueFd dup, impl_->imported_from.dup());
+    UniqueFd fd = detail::own_file_description(std::move(dup));
     return ImageExport{impl_->desc, std::move(fd)};
   }
   const auto& dev = detail::get(impl_->state->device);
   LF_TRY(int raw, detail::vk_call("vkGetMemoryFdKHR", [&] { return dev.getMemoryFdKHR({*impl_->memory, detail::kOpaqueFd}); }));
   UniqueFd fd(raw);
   LF_TRY_STATUS(fd.set_cloexec());
+  fd = detail::own_file_description(std::move(fd));
   return ImageExport{impl_->desc, std::move(fd)};
 }
 

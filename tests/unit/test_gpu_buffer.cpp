@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "support.hpp"
 
@@ -88,6 +89,26 @@ TEST_CASE("GPU import refuses bad input before any driver call and leaves the fd
   // Still importable after all the refusals.
   auto good = lftest::ok(GpuBuffer::import(a, ex.descriptor, std::move(ex.fd)));
   CHECK(good.size() == 4096);
+}
+
+TEST_CASE("every export of a buffer has its own file offset: concurrent importers cannot disturb each other") {
+  // lavapipe's opaque fds are memfds whose import seeks and reads a header through the fd; exports
+  // that share one file description (dup) made concurrent imports by several consumers fail.
+  auto a = lftest::context_or_skip();
+  if (!a.capabilities().memory_fd_export) lftest::skip("device cannot export opaque-fd memory");
+  auto b = lftest::ok(VulkanContext::create({.device = a.capabilities().identity.device_uuid}));
+  auto src = lftest::ok(GpuBuffer::allocate(a, {.size = 4096, .memory = GpuMemory::HostVisible}));
+  auto one = lftest::ok(src.export_handle());
+  auto two = lftest::ok(src.export_handle());
+  if (::lseek(one.fd.get(), 0, SEEK_CUR) < 0) lftest::skip("this driver's exported fds have no file offset to share");
+  CHECK(::lseek(one.fd.get(), 100, SEEK_SET) == 100);
+  CHECK(::lseek(two.fd.get(), 0, SEEK_CUR) == 0);  // the other export did not move
+  // An import with the first export's offset moved still works, and so does the second.
+  auto x = lftest::ok(GpuBuffer::import(b, one.descriptor, std::move(one.fd)));
+  auto y = lftest::ok(GpuBuffer::import(b, two.descriptor, std::move(two.fd)));
+  lftest::fill(src.bytes(), 4096);
+  CHECK(lftest::first_mismatch(x.bytes(), 4096) == -1);
+  CHECK(lftest::first_mismatch(y.bytes(), 4096) == -1);
 }
 
 TEST_CASE("GPU allocation rejects bad sizes") {

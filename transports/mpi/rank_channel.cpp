@@ -2,6 +2,8 @@
 // Rank channels: one channel API between MPI ranks, routed per pair by the Communicator (design
 // note 0013). A thin layer: each end holds the route's own channel (local Producer/Consumer or
 // RemoteProducer/RemoteConsumer) and forwards to it.
+#include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include "lavaflow/core/format.hpp"
@@ -106,8 +108,11 @@ Result<RankLoan> RankProducer::loan(Duration timeout) {
     LF_TRY(auto l, remote_->loan(timeout));
     return RankLoan(std::move(l));
   }
+  const auto start = std::chrono::steady_clock::now();
   LF_TRY_STATUS(wait_for_consumer(timeout));
-  LF_TRY(auto l, local_->loan(timeout));
+  Duration left = timeout;  // what the wait for the consumer left of it
+  if (timeout != kForever) left = std::max(Duration::zero(), timeout - (std::chrono::steady_clock::now() - start));
+  LF_TRY(auto l, local_->loan(left));
   return RankLoan(std::move(l));
 }
 
