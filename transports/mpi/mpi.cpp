@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
 #include "lavaflow/mpi/mpi.hpp"
+#include "checks.hpp"
 
 #include <sys/mman.h>
 #include <time.h>
@@ -37,7 +38,6 @@ using Clock = std::chrono::steady_clock;
 constexpr std::uint16_t kVersion = 4;
 constexpr std::uint16_t kDataMagic = 0x4c00 | kVersion;  // 'L', wire version
 constexpr std::uint32_t kHelloMagic = 0x484d4c46;        // "FLMH"
-constexpr int kMaxChannel = 4094;  // 8 tags per channel under MPI_TAG_UB >= 32767
 
 // Trailer flags. kChunked: a message sent in chunks (publish_gpu): the data-tag message is the
 // trailer alone, chunks 0 … n-1 follow on chunk_tag; bits 8-13 hold log2 of the chunk size.
@@ -342,8 +342,7 @@ class MpiTransport final : public Transport {
 };
 
 Status check_options(const RemoteOptions& o, const char* call) {
-  if (o.channel < 0 || o.channel > kMaxChannel)
-    return fail(Errc::InvalidArgument, call, str_format("channel {} outside 0..{}", o.channel, kMaxChannel));
+  LF_TRY_STATUS(detail::check_channel(o.channel, call));
   if (o.policy == FullPolicy::DropOldest)
     return fail(Errc::Unsupported, call, "DropOldest is not available over MPI: a sent message cannot be taken back");
   if (o.slots == 0 || o.slots > 1024) return fail(Errc::InvalidArgument, call, str_format("{} slots, allowed 1..1024", o.slots));
@@ -354,12 +353,6 @@ Status check_options(const RemoteOptions& o, const char* call) {
   return {};
 }
 
-Status check_peer(const Communicator& comm, int peer, const char* call) {
-  if (peer < 0 || peer >= comm.size() || peer == comm.rank())
-    return fail(Errc::InvalidArgument, call, str_format("peer rank {} (this is rank {} of {})", peer, comm.rank(), comm.size()));
-  return {};
-}
-
 std::uint64_t now_ns() {
   timespec ts{};
   ::clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -367,6 +360,18 @@ std::uint64_t now_ns() {
 }
 
 }  // namespace
+
+Status detail::check_channel(int channel, const char* call) {
+  if (channel < 0 || channel > kMaxChannel)
+    return fail(Errc::InvalidArgument, call, str_format("channel {} outside 0..{}", channel, kMaxChannel));
+  return {};
+}
+
+Status detail::check_peer(const Communicator& comm, int peer, const char* call) {
+  if (peer < 0 || peer >= comm.size() || peer == comm.rank())
+    return fail(Errc::InvalidArgument, call, str_format("peer rank {} (this is rank {} of {})", peer, comm.rank(), comm.size()));
+  return {};
+}
 
 Error to_error(int code, std::string call) {
   char text[MPI_MAX_ERROR_STRING] = {};
@@ -638,7 +643,7 @@ RemoteProducer::Impl::~Impl() {
 Result<std::unique_ptr<RemoteProducer>> RemoteProducer::create(const Communicator& comm, int consumer_rank, RemoteOptions o) {
   constexpr const char* call = "mpi::RemoteProducer::create";
   LF_TRY_STATUS(check_options(o, call));
-  LF_TRY_STATUS(check_peer(comm, consumer_rank, call));
+  LF_TRY_STATUS(detail::check_peer(comm, consumer_rank, call));
   auto m = std::make_unique<Impl>();
   m->comm = comm.comm();
   m->peer = consumer_rank;
@@ -866,9 +871,8 @@ RemoteConsumer::Impl::~Impl() {
 
 Result<std::unique_ptr<RemoteConsumer>> RemoteConsumer::open(const Communicator& comm, int producer_rank, RemoteOptions o) {
   constexpr const char* call = "mpi::RemoteConsumer::open";
-  LF_TRY_STATUS(check_peer(comm, producer_rank, call));
-  if (o.channel < 0 || o.channel > kMaxChannel)
-    return fail(Errc::InvalidArgument, call, str_format("channel {} outside 0..{}", o.channel, kMaxChannel));
+  LF_TRY_STATUS(detail::check_peer(comm, producer_rank, call));
+  LF_TRY_STATUS(detail::check_channel(o.channel, call));
   auto m = std::make_unique<Impl>();
   m->comm = comm.comm();
   m->peer = producer_rank;

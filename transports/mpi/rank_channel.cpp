@@ -9,6 +9,7 @@
 #include "lavaflow/core/format.hpp"
 #include "lavaflow/mpi/mpi.hpp"
 #include "lavaflow/transports/local.hpp"
+#include "checks.hpp"
 
 namespace lavaflow::mpi {
 
@@ -22,8 +23,7 @@ std::string local_name(const Communicator& comm, int from, int to, int channel) 
 
 /// The route both ends take: the Communicator's, unless the options force a transport.
 Result<PairRoute> pick_route(const Communicator& comm, int from, int to, const RankChannelOptions& o, const char* call) {
-  if (o.channel < 0 || o.channel > 4094)
-    return fail(Errc::InvalidArgument, call, str_format("channel {} outside 0..4094", o.channel));
+  LF_TRY_STATUS(detail::check_channel(o.channel, call));
   LF_TRY(PairRoute r, comm.route(from, to));
   if (o.transport.empty() || o.transport == r.transport) return r;
   if (o.transport != "mpi" && o.transport != "shm" && o.transport != "vulkan")
@@ -68,8 +68,7 @@ RankProducer::~RankProducer() = default;
 
 Result<std::unique_ptr<RankProducer>> RankProducer::create(const Communicator& comm, int consumer_rank, RankChannelOptions o) {
   constexpr const char* call = "mpi::RankProducer::create";
-  if (consumer_rank < 0 || consumer_rank >= comm.size() || consumer_rank == comm.rank())
-    return fail(Errc::InvalidArgument, call, str_format("consumer rank {} (this is rank {} of {})", consumer_rank, comm.rank(), comm.size()));
+  LF_TRY_STATUS(detail::check_peer(comm, consumer_rank, call));
   auto p = std::unique_ptr<RankProducer>(new RankProducer);
   LF_TRY(p->route_, pick_route(comm, comm.rank(), consumer_rank, o, call));
   if (p->route_.transport == "mpi") {
@@ -147,8 +146,7 @@ RankConsumer::~RankConsumer() = default;
 
 Result<std::unique_ptr<RankConsumer>> RankConsumer::open(const Communicator& comm, int producer_rank, RankChannelOptions o) {
   constexpr const char* call = "mpi::RankConsumer::open";
-  if (producer_rank < 0 || producer_rank >= comm.size() || producer_rank == comm.rank())
-    return fail(Errc::InvalidArgument, call, str_format("producer rank {} (this is rank {} of {})", producer_rank, comm.rank(), comm.size()));
+  LF_TRY_STATUS(detail::check_peer(comm, producer_rank, call));
   auto c = std::unique_ptr<RankConsumer>(new RankConsumer);
   LF_TRY(c->route_, pick_route(comm, producer_rank, comm.rank(), o, call));
   if (c->route_.transport == "mpi") {

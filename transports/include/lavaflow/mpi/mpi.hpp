@@ -96,6 +96,10 @@ class Communicator {
   std::string job_key_;
 };
 
+/// The highest channel number (RemoteOptions / RankChannelOptions::channel): every channel takes
+/// 8 MPI tags, and MPI guarantees tags up to 32767.
+inline constexpr int kMaxChannel = 4094;
+
 struct RemoteOptions {
   std::uint32_t slots = 8;             ///< ring length (producer's choice; the consumer takes it)
   std::uint64_t slot_size = 1 << 20;   ///< payload bytes per ring buffer
