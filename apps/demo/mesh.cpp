@@ -6,15 +6,15 @@
 #include "mesh.hpp"
 
 #include <cstdio>
+#include <cstring>
 #include <memory>
-#include <variant>
+#include <optional>
 #include <vector>
 
 #include "../common/payload.hpp"
 #include "lavaflow/core/format.hpp"
 #include "lavaflow/lavaflow.hpp"
 #include "lavaflow/mpi/mpi.hpp"
-#include "lavaflow/transports/local.hpp"
 
 namespace lfdemo {
 
