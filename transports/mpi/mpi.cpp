@@ -2,7 +2,11 @@
 #include "lavaflow/mpi/mpi.hpp"
 #include "checks.hpp"
 
+#include <poll.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <time.h>
 #if __has_include(<mpi-ext.h>)  // Open MPI's extensions: MPIX_CUDA_AWARE_SUPPORT, MPIX_Query_cuda_support
 #include <mpi-ext.h>
@@ -13,6 +17,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <expected>
 #include <functional>
 #include <span>
@@ -148,26 +153,57 @@ Clock::time_point deadline_after(Clock::time_point now, Duration timeout) {
   return now + timeout;
 }
 
+/// A pidfd turns readable when its process exits.
+bool exited(const UniqueFd& pidfd) {
+  if (!pidfd) return false;
+  pollfd p{pidfd.get(), POLLIN, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & POLLIN) != 0;
+}
+
+/// The process of the rank at the other end of a channel, where this process can watch it
+/// (Communicator::watch).
+struct PeerWatch {
+  UniqueFd exit;
+  int rank = -1, channel = 0;
+  std::int32_t pid = 0;
+  PeerWatch() = default;
+  PeerWatch(const Communicator& comm, int peer, int ch) : exit(comm.watch(peer)), rank(peer), channel(ch), pid(comm.location(peer).pid) {}
+};
+
 /// Polls `done` (returns Result<bool>) until true or `timeout`: spinning, then (unless
 /// busy-polling) sleeping 20 µs between tests — MPI has no blocking wait with a timeout.
 /// The clock is read only every 16th test (the first read starts the timeout): a clock read costs
 /// as much as a small message's hand-off on the fast path, and a spin loop's reaction time grows
 /// with it.
 /// `what` makes the timeout's message — only when it happens (formatting costs more than a message).
+/// With a `watch`, a wait that lasts looks once a millisecond whether the peer's process has
+/// exited: then what it sent before is taken in (a few more tests), and if that is not enough the
+/// wait ends in Errc::PeerLost instead of running into its timeout.
 template <class F, class W>
-Status poll_until(F&& done, Duration timeout, WaitMode mode, Errc on_timeout, W&& what) {
+Status poll_until(F&& done, Duration timeout, WaitMode mode, Errc on_timeout, W&& what, const PeerWatch* watch = nullptr) {
   LF_TRY(bool first, done());
   if (first) return {};
   if (timeout <= Duration::zero()) return fail(on_timeout, "lavaflow::mpi", what());
-  Clock::time_point start{}, deadline{};
+  Clock::time_point start{}, deadline{}, watched{};
   for (std::uint32_t tests = 1;; ++tests) {
     LF_TRY(bool ok, done());
     if (ok) return {};
     if (tests % 16 != 0 && mode == WaitMode::BusyPoll) continue;
     const auto now = Clock::now();
     if (start == Clock::time_point{}) {
-      start = now;
+      start = watched = now;
       deadline = deadline_after(start, timeout);
+    }
+    if (watch && now - watched >= std::chrono::milliseconds(1)) {
+      watched = now;
+      if (exited(watch->exit)) {
+        for (int k = 0; k < 1000; ++k) {
+          LF_TRY(bool late, done());
+          if (late) return {};
+        }
+        return fail(Errc::PeerLost, "lavaflow::mpi",
+                    str_format("rank {} (pid {}) has exited: channel {} gets no answer from it", watch->rank, watch->pid, watch->channel));
+      }
     }
     if (now >= deadline) return fail(on_timeout, "lavaflow::mpi", what());
     if (mode != WaitMode::BusyPoll && now - start > std::chrono::microseconds(20)) {
@@ -404,12 +440,17 @@ GpuAwareness gpu_awareness() {
 // ----- Communicator
 
 Communicator::Communicator(Communicator&& o) noexcept
-    : comm_(std::exchange(o.comm_, MPI_COMM_NULL)), rank_(o.rank_), locations_(std::move(o.locations_)), job_key_(std::move(o.job_key_)) {}
+    : comm_(std::exchange(o.comm_, MPI_COMM_NULL)),
+      rank_(o.rank_),
+      locations_(std::move(o.locations_)),
+      job_key_(std::move(o.job_key_)),
+      exits_(std::move(o.exits_)) {}
 Communicator& Communicator::operator=(Communicator&& o) noexcept {
   std::swap(comm_, o.comm_);
   std::swap(rank_, o.rank_);
   std::swap(locations_, o.locations_);
   std::swap(job_key_, o.job_key_);
+  std::swap(exits_, o.exits_);
   return *this;
 }
 Communicator::~Communicator() {
@@ -471,7 +512,80 @@ Result<Communicator> Communicator::create(MPI_Comm user, CommunicatorOptions o) 
     c.locations_.push_back(std::move(*loc));
   }
   c.job_key_ = str_format("mpi{}-{}", c.locations_[0].pid, size);
+  LF_TRY_STATUS(c.open_watches());
   return c;
+}
+
+namespace {
+
+/// What tells whether a pid seen by another rank is a process this one can watch: the kernel
+/// (boot id), the PID namespace (inode of /proc/self/ns/pid) and the process's start time (clock
+/// ticks after boot, field 22 of /proc/PID/stat) — the last so that a reused pid is never taken
+/// for the rank. Zeroes where this kernel does not say.
+struct ProcessKey {
+  char boot_id[40] = {};
+  std::uint64_t pid_ns = 0, start = 0;
+};
+
+std::uint64_t start_time(const std::string& stat_path) {
+  std::ifstream f(stat_path);
+  std::string line;
+  if (!std::getline(f, line)) return 0;
+  const auto close = line.rfind(')');  // the command name may hold spaces and parentheses
+  if (close == std::string::npos) return 0;
+  std::size_t at = close + 2;
+  for (int field = 3; field < 22 && at < line.size(); ++field) {
+    at = line.find(' ', at);
+    if (at == std::string::npos) return 0;
+    ++at;
+  }
+  return std::strtoull(line.c_str() + std::min(at, line.size()), nullptr, 10);
+}
+
+ProcessKey own_key() {
+  ProcessKey k;
+  std::ifstream b("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  if (std::getline(b, id)) std::memcpy(k.boot_id, id.data(), std::min(id.size(), sizeof k.boot_id - 1));
+  struct stat st{};
+  if (::stat("/proc/self/ns/pid", &st) == 0) k.pid_ns = st.st_ino;
+  k.start = start_time("/proc/self/stat");
+  return k;
+}
+
+}  // namespace
+
+Status Communicator::open_watches() {
+  const ProcessKey mine = own_key();
+  std::vector<ProcessKey> keys(locations_.size());
+  LF_TRY_STATUS(check(MPI_Allgather(&mine, sizeof mine, MPI_BYTE, keys.data(), sizeof mine, MPI_BYTE, comm_), "MPI_Allgather(process keys)"));
+  exits_.clear();
+  exits_.resize(locations_.size());
+  for (std::size_t r = 0; r < keys.size(); ++r) {
+    const auto& k = keys[r];
+    if (static_cast<int>(r) == rank_ || mine.pid_ns == 0 || k.start == 0 || k.pid_ns != mine.pid_ns ||
+        std::memcmp(k.boot_id, mine.boot_id, sizeof k.boot_id) != 0)
+      continue;
+    const std::int32_t pid = locations_[r].pid;
+    UniqueFd fd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+    // Opened, then checked: the start time read after the pidfd exists belongs to that process.
+    if (fd && start_time(str_format("/proc/{}/stat", pid)) == k.start) exits_[r] = std::move(fd);
+  }
+  return {};
+}
+
+bool Communicator::watches(int r) const { return r >= 0 && r < size() && r < static_cast<int>(exits_.size()) && exits_[static_cast<std::size_t>(r)].valid(); }
+
+Status Communicator::check_alive(int r) const {
+  if (exited(exits_.at(static_cast<std::size_t>(r))))
+    return fail(Errc::PeerLost, "mpi::Communicator::check_alive", str_format("rank {} (pid {}) has exited", r, location(r).pid));
+  return {};
+}
+
+UniqueFd Communicator::watch(int r) const {
+  if (!watches(r)) return {};
+  auto d = exits_[static_cast<std::size_t>(r)].dup();
+  return d ? std::move(*d) : UniqueFd{};
 }
 
 Result<PairRoute> Communicator::route(int from, int to) const {
@@ -503,6 +617,7 @@ struct RemoteProducer::Impl {
   ~Impl();
   MPI_Comm comm = MPI_COMM_NULL;
   int peer = 0;
+  PeerWatch watch;
   RemoteOptions o;
   Ring ring;
   std::vector<MPI_Request> sends;
@@ -645,6 +760,7 @@ Result<std::unique_ptr<RemoteProducer>> RemoteProducer::create(const Communicato
   auto m = std::make_unique<Impl>();
   m->comm = comm.comm();
   m->peer = consumer_rank;
+  m->watch = PeerWatch(comm, consumer_rank, o.channel);
   m->o = o;
   LF_TRY(m->ring, make_ring(o.slots, o.slot_size, o.vulkan, o.huge_pages));
   m->sends.assign(o.slots, MPI_REQUEST_NULL);
@@ -665,7 +781,7 @@ Result<RemoteLoan> RemoteProducer::loan(Duration timeout) {
           if (auto ok = m.progress(); !ok) return std::unexpected(ok.error());
           return m.connected;
         },
-        timeout, m.o.wait, Errc::Timeout, [&] { return str_format("rank {} did not open channel {} in time", m.peer, m.o.channel); }));
+        timeout, m.o.wait, Errc::Timeout, [&] { return str_format("rank {} did not open channel {} in time", m.peer, m.o.channel); }, &m.watch));
     return try_loan();
   }
   std::optional<std::uint32_t> slot;
@@ -675,7 +791,7 @@ Result<RemoteLoan> RemoteProducer::loan(Duration timeout) {
         return slot.has_value();
       },
       timeout, m.o.wait, Errc::Timeout, [&] { return m.connected ? str_format("ring full: rank {} released no buffer of channel {} in time", m.peer, m.o.channel)
-                  : str_format("rank {} did not open channel {} in time", m.peer, m.o.channel); }));
+                  : str_format("rank {} did not open channel {} in time", m.peer, m.o.channel); }, &m.watch));
   return take(*slot);
 }
 
@@ -756,7 +872,8 @@ Status RemoteProducer::flush(Duration timeout) {
         }
         return true;
       },
-      timeout, m.o.wait, Errc::Timeout, [&] { return str_format("rank {} released {} of {} messages of channel {} in time", m.peer, m.released, m.next_seq, m.o.channel); });
+      timeout, m.o.wait, Errc::Timeout, [&] { return str_format("rank {} released {} of {} messages of channel {} in time", m.peer, m.released, m.next_seq, m.o.channel); },
+      &m.watch);
 }
 
 RemoteLoan RemoteProducer::take(std::uint32_t slot) {
@@ -789,6 +906,7 @@ std::span<std::byte> RemoteLoan::bytes() const {
 struct RemoteConsumer::Impl {
   MPI_Comm comm = MPI_COMM_NULL;
   int peer = 0;
+  PeerWatch watch;
   RemoteOptions o;
   Ring ring;
   std::vector<MPI_Request> recvs;
@@ -863,12 +981,13 @@ Result<std::unique_ptr<RemoteConsumer>> RemoteConsumer::open(const Communicator&
   auto m = std::make_unique<Impl>();
   m->comm = comm.comm();
   m->peer = producer_rank;
+  m->watch = PeerWatch(comm, producer_rank, o.channel);
   Hello hello{};
   MPI_Request r = MPI_REQUEST_NULL;
   LF_TRY_STATUS(check(MPI_Irecv(&hello, sizeof hello, MPI_BYTE, producer_rank, hello_tag(o.channel), m->comm, &r), "MPI_Irecv(announce)"));
   MPI_Status st;
   auto got = poll_until([&] { return test(r, &st, "MPI_Test(announce)"); }, o.connect_timeout, o.wait,
-                        Errc::Timeout, [&] { return str_format("rank {} did not announce channel {} in time", producer_rank, o.channel); });
+                        Errc::Timeout, [&] { return str_format("rank {} did not announce channel {} in time", producer_rank, o.channel); }, &m->watch);
   if (!got) {
     cancel(r);
     return std::unexpected(got.error().within(call));
@@ -929,7 +1048,7 @@ Result<std::pair<std::uint32_t, MessageInfo>> RemoteConsumer::Impl::take_next(Du
         return arrived;
       },
       timeout, m.o.wait,
-                        Errc::Timeout, [&] { return str_format("no message from rank {} on channel {} in time", m.peer, m.o.channel); });
+                        Errc::Timeout, [&] { return str_format("no message from rank {} on channel {} in time", m.peer, m.o.channel); }, &m.watch);
   if (!got) {
     if (got.error().code() != Errc::Timeout) {  // e.g. MPI_ERR_TRUNCATE: the receive is over; re-post it
       m.posted.pop_front();
@@ -984,7 +1103,7 @@ Result<std::pair<std::uint32_t, MessageInfo>> RemoteConsumer::Impl::take_next(Du
     for (std::uint64_t k = 0; status && k < n; ++k) {
       MPI_Status cst;
       status = poll_until([&] { return test(parts[k], &cst, "MPI_Test(chunk)"); }, timeout, m.o.wait, Errc::Timeout,
-                          [&] { return str_format("chunk {} of {} of message {} from rank {} did not arrive in time", k, n, seq, m.peer); });
+                          [&] { return str_format("chunk {} of {} of message {} from rank {} did not arrive in time", k, n, seq, m.peer); }, &m.watch);
       if (!status) break;
       int c = 0;
       MPI_Get_count(&cst, MPI_BYTE, &c);

@@ -12,7 +12,9 @@
 ///
 /// Differences from local channels (design note 0010): one consumer per remote channel; FullPolicy
 /// DropOldest is refused (a sent message cannot be taken back); waits poll MPI (`MPI_Test`),
-/// busy or with short sleeps, because MPI has no blocking wait with a timeout.
+/// busy or with short sleeps, because MPI has no blocking wait with a timeout. A peer rank whose
+/// process this one can watch (same kernel and PID namespace) and that exits is Errc::PeerLost
+/// within about a millisecond of any wait on it; a peer on another host that vanishes is a timeout.
 
 #include <mpi.h>
 
@@ -32,6 +34,7 @@
 #include "lavaflow/core/error.hpp"
 #include "lavaflow/core/location.hpp"
 #include "lavaflow/core/transport.hpp"
+#include "lavaflow/core/unique_fd.hpp"
 
 namespace lavaflow::mpi {
 
@@ -87,13 +90,24 @@ class Communicator {
   [[nodiscard]] std::vector<PairRoute> routes() const;
   /// A name shared by every rank of this job (for local channels between its ranks).
   [[nodiscard]] const std::string& job_key() const { return job_key_; }
+  /// Whether this process can see rank `r`'s process exit: it runs on the same kernel, in the
+  /// same PID namespace (then a pidfd watches it, opened at create() and checked against the
+  /// process's start time). MPI tells a survivor nothing when a rank dies.
+  [[nodiscard]] bool watches(int r) const;
+  /// Errc::PeerLost naming rank `r` once its process has exited; {} while it runs, or when it
+  /// cannot be watched (watches() is false).
+  [[nodiscard]] Status check_alive(int r) const;
+  /// A duplicate of the pidfd that watches rank `r` (an empty UniqueFd when it cannot be watched).
+  [[nodiscard]] UniqueFd watch(int r) const;
 
  private:
   Communicator() = default;
+  Status open_watches();
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   std::vector<ProcessLocation> locations_;
   std::string job_key_;
+  std::vector<UniqueFd> exits_;  // per rank: a pidfd that turns readable when it exits, or empty
 };
 
 /// The highest channel number (RemoteOptions / RankChannelOptions::channel): every channel takes
