@@ -37,25 +37,35 @@ if [ "$mode" = netns ]; then
   before=$(rx_bytes)
 fi
 # The job runs in the background: 60 s at most, and over veth/TCP at most 10 s more once rank 0
-# has printed its result (MPICH's MPI_Finalize can hang there: see below).
-log=$(mktemp)
-"$mpiexec" "${env_args[@]}" -n 2 "${wrap_a[@]}" unshare -u sh -c "hostname simhost-a && exec $demo mesh --count $count --size $size" : \
-           -n 2 "${wrap_b[@]}" unshare -u sh -c "hostname simhost-b && exec $demo mesh --count $count --size $size" > "$log" 2>&1 &
-job=$! rc=0 waited=0 done_at=
-while kill -0 "$job" 2>/dev/null; do
-  sleep 0.2; waited=$((waited + 1))
-  [ -z "$done_at" ] && grep -q "^mesh: " "$log" && done_at=$waited
-  if [ "$waited" -ge 300 ] || { [ "$mode" = netns ] && [ -n "$done_at" ] && [ $((waited - done_at)) -ge 50 ]; }; then
-    kill -TERM "$job" 2>/dev/null; sleep 1; kill -KILL "$job" 2>/dev/null; rc=124; break
-  fi
-done
-[ $rc -eq 124 ] || { wait "$job"; rc=$?; }
-out=$(cat "$log"); rm -f "$log"
+# has printed its result (MPICH's MPI_Finalize can hang there: see below). Sets out and rc.
+run_job() {
+  local log job waited=0 done_at=
+  log=$(mktemp)
+  "$mpiexec" "${env_args[@]}" -n 2 "${wrap_a[@]}" unshare -u sh -c "hostname simhost-a && exec $demo mesh --count $count --size $size" : \
+             -n 2 "${wrap_b[@]}" unshare -u sh -c "hostname simhost-b && exec $demo mesh --count $count --size $size" > "$log" 2>&1 &
+  job=$! rc=0
+  while kill -0 "$job" 2>/dev/null; do
+    sleep 0.2; waited=$((waited + 1))
+    [ -z "$done_at" ] && grep -q "^mesh: " "$log" && done_at=$waited
+    if [ "$waited" -ge 300 ] || { [ "$mode" = netns ] && [ -n "$done_at" ] && [ $((waited - done_at)) -ge 50 ]; }; then
+      kill -TERM "$job" 2>/dev/null; sleep 1; kill -KILL "$job" 2>/dev/null; rc=124; break
+    fi
+  done
+  [ $rc -eq 124 ] || { wait "$job"; rc=$?; }
+  out=$(cat "$log"); rm -f "$log"
+}
+run_job
+if [ $rc -eq 124 ] && [ "$mode" = netns ] && echo "$out" | grep -q "mesh: OK"; then
+  # The finalize race below, after a verified run: once more, for a run that ends cleanly.
+  echo "$out"
+  echo "(every rank verified its data, then MPI_Finalize hung — the MPICH/UCX race described below; running the job once more)"
+  run_job
+fi
 echo "$out"
 echo "$out" | grep -q "mesh: OK" || { echo "FAILED: no 'mesh: OK' (exit status $rc)"; exit 1; }
 finalize_hung=0
 if [ $rc -eq 124 ] && [ "$mode" = netns ] && echo "$out" | grep -q "mesh: OK"; then
-  # Seen here in about a third of the runs: every rank has verified its data and rank 0 has printed
+  # Seen here in a third to half of the runs: every rank has verified its data and rank 0 has printed
   # the result, then MPI_Finalize hangs. gdb: one rank has closed its UCX endpoints and waits in
   # the PMI barrier (read() under PMPI_Finalize), no longer progressing UCX; the others are still
   # closing theirs (ucp_worker_progress -> uct_tcp_iface_progress under PMPI_Finalize) and wait
@@ -87,7 +97,7 @@ if [ "$mode" = netns ]; then
 fi
 [ $bad -eq 0 ] || exit 1
 if [ $finalize_hung -eq 1 ]; then
-  echo "LAVAFLOW-SKIP: mesh over veth/TCP verified (routes, data, veth counters), but MPICH's MPI_Finalize then hung (UCX endpoint close over TCP vs a rank already in the PMI barrier: openucx/ucx#2682); killed 10 s after the result"
+  echo "LAVAFLOW-SKIP: mesh over veth/TCP verified (routes, data, veth counters), but MPICH's MPI_Finalize then hung in both runs (UCX endpoint close over TCP vs a rank already in the PMI barrier: openucx/ucx#2682); killed 10 s after the result"
   exit 77
 fi
 echo "two simulated hosts ($mode): same-host pairs local, cross-host pairs MPI, all data intact"
