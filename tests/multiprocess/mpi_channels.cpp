@@ -13,6 +13,7 @@
 
 #include "../../apps/common/payload.hpp"
 #include "lavaflow/core/transfer.hpp"
+#include "expect.hpp"
 #include "lavaflow/mpi/mpi.hpp"
 
 using namespace lavaflow;
@@ -20,17 +21,9 @@ using namespace std::chrono_literals;
 
 namespace {
 
-int failures = 0;
-void expect(bool ok, const std::string& what) {
-  if (!ok) {
-    ++failures;
-    std::fprintf(stderr, "FAILED: %s\n", what.c_str());
-  }
-}
-template <class R>
-bool is(const R& r, Errc code) {
-  return !r && r.error().code() == code;
-}
+using lftest::expect;
+using lftest::failures;
+using lftest::is;
 
 /// A Stager for `vk` in `s` (made once); false without a Vulkan context.
 bool staged(std::optional<Stager>& s, const VulkanContext* vk, std::uint64_t capacity) {

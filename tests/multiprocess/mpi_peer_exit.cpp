@@ -13,6 +13,7 @@
 #include <cstring>
 #include <string>
 
+#include "expect.hpp"
 #include "lavaflow/mpi/mpi.hpp"
 
 using namespace lavaflow;
@@ -21,13 +22,8 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-int failures = 0;
-void expect(bool ok, const std::string& what) {
-  if (!ok) {
-    ++failures;
-    std::fprintf(stderr, "FAILED: %s\n", what.c_str());
-  }
-}
+using lftest::expect;
+using lftest::failures;
 
 /// `r` failed with PeerLost naming rank 1, and soon (the timeout is a minute).
 template <class R>
