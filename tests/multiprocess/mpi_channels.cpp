@@ -81,8 +81,8 @@ int main(int argc, char** argv) {
     }
     barrier();
 
-    // 1b. Large messages: sizes up to 2 MiB (MPI's rendezvous protocols), some odd, verified byte
-    //     for byte with their tags.
+    // 1b. Large messages (from 512 KiB publish() sends the trailer ahead of the payload): sizes
+    //     around the switch and up to 2 MiB, some odd, verified byte for byte with their tags.
     {
       const std::uint64_t sizes[] = {(512u << 10) - 1, 512u << 10, (512u << 10) + 1, 1u << 20, 1000003, 2u << 20, 8, 777777};
       if (me == 0) {
