@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -241,25 +242,44 @@ void finish_or_cancel(MPI_Request& r, Duration limit) {
 }
 
 /// The ring buffers of a remote channel. Private memory (it never leaves the process as an fd; MPI
-/// sends from it and receives into it): heap memory rather than a memfd mapping, which MPI
-/// libraries (MPICH over UCX) handle on their fast path. Every slot in one block: slot_size +
-/// kMaxTrailer bytes, page-aligned. A ring of at least kHugeRing bytes is backed by transparent
-/// huge pages (2 MiB-aligned, MADV_HUGEPAGE) unless RemoteOptions::huge_pages is off: MPI's
-/// single-copy path pins the pages of every large message (CMA), and a 2 MiB page costs it what a
-/// 4 KiB page does — 128 KiB messages move ~1.4× faster here. With GPU staging each slot is pinned
-/// host memory instead (a CpuBuffer imported into Vulkan), which the GPU's copy engine reaches.
+/// sends from it and receives into it): an anonymous mapping of its own rather than a memfd
+/// mapping, which MPI libraries (MPICH over UCX) handle on their fast path. Every slot in one
+/// block: slot_size + kMaxTrailer bytes, page-aligned. A ring of at least kHugeRing bytes is
+/// backed by transparent huge pages (2 MiB-aligned, MADV_HUGEPAGE before its first touch) unless
+/// RemoteOptions::huge_pages is off: MPI's single-copy path pins the pages of every large message
+/// (CMA), and a 2 MiB page costs it what a 4 KiB page does — 128 KiB messages move ~1.4× faster
+/// here. The mapping is the ring's own so that its pages are fresh: memory from the malloc heap may
+/// have been touched before in 4 KiB pages, which the advice does not change (seen: a 1 MiB ring
+/// reused from the heap moved 9k MB/s, one in huge pages 13–18k). With GPU staging each slot is
+/// pinned host memory instead (a CpuBuffer imported into Vulkan), which the GPU's copy engine reaches.
 constexpr std::uint64_t kHugeRing = 256u << 10, kHugePage = 2u << 20;
+struct Unmap {
+  std::size_t bytes = 0;
+  void operator()(std::byte* p) const { ::munmap(p, bytes); }
+};
 struct Ring {
-  struct Free {
-    void operator()(std::byte* p) const { std::free(p); }
-  };
-  std::unique_ptr<std::byte, Free> block;
+  std::unique_ptr<std::byte, Unmap> block;
   std::vector<CpuBuffer> pinned;  // GPU staging: one per slot
   std::vector<std::byte*> at;     // where each slot starts
   std::uint64_t slot_bytes = 0;   // slot_size + kMaxTrailer
   [[nodiscard]] std::byte* host_ptr(std::uint32_t slot) const { return at[slot]; }
   [[nodiscard]] std::span<std::byte> bytes(std::uint32_t slot) const { return {at[slot], slot_bytes}; }
 };
+
+/// `total` bytes of fresh anonymous memory aligned to `align` (a multiple of the page size): a
+/// larger mapping whose unaligned head and tail are given back.
+std::byte* map_aligned(std::uint64_t total, std::uint64_t align) {
+  const std::uint64_t extra = align > 4096 ? align : 0;
+  void* m = ::mmap(nullptr, total + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) return nullptr;
+  auto* base = static_cast<std::byte*>(m);
+  if (extra == 0) return base;
+  const auto addr = reinterpret_cast<std::uintptr_t>(base);
+  const std::uint64_t head = (align - addr % align) % align;
+  if (head > 0) ::munmap(base, head);
+  if (extra - head > 0) ::munmap(base + head + total, extra - head);
+  return base + head;
+}
 
 Result<Ring> make_ring(std::uint32_t slots, std::uint64_t slot_size, const VulkanContext* vulkan, bool huge_pages) {
   Ring r;
@@ -281,11 +301,11 @@ Result<Ring> make_ring(std::uint32_t slots, std::uint64_t slot_size, const Vulka
     align = kHugePage;
     total = (total + kHugePage - 1) / kHugePage * kHugePage;
   }
-  auto* p = static_cast<std::byte*>(std::aligned_alloc(align, total));
-  if (p == nullptr) return fail(Errc::OutOfMemory, "mpi ring", str_format("{} slots of {} bytes", slots, stride));
-  r.block.reset(p);
+  std::byte* p = map_aligned(total, align);
+  if (p == nullptr) return fail(Errc::OutOfMemory, "mpi ring", str_format("{} slots of {} bytes: {}", slots, stride, std::strerror(errno)));
+  r.block = std::unique_ptr<std::byte, Unmap>(p, Unmap{total});
   if (huge) (void)::madvise(p, total, MADV_HUGEPAGE);  // advice: without THP the ring still works
-  std::memset(p, 0, total);  // faulted in now, not on the message path
+  std::memset(p, 0, total);  // faulted in now (in huge pages where granted), not on the message path
   for (std::uint32_t k = 0; k < slots; ++k) r.at.push_back(p + k * stride);
   return r;
 }
