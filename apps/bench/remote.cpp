@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lavaflow/core/format.hpp"
@@ -139,19 +140,36 @@ Status open_one_way(const mpi::Communicator& c, const mpi::RemoteOptions& o, std
   return {};
 }
 
-/// A page-aligned buffer, touched; `huge`: 2 MiB-aligned in transparent huge pages, as the
-/// channel's ring is from 256 KiB (what a raw MPI program gets from the same allocation).
+/// A page-aligned buffer of fresh anonymous memory, touched; `huge`: 2 MiB-aligned and advised into
+/// transparent huge pages before the first touch, as the channel's ring is from 256 KiB (memory
+/// from the malloc heap may already be in 4 KiB pages, which the advice does not change).
 struct PageBuffer {
-  struct Free {
-    void operator()(char* p) const { std::free(p); }
+  struct Mapping {
+    void* base = MAP_FAILED;
+    std::size_t bytes = 0;
+    ~Mapping() {
+      if (base != MAP_FAILED) ::munmap(base, bytes);
+    }
   };
-  std::unique_ptr<char, Free> mem;
+  Mapping map;  // the whole mapping; `mem` is its first `align`-aligned byte
+  char* mem = nullptr;
   explicit PageBuffer(std::uint64_t size, bool huge = false) {
     const std::uint64_t align = huge ? 2u << 20 : 4096u, bytes = (size + align - 1) / align * align;
-    mem.reset(static_cast<char*>(std::aligned_alloc(align, bytes)));
-    if (huge) (void)::madvise(mem.get(), bytes, MADV_HUGEPAGE);
-    std::memset(mem.get(), 1, bytes);
+    map.bytes = bytes + align;
+    map.base = ::mmap(nullptr, map.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (map.base == MAP_FAILED) {
+      std::perror("lavaflow-bench remote: mmap");
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    const auto at = reinterpret_cast<std::uintptr_t>(map.base);
+    mem = static_cast<char*>(map.base) + (align - at % align) % align;
+    if (huge) (void)::madvise(mem, bytes, MADV_HUGEPAGE);
+    std::memset(mem, 1, bytes);
   }
+  PageBuffer(PageBuffer&& o) noexcept : map{std::exchange(o.map.base, MAP_FAILED), o.map.bytes}, mem(std::exchange(o.mem, nullptr)) {}
+  PageBuffer(const PageBuffer&) = delete;
+  PageBuffer& operator=(const PageBuffer&) = delete;
+  PageBuffer& operator=(PageBuffer&&) = delete;
 };
 
 /// One window of raw MPI bandwidth (osu_bw): 64 MPI_Isend / MPI_Irecv, then a 1-byte ack; the k-th
@@ -161,11 +179,11 @@ void raw_window(MPI_Comm comm, int me, std::uint64_t size, const std::vector<Pag
   char ack = 0;
   const std::size_t n = buffers.size();
   if (me == 0) {
-    for (int k = 0; k < kWindow; ++k) MPI_Isend(buffers[k % n].mem.get(), static_cast<int>(size), MPI_BYTE, 1, 2, comm, &req[k]);
+    for (int k = 0; k < kWindow; ++k) MPI_Isend(buffers[k % n].mem, static_cast<int>(size), MPI_BYTE, 1, 2, comm, &req[k]);
     MPI_Waitall(kWindow, req, MPI_STATUSES_IGNORE);
     MPI_Recv(&ack, 1, MPI_BYTE, 1, 3, comm, MPI_STATUS_IGNORE);
   } else {
-    for (int k = 0; k < kWindow; ++k) MPI_Irecv(buffers[k % n].mem.get(), static_cast<int>(size), MPI_BYTE, 0, 2, comm, &req[k]);
+    for (int k = 0; k < kWindow; ++k) MPI_Irecv(buffers[k % n].mem, static_cast<int>(size), MPI_BYTE, 0, 2, comm, &req[k]);
     MPI_Waitall(kWindow, req, MPI_STATUSES_IGNORE);
     MPI_Send(&ack, 1, MPI_BYTE, 0, 3, comm);
   }
@@ -186,7 +204,7 @@ void credit_window(MPI_Comm comm, int me, std::uint64_t size, const std::vector<
       while (k - credit >= n) MPI_Recv(&credit, 1, MPI_UINT64_T, 1, 4, comm, MPI_STATUS_IGNORE);
       MPI_Request& r = req[k % n];
       if (r != MPI_REQUEST_NULL) MPI_Wait(&r, MPI_STATUS_IGNORE);
-      MPI_Isend(buffers[k % n].mem.get(), static_cast<int>(size), MPI_BYTE, 1, 2, comm, &r);
+      MPI_Isend(buffers[k % n].mem, static_cast<int>(size), MPI_BYTE, 1, 2, comm, &r);
     }
     MPI_Waitall(static_cast<int>(n), req.data(), MPI_STATUSES_IGNORE);
     while (credit < kWindow) MPI_Recv(&credit, 1, MPI_UINT64_T, 1, 4, comm, MPI_STATUS_IGNORE);
@@ -195,10 +213,10 @@ void credit_window(MPI_Comm comm, int me, std::uint64_t size, const std::vector<
     counts.reserve(kWindow);
     std::vector<MPI_Request> credits;
     for (std::uint64_t k = 0; k < std::min<std::uint64_t>(n, kWindow); ++k)
-      MPI_Irecv(buffers[k].mem.get(), static_cast<int>(size), MPI_BYTE, 0, 2, comm, &req[k]);
+      MPI_Irecv(buffers[k].mem, static_cast<int>(size), MPI_BYTE, 0, 2, comm, &req[k]);
     for (std::uint64_t k = 0; k < kWindow; ++k) {
       MPI_Wait(&req[k % n], MPI_STATUS_IGNORE);
-      if (k + n < kWindow) MPI_Irecv(buffers[k % n].mem.get(), static_cast<int>(size), MPI_BYTE, 0, 2, comm, &req[k % n]);
+      if (k + n < kWindow) MPI_Irecv(buffers[k % n].mem, static_cast<int>(size), MPI_BYTE, 0, 2, comm, &req[k % n]);
       if ((k + 1) % every == 0 || k + 1 == kWindow) {
         counts.push_back(k + 1);
         credits.emplace_back();
