@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# A build with every optional backend OFF (LAVAFLOW_WITH_MPI/CUDA/OPENCL/OPENGL=OFF) still has all
+# local channels: configures the tree so, checks that no optional library was built and that
+# lavaflow-demo needs no MPI, then runs its local job (producer and consumer processes) through
+# shared memory and through Vulkan IPC.
+#   no_backends.sh SOURCE_DIR BUILD_DIR GENERATOR CXX_COMPILER
+set -euo pipefail
+src=$1 bin=$2 generator=$3 cxx=$4
+cmake -S "$src" -B "$bin" -G "$generator" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=Release \
+      -DLAVAFLOW_BUILD_TESTS=OFF -DLAVAFLOW_INSTALL=OFF -DLAVAFLOW_WERROR=ON \
+      -DLAVAFLOW_WITH_MPI=OFF -DLAVAFLOW_WITH_CUDA=OFF -DLAVAFLOW_WITH_OPENCL=OFF -DLAVAFLOW_WITH_OPENGL=OFF > "$bin.configure.log" ||
+  { cat "$bin.configure.log"; echo "FAILED: configure with every optional backend OFF"; exit 1; }
+grep "lavaflow:" "$bin.configure.log"
+cmake --build "$bin" --target lavaflow-demo lavaflow-info > "$bin.build.log" 2>&1 ||
+  { tail -40 "$bin.build.log"; echo "FAILED: build with every optional backend OFF"; exit 1; }
+for lib in mpi cuda opencl opengl; do
+  if [ -n "$(find "$bin" -name "liblavaflow_$lib.*")" ]; then echo "FAILED: lavaflow_$lib built with its backend OFF"; exit 1; fi
+done
+demo=$bin/apps/demo/lavaflow-demo
+if ldd "$demo" | grep -Ei "libmpi|libcuda|libOpenCL|libGL"; then echo "FAILED: lavaflow-demo links an optional backend"; exit 1; fi
+"$bin/apps/info/lavaflow-info" > /dev/null
+for transport in shm vulkan; do
+  "$demo" --count 2000 --size 65536 --transport "$transport" || { echo "FAILED: local channel over $transport"; exit 1; }
+done
+# The MPI-only job says so instead of failing obscurely.
+if "$demo" mesh > "$bin.mesh.log" 2>&1 || ! grep -q "MPI is not built" "$bin.mesh.log"; then
+  cat "$bin.mesh.log"; echo "FAILED: lavaflow-demo mesh without MPI did not refuse with the reason"; exit 1
+fi
+echo "no optional backends: local channels (shm, vulkan) OK"
