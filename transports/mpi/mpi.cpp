@@ -566,9 +566,9 @@ std::uint64_t start_time(const std::string& stat_path) {
 
 ProcessKey own_key() {
   ProcessKey k;
-  std::ifstream b("/proc/sys/kernel/random/boot_id");
-  std::string id;
-  if (std::getline(b, id)) std::memcpy(k.boot_id, id.data(), std::min(id.size(), sizeof k.boot_id - 1));
+  // The real host, not CommunicatorOptions::host (which tests set to simulate hosts).
+  if (auto host = HostIdentity::detect())
+    std::memcpy(k.boot_id, host->boot_id.data(), std::min(host->boot_id.size(), sizeof k.boot_id - 1));
   struct stat st{};
   if (::stat("/proc/self/ns/pid", &st) == 0) k.pid_ns = st.st_ino;
   k.start = start_time("/proc/self/stat");
@@ -596,10 +596,10 @@ Status Communicator::open_watches() {
   return {};
 }
 
-bool Communicator::watches(int r) const { return r >= 0 && r < size() && r < static_cast<int>(exits_.size()) && exits_[static_cast<std::size_t>(r)].valid(); }
+bool Communicator::watches(int r) const { return r >= 0 && r < static_cast<int>(exits_.size()) && exits_[static_cast<std::size_t>(r)].valid(); }
 
 Status Communicator::check_alive(int r) const {
-  if (exited(exits_.at(static_cast<std::size_t>(r))))
+  if (watches(r) && exited(exits_[static_cast<std::size_t>(r)]))
     return fail(Errc::PeerLost, "mpi::Communicator::check_alive", str_format("rank {} (pid {}) has exited", r, location(r).pid));
   return {};
 }
