@@ -189,7 +189,7 @@ Status private_directory(const std::filesystem::path& dir, bool create) {
                 str_format("{} belongs to uid {}, not to this user (uid {})", dir.string(), st.st_uid, ::getuid()));
   if (st.st_mode & 077)
     return fail(Errc::PermissionDenied, "channel directory",
-                str_format("{} is reachable by other users (mode {:o}); it must be 0700", dir.string(), st.st_mode & 0777));
+                str_format("{} is reachable by other users (mode {:04o}); it must be 0700", dir.string(), st.st_mode & 0777));
   return {};
 }
 

@@ -235,14 +235,8 @@ Result<CpuBuffer> CpuBuffer::import(const ExportDescriptor& d, UniqueFd&& fd) {
   if (!fd.valid() || ::fstat(fd.get(), &st) != 0)
     return fail(Errc::InvalidArgument, call, str_format("fd {} is not an open file descriptor", fd.get()));
   if (!S_ISREG(st.st_mode)) return fail(Errc::InvalidArgument, call, "fd is not a memory file");
-  if (static_cast<std::uint64_t>(st.st_size) < d.allocation_size)
-    return fail(Errc::Malformed, call,
-                str_format("fd holds {} bytes but the descriptor says {}", st.st_size, d.allocation_size));
-  if (d.kind != BufferKind::CpuHugePages) {
-    const int seals = ::fcntl(fd.get(), F_GET_SEALS);
-    if (seals < 0 || !(seals & F_SEAL_SHRINK))
-      return fail(Errc::PermissionDenied, call, "memory file is not sealed against shrinking (a peer could truncate it under us)");
-  }
+  // hugetlbfs files take no seals; their size is still checked.
+  LF_TRY_STATUS(check_memory_fd(fd, d.allocation_size, call, d.kind != BufferKind::CpuHugePages));
   auto b = std::make_unique<Impl>();
   b->mapped_size = d.allocation_size;
   void* p = ::mmap(nullptr, b->mapped_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);

@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "lavaflow/core/format.hpp"
+#include "vk_call.hpp"
 #include "vulkan_state.hpp"
 
 namespace lavaflow::detail {
@@ -35,8 +36,6 @@ Status check_exporter(const VulkanContext& ctx, const Uuid& device_uuid, const U
   return {};
 }
 
-Status check_open_fd(const UniqueFd& fd, const char* call) { return check_handle_fd(fd, call); }
-
 Status check_memory_type(const VulkanContext& ctx, std::uint32_t index, std::uint32_t allowed_bits, const char* call) {
   const auto& props = ctx.state()->memory;
   if (index >= props.memoryTypeCount)
@@ -48,11 +47,26 @@ Status check_memory_type(const VulkanContext& ctx, std::uint32_t index, std::uin
   return {};
 }
 
+Result<vk::raii::DeviceMemory> import_memory(const vk::raii::Device& dev, const vk::MemoryAllocateInfo& info,
+                                             const char* call) {
+  auto memory = vk_call("vkAllocateMemory(import)", [&] { return vk::raii::DeviceMemory(dev, info); });
+  if (memory || (memory.error().code() != Errc::OutOfMemory && memory.error().code() != Errc::InvalidArgument))
+    return memory;
+  return fail(Errc::Malformed, call,
+              str_format("the driver refused the import ({}): the descriptor does not match the allocation behind the "
+                         "fd ({} bytes, memory type {}), or the device is out of memory",
+                         memory.error().cause(), info.allocationSize, info.memoryTypeIndex));
+}
+
 UniqueFd own_file_description(UniqueFd fd) {
   const auto path = str_format("/proc/self/fd/{}", fd.get());
   char target[64] = {};
   const ssize_t n = ::readlink(path.c_str(), target, sizeof target - 1);
   if (n <= 0 || !std::string_view(target, static_cast<std::size_t>(n)).starts_with("/memfd:")) return fd;
+  // The allocation's size is fixed: sealing it lets importers trust the size they measure
+  // (check_memory_fd). Drivers that create memfds without MFD_ALLOW_SEALING refuse; importers
+  // then refuse such fds in turn, which is the safe answer.
+  (void)::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW);
   const int fresh = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fresh < 0) return fd;  // e.g. a write-sealed memfd: the shared description still works, one importer at a time
   return UniqueFd(fresh);    // `fd` (the shared description) is closed here

@@ -5,6 +5,8 @@
 #include "lavaflow/core/unique_fd.hpp"
 #include "lavaflow/core/vulkan_context.hpp"
 
+#include <vulkan/vulkan_raii.hpp>
+
 namespace lavaflow::detail {
 
 inline constexpr auto kOpaqueFd = vk::ExternalMemoryHandleTypeFlagBits::eOpaqueFd;
@@ -14,19 +16,23 @@ inline constexpr auto kOpaqueFd = vk::ExternalMemoryHandleTypeFlagBits::eOpaqueF
 /// DeviceMismatch unless the memory was exported by this context's device and driver.
 [[nodiscard]] Status check_exporter(const VulkanContext& ctx, const Uuid& device_uuid, const Uuid& driver_uuid,
                                     const char* call);
-/// InvalidArgument unless `fd` is an open descriptor.
-[[nodiscard]] Status check_open_fd(const UniqueFd& fd, const char* call);
 /// DeviceMismatch unless `index` names a memory type of this device allowed by `allowed_bits`.
 [[nodiscard]] Status check_memory_type(const VulkanContext& ctx, std::uint32_t index, std::uint32_t allowed_bits,
                                        const char* call);
+
+/// vkAllocateMemory with an imported fd: a driver that finds the descriptor's size, memory type or
+/// dedication at odds with the memory behind the fd answers out-of-memory or invalid-handle, which
+/// would name the wrong cause. The error says the descriptor does not match the allocation.
+[[nodiscard]] Result<vk::raii::DeviceMemory> import_memory(const vk::raii::Device& dev, const vk::MemoryAllocateInfo& info,
+                                                          const char* call);
 
 /// An exported fd with a file description of its own. Drivers whose opaque fds are memfds
 /// (lavapipe) hand out dup()s of one description, so every export of a buffer shares one file
 /// offset — and lavapipe's import seeks to 0 and read()s a header through it: two processes
 /// importing the same buffer at once can read each other's half-moved offset and fail with
-/// VK_ERROR_INVALID_EXTERNAL_HANDLE (seen in CI: a 3-consumer fan-out). A memfd is reopened
-/// through /proc/self/fd (same memory, new description); any other fd, or a memfd that cannot be
-/// reopened, is returned as it is.
+/// VK_ERROR_INVALID_EXTERNAL_HANDLE. A memfd is sealed against shrinking and growing (importers
+/// check its size, check_memory_fd) and reopened through /proc/self/fd (same memory, new
+/// description); any other fd, or a memfd that cannot be reopened, is returned as it is.
 [[nodiscard]] UniqueFd own_file_description(UniqueFd fd);
 
 }  // namespace lavaflow::detail

@@ -96,7 +96,7 @@ Result<GpuBuffer> GpuBuffer::import(const VulkanContext& ctx, const ExportDescri
   if (!is_gpu(d.kind))
     return fail(Errc::InvalidArgument, call, str_format("descriptor is for a {} buffer, not GPU memory", to_string(d.kind)));
   LF_TRY_STATUS(detail::check_exporter(ctx, d.device_uuid, d.driver_uuid, call));
-  LF_TRY_STATUS(detail::check_open_fd(fd, call));
+  LF_TRY_STATUS(check_memory_fd(fd, d.allocation_size, call));
   LF_TRY_STATUS(detail::require_fd_memory(ctx, call, true));
   const auto& mem_props = ctx.state()->memory;
   LF_TRY_STATUS(detail::check_memory_type(ctx, d.memory_type_index, ~0u, call));
@@ -121,7 +121,7 @@ Result<GpuBuffer> GpuBuffer::import(const VulkanContext& ctx, const ExportDescri
   vk::ImportMemoryFdInfoKHR import_info(vk::ExternalMemoryHandleTypeFlagBits::eOpaqueFd, copy.get(),
                                         d.dedicated ? &dedicated : nullptr);
   vk::MemoryAllocateInfo alloc(d.allocation_size, d.memory_type_index, &import_info);
-  LF_TRY(impl->memory, detail::vk_call("vkAllocateMemory(import)", [&] { return vk::raii::DeviceMemory(dev, alloc); }));
+  LF_TRY(impl->memory, detail::import_memory(dev, alloc, call));
   (void)copy.release();  // the driver owns it now
   LF_TRY_STATUS(detail::vk_call("vkBindBufferMemory", [&] { impl->buffer.bindMemory(*impl->memory, 0); }));
   if (vk::MemoryPropertyFlags(d.memory_flags) & vk::MemoryPropertyFlagBits::eHostVisible &&

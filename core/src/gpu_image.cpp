@@ -205,7 +205,7 @@ Result<GpuImage> GpuImage::import(const VulkanContext& ctx, const ImageDescripto
   constexpr const char* call = "GpuImage::import";
   if (auto ok = d.validate(); !ok) return std::unexpected(ok.error().within(call));
   LF_TRY_STATUS(detail::check_exporter(ctx, d.device_uuid, d.driver_uuid, call));
-  LF_TRY_STATUS(detail::check_open_fd(fd, call));
+  LF_TRY_STATUS(check_memory_fd(fd, d.allocation_size, call));
   LF_TRY_STATUS(detail::require_fd_memory(ctx, call, true));
   LF_TRY_STATUS(check_format(ctx, d, call));
   const auto& dev = ctx.device();
@@ -222,7 +222,7 @@ Result<GpuImage> GpuImage::import(const VulkanContext& ctx, const ImageDescripto
   vk::MemoryDedicatedAllocateInfo dedicated(*impl->image, {});
   vk::ImportMemoryFdInfoKHR import_info(detail::kOpaqueFd, copy.get(), d.dedicated ? &dedicated : nullptr);
   vk::MemoryAllocateInfo alloc(d.allocation_size, d.memory_type_index, &import_info);
-  LF_TRY(impl->memory, detail::vk_call("vkAllocateMemory(import)", [&] { return vk::raii::DeviceMemory(dev, alloc); }));
+  LF_TRY(impl->memory, detail::import_memory(dev, alloc, call));
   (void)copy.release();
   LF_TRY_STATUS(detail::vk_call("vkBindImageMemory", [&] { impl->image.bindMemory(*impl->memory, 0); }));
   impl->imported_from = std::move(fd);

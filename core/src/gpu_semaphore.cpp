@@ -88,7 +88,7 @@ Result<GpuSemaphore> GpuSemaphore::create(const VulkanContext& ctx, SemaphoreKin
 Result<GpuSemaphore> GpuSemaphore::import(const VulkanContext& ctx, SemaphoreKind kind, UniqueFd&& fd) {
   constexpr const char* call = "GpuSemaphore::import";
   if (auto ok = supported(ctx, kind, true); !ok) return std::unexpected(ok.error().within(call));
-  LF_TRY_STATUS(detail::check_open_fd(fd, call));
+  LF_TRY_STATUS(check_handle_fd(fd, call));
   auto impl = std::make_unique<Impl>();
   impl->state = ctx.state();
   impl->kind = kind;

@@ -40,6 +40,30 @@ Status check_handle_fd(const UniqueFd& fd, const char* call) {
   return {};
 }
 
+Status check_memory_fd(const UniqueFd& fd, std::uint64_t size, const char* call, bool seal) {
+  LF_TRY_STATUS(check_handle_fd(fd, call));
+  struct stat st {};
+  if (::fstat(fd.get(), &st) < 0) return std::unexpected(from_errno(errno, "fstat").within(call));
+  if (!S_ISREG(st.st_mode)) return {};
+  if (seal) {
+    // Seal before measuring: once it cannot shrink, the size read below stays true.
+    int seals = ::fcntl(fd.get(), F_GET_SEALS);
+    if (seals >= 0 && !(seals & F_SEAL_SHRINK) && ::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK) == 0)
+      seals |= F_SEAL_SHRINK;
+    if (seals < 0 || !(seals & F_SEAL_SHRINK))
+      return fail(Errc::PermissionDenied, call,
+                  str_format("fd {} is a memory file that is not sealed against shrinking and cannot be sealed: the "
+                             "peer could truncate it under the mapping",
+                             fd.get()));
+    if (::fstat(fd.get(), &st) < 0) return std::unexpected(from_errno(errno, "fstat").within(call));
+  }
+  if (static_cast<std::uint64_t>(st.st_size) < size)
+    return fail(Errc::Malformed, call,
+                str_format("fd holds {} bytes but the descriptor says {}: the descriptor does not match the allocation",
+                           st.st_size, size));
+  return {};
+}
+
 Result<int> count_open_fds() {
   DIR* dir = ::opendir("/proc/self/fd");
   if (dir == nullptr) return std::unexpected(from_errno(errno, "opendir(/proc/self/fd)"));

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 #include "lavaflow/core/unix_socket.hpp"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -99,7 +100,14 @@ Result<SocketMessage> recv_message(int sock, std::chrono::milliseconds timeout, 
     }
   }
   if (n == 0) return fail(Errc::PeerLost, call, "peer closed the socket");
-  if (msg.msg_flags & MSG_CTRUNC) return fail(Errc::Malformed, call, "too many fds attached (control data truncated)");
+  if (msg.msg_flags & MSG_CTRUNC) {
+    // The kernel also truncates when this process has no fd numbers left for what was attached.
+    if (UniqueFd probe(::fcntl(sock, F_DUPFD_CLOEXEC, 0)); !probe && (errno == EMFILE || errno == ENFILE))
+      return fail(Errc::System, call,
+                  "this process is out of file descriptors: the fds the peer attached could not be received "
+                  "(raise RLIMIT_NOFILE or close some)");
+    return fail(Errc::Malformed, call, "too many fds attached (control data truncated)");
+  }
   if (msg.msg_flags & MSG_TRUNC || static_cast<std::size_t>(n) > kHeader + max_payload)
     return fail(Errc::Malformed, call, str_format("frame larger than the {} byte limit", max_payload));
   wire::Reader r(std::span<const std::byte>(buf.data(), static_cast<std::size_t>(n)), call);

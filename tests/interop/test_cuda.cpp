@@ -3,6 +3,8 @@
 // skip naming what CUDA said. Vk→CUDA and CUDA→Vk, buffers and images, odd sizes and offsets,
 // timeline and binary semaphore ping-pong with a data dependency, fd accounting, refusals.
 #include <cuda_runtime_api.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "cuda_kernels.hpp"
 #include "lavaflow/cuda/cuda.hpp"
@@ -184,6 +186,10 @@ TEST_CASE("CUDA refuses another device's memory and keeps the fd, and 10,000 imp
   auto e = lftest::err(f.cu.import_buffer(d, std::move(ex.fd)));
   CHECK(e.code() == Errc::DeviceMismatch);
   CHECK(lftest::fd_is_open(raw));
+  // A memory file smaller than the descriptor says: refused before CUDA maps it.
+  UniqueFd small(::memfd_create("short", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  REQUIRE(::ftruncate(small.get(), 16) == 0);
+  CHECK(lftest::err(f.cu.import_buffer(ex.descriptor, std::move(small))).code() == Errc::Malformed);
   Uuid bogus{};
   bogus[0] = 0x42;
   CHECK(lftest::err(cuda::Interop::create(bogus)).cause().find("CUDA sees") != std::string::npos);

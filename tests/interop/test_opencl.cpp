@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: MIT
 // lavaflow::opencl on real drivers: PoCL (CPU, host-pointer path) in CI; NVIDIA OpenCL (external
 // memory + semaphores) in the GPU tier. A kernel computes on lava-flow memory in place.
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "lavaflow/opencl/opencl.hpp"
 #include "support.hpp"
 
@@ -144,6 +147,10 @@ TEST_CASE("OpenCL refuses what it cannot share without a copy, naming why, and k
     auto d = ex.descriptor;
     d.device_uuid[1] ^= 0x10;
     CHECK(lftest::err(c->interop->import_buffer(d, std::move(ex.fd))).code() == Errc::DeviceMismatch);
+    // A memory file smaller than the descriptor says: refused before OpenCL maps it.
+    UniqueFd small(::memfd_create("short", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    REQUIRE(::ftruncate(small.get(), 16) == 0);
+    CHECK(lftest::err(c->interop->import_buffer(ex.descriptor, std::move(small))).code() == Errc::Malformed);
   }
   CHECK(ex.fd.get() == raw);
   CHECK(lftest::fd_is_open(raw));

@@ -2,6 +2,7 @@
 // lavaflow::opengl on real drivers: lavapipe exports, llvmpipe's GL (headless EGL) imports — or an
 // NVIDIA GPU's Vulkan and GL in the GPU tier. Byte-exact both ways, buffers and textures, odd sizes,
 // non-zero offsets, refusals, fd accounting, and consumer/producer processes over a channel.
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "../../apps/common/payload.hpp"
@@ -129,6 +130,13 @@ TEST_CASE("GL import refuses other devices, CPU memory and non-memory fds, and l
   CHECK(bad.cause().find("pipe") != std::string::npos);
   CHECK(not_memory.valid());
   CHECK(lftest::fd_is_open(p[0]));
+  // A memory file smaller than the descriptor says: refused before GL maps it.
+  UniqueFd small(::memfd_create("short", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  REQUIRE(::ftruncate(small.get(), 16) == 0);
+  auto short_file = lftest::err(f.gl.gl.import_buffer(ex.descriptor, std::move(small)));
+  CHECK(short_file.code() == Errc::Malformed);
+  CHECK(short_file.cause().find("does not match the allocation") != std::string::npos);
+  CHECK(small.valid());
   // GL_EXT_semaphore_fd: llvmpipe lacks it (CPU waits instead); say so clearly.
   if (!f.gl.gl.capabilities().semaphore_fd) {
     auto s = lftest::err(f.gl.gl.import_semaphore(std::move(ex.fd)));

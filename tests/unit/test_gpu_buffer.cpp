@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: MIT
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "support.hpp"
@@ -68,6 +70,17 @@ TEST_CASE("GPU import refuses bad input before any driver call and leaves the fd
   d.size = d.buffer_size + 1;
   CHECK(lftest::err(GpuBuffer::import(a, d, std::move(ex.fd))).code() == Errc::Malformed);
 
+  // A descriptor mutated to claim more memory than the fd has: named as such whether the size
+  // check or the driver notices it (not "out of device memory").
+  for (std::uint64_t extra : {std::uint64_t{64}, ex.descriptor.allocation_size}) {
+    d = ex.descriptor;
+    d.allocation_size += extra;
+    auto m = lftest::err(GpuBuffer::import(a, d, std::move(ex.fd)));
+    CHECK(m.code() == Errc::Malformed);
+    CHECK(m.cause().find("does not match the allocation") != std::string::npos);
+    CHECK(lftest::fd_is_open(raw));
+  }
+
   d = ex.descriptor;
   d.memory_type_index = 31;
   CHECK(lftest::err(GpuBuffer::import(a, d, std::move(ex.fd))).code() == Errc::DeviceMismatch);
@@ -89,6 +102,43 @@ TEST_CASE("GPU import refuses bad input before any driver call and leaves the fd
   // Still importable after all the refusals.
   auto good = lftest::ok(GpuBuffer::import(a, ex.descriptor, std::move(ex.fd)));
   CHECK(good.size() == 4096);
+}
+
+TEST_CASE("GPU import checks a memory file's real size and seals before the driver maps it (no SIGBUS)") {
+  // A same-user peer can hand over any memfd with a genuine descriptor: one smaller than the
+  // descriptor says, one it could shrink after the import, or a real export it truncated.
+  auto a = lftest::context_or_skip();
+  if (!a.capabilities().memory_fd_export) lftest::skip("device cannot export opaque-fd memory");
+  auto src = lftest::ok(GpuBuffer::allocate(a, {.size = 1 << 20, .memory = GpuMemory::HostVisible}));
+  auto ex = lftest::ok(src.export_handle());
+  struct stat st {};
+  REQUIRE(::fstat(ex.fd.get(), &st) == 0);
+  if (!S_ISREG(st.st_mode)) lftest::skip("this driver's exported memory is not a file: its import checks the size");
+
+  // The real export is sealed: its producer cannot truncate it under an importer.
+  CHECK(::ftruncate(ex.fd.get(), 4096) != 0);
+  CHECK((::fcntl(ex.fd.get(), F_GET_SEALS) & F_SEAL_SHRINK) != 0);
+
+  // Smaller than announced.
+  UniqueFd small(::memfd_create("short", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  REQUIRE(::ftruncate(small.get(), 4096) == 0);
+  auto e = lftest::err(GpuBuffer::import(a, ex.descriptor, std::move(small)));
+  CHECK(e.code() == Errc::Malformed);
+  CHECK(e.cause().find("does not match the allocation") != std::string::npos);
+  CHECK(small.valid());
+
+  // Large enough but it cannot be sealed: the sender could shrink it later.
+  UniqueFd unsealable(::memfd_create("unsealable", MFD_CLOEXEC));
+  REQUIRE(::ftruncate(unsealable.get(), static_cast<off_t>(ex.descriptor.allocation_size) * 2) == 0);
+  auto u = lftest::err(GpuBuffer::import(a, ex.descriptor, std::move(unsealable)));
+  CHECK(u.code() == Errc::PermissionDenied);
+  CHECK(u.cause().find("sealed") != std::string::npos);
+
+  // A sealable one of the right size is sealed by the import's check, so it cannot shrink after.
+  UniqueFd sealable(::memfd_create("sealable", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  REQUIRE(::ftruncate(sealable.get(), 4096) == 0);
+  CHECK(lftest::err(GpuBuffer::import(a, ex.descriptor, std::move(sealable))).code() == Errc::Malformed);
+  CHECK(lftest::ok(GpuBuffer::import(a, ex.descriptor, std::move(ex.fd))).size() == std::uint64_t{1} << 20);
 }
 
 TEST_CASE("every export of a buffer has its own file offset: concurrent importers cannot disturb each other") {

@@ -1,5 +1,8 @@
 // SPDX-License-Identifier: MIT
 // Exportable images, shareable semaphores and re-export of imported memory (lavaflow::core).
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "support.hpp"
 
 using namespace lavaflow;
@@ -41,6 +44,12 @@ TEST_CASE("image import refuses other devices, malformed descriptors and wrong s
   d.allocation_size = 16;
   CHECK(lftest::err(GpuImage::import(a, d, std::move(ex.fd))).code() == Errc::Malformed);
   CHECK(ex.fd.get() == raw);
+  // A memory file smaller than the image's allocation: refused before the driver maps it.
+  UniqueFd small(::memfd_create("short-image", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  REQUIRE(::ftruncate(small.get(), 64) == 0);
+  auto e = lftest::err(GpuImage::import(a, ex.descriptor, std::move(small)));
+  CHECK(e.code() == Errc::Malformed);
+  CHECK(e.cause().find("does not match the allocation") != std::string::npos);
   auto bytes = ex.descriptor.serialize();
   for (std::size_t n = 0; n < bytes.size(); ++n)
     CHECK_FALSE(ImageDescriptor::deserialize(std::span(bytes).first(n)));

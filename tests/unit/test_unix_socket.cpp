@@ -1,6 +1,10 @@
 // SPDX-License-Identifier: MIT
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "support.hpp"
 
@@ -58,4 +62,29 @@ TEST_CASE("timeouts, hang-ups and malformed frames are clear errors and leak no 
     CHECK(lftest::err(send_message(b.get(), payload)).code() == Errc::PeerLost);
   }
   CHECK(lftest::open_fds() == before);
+}
+
+TEST_CASE("a receiver out of file descriptors is told so, not that the peer misbehaved") {
+  auto [a, b] = lftest::ok(socket_pair());
+  UniqueFd f(::memfd_create("x", MFD_CLOEXEC));
+  int fds[] = {f.get(), f.get()};
+  lftest::ok(send_message(a.get(), std::vector<std::byte>(4), fds));
+  // In a child, so that the lowered limit cannot touch the rest of this process.
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    const int open = lftest::open_fds();
+    rlimit lim{static_cast<rlim_t>(open), static_cast<rlim_t>(open)};
+    if (::setrlimit(RLIMIT_NOFILE, &lim) != 0) ::_exit(3);
+    while (::fcntl(0, F_DUPFD_CLOEXEC, 0) >= 0) {  // take any free numbers below the limit
+    }
+    auto m = recv_message(b.get(), 1000ms);
+    if (m) ::_exit(4);
+    const bool named = m.error().cause().find("out of file descriptors") != std::string::npos;
+    ::_exit(named && m.error().code() == Errc::System ? 0 : 5);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
 }

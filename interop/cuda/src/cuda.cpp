@@ -101,7 +101,7 @@ Status check_device(const DeviceInfo& info, const Uuid& exporter, const char* ca
 
 Result<cudaExternalMemory_t> import_memory(const DeviceInfo& info, std::uint64_t allocation_size, bool dedicated,
                                            UniqueFd& fd, const char* call) {
-  LF_TRY_STATUS(check_handle_fd(fd, call));
+  LF_TRY_STATUS(check_memory_fd(fd, allocation_size, call));
   LF_TRY_STATUS(check(cudaSetDevice(info.ordinal), "cudaSetDevice"));
   cudaExternalMemoryHandleDesc desc{};
   desc.type = cudaExternalMemoryHandleTypeOpaqueFd;

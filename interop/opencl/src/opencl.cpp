@@ -223,7 +223,7 @@ Result<Memory> Interop::import_buffer(const ExportDescriptor& d, UniqueFd&& fd, 
     return fail(Errc::DeviceMismatch, call,
                 str_format("memory comes from device {}, OpenCL device {} is {}", lavaflow::to_string(d.device_uuid),
                            info_.name, lavaflow::to_string(info_.device_uuid)));
-  LF_TRY_STATUS(check_handle_fd(fd, call));
+  LF_TRY_STATUS(check_memory_fd(fd, d.allocation_size, call));
   if (d.offset != 0)
     return fail(Errc::Unsupported, call,
                 str_format("range starts at offset {}: OpenCL imports whole allocations; import the whole buffer and "

@@ -46,7 +46,7 @@ Uuid read_uuid(auto&& getter) {
 
 /// Creates a memory object and imports `fd` into it; consumes the fd only when GL accepted it.
 Result<GLuint> import_memory(std::uint64_t allocation_size, bool dedicated, UniqueFd& fd, const char* call) {
-  LF_TRY_STATUS(check_handle_fd(fd, call));
+  LF_TRY_STATUS(check_memory_fd(fd, allocation_size, call));
   clear_gl_errors();
   GLuint mem = 0;
   glCreateMemoryObjectsEXT(1, &mem);

@@ -2,7 +2,8 @@
 #pragma once
 /// @file
 /// A small `{}` formatter (g++ 12 has no <format>). Supports `{}` and the specs `{:x}`, `{:#x}`,
-/// `{:0Nx}`, `{:.Nf}`, `{:N}` (right-aligned width), `{:<N}` (left-aligned). `{{`/`}}` escape.
+/// `{:0Nx}`, `{:o}`, `{:04o}` (file modes), `{:.Nf}`, `{:N}` (right-aligned width), `{:<N}`
+/// (left-aligned). `{{`/`}}` escape.
 
 #include <cstdint>
 #include <iomanip>
@@ -30,8 +31,8 @@ inline void format_one(std::ostringstream& os, std::string_view spec, const auto
     ++i;
     while (i < spec.size() && spec[i] >= '0' && spec[i] <= '9') precision = precision * 10 + (spec[i++] - '0');
   }
-  const bool hex = i < spec.size() && spec[i] == 'x';
-  if (hex) tmp << std::hex;
+  if (i < spec.size() && spec[i] == 'x') tmp << std::hex;
+  if (i < spec.size() && spec[i] == 'o') tmp << std::oct;
   if (precision >= 0) tmp << std::fixed << std::setprecision(precision);
   if constexpr (std::is_same_v<T, std::uint8_t> || std::is_same_v<T, std::int8_t>) {
     tmp << static_cast<int>(value);

@@ -48,6 +48,14 @@ class UniqueFd {
 /// and directories never are, and some drivers block reading one (llvmpipe's import does).
 [[nodiscard]] Status check_handle_fd(const UniqueFd& fd, const char* call);
 
+/// check_handle_fd, and where `fd` is a file (a memfd, as CPU buffers and some drivers' exported
+/// memory are): InvalidArgument unless it holds at least `size` bytes, and PermissionDenied unless
+/// it is sealed against shrinking — sealed here when the file allows it — so that the peer that
+/// sent it cannot truncate the memory under a mapping (a later access would be SIGBUS). Other
+/// handles (NVIDIA's opaque fds are not files) carry no size to check: their driver validates
+/// the import. `seal` false skips the seal check for files that cannot be sealed (hugetlbfs).
+[[nodiscard]] Status check_memory_fd(const UniqueFd& fd, std::uint64_t size, const char* call, bool seal = true);
+
 /// Number of open file descriptors of this process (from /proc/self/fd), for leak checks.
 [[nodiscard]] Result<int> count_open_fds();
 
