@@ -37,6 +37,10 @@ using Clock = std::chrono::steady_clock;
 using detail::kMaxConsumers;
 using detail::kMaxSlots;
 
+/// How long a connecting consumer has to say Hello, and how many may be saying it at once.
+constexpr auto kHelloTimeout = std::chrono::seconds(2);
+constexpr std::size_t kMaxPending = 64;
+
 // ---------------------------------------------------------------------------------------------
 // The shared control block. Fixed layout; every field a peer could have scribbled on is checked
 // before it is used as a size or an index.
@@ -193,6 +197,42 @@ Status private_directory(const std::filesystem::path& dir, bool create) {
   return {};
 }
 
+/// The lock is the name: held while its producer lives, released by the kernel when it dies.
+/// An empty fd when a live producer holds it. A lock file can be unlinked by its holder (or a
+/// reclaimer) between our open and our flock; the lock is ours only if the path still names the
+/// file we locked, else we try again on the new file.
+Result<UniqueFd> lock_name(const std::filesystem::path& path, bool create) {
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    UniqueFd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | (create ? O_CREAT : 0), 0600));
+    if (!fd) return std::unexpected(from_errno(errno, "open", path.string()));
+    if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+      if (errno == EWOULDBLOCK) return UniqueFd();
+      return std::unexpected(from_errno(errno, "flock", path.string()));
+    }
+    struct stat held {}, named {};
+    if (::fstat(fd.get(), &held) != 0) return std::unexpected(from_errno(errno, "fstat", path.string()));
+    if (::lstat(path.c_str(), &named) == 0 && named.st_dev == held.st_dev && named.st_ino == held.st_ino) return fd;
+    if (!create) return UniqueFd();  // gone or replaced: nothing stale left to reclaim here
+  }
+  return fail(Errc::System, "lock_name", str_format("{} keeps being replaced under us", path.string()));
+}
+
+/// Removes the names of producers that died without cleaning up (killed): a lock file nobody
+/// holds, and its socket. Names of live producers are untouched (their lock is held).
+void reclaim_stale_names(const std::filesystem::path& dir) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const auto& lock_path = entry.path();
+    if (lock_path.extension() != ".lock") continue;
+    auto lock = lock_name(lock_path, false);
+    if (!lock || !*lock) continue;
+    auto socket_path = lock_path;
+    socket_path.replace_extension(".sock");
+    ::unlink(socket_path.c_str());
+    ::unlink(lock_path.c_str());
+  }
+}
+
 Result<UniqueFd> unix_socket() {
   int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   if (fd < 0) return std::unexpected(from_errno(errno, "socket(AF_UNIX)"));
@@ -270,7 +310,14 @@ struct Producer::Impl {
     UniqueFd sock;
     std::uint32_t index;
   };
+  /// A connection whose Hello has not arrived yet. Admission never waits on one: the service
+  /// thread polls them beside everything else, so silent clients delay nobody.
+  struct Pending {
+    UniqueFd sock;
+    Clock::time_point deadline;
+  };
   std::vector<Connection> connections;  // service thread only
+  std::vector<Pending> pending;         // service thread only
 
   ~Impl() {
     if (control) {
@@ -282,7 +329,10 @@ struct Producer::Impl {
       (void)!::write(stop_fd.get(), &one, sizeof one);
       service.join();
     }
-    if (listen_fd) ::unlink(socket_path.c_str());  // we hold the lock: the name is ours
+    // We hold the lock, so both names are ours to remove: the socket first, so that a producer
+    // that finds the lock file gone finds no socket of ours either.
+    if (listen_fd) ::unlink(socket_path.c_str());
+    if (lock_fd) ::unlink(lock_path.c_str());
   }
 
   /// Whether slot `seq % slots` is free for every active consumer. The cached minimum only ever
@@ -324,6 +374,7 @@ struct Producer::Impl {
   }
 
   void service_loop();
+  void accept_all();
   void admit(UniqueFd sock);
   void drop_connection(std::size_t i) {
     auto& c = control->consumers[connections[i].index];
@@ -333,15 +384,27 @@ struct Producer::Impl {
   }
 };
 
-void Producer::Impl::admit(UniqueFd sock) {
-  auto cred = peer_credentials(sock.get());
-  if (!cred) return;
-  if (cred->uid != ::getuid()) {
-    (void)send_refuse(sock.get(), str_format("uid {} may not use this channel (owner uid {})", cred->uid, ::getuid()));
-    return;
+void Producer::Impl::accept_all() {
+  for (;;) {
+    UniqueFd sock(::accept4(listen_fd.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    if (!sock) return;  // EAGAIN: the backlog is empty (the listening socket does not block)
+    auto cred = peer_credentials(sock.get());
+    if (!cred) continue;
+    if (cred->uid != ::getuid()) {
+      (void)send_refuse(sock.get(),
+                        str_format("uid {} may not use this channel (owner uid {})", cred->uid, ::getuid()));
+      continue;
+    }
+    // A flood of connections that never speak: the oldest one makes room, so a real consumer
+    // behind them still gets in.
+    if (pending.size() >= kMaxPending) pending.erase(pending.begin());
+    pending.push_back({std::move(sock), Clock::now() + kHelloTimeout});
   }
-  auto msg = recv_message(sock.get(), 2s);
-  if (!msg) {  // slow or dead clients get a hang-up; confused ones are told why first
+}
+
+void Producer::Impl::admit(UniqueFd sock) {
+  auto msg = recv_message(sock.get(), 0ms);  // readable: a frame, junk or a hang-up is there
+  if (!msg) {  // dead clients get a hang-up; confused ones are told why first
     if (msg.error().code() == Errc::Malformed) (void)send_refuse(sock.get(), msg.error().message());
     return;
   }
@@ -413,25 +476,39 @@ void Producer::Impl::admit(UniqueFd sock) {
 }
 
 void Producer::Impl::service_loop() {
+  std::vector<pollfd> p;
   for (;;) {
-    std::vector<pollfd> p;
+    p.clear();
     p.push_back({stop_fd.get(), POLLIN, 0});
     p.push_back({listen_fd.get(), POLLIN, 0});
+    for (const auto& c : pending) p.push_back({c.sock.get(), POLLIN, 0});
     for (const auto& c : connections) p.push_back({c.sock.get(), POLLIN, 0});
-    if (::poll(p.data(), p.size(), -1) < 0) {
+    int wait_ms = -1;
+    if (!pending.empty()) {
+      auto first = pending.front().deadline;
+      for (const auto& c : pending) first = std::min(first, c.deadline);
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(first - Clock::now()).count();
+      wait_ms = static_cast<int>(std::clamp<long long>(left, 0, 1000));
+    }
+    if (::poll(p.data(), p.size(), wait_ms) < 0) {
       if (errno == EINTR) continue;
       return;
     }
     if (p[0].revents) return;
+    const std::size_t first_conn = 2 + pending.size();
     // Consumers: after the handshake they never send; readable means hang-up (or junk: dropped).
-    for (std::size_t i = p.size(); i-- > 2;) {
-      if (!p[i].revents) continue;
-      drop_connection(i - 2);
+    for (std::size_t i = p.size(); i-- > first_conn;)
+      if (p[i].revents) drop_connection(i - first_conn);
+    // Handshakes: whoever has spoken is answered now; whoever ran out of time is hung up on.
+    const auto now = Clock::now();
+    for (std::size_t i = first_conn; i-- > 2;) {
+      auto& c = pending[i - 2];
+      if (!p[i].revents && c.deadline > now) continue;
+      UniqueFd sock = std::move(c.sock);
+      pending.erase(pending.begin() + static_cast<long>(i - 2));
+      if (p[i].revents) admit(std::move(sock));
     }
-    if (p[1].revents & POLLIN) {
-      int fd = ::accept4(listen_fd.get(), nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd >= 0) admit(UniqueFd(fd));
-    }
+    if (p[1].revents & POLLIN) accept_all();
   }
 }
 
@@ -457,15 +534,11 @@ Result<std::unique_ptr<Producer>> Producer::create(const std::string& name, Prod
   impl->socket_path = dir / (name + ".sock");
   impl->lock_path = dir / (name + ".lock");
 
-  // The lock is the name: held while this producer lives, released by the kernel when it dies.
-  int lock = ::open(impl->lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (lock < 0) return std::unexpected(from_errno(errno, "open", impl->lock_path.string()).within(call));
-  impl->lock_fd.reset(lock);
-  if (::flock(lock, LOCK_EX | LOCK_NB) != 0) {
-    if (errno == EWOULDBLOCK)
-      return fail(Errc::PermissionDenied, call, str_format("channel \"{}\" is in use by a live producer", name));
-    return std::unexpected(from_errno(errno, "flock").within(call));
-  }
+  reclaim_stale_names(dir);
+  auto lock = lock_name(impl->lock_path, true);
+  if (!lock) return std::unexpected(lock.error().within(call));
+  if (!*lock) return fail(Errc::PermissionDenied, call, str_format("channel \"{}\" is in use by a live producer", name));
+  impl->lock_fd = std::move(*lock);
 
   // Route.
   const bool want_vulkan = o.transport.empty() || o.transport == "vulkan";
@@ -518,6 +591,8 @@ Result<std::unique_ptr<Producer>> Producer::create(const std::string& name, Prod
   // Socket: a stale one from a crashed producer is ours to replace (we hold the lock).
   ::unlink(impl->socket_path.c_str());
   LF_TRY(impl->listen_fd, unix_socket());
+  if (::fcntl(impl->listen_fd.get(), F_SETFL, O_NONBLOCK) != 0)
+    return std::unexpected(from_errno(errno, "fcntl(O_NONBLOCK)").within(call));
   LF_TRY(auto addr, address(impl->socket_path));
   if (::bind(impl->listen_fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0)
     return std::unexpected(from_errno(errno, "bind", impl->socket_path.string()).within(call));

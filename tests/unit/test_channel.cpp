@@ -1,11 +1,15 @@
 // SPDX-License-Identifier: MIT
 // Channel behaviour with producer and consumer in one process (the socket, shared memory and
 // futexes are real; cross-process runs are in tests/multiprocess).
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <sys/un.h>
 
 #include <atomic>
 #include <fstream>
+#include <set>
 #include <thread>
 
 #include "support.hpp"
@@ -394,4 +398,100 @@ TEST_CASE("Vulkan transport: a consumer's GPU work waits on the shared timeline"
   publish(*p, 7, 16);
   auto plain = lftest::ok(c->receive(5s));
   CHECK_FALSE(plain.gpu_wait().has_value());
+}
+
+namespace {
+
+/// Connects to channel `name` in `dir` and says nothing.
+UniqueFd silent_client(const std::filesystem::path& dir, const std::string& name) {
+  UniqueFd s(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strcpy(a.sun_path, (dir / (name + ".sock")).c_str());
+  REQUIRE(::connect(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  return s;
+}
+
+std::set<std::string> entries(const std::filesystem::path& dir) {
+  std::set<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) out.insert(e.path().filename().string());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("20 connections that never speak delay neither a real consumer nor the notice of a dead one") {
+  auto dir = lftest::channel_dir();
+  auto p = lftest::ok(Producer::create("crowded", popts(dir)));
+  std::vector<UniqueFd> silent;
+  for (int i = 0; i < 20; ++i) silent.push_back(silent_client(dir, "crowded"));
+  std::this_thread::sleep_for(20ms);  // the producer has accepted them and waits for their Hello
+
+  auto t0 = std::chrono::steady_clock::now();
+  auto c = lftest::ok(Consumer::open("crowded", copts(dir)));
+  lftest::ok(p->wait_for_consumers(1, 5s));
+  const auto attach = std::chrono::steady_clock::now() - t0;
+  CHECK(attach < 100ms);
+  publish(*p, 7);
+  CHECK(lftest::ok(c->receive(1s)).info().user_tag == 7);
+
+  // A consumer that goes away is noticed while the silent ones still hang on.
+  t0 = std::chrono::steady_clock::now();
+  c.reset();
+  while (p->consumer_count() != 0 && std::chrono::steady_clock::now() - t0 < 5s) std::this_thread::sleep_for(1ms);
+  const auto notice = std::chrono::steady_clock::now() - t0;
+  CHECK(p->consumer_count() == 0);
+  CHECK(notice < 100ms);
+
+  // The silent ones are hung up on after the Hello timeout; a socket that finally speaks junk is
+  // refused without holding anyone up.
+  char byte = 0;
+  CHECK(::recv(silent.back().get(), &byte, 1, 0) == 0);  // blocks until the producer hangs up
+  CHECK(Consumer::open("crowded", copts(dir)).has_value());
+}
+
+TEST_CASE("rendezvous files go with their channel: 1000 create/destroy cycles and killed producers leave nothing") {
+  auto dir = lftest::channel_dir();
+  const auto before = entries(dir);
+  for (int i = 0; i < 1000; ++i) {
+    auto p = lftest::ok(Producer::create("churn-" + std::to_string(i % 7), popts(dir)));
+    if (i % 100 == 0) auto c = lftest::ok(Consumer::open(p->name(), copts(dir)));
+  }
+  CHECK(entries(dir) == before);
+
+  // Producers killed before they could clean up: their names are reclaimed by the next producer.
+  for (const char* name : {"victim-a", "victim-b"}) {
+    int ready[2];
+    REQUIRE(::pipe(ready) == 0);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      auto victim = Producer::create(name, popts(dir));
+      const char ok = victim ? 1 : 0;
+      (void)!::write(ready[1], &ok, 1);
+      ::pause();
+      ::_exit(0);
+    }
+    ::close(ready[1]);
+    char ok = 0;
+    REQUIRE(::read(ready[0], &ok, 1) == 1);
+    ::close(ready[0]);
+    REQUIRE(ok == 1);
+    ::kill(pid, SIGKILL);
+    REQUIRE(::waitpid(pid, nullptr, 0) == pid);
+  }
+  // The second victim's create already reclaimed the first's names; its own are left.
+  CHECK(entries(dir) == std::set<std::string>{"victim-b.lock", "victim-b.sock"});
+  // A consumer killed while connected leaves nothing of its own either.
+  {
+    auto p = lftest::ok(Producer::create("victim-a", popts(dir)));  // reclaims both stale names
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      auto c = Consumer::open("victim-a", copts(dir));
+      ::raise(SIGKILL);
+    }
+    REQUIRE(::waitpid(pid, nullptr, 0) == pid);
+  }
+  CHECK(entries(dir) == before);
 }
