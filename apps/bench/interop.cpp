@@ -23,7 +23,7 @@
 
 #include "../common/json.hpp"
 #include "cuda_kernels.hpp"
-#include "lavaflow/core/format.hpp"
+#include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/cuda/cuda.hpp"
 #include "lavaflow/lavaflow.hpp"
 #include "lavaflow/transports/local.hpp"
@@ -179,11 +179,9 @@ Status gpu_receive(LfSide& s, void* scratch, cudaStream_t stream) {
 Result<LfSide> open_side(const VulkanContext& vk, const cuda::Interop& cu, const std::string& dir, const std::string& out,
                          const std::string& in, std::uint64_t frame) {
   LfSide s;
-  LF_TRY(s.out, Producer::create(out, {.slots = 4, .slot_size = frame, .transport = "vulkan", .transports = local_transports(),
-                                       .vulkan = &vk, .directory = dir}));
+  LF_TRY(s.out, Producer::create(out, {.slots = 4, .slot_size = frame, .transport = TransportKind::Vulkan, .vulkan = &vk, .directory = dir}));
   LF_TRY(s.in, Consumer::open(in, {.wait = WaitMode::BusyPoll, .host_wait_for_gpu = false,
-                                   .connect_timeout = std::chrono::seconds(30), .transports = local_transports(),
-                                   .vulkan = &vk, .directory = dir}));
+                                   .connect_timeout = std::chrono::seconds(30), .vulkan = &vk, .directory = dir}));
   s.in_imports.emplace(cu);
   LF_TRY_STATUS(s.out->wait_for_consumers(1, std::chrono::seconds(30)));
   return s;
@@ -309,10 +307,9 @@ int bench_interop_peer(int argc, char** argv) {
       // is what the parent's consumer waits for.
       LfSide s;
       LF_TRY(s.in, Consumer::open("ping", {.wait = WaitMode::BusyPoll, .host_wait_for_gpu = false,
-                                           .connect_timeout = std::chrono::seconds(30), .transports = local_transports(),
-                                           .vulkan = &vk, .directory = argv[3]}));
-      LF_TRY(s.out, Producer::create("pong", {.slots = 4, .slot_size = frame, .transport = "vulkan",
-                                              .transports = local_transports(), .vulkan = &vk, .directory = argv[3]}));
+                                           .connect_timeout = std::chrono::seconds(30), .vulkan = &vk, .directory = argv[3]}));
+      LF_TRY(s.out, Producer::create("pong", {.slots = 4, .slot_size = frame, .transport = TransportKind::Vulkan,
+                                              .vulkan = &vk, .directory = argv[3]}));
       s.in_imports.emplace(cu);
       LF_TRY_STATUS(s.out->wait_for_consumers(1, std::chrono::seconds(30)));
       void *scratch = nullptr, *pong = nullptr;

@@ -21,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-#include "lavaflow/core/format.hpp"
+#include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/lavaflow.hpp"
 #include "lavaflow/transports/local.hpp"
 
@@ -170,11 +170,10 @@ Result<std::vector<Row>> channel_rows(const Config& cfg, const std::string& self
   const std::string tag = str_format("bench-{}-{}-{}", ::getpid(), transport, mode == WaitMode::BusyPoll ? "poll" : "block");
   // 32 buffers: deep enough that a pipelined stream seldom finds the ring full (then the producer
   // re-reads the consumers' released counts: a cache-line transfer).
-  ProducerOptions po{.slots = 32, .slot_size = cfg.max_size, .wait = mode, .transport = transport,
-                     .transports = local_transports()};
+  ProducerOptions po{.slots = 32, .slot_size = cfg.max_size, .wait = mode, .transport = parse_transport(transport).value()};
   LF_TRY(auto ping, Producer::create(tag + "-ping", po));
   const pid_t child = spawn_echo(cfg, self, transport, mode, tag);
-  LF_TRY(auto pong, Consumer::open(tag + "-pong", {.wait = mode, .connect_timeout = 30s, .transports = local_transports()}));
+  LF_TRY(auto pong, Consumer::open(tag + "-pong", {.wait = mode, .connect_timeout = 30s}));
   LF_TRY_STATUS(ping->wait_for_consumers(1, 30s));
   pin(cfg.cpu_a);
   const std::string name = "lavaflow-" + transport;
@@ -230,17 +229,17 @@ int echo_main(int argc, char** argv) {
   // _echo TAG TRANSPORT poll|block CPU MAX_SIZE
   if (argc < 7) return 2;
   const std::string tag = argv[2];
-  const std::string transport = argv[3];
+  const auto transport = parse_transport(argv[3]);
+  if (!transport) return 2;
   const WaitMode mode = std::string(argv[4]) == "poll" ? WaitMode::BusyPoll : WaitMode::Block;
   pin(std::atoi(argv[5]));
   const std::uint64_t max_size = std::strtoull(argv[6], nullptr, 10);
-  auto ping = Consumer::open(tag + "-ping", {.wait = mode, .connect_timeout = 30s, .transports = local_transports()});
+  auto ping = Consumer::open(tag + "-ping", {.wait = mode, .connect_timeout = 30s});
   if (!ping) {
     std::fprintf(stderr, "echo: %s\n", ping.error().message().c_str());
     return 1;
   }
-  auto pong = Producer::create(tag + "-pong", {.slots = 8, .slot_size = max_size, .wait = mode, .transport = transport,
-                                               .transports = local_transports()});
+  auto pong = Producer::create(tag + "-pong", {.slots = 8, .slot_size = max_size, .wait = mode, .transport = *transport});
   if (!pong) {
     std::fprintf(stderr, "echo: %s\n", pong.error().message().c_str());
     return 1;

@@ -19,7 +19,7 @@
 #include "../common/plot.hpp"
 #include "interop.hpp"
 #include "local.hpp"
-#include "lavaflow/core/format.hpp"
+#include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/lavaflow.hpp"
 
 using namespace lavaflow;

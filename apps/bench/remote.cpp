@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-#include "lavaflow/core/format.hpp"
+#include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/transfer.hpp"
 #include "lavaflow/core/vulkan_context.hpp"
 #include "lavaflow/mpi/mpi.hpp"

@@ -11,7 +11,7 @@
 #include <cstring>
 #include <fstream>
 
-#include "lavaflow/core/format.hpp"
+#include "lavaflow/core/detail/format.hpp"
 
 namespace lfapp {
 

@@ -26,7 +26,7 @@
 #if LAVAFLOW_DEMO_MPI
 #include "mesh.hpp"
 #endif
-#include "lavaflow/core/format.hpp"
+#include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/lavaflow.hpp"
 #include "lavaflow/transports/local.hpp"
 
@@ -135,24 +135,28 @@ int produce(const Args& a, ProducerSummary* summary = nullptr) {
   auto seconds = number(a, "seconds", 0);
   for (auto* r : {&count, &size, &consumers, &slots, &interval, &seconds})
     if (!*r) return die("producer", r->error());
-  std::string transport = a.get("transport", "auto");
-  if (transport != "auto" && transport != "shm" && transport != "vulkan")
-    return die("producer", Error(Errc::InvalidArgument, "produce", "--transport must be auto, shm or vulkan"));
+  std::optional<TransportKind> transport;
+  if (const auto t = a.get("transport", "auto"); t != "auto") {
+    auto kind = parse_transport(t);
+    if (!kind || *kind == TransportKind::Mpi)
+      return die("producer", Error(Errc::InvalidArgument, "produce", "--transport must be auto, shm or vulkan"));
+    transport = *kind;
+  }
   if (*size == 0) return die("producer", Error(Errc::InvalidArgument, "produce", "--size must be positive"));
 
   ProducerOptions o{.slots = static_cast<std::uint32_t>(*slots), .slot_size = *size,
-                    .timestamps = true, .transport = transport == "auto" ? "" : transport, .transports = local_transports(),
+                    .timestamps = true, .transport = transport,
                     .directory = a.get("dir", "")};
   auto p = Producer::create(name, o);
   if (!p) return die("producer", p.error());
   auto& prod = **p;
-  std::printf("[producer pid %d] channel \"%s\": route %s — %s\n", ::getpid(), name.c_str(), prod.route().transport.c_str(),
+  std::printf("[producer pid %d] channel \"%s\": route %s — %s\n", ::getpid(), name.c_str(), to_string(prod.route().transport).data(),
               prod.route().reason.c_str());
   const std::string ring = prod.vulkan()
                                ? str_format("{} x {} in Vulkan memory on {}", prod.slots(), human_bytes(double(*size)), describe(*prod.vulkan()))
                                : str_format("{} x {} in CPU shared memory", prod.slots(), human_bytes(double(*size)));
   std::printf("[producer] ring of %s\n", ring.c_str());
-  if (summary) *summary = {prod.route().transport, prod.route().reason, ring};
+  if (summary) *summary = {std::string(to_string(prod.route().transport)), prod.route().reason, ring};
   std::printf("[producer] waiting for %llu consumer(s)…\n", static_cast<unsigned long long>(*consumers));
   std::fflush(stdout);
   if (auto ok = prod.wait_for_consumers(static_cast<std::uint32_t>(*consumers), 60s); !ok) return die("producer", ok.error());
@@ -199,12 +203,11 @@ int consume(const Args& a) {
   auto timeout_s = number(a, "timeout", 30);
   if (!count) return die("consumer", count.error());
   if (!timeout_s) return die("consumer", timeout_s.error());
-  auto c = Consumer::open(name, {.connect_timeout = std::chrono::seconds(*timeout_s), .transports = local_transports(),
-                                 .directory = a.get("dir", "")});
+  auto c = Consumer::open(name, {.connect_timeout = std::chrono::seconds(*timeout_s), .directory = a.get("dir", "")});
   if (!c) return die("consumer", c.error());
   auto& con = **c;
   std::printf("[consumer pid %d] channel \"%s\" from producer pid %d: route %s — %s\n", ::getpid(), name.c_str(),
-              con.producer_pid(), con.route().transport.c_str(), con.route().reason.c_str());
+              con.producer_pid(), to_string(con.route().transport).data(), con.route().reason.c_str());
   if (con.vulkan()) std::printf("[consumer] ring imported into own Vulkan context on %s\n", describe(*con.vulkan()).c_str());
   std::fflush(stdout);
   std::vector<std::uint64_t> latency_ns;

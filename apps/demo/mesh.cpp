@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "../common/payload.hpp"
-#include "lavaflow/core/format.hpp"
+#include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/lavaflow.hpp"
 #include "lavaflow/mpi/mpi.hpp"
 
@@ -125,7 +125,7 @@ int mesh_main(int argc, char** argv, std::uint64_t count, std::uint64_t size) {
         std::printf("  rank %d: host %s, pid %d\n", r, comm->location(r).host.hostname.c_str(), comm->location(r).pid);
       std::printf("route table (producer -> consumer: transport — reason)\n");
       for (const auto& p : comm->routes())
-        std::printf("  route %d -> %d: %s — %s\n", p.from, p.to, p.transport.c_str(), p.reason.c_str());
+        std::printf("  route %d -> %d: %s — %s\n", p.from, p.to, to_string(p.transport).data(), p.reason.c_str());
       const auto gpu = mpi::gpu_awareness();
       std::printf("MPI and GPU memory: %s (%s); remote GPU buffers go through pinned host memory\n",
                   gpu.cuda ? "CUDA-aware" : "not CUDA-aware", gpu.how.c_str());

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 #include "interop.hpp"
 
-#include "lavaflow/core/format.hpp"
+#include "lavaflow/core/detail/format.hpp"
 #if LAVAFLOW_INFO_CUDA
 #include "lavaflow/cuda/cuda.hpp"
 #endif

@@ -7,7 +7,7 @@
 
 #include "../common/json.hpp"
 #include "interop.hpp"
-#include "lavaflow/core/format.hpp"
+#include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/lavaflow.hpp"
 #include "lavaflow/transports/local.hpp"
 

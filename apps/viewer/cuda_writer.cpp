@@ -9,7 +9,7 @@
 
 #include "cuda_kernels.hpp"
 #include "frame_writer.hpp"
-#include "lavaflow/core/format.hpp"
+#include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/cuda/cuda.hpp"
 
 namespace lfviewer {
@@ -76,7 +76,7 @@ class CudaWriter final : public FrameWriter {
 
 Result<std::unique_ptr<FrameWriter>> make_cuda_writer(const Producer& p) {
   if (!p.vulkan())
-    return fail(Errc::Unsupported, "lavaflow-viewer --cuda", str_format("the channel took route {}: CUDA needs Vulkan ring buffers", p.route().transport));
+    return fail(Errc::Unsupported, "lavaflow-viewer --cuda", str_format("the channel took route {}: CUDA needs Vulkan ring buffers", to_string(p.route().transport)));
   LF_TRY(auto interop, cuda::Interop::create(*p.vulkan()));
   cudaStream_t stream = nullptr;
   LF_TRY_STATUS(cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate"));

@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "lavaflow/core/format.hpp"
+#include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/opengl/opengl.hpp"
 #include "lavaflow/transports/local.hpp"
 #include "pattern.h"
@@ -302,8 +302,7 @@ int display_main(const DisplayOptions& o) {
   while (!stop_requested()) {
     std::printf("[viewer] waiting for a producer on \"%s\"…\n", o.channel.c_str());
     std::fflush(stdout);
-    auto opened = Consumer::open(o.channel, {.connect_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(o.timeout_s)),
-                                             .transports = local_transports()});
+    auto opened = Consumer::open(o.channel, {.connect_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(o.timeout_s))});
     if (!opened) {
       // With --wait, keep waiting: also when we reached a producer that was dying (its socket
       // still listening for a moment after kill -9), which answers with a hang-up.
@@ -314,7 +313,7 @@ int display_main(const DisplayOptions& o) {
       return die(opened.error());
     }
     Consumer& c = **opened;
-    route_line = str_format("{} ({})", c.route().transport, c.route().reason);
+    route_line = str_format("{} ({})", to_string(c.route().transport), c.route().reason);
     std::printf("[viewer] producer pid %d, route %s\n", c.producer_pid(), route_line.c_str());
 
     if (!renderer) {  // the GL context: on the producer's device where we can tell
@@ -404,7 +403,7 @@ int display_main(const DisplayOptions& o) {
       const double secs = std::chrono::duration<double>(Clock::now() - st.since).count();
       if (secs >= (surface->windowed() ? 0.5 : 1.0)) {
         const double fps = double(st.drawn - st.drawn_at_report) / secs;
-        const auto line = str_format("{:.1f} fps, latency {:.2f} ms (p50), route {}", fps, Stats::percentile(st.window_ms, 0.5), c.route().transport);
+        const auto line = str_format("{:.1f} fps, latency {:.2f} ms (p50), route {}", fps, Stats::percentile(st.window_ms, 0.5), to_string(c.route().transport));
         if (surface->windowed()) surface->set_title("lavaflow-viewer — " + line);
         std::printf("[viewer] %s, %llu frames\n", line.c_str(), static_cast<unsigned long long>(total_drawn));
         std::fflush(stdout);

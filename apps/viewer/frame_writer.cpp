@@ -3,7 +3,7 @@
 
 #include <unordered_map>
 
-#include "lavaflow/core/format.hpp"
+#include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/gpu_buffer.hpp"
 #include "lavaflow/core/vulkan_context.hpp"
 #include "pattern.h"

@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "lavaflow/core/channel.hpp"
+#include "lavaflow/transports/channel.hpp"
 
 namespace lfviewer {
 

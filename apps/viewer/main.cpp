@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "lavaflow/core/format.hpp"
+#include "lavaflow/core/detail/format.hpp"
 #include "viewer.hpp"
 
 namespace lfviewer {
@@ -148,9 +148,14 @@ int main(int argc, char** argv) {
     }
     a.opts[k.substr(2)] = argv[++i];
   }
-  if (auto t = a.get("transport", "auto"); t != "auto" && t != "shm" && t != "vulkan") {
-    std::fprintf(stderr, "lavaflow-viewer: --transport must be auto, shm or vulkan\n");
-    return 2;
+  std::optional<lavaflow::TransportKind> transport;
+  if (const auto t = a.get("transport", "auto"); t != "auto") {
+    auto kind = lavaflow::parse_transport(t);
+    if (!kind || *kind == lavaflow::TransportKind::Mpi) {
+      std::fprintf(stderr, "lavaflow-viewer: --transport must be auto, shm or vulkan\n");
+      return 2;
+    }
+    transport = *kind;
   }
   double width = 640, height = 360, fps = 60, frames = 0, timeout = -1;
   if (!number(a, "width", width) || !number(a, "height", height) || !number(a, "fps", fps) || !number(a, "frames", frames) ||
@@ -159,7 +164,7 @@ int main(int argc, char** argv) {
   if (a.command == "produce") {
     lfviewer::ProduceOptions p{.channel = a.get("channel"), .width = static_cast<std::uint32_t>(width),
                                .height = static_cast<std::uint32_t>(height), .fps = fps, .frames = static_cast<std::uint64_t>(frames),
-                               .transport = a.get("transport") == "auto" ? "" : a.get("transport"), .cuda = a.has("cuda"),
+                               .transport = transport, .cuda = a.has("cuda"),
                                .wait = a.has("wait"), .timeout_s = timeout < 0 ? 60 : timeout};
     return lfviewer::produce_main(p);
   }

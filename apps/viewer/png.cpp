@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <memory>
 
-#include "lavaflow/core/format.hpp"
+#include "lavaflow/core/detail/format.hpp"
 
 namespace lfviewer {
 

@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "frame_writer.hpp"
-#include "lavaflow/core/format.hpp"
+#include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/transports/local.hpp"
 #include "viewer.hpp"
 
@@ -45,11 +45,10 @@ int produce_main(const ProduceOptions& o) {
     return die(Error(Errc::InvalidArgument, "produce", str_format("--width/--height must be 1..16384 (got {}x{})", o.width, o.height)));
   install_stop_handlers();
   const std::uint64_t frame_bytes = std::uint64_t{o.width} * o.height * 4;
-  auto created = Producer::create(o.channel, {.slots = 3, .slot_size = frame_bytes, .timestamps = true, .transport = o.transport,
-                                              .transports = local_transports()});
+  auto created = Producer::create(o.channel, {.slots = 3, .slot_size = frame_bytes, .timestamps = true, .transport = o.transport});
   if (!created) return die(created.error());
   Producer& p = **created;
-  std::printf("[producer pid %d] channel \"%s\": route %s — %s\n", ::getpid(), o.channel.c_str(), p.route().transport.c_str(),
+  std::printf("[producer pid %d] channel \"%s\": route %s — %s\n", ::getpid(), o.channel.c_str(), to_string(p.route().transport).data(),
               p.route().reason.c_str());
   auto writer = choose_writer(o, p);
   if (!writer) return die(writer.error());

@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <string>
 
-#include "lavaflow/core/channel.hpp"
+#include "lavaflow/transports/channel.hpp"
 
 namespace lfviewer {
 
@@ -17,7 +17,7 @@ struct ProduceOptions {
   std::uint32_t width = 640, height = 360;
   double fps = 60;              ///< 0 = as fast as the viewer takes them
   std::uint64_t frames = 0;     ///< 0 = until stopped
-  std::string transport;        ///< "" auto, "shm", "vulkan"
+  std::optional<lavaflow::TransportKind> transport;  ///< unset: automatic
   bool cuda = false;            ///< write frames with a CUDA kernel into the imported Vulkan memory
   bool wait = false;            ///< when the viewer leaves, wait for the next one
   double timeout_s = 60;        ///< how long to wait for a viewer

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: MIT
 #include "lavaflow/core/buffer.hpp"
 
-#include "lavaflow/core/format.hpp"
+#include "lavaflow/core/detail/format.hpp"
 
-#include "lavaflow/core/wire.hpp"
+#include "lavaflow/core/detail/wire.hpp"
 
 namespace lavaflow {
 

@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include "lavaflow/core/format.hpp"
+#include "lavaflow/core/detail/format.hpp"
 #include <fstream>
 #include <thread>
 
@@ -17,7 +17,7 @@
 #endif
 
 #include "lavaflow/core/vulkan_context.hpp"
-#include "vk_call.hpp"
+#include "lavaflow/core/detail/vk_call.hpp"
 #include "vulkan_state.hpp"
 
 namespace lavaflow {

@@ -3,7 +3,7 @@
 
 #include <cerrno>
 #include <cstring>
-#include "lavaflow/core/format.hpp"
+#include "lavaflow/core/detail/format.hpp"
 
 #include <vulkan/vulkan.hpp>
 

@@ -6,8 +6,8 @@
 
 #include <string_view>
 
-#include "lavaflow/core/format.hpp"
-#include "vk_call.hpp"
+#include "lavaflow/core/detail/format.hpp"
+#include "lavaflow/core/detail/vk_call.hpp"
 #include "vulkan_state.hpp"
 
 namespace lavaflow::detail {

@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: MIT
 #include "lavaflow/core/gpu_buffer.hpp"
 
-#include "lavaflow/core/format.hpp"
+#include "lavaflow/core/detail/format.hpp"
 
 #include "external_memory.hpp"
-#include "vk_call.hpp"
+#include "lavaflow/core/detail/vk_call.hpp"
 #include "vulkan_state.hpp"
 
 namespace lavaflow {

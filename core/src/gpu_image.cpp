@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: MIT
 #include "lavaflow/core/gpu_image.hpp"
 
-#include "lavaflow/core/format.hpp"
-#include "lavaflow/core/wire.hpp"
+#include "lavaflow/core/detail/format.hpp"
+#include "lavaflow/core/detail/wire.hpp"
 
 #include "external_memory.hpp"
-#include "vk_call.hpp"
+#include "lavaflow/core/detail/vk_call.hpp"
 #include "vulkan_state.hpp"
 
 namespace lavaflow {

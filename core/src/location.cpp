@@ -6,10 +6,10 @@
 
 #include <algorithm>
 #include <cerrno>
-#include "lavaflow/core/format.hpp"
+#include "lavaflow/core/detail/format.hpp"
 #include <fstream>
 
-#include "lavaflow/core/wire.hpp"
+#include "lavaflow/core/detail/wire.hpp"
 
 namespace lavaflow {
 

@@ -4,8 +4,8 @@
 #include <cstring>
 #include <optional>
 
-#include "lavaflow/core/format.hpp"
-#include "vk_call.hpp"
+#include "lavaflow/core/detail/format.hpp"
+#include "lavaflow/core/detail/vk_call.hpp"
 
 namespace lavaflow {
 

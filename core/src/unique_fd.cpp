@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 #include "lavaflow/core/unique_fd.hpp"
 
-#include "lavaflow/core/format.hpp"
+#include "lavaflow/core/detail/format.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -7,9 +7,9 @@
 
 #include <cerrno>
 #include <cstring>
-#include "lavaflow/core/format.hpp"
+#include "lavaflow/core/detail/format.hpp"
 
-#include "lavaflow/core/wire.hpp"
+#include "lavaflow/core/detail/wire.hpp"
 
 namespace lavaflow {
 namespace {

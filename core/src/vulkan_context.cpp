@@ -3,9 +3,9 @@
 
 #include <algorithm>
 #include <cstring>
-#include "lavaflow/core/format.hpp"
+#include "lavaflow/core/detail/format.hpp"
 
-#include "vk_call.hpp"
+#include "lavaflow/core/detail/vk_call.hpp"
 #include "vulkan_state.hpp"
 
 namespace lavaflow {

@@ -22,7 +22,7 @@ int main(int argc, char** argv) {
   }
   const std::uint64_t count = std::stoull(argv[4]);
   auto c = Consumer::open(argv[3], {.host_wait_for_gpu = false, .connect_timeout = std::chrono::seconds(20),
-                                    .transports = local_transports(), .directory = argv[2]});
+                                    .directory = argv[2]});
   if (!c) return std::fprintf(stderr, "cuda_peer: %s\n", c.error().message().c_str()), 1;
   if (!(*c)->vulkan()) return std::fprintf(stderr, "cuda_peer: channel is not on the Vulkan transport\n"), 1;
   auto cu = cuda::Interop::create(*(*c)->vulkan());

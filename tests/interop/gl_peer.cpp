@@ -19,8 +19,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::uint64_t count = std::stoull(argv[4]);
-  auto c = Consumer::open(argv[3], {.connect_timeout = std::chrono::seconds(20), .transports = local_transports(),
-                                    .directory = argv[2]});
+  auto c = Consumer::open(argv[3], {.connect_timeout = std::chrono::seconds(20), .directory = argv[2]});
   if (!c) return std::fprintf(stderr, "gl_peer: %s\n", c.error().message().c_str()), 1;
   if (!(*c)->vulkan()) return std::fprintf(stderr, "gl_peer: channel is not on the Vulkan transport\n"), 1;
   auto setup = lftest::gl_for(*(*c)->vulkan());

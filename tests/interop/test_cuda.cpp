@@ -202,11 +202,10 @@ TEST_CASE("CUDA refuses another device's memory and keeps the fd, and 10,000 imp
 TEST_CASE("a CUDA stream waits on a channel's timeline and reads each received ring buffer, imported once") {
   auto f = setup();
   const auto dir = lftest::channel_dir();
-  auto prod = lftest::ok(Producer::create("cuda-ring", {.slots = 4, .slot_size = 1 << 20, .transport = "vulkan",
-                                                        .transports = local_transports(), .vulkan = &f.vk, .directory = dir}));
+  auto prod = lftest::ok(Producer::create("cuda-ring", {.slots = 4, .slot_size = 1 << 20, .transport = TransportKind::Vulkan,
+                                                        .vulkan = &f.vk, .directory = dir}));
   if (!prod->has_gpu_timeline()) lftest::skip("the channel has no shared timeline semaphore on this device");
-  auto con = lftest::ok(Consumer::open("cuda-ring", {.host_wait_for_gpu = false, .transports = local_transports(),
-                                                     .vulkan = &f.vk, .directory = dir}));
+  auto con = lftest::ok(Consumer::open("cuda-ring", {.host_wait_for_gpu = false, .vulkan = &f.vk, .directory = dir}));
   cuda::ChannelImports imports(f.cu);
   const std::uint64_t n = 1 << 20;
   auto staging = lftest::ok(GpuBuffer::allocate(f.vk, {.size = n, .memory = GpuMemory::HostVisible}));
@@ -235,8 +234,8 @@ TEST_CASE("a CUDA stream waits on a channel's timeline and reads each received r
 TEST_CASE("a consumer process reads every channel message with CUDA, ordered by the timeline, no CPU wait") {
   auto f = setup();
   const auto dir = lftest::channel_dir();
-  auto prod = lftest::ok(Producer::create("cuda-proc", {.slots = 4, .slot_size = 1 << 20, .transport = "vulkan",
-                                                        .transports = local_transports(), .vulkan = &f.vk, .directory = dir}));
+  auto prod = lftest::ok(Producer::create("cuda-proc", {.slots = 4, .slot_size = 1 << 20, .transport = TransportKind::Vulkan,
+                                                        .vulkan = &f.vk, .directory = dir}));
   const std::uint64_t count = 200;
   const pid_t pid = lftest::run({LAVAFLOW_CUDA_PEER, "consume", dir.string(), "cuda-proc", std::to_string(count)});
   lftest::ok(prod->wait_for_consumers(1, std::chrono::seconds(30)));

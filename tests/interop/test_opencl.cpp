@@ -161,10 +161,10 @@ TEST_CASE("a channel consumer hands each received ring buffer to OpenCL once and
   auto c = open_cl(vk);
   const auto dir = lftest::channel_dir();
   // Device-local rings need external memory; a CPU OpenCL device takes the shared-memory ring.
-  const std::string transport = c->interop->device().external_memory_fd ? "vulkan" : "shm";
+  const auto transport = c->interop->device().external_memory_fd ? TransportKind::Vulkan : TransportKind::Shm;
   auto prod = lftest::ok(Producer::create("cl-ring", {.slots = 4, .slot_size = 65536, .transport = transport,
-                                                      .transports = local_transports(), .vulkan = &vk, .directory = dir}));
-  auto con = lftest::ok(Consumer::open("cl-ring", {.transports = local_transports(), .vulkan = &vk, .directory = dir}));
+                                                      .vulkan = &vk, .directory = dir}));
+  auto con = lftest::ok(Consumer::open("cl-ring", {.vulkan = &vk, .directory = dir}));
   cl::ChannelImports imports(*c->interop);
   const std::uint64_t n = 65536;
   auto out = lftest::ok(GpuBuffer::allocate(vk, {.size = n, .memory = memory_for(*c->interop)}));

@@ -164,8 +164,8 @@ TEST_CASE("a consumer process reads every channel message through GL, importing 
   auto vk = lftest::context_or_skip();
   if (auto gl = lftest::gl_for(vk); !gl) lftest::skip("no GL on this Vulkan device: " + gl.error().message());
   const auto dir = lftest::channel_dir();
-  auto prod = lftest::ok(Producer::create("gl-frames", {.slots = 4, .slot_size = 100003, .transport = "vulkan",
-                                                        .transports = local_transports(), .vulkan = &vk, .directory = dir}));
+  auto prod = lftest::ok(Producer::create("gl-frames", {.slots = 4, .slot_size = 100003, .transport = TransportKind::Vulkan,
+                                                        .vulkan = &vk, .directory = dir}));
   const std::uint64_t count = 300;
   const pid_t pid = lftest::run({LAVAFLOW_GL_PEER, "consume", dir.string(), "gl-frames", std::to_string(count)});
   lftest::ok(prod->wait_for_consumers(1, std::chrono::seconds(20)));
@@ -186,8 +186,8 @@ TEST_CASE("a GL producer writes ring buffers through GL and a Vulkan consumer pr
   auto gl = lftest::gl_for(vk);
   if (!gl) lftest::skip("no GL on this Vulkan device: " + gl.error().message());
   const auto dir = lftest::channel_dir();
-  auto prod = lftest::ok(Producer::create("gl-writes", {.slots = 4, .slot_size = 1 << 16, .transport = "vulkan",
-                                                        .transports = local_transports(), .vulkan = &vk, .directory = dir}));
+  auto prod = lftest::ok(Producer::create("gl-writes", {.slots = 4, .slot_size = 1 << 16, .transport = TransportKind::Vulkan,
+                                                        .vulkan = &vk, .directory = dir}));
   const std::uint64_t count = 300;
   const pid_t pid = lftest::run({LAVAFLOW_DEMO, "consume", "--channel", "gl-writes", "--count", std::to_string(count),
                                  "--dir", dir.string()});
@@ -274,9 +274,9 @@ TEST_CASE("binary semaphore ping-pong between Vulkan and a GL compute shader wit
 TEST_CASE("a channel consumer reads received ring buffers as GL buffer textures in a shader") {
   auto f = setup();
   const auto dir = lftest::channel_dir();
-  auto prod = lftest::ok(Producer::create("gl-tex", {.slots = 2, .slot_size = 4096, .transport = "vulkan",
-                                                     .transports = local_transports(), .vulkan = &f.vk, .directory = dir}));
-  auto con = lftest::ok(Consumer::open("gl-tex", {.transports = local_transports(), .directory = dir}));
+  auto prod = lftest::ok(Producer::create("gl-tex", {.slots = 2, .slot_size = 4096, .transport = TransportKind::Vulkan,
+                                                     .vulkan = &f.vk, .directory = dir}));
+  auto con = lftest::ok(Consumer::open("gl-tex", {.directory = dir}));
   gl::ChannelImports imports(f.gl.gl, *con);
   const char* src = "#version 430\nlayout(local_size_x = 64) in;\n"
                     "layout(binding = 0) uniform usamplerBuffer words;\n"

@@ -321,19 +321,20 @@ int main(int argc, char** argv) {
     // 5. Rank channels: one API on every route. The same stream through the route the Communicator
     //    picks (both ranks share this host: Vulkan IPC or shm), forced shm and forced MPI.
     {
-      const std::string want_auto = comm->route(0, 1) ? comm->route(0, 1)->transport : "?";
-      const std::string forced[] = {"", "shm", "mpi"};
+      const auto want_auto = comm->route(0, 1) ? comm->route(0, 1)->transport : TransportKind::Mpi;
+      const std::optional<TransportKind> forced[] = {std::nullopt, TransportKind::Shm, TransportKind::Mpi};
       for (int k = 0; k < 3; ++k) {
-        const std::string label = "rank channel (" + (forced[k].empty() ? "auto: " + want_auto : forced[k]) + "): ";
-        const std::string want = forced[k].empty() ? want_auto : forced[k];
+        const auto want = forced[k].value_or(want_auto);
+        const std::string label =
+            "rank channel (" + std::string(forced[k] ? "" : "auto: ") + std::string(to_string(want)) + "): ";
         const mpi::RankChannelOptions o{.slots = 4, .slot_size = 4096, .channel = 20 + k, .transport = forced[k], .connect_timeout = 10s};
         const std::uint64_t count = 3000;
         if (me == 0) {
           auto p = mpi::RankProducer::create(*comm, 1, o);
           expect(bool(p), label + "create " + (p ? std::string() : p.error().message()));
           if (p) {
-            expect((*p)->route().transport == want && !(*p)->route().reason.empty(), label + "producer's route is " + want);
-            expect(((*p)->remote() != nullptr) == (want == "mpi") && ((*p)->local() != nullptr) == (want != "mpi"), label + "the route's channel");
+            expect((*p)->route().transport == want && !(*p)->route().reason.empty(), label + "producer's route is " + std::string(to_string(want)));
+            expect(((*p)->remote() != nullptr) == (want == TransportKind::Mpi) && ((*p)->local() != nullptr) == (want != TransportKind::Mpi), label + "the route's channel");
             expect(is((*p)->try_loan(), Errc::WouldBlock), label + "try_loan before the consumer opens: WouldBlock");
           }
           barrier();
@@ -382,12 +383,11 @@ int main(int argc, char** argv) {
       // Refusals name their cause: an unknown transport; DropOldest over MPI. A local consumer
       // that goes away is PeerLost for the producer, not a silent drop.
       if (me == 0) {
-        expect(is(mpi::RankProducer::create(*comm, 1, {.transport = "tcp"}), Errc::InvalidArgument), "rank channel: unknown transport refused");
-        expect(is(mpi::RankProducer::create(*comm, 1, {.policy = FullPolicy::DropOldest, .channel = 25, .transport = "mpi"}), Errc::Unsupported),
+        expect(is(mpi::RankProducer::create(*comm, 1, {.policy = FullPolicy::DropOldest, .channel = 25, .transport = TransportKind::Mpi}), Errc::Unsupported),
                "rank channel: DropOldest over MPI refused");
         expect(is(mpi::RankProducer::create(*comm, 0, {}), Errc::InvalidArgument), "rank channel: to itself refused");
       }
-      const mpi::RankChannelOptions o{.slots = 2, .slot_size = 64, .channel = 26, .transport = "shm", .connect_timeout = 10s};
+      const mpi::RankChannelOptions o{.slots = 2, .slot_size = 64, .channel = 26, .transport = TransportKind::Shm, .connect_timeout = 10s};
       if (me == 0) {
         auto p = mpi::RankProducer::create(*comm, 1, o);
         expect(bool(p), "rank channel, consumer leaves: create");

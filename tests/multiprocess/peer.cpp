@@ -39,8 +39,7 @@ std::string text_of(const SocketMessage& m) {
 int channel_mode(const std::string& mode, const std::string& name, const std::string& dir, const std::string& arg,
                  int sock) {
   if (mode == "chan-produce") {
-    auto p = Producer::create(name, {.slots = 8, .slot_size = 4096, .transport = "shm", .transports = local_transports(),
-                                     .directory = dir});
+    auto p = Producer::create(name, {.slots = 8, .slot_size = 4096, .transport = TransportKind::Shm, .directory = dir});
     if (!p) return reply(sock, p.error().message());
     if (auto ok = (*p)->wait_for_consumers(1, 30s); !ok) return reply(sock, ok.error().message());
     const std::uint64_t n = std::stoull(arg);
@@ -56,7 +55,7 @@ int channel_mode(const std::string& mode, const std::string& name, const std::st
     for (;;) ::pause();
   }
   if (mode == "chan-hold") {
-    auto c = Consumer::open(name, {.connect_timeout = 30s, .transports = local_transports(), .directory = dir});
+    auto c = Consumer::open(name, {.connect_timeout = 30s, .directory = dir});
     if (!c) return reply(sock, c.error().message());
     auto r = (*c)->receive(30s);
     if (!r) return reply(sock, r.error().message());
@@ -66,7 +65,7 @@ int channel_mode(const std::string& mode, const std::string& name, const std::st
   if (mode == "chan-open-as-uid") {
     if (::setgid(static_cast<gid_t>(std::stoul(arg))) != 0 || ::setuid(static_cast<uid_t>(std::stoul(arg))) != 0)
       return reply(sock, "setuid failed");
-    auto c = Consumer::open(name, {.connect_timeout = 2s, .transports = local_transports(), .directory = dir});
+    auto c = Consumer::open(name, {.connect_timeout = 2s, .directory = dir});
     const std::string text = c ? "opened" : c.error().message();
     (void)send_message(sock, std::as_bytes(std::span(text)));
     return 0;

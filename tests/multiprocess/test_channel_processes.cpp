@@ -58,7 +58,7 @@ TEST_CASE("large messages (4 MiB) through both transports") {
 TEST_CASE("producer killed with SIGKILL: published messages arrive first, then peer-lost within 100 ms") {
   auto dir = lftest::channel_dir();
   auto prod = peer("chan-produce", "victim", dir, "5");
-  auto c = lftest::ok(Consumer::open("victim", {.connect_timeout = 10s, .transports = local_transports(), .directory = dir}));
+  auto c = lftest::ok(Consumer::open("victim", {.connect_timeout = 10s, .directory = dir}));
   CHECK(text(lftest::ok(recv_message(prod.sock.get(), 30s))) == "published");
   for (std::uint64_t i = 0; i < 3; ++i) CHECK(lftest::ok(c->receive(1s)).info().sequence == i);
   REQUIRE(::kill(prod.pid, SIGKILL) == 0);
@@ -78,7 +78,7 @@ TEST_CASE("a consumer blocked in receive() learns of the producer's death within
   auto dir = lftest::channel_dir();
   auto prod = peer("chan-produce", "blocked", dir, "0");
   auto c = lftest::ok(Consumer::open("blocked", {.wait = WaitMode::Block, .connect_timeout = 10s,
-                                                 .transports = local_transports(), .directory = dir}));
+                                                 .directory = dir}));
   CHECK(text(lftest::ok(recv_message(prod.sock.get(), 30s))) == "published");
   Clock::time_point returned;
   Result<Received> got = fail(Errc::Internal, "t", "not run");
@@ -100,8 +100,8 @@ TEST_CASE("a consumer blocked in receive() learns of the producer's death within
 
 TEST_CASE("consumer killed with SIGKILL while holding a slot: its slots come back to the producer") {
   auto dir = lftest::channel_dir();
-  auto p = lftest::ok(Producer::create("held", {.slots = 4, .slot_size = 4096, .transport = "shm",
-                                                .transports = local_transports(), .directory = dir}));
+  auto p = lftest::ok(Producer::create("held", {.slots = 4, .slot_size = 4096, .transport = TransportKind::Shm,
+                                                .directory = dir}));
   auto cons = peer("chan-hold", "held", dir, "-");
   lftest::ok(p->wait_for_consumers(1, 10s));
   for (int i = 0; i < 4; ++i) {
@@ -122,19 +122,19 @@ TEST_CASE("consumer killed with SIGKILL while holding a slot: its slots come bac
 TEST_CASE("a new producer takes over the name of a killed one and consumers reconnect") {
   auto dir = lftest::channel_dir();
   auto prod = peer("chan-produce", "phoenix", dir, "1");
-  auto c = lftest::ok(Consumer::open("phoenix", {.connect_timeout = 10s, .transports = local_transports(), .directory = dir}));
+  auto c = lftest::ok(Consumer::open("phoenix", {.connect_timeout = 10s, .directory = dir}));
   CHECK(text(lftest::ok(recv_message(prod.sock.get(), 30s))) == "published");
   // While it lives, the name is taken.
-  CHECK(lftest::err(Producer::create("phoenix", {.transports = local_transports(), .directory = dir})).code() ==
+  CHECK(lftest::err(Producer::create("phoenix", {.directory = dir})).code() ==
         Errc::PermissionDenied);
   ::kill(prod.pid, SIGKILL);
   lftest::wait_exit(prod.pid);
   CHECK(std::filesystem::exists(dir / "phoenix.sock"));  // stale file left by the crash
-  auto p2 = lftest::ok(Producer::create("phoenix", {.slots = 4, .slot_size = 64, .transport = "shm",
-                                                    .transports = local_transports(), .directory = dir}));
+  auto p2 = lftest::ok(Producer::create("phoenix", {.slots = 4, .slot_size = 64, .transport = TransportKind::Shm,
+                                                    .directory = dir}));
   CHECK(lftest::ok(c->receive(1s)).info().sequence == 0);  // the old stream's last message
   CHECK(lftest::err(c->receive(1s)).code() == Errc::PeerLost);
-  auto c2 = lftest::ok(Consumer::open("phoenix", {.connect_timeout = 5s, .transports = local_transports(), .directory = dir}));
+  auto c2 = lftest::ok(Consumer::open("phoenix", {.connect_timeout = 5s, .directory = dir}));
   lftest::ok(p2->wait_for_consumers(1, 5s));
   auto loan = lftest::ok(p2->loan(1s));
   lftest::ok(p2->publish(std::move(loan), {.size = 1, .user_tag = 77}));
@@ -144,7 +144,7 @@ TEST_CASE("a new producer takes over the name of a killed one and consumers reco
 TEST_CASE("a process of another uid is refused with a clear error") {
   if (::getuid() != 0) lftest::skip("needs root to run a client as nobody (uid 65534)");
   auto dir = lftest::channel_dir();
-  auto p = lftest::ok(Producer::create("mine", {.transport = "shm", .transports = local_transports(), .directory = dir}));
+  auto p = lftest::ok(Producer::create("mine", {.transport = TransportKind::Shm, .directory = dir}));
   auto other = peer("chan-open-as-uid", "mine", dir, "65534");
   const auto answer = text(lftest::ok(recv_message(other.sock.get(), 30s)));
   CHECK(lftest::wait_exit(other.pid) == 0);

@@ -21,6 +21,11 @@
 #include "lavaflow/transports/local.hpp"
 #include "vk_helpers.hpp"
 
+template <>
+struct Catch::StringMaker<lavaflow::TransportKind> {
+  static std::string convert(lavaflow::TransportKind k) { return std::string(lavaflow::to_string(k)); }
+};
+
 namespace lftest {
 
 inline constexpr int kSkipCode = 77;

@@ -19,12 +19,11 @@ using namespace std::chrono_literals;
 
 namespace {
 
-ProducerOptions popts(const std::filesystem::path& dir, std::string transport = "shm") {
-  return {.slots = 4, .slot_size = 256, .transport = std::move(transport), .transports = local_transports(),
-          .directory = dir};
+ProducerOptions popts(const std::filesystem::path& dir, TransportKind transport = TransportKind::Shm) {
+  return {.slots = 4, .slot_size = 256, .transport = transport, .directory = dir};
 }
 ConsumerOptions copts(const std::filesystem::path& dir) {
-  return {.connect_timeout = 5s, .transports = local_transports(), .directory = dir};
+  return {.connect_timeout = 5s, .directory = dir};
 }
 
 void publish(Producer& p, std::uint64_t tag, std::uint64_t size = 16) {
@@ -47,9 +46,9 @@ std::byte first_byte(const Consumer& c, const Received& r) {
 
 TEST_CASE("loan, publish, receive, release with header fields, on both transports") {
   auto ctx = VulkanContext::create();
-  for (std::string transport : {"shm", "vulkan"}) {
-    if (transport == "vulkan" && !ctx) continue;
-    INFO(transport);
+  for (auto transport : {TransportKind::Shm, TransportKind::Vulkan}) {
+    if (transport == TransportKind::Vulkan && !ctx) continue;
+    INFO(to_string(transport));
     auto dir = lftest::channel_dir();
     auto o = popts(dir, transport);
     o.slots = 16;
@@ -241,14 +240,11 @@ TEST_CASE("bad options and impossible routes are clear errors") {
   o = popts(dir);
   o.slots = 63;
   CHECK(lftest::err(Producer::create("bad", o)).code() == Errc::InvalidArgument);
-  o = popts(dir);
-  o.transports.clear();
-  CHECK(lftest::err(Producer::create("bad", o)).cause().find("local_transports") != std::string::npos);
-  o = popts(dir, "vulkan");
+  o = popts(dir, TransportKind::Vulkan);
   o.transports = {shm_transport()};
-  CHECK(lftest::err(Producer::create("bad", o)).cause().find("no transport named vulkan") != std::string::npos);
+  CHECK(lftest::err(Producer::create("bad", o)).cause().find("vulkan was forced but not given") != std::string::npos);
   // Forcing Vulkan for a peer without the device.
-  o = popts(dir, "vulkan");
+  o = popts(dir, TransportKind::Vulkan);
   auto ctx = VulkanContext::create();
   o.vulkan = ctx ? &*ctx : nullptr;
   o.peer = lftest::ok(ProcessLocation::current());  // no devices listed
@@ -256,7 +252,8 @@ TEST_CASE("bad options and impossible routes are clear errors") {
   CHECK(forced.code() == (ctx ? Errc::Unsupported : Errc::Unsupported));
   CHECK(forced.cause().find("forced") != std::string::npos);
   // A remote peer with no remote transport.
-  o = popts(dir, "");
+  o = popts(dir);
+  o.transport.reset();
   o.peer = ProcessLocation::current_with({"elsewhere", "boot"});
   auto remote = lftest::err(Producer::create("bad", o));
   CHECK(remote.code() == Errc::Unreachable);
@@ -272,15 +269,15 @@ TEST_CASE("routing by locations: common device -> Vulkan IPC, same host without 
   auto me = lftest::ok(ProcessLocation::current({ctx.capabilities().identity}));
   auto dir = lftest::channel_dir();
   auto peer_with = me;
-  auto p1 = lftest::ok(Channel::create(&ctx, me, peer_with, {.transports = local_transports(), .directory = dir}));
-  CHECK(p1->route().transport == "vulkan");
+  auto p1 = lftest::ok(Channel::create(&ctx, me, peer_with, {.directory = dir}));
+  CHECK(p1->route().transport == TransportKind::Vulkan);
   CHECK(p1->route().reason.find("share device") != std::string::npos);
   auto peer_without = lftest::ok(ProcessLocation::current());
-  auto p2 = lftest::ok(Channel::create(&ctx, me, peer_without, {.transports = local_transports(), .directory = dir}));
-  CHECK(p2->route().transport == "shm");
+  auto p2 = lftest::ok(Channel::create(&ctx, me, peer_without, {.directory = dir}));
+  CHECK(p2->route().transport == TransportKind::Shm);
   CHECK(p2->route().reason.find("not taken: vulkan") != std::string::npos);
   auto c = lftest::ok(Consumer::open(p2->name(), copts(dir)));
-  CHECK(c->route().transport == "shm");
+  CHECK(c->route().transport == TransportKind::Shm);
 }
 
 TEST_CASE("malformed bytes on the socket: the producer refuses and keeps serving, and a fake producer is refused") {
@@ -327,7 +324,7 @@ void gpu_written_stream(bool use_timeline) {
   auto ctx = lftest::context_or_skip();
   auto dir = lftest::channel_dir();
   const std::uint64_t n = 4096;
-  auto o = popts(dir, "vulkan");
+  auto o = popts(dir, TransportKind::Vulkan);
   o.slot_size = n;
   o.vulkan = &ctx;
   auto p = lftest::ok(Producer::create("gpu", o));
@@ -368,7 +365,7 @@ TEST_CASE("Vulkan transport: GPU writes are ordered by the shared timeline semap
 TEST_CASE("Vulkan transport: a consumer's GPU work waits on the shared timeline") {
   auto ctx = lftest::context_or_skip();
   auto dir = lftest::channel_dir();
-  auto o = popts(dir, "vulkan");
+  auto o = popts(dir, TransportKind::Vulkan);
   o.slot_size = 4096;
   o.vulkan = &ctx;
   auto p = lftest::ok(Producer::create("gpuwait", o));

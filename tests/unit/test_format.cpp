@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-#include "lavaflow/core/format.hpp"
+#include "lavaflow/core/detail/format.hpp"
 
 #include "support.hpp"
 

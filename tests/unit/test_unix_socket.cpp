@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "lavaflow/core/detail/wire.hpp"
 #include "support.hpp"
 
 using namespace lavaflow;

@@ -23,7 +23,7 @@
 #include <functional>
 #include <span>
 
-#include "lavaflow/core/format.hpp"
+#include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/vulkan_context.hpp"
 #include "lavaflow/transports/local.hpp"
 
@@ -382,7 +382,7 @@ Status check_staging(const RemoteOptions& o, const GpuBuffer& gpu, std::uint64_t
 
 class MpiTransport final : public Transport {
  public:
-  std::string_view name() const override { return "mpi"; }
+  TransportKind kind() const override { return TransportKind::Mpi; }
   Probe can_connect(const ProcessLocation& me, const std::optional<ProcessLocation>& peer,
                     const TransportEnv&) const override {
     if (!peer) return {true, "MPI point-to-point (any rank)"};
@@ -616,10 +616,10 @@ Result<PairRoute> Communicator::route(int from, int to) const {
   const auto& a = location(from);
   const auto& b = location(to);
   const auto scope = detect_scope(a, b);
-  if (scope.scope == Scope::Remote) return PairRoute{from, to, "mpi", "remote: " + scope.reason + "; MPI point-to-point"};
+  if (scope.scope == Scope::Remote) return PairRoute{from, to, TransportKind::Mpi, "remote: " + scope.reason + "; MPI point-to-point"};
   if (auto d = common_device(a, b))
-    return PairRoute{from, to, "vulkan", str_format("Vulkan IPC: {}; both have device {}", scope.reason, d->name)};
-  return PairRoute{from, to, "shm", "CPU shared memory: " + scope.reason + "; no common Vulkan device"};
+    return PairRoute{from, to, TransportKind::Vulkan, str_format("Vulkan IPC: {}; both have device {}", scope.reason, d->name)};
+  return PairRoute{from, to, TransportKind::Shm, "CPU shared memory: " + scope.reason + "; no common Vulkan device"};
 }
 
 std::vector<PairRoute> Communicator::routes() const {

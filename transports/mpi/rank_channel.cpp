@@ -6,7 +6,7 @@
 #include <chrono>
 #include <utility>
 
-#include "lavaflow/core/format.hpp"
+#include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/mpi/mpi.hpp"
 #include "lavaflow/transports/local.hpp"
 #include "checks.hpp"
@@ -25,13 +25,13 @@ std::string local_name(const Communicator& comm, int from, int to, int channel) 
 Result<PairRoute> pick_route(const Communicator& comm, int from, int to, const RankChannelOptions& o, const char* call) {
   LF_TRY_STATUS(detail::check_channel(o.channel, call));
   LF_TRY(PairRoute r, comm.route(from, to));
-  if (o.transport.empty() || o.transport == r.transport) return r;
-  if (o.transport != "mpi" && o.transport != "shm" && o.transport != "vulkan")
-    return fail(Errc::InvalidArgument, call, str_format("transport \"{}\": not one of mpi, shm, vulkan", o.transport));
-  if (o.transport != "mpi" && r.transport == "mpi")
+  if (!o.transport || *o.transport == r.transport) return r;
+  if (*o.transport != TransportKind::Mpi && r.transport == TransportKind::Mpi)
     return fail(Errc::InvalidArgument, call,
-                str_format("transport \"{}\" forced, but ranks {} and {} are not on one host ({})", o.transport, from, to, r.reason));
-  return PairRoute{from, to, o.transport, str_format("forced by the application (the route would be {}: {})", r.transport, r.reason)};
+                str_format("transport {} forced, but ranks {} and {} are not on one host ({})", to_string(*o.transport),
+                           from, to, r.reason));
+  return PairRoute{from, to, *o.transport,
+                   str_format("forced by the application (the route would be {}: {})", to_string(r.transport), r.reason)};
 }
 
 RemoteOptions remote_options(const RankChannelOptions& o) {
@@ -71,13 +71,13 @@ Result<std::unique_ptr<RankProducer>> RankProducer::create(const Communicator& c
   LF_TRY_STATUS(detail::check_peer(comm, consumer_rank, call));
   auto p = std::unique_ptr<RankProducer>(new RankProducer);
   LF_TRY(p->route_, pick_route(comm, comm.rank(), consumer_rank, o, call));
-  if (p->route_.transport == "mpi") {
+  if (p->route_.transport == TransportKind::Mpi) {
     LF_TRY(p->remote_, RemoteProducer::create(comm, consumer_rank, remote_options(o)));
     return p;
   }
   auto made = Producer::create(local_name(comm, comm.rank(), consumer_rank, o.channel),
                                {.slots = o.slots, .slot_size = o.slot_size, .max_consumers = 1, .policy = o.policy, .wait = o.wait,
-                                .timestamps = o.timestamps, .transport = p->route_.transport, .transports = local_transports(),
+                                .timestamps = o.timestamps, .transport = p->route_.transport,
                                 .vulkan = o.vulkan, .peer = comm.location(consumer_rank), .host = comm.location(comm.rank()).host});
   if (!made) return std::unexpected(made.error().within(str_format("{}: local channel to rank {}", call, consumer_rank)));
   p->local_ = std::move(*made);
@@ -151,13 +151,12 @@ Result<std::unique_ptr<RankConsumer>> RankConsumer::open(const Communicator& com
   LF_TRY_STATUS(detail::check_peer(comm, producer_rank, call));
   auto c = std::unique_ptr<RankConsumer>(new RankConsumer);
   LF_TRY(c->route_, pick_route(comm, producer_rank, comm.rank(), o, call));
-  if (c->route_.transport == "mpi") {
+  if (c->route_.transport == TransportKind::Mpi) {
     LF_TRY(c->remote_, RemoteConsumer::open(comm, producer_rank, remote_options(o)));
     return c;
   }
   const auto name = local_name(comm, producer_rank, comm.rank(), o.channel);
-  auto made = Consumer::open(name, {.wait = o.wait, .connect_timeout = o.connect_timeout, .transports = local_transports(),
-                                    .vulkan = o.vulkan, .host = comm.location(comm.rank()).host});
+  auto made = Consumer::open(name, {.wait = o.wait, .connect_timeout = o.connect_timeout, .vulkan = o.vulkan, .host = comm.location(comm.rank()).host});
   if (!made) return std::unexpected(made.error().within(str_format("{}: local channel {} from rank {}", call, name, producer_rank)));
   c->local_ = std::move(*made);
   if (c->local_->route().transport != c->route_.transport)  // the producer forced another transport

@@ -5,7 +5,7 @@
 
 #include <cstring>
 
-#include "lavaflow/core/format.hpp"
+#include "lavaflow/core/detail/format.hpp"
 
 namespace lavaflow::cuda {
 

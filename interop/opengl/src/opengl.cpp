@@ -3,7 +3,7 @@
 
 #include <cstring>
 
-#include "lavaflow/core/format.hpp"
+#include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/gpu_buffer.hpp"
 
 namespace lavaflow::gl {

@@ -27,13 +27,13 @@
 #include <variant>
 #include <vector>
 
-#include "lavaflow/core/channel.hpp"
+#include "lavaflow/transports/channel.hpp"
 #include "lavaflow/core/gpu_buffer.hpp"
 #include "lavaflow/core/cpu_buffer.hpp"
 #include "lavaflow/core/duration.hpp"
 #include "lavaflow/core/error.hpp"
 #include "lavaflow/core/location.hpp"
-#include "lavaflow/core/transport.hpp"
+#include "lavaflow/transports/transport.hpp"
 #include "lavaflow/core/unique_fd.hpp"
 
 namespace lavaflow::mpi {
@@ -66,7 +66,7 @@ struct CommunicatorOptions {
 /// The route of a channel from rank `from` (producer) to rank `to` (consumer).
 struct PairRoute {
   int from = 0, to = 0;
-  std::string transport;  ///< "vulkan", "shm" or "mpi"
+  TransportKind transport = TransportKind::Mpi;
   std::string reason;
 };
 
@@ -248,9 +248,9 @@ struct RankChannelOptions {
   bool timestamps = false;
   /// Distinguishes channels between the same two ranks (one per direction each): 0 … 4094.
   int channel = 0;
-  /// "" = Communicator::route()'s choice; "mpi", "shm" or "vulkan" forces one. Both sides must
-  /// force the same (the consumer looks for the channel where its route says it is).
-  std::string transport;
+  /// Unset: Communicator::route()'s choice; else forces one. Both sides must force the same (the
+  /// consumer looks for the channel where its route says it is).
+  std::optional<TransportKind> transport;
   /// Local routes: the Vulkan IPC ring's device (null: one is made when needed). MPI route: the
   /// device for GPU staging (remote()->publish_gpu / receive_gpu).
   const VulkanContext* vulkan = nullptr;

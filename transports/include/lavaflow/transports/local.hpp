@@ -4,7 +4,7 @@
 /// The local transports: Vulkan IPC (ring buffers are exportable Vulkan allocations, imported into
 /// the consumer's own Vulkan context) and CPU shared memory (memfd ring buffers).
 
-#include "lavaflow/core/transport.hpp"
+#include "lavaflow/transports/transport.hpp"
 
 namespace lavaflow {
 

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "lavaflow/core/buffer.hpp"
-#include "lavaflow/core/channel.hpp"
+#include "lavaflow/transports/channel.hpp"
 #include "lavaflow/core/error.hpp"
 #include "lavaflow/core/gpu_buffer.hpp"
 #include "lavaflow/core/gpu_image.hpp"

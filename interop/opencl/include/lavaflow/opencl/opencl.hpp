@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "lavaflow/core/buffer.hpp"
-#include "lavaflow/core/channel.hpp"
+#include "lavaflow/transports/channel.hpp"
 #include "lavaflow/core/error.hpp"
 #include "lavaflow/core/location.hpp"
 #include "lavaflow/core/unique_fd.hpp"

@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: MIT
-#include "lavaflow/core/channel.hpp"
+#include "lavaflow/transports/channel.hpp"
+
+#include "lavaflow/transports/local.hpp"
 
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -24,10 +26,10 @@
 
 #include "handshake.hpp"
 #include "lavaflow/core/cpu_buffer.hpp"
-#include "lavaflow/core/format.hpp"
+#include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/unix_socket.hpp"
 #include "lavaflow/core/vulkan_context.hpp"
-#include "vk_call.hpp"
+#include "lavaflow/core/detail/vk_call.hpp"
 
 namespace lavaflow {
 namespace {
@@ -524,8 +526,7 @@ Result<std::unique_ptr<Producer>> Producer::create(const std::string& name, Prod
     return fail(Errc::InvalidArgument, call, str_format("slot size {} out of range", o.slot_size));
   if (o.max_consumers == 0 || o.max_consumers > kMaxConsumers)
     return fail(Errc::InvalidArgument, call, str_format("max_consumers {}: must be 1 to {}", o.max_consumers, kMaxConsumers));
-  if (o.transports.empty())
-    return fail(Errc::InvalidArgument, call, "no transports given (pass lavaflow::local_transports())");
+  if (o.transports.empty()) o.transports = local_transports();
 
   auto impl = std::make_unique<Impl>();
   impl->name = name;
@@ -541,12 +542,12 @@ Result<std::unique_ptr<Producer>> Producer::create(const std::string& name, Prod
   impl->lock_fd = std::move(*lock);
 
   // Route.
-  const bool want_vulkan = o.transport.empty() || o.transport == "vulkan";
+  const bool want_vulkan = !o.transport || o.transport == TransportKind::Vulkan;
   if (o.vulkan) {
     impl->env.vulkan = o.vulkan;
   } else if (want_vulkan) {
     bool has_vulkan = false;
-    for (const auto& t : o.transports) has_vulkan |= t->name() == "vulkan";
+    for (const auto& t : o.transports) has_vulkan |= t->kind() == TransportKind::Vulkan;
     if (has_vulkan) {
       if (auto ctx = VulkanContext::create(); ctx) impl->own_vulkan.emplace(std::move(*ctx));
       if (impl->own_vulkan) impl->env.vulkan = &*impl->own_vulkan;
@@ -556,7 +557,7 @@ Result<std::unique_ptr<Producer>> Producer::create(const std::string& name, Prod
   auto route = choose_route(o.transports, impl->me, o.peer, impl->env, o.transport);
   if (!route) return std::unexpected(route.error().within(call));
   impl->transport = route->transport;
-  impl->route = {std::string(route->transport->name()), route->reason};
+  impl->route = {route->transport->kind(), route->reason};
 
   // Control block and ring, allocated once.
   auto control = CpuBuffer::allocate({.size = sizeof(ControlBlock), .strategy = CpuStrategy::SharedMemory});
@@ -576,7 +577,7 @@ Result<std::unique_ptr<Producer>> Producer::create(const std::string& name, Prod
     impl->ring.push_back(std::move(*b));
   }
 
-  if (impl->transport->name() == "vulkan" && impl->env.vulkan) {
+  if (impl->transport->kind() == TransportKind::Vulkan && impl->env.vulkan) {
     const auto& caps = impl->env.vulkan->capabilities();
     if (caps.timeline_semaphore && caps.timeline_fd_export) {
       auto sem = GpuSemaphore::create(*impl->env.vulkan, SemaphoreKind::Timeline);
@@ -693,7 +694,9 @@ const ChannelRoute& Producer::route() const { return impl_->route; }
 const std::string& Producer::name() const { return impl_->name; }
 std::uint32_t Producer::slots() const { return impl_->options.slots; }
 std::uint64_t Producer::slot_size() const { return impl_->options.slot_size; }
-const VulkanContext* Producer::vulkan() const { return impl_->transport->name() == "vulkan" ? impl_->env.vulkan : nullptr; }
+const VulkanContext* Producer::vulkan() const {
+  return impl_->transport->kind() == TransportKind::Vulkan ? impl_->env.vulkan : nullptr;
+}
 std::uint32_t Producer::consumer_count() const {
   std::uint32_t n = 0;
   for (std::uint32_t i = 0; i < impl_->options.max_consumers; ++i)
@@ -833,8 +836,7 @@ Consumer::~Consumer() = default;
 Result<std::unique_ptr<Consumer>> Consumer::open(const std::string& name, ConsumerOptions o) {
   constexpr const char* call = "Consumer::open";
   if (auto ok = check_name(name); !ok) return std::unexpected(ok.error().within(call));
-  if (o.transports.empty())
-    return fail(Errc::InvalidArgument, call, "no transports given (pass lavaflow::local_transports())");
+  if (o.transports.empty()) o.transports = local_transports();
   auto impl = std::make_unique<Impl>();
   const auto dir = o.directory.empty() ? default_channel_directory() : o.directory;
   const auto path = dir / (name + ".sock");
@@ -871,11 +873,13 @@ Result<std::unique_ptr<Consumer>> Consumer::open(const std::string& name, Consum
   if (!std::holds_alternative<detail::Welcome>(*hs)) return fail(Errc::Malformed, call, "expected a Welcome message");
   auto& w = std::get<detail::Welcome>(*hs);
 
+  auto kind = parse_transport(w.transport);
+  if (!kind) return fail(Errc::Malformed, call, str_format("producer names {}", kind.error().cause()));
   for (const auto& t : o.transports)
-    if (t->name() == w.transport) impl->transport = t;
+    if (t->kind() == *kind) impl->transport = t;
   if (!impl->transport)
     return fail(Errc::Unsupported, call, str_format("channel uses transport {}, which this consumer was not given", w.transport));
-  impl->route = {w.transport, w.route_reason};
+  impl->route = {*kind, w.route_reason};
   impl->slots = w.slots;
   impl->slot_size = w.slot_size;
   impl->producer_pid = w.producer_pid;
@@ -900,7 +904,7 @@ Result<std::unique_ptr<Consumer>> Consumer::open(const std::string& name, Consum
   impl->cursor = impl->released;
   impl->cursor_slot = impl->released_slot = static_cast<std::uint32_t>(impl->released % w.slots);
 
-  if (w.transport == "vulkan") {
+  if (*kind == TransportKind::Vulkan) {
     if (o.vulkan) {
       impl->env.vulkan = o.vulkan;
     } else {

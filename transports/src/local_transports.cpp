@@ -2,7 +2,7 @@
 #include "lavaflow/transports/local.hpp"
 
 #include "lavaflow/core/cpu_buffer.hpp"
-#include "lavaflow/core/format.hpp"
+#include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/gpu_buffer.hpp"
 
 namespace lavaflow {
@@ -16,7 +16,7 @@ Probe local_only(const ProcessLocation& me, const std::optional<ProcessLocation>
 
 class ShmTransport final : public Transport {
  public:
-  std::string_view name() const override { return "shm"; }
+  TransportKind kind() const override { return TransportKind::Shm; }
   Probe can_connect(const ProcessLocation& me, const std::optional<ProcessLocation>& peer,
                     const TransportEnv&) const override {
     auto p = local_only(me, peer);
@@ -35,7 +35,7 @@ class ShmTransport final : public Transport {
 
 class VulkanTransport final : public Transport {
  public:
-  std::string_view name() const override { return "vulkan"; }
+  TransportKind kind() const override { return TransportKind::Vulkan; }
   Probe can_connect(const ProcessLocation& me, const std::optional<ProcessLocation>& peer,
                     const TransportEnv& env) const override {
     if (!env.vulkan) return {false, "no Vulkan context on the producer side"};

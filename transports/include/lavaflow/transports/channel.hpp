@@ -24,7 +24,7 @@
 
 #include "lavaflow/core/duration.hpp"
 #include "lavaflow/core/gpu_semaphore.hpp"
-#include "lavaflow/core/transport.hpp"
+#include "lavaflow/transports/transport.hpp"
 
 namespace lavaflow {
 
@@ -50,8 +50,8 @@ struct ProducerOptions {
   /// Stamp each message with CLOCK_MONOTONIC at publish (MessageInfo::timestamp_ns). Costs about
   /// 25 ns per message (a vDSO clock read on the hand-off path), so it is opt-in.
   bool timestamps = false;
-  std::string transport;                   ///< "" = route automatically; else force "shm" / "vulkan"
-  TransportSet transports;                 ///< in preference order, e.g. lavaflow::local_transports()
+  std::optional<TransportKind> transport;  ///< unset: route automatically; else force this one
+  TransportSet transports;                 ///< in preference order; empty: lavaflow::local_transports()
   const VulkanContext* vulkan = nullptr;   ///< for the Vulkan transport; null = make one when needed
   std::optional<ProcessLocation> peer;     ///< the consumer, when known in advance (routing uses it)
   std::optional<HostIdentity> host;        ///< override of this host's identity (tests, containers)
@@ -65,7 +65,7 @@ struct ConsumerOptions {
   /// the GPU set this false and wait on Received::gpu_wait() in their own queue instead.
   bool host_wait_for_gpu = true;
   Duration connect_timeout = std::chrono::seconds(10);  ///< wait this long for the producer to appear
-  TransportSet transports;                 ///< must contain the producer's transport
+  TransportSet transports;  ///< must contain the producer's transport; empty: lavaflow::local_transports()
   const VulkanContext* vulkan = nullptr;   ///< for importing Vulkan rings; null = make one when needed
   std::optional<HostIdentity> host;
   std::filesystem::path directory;
@@ -88,7 +88,7 @@ struct GpuSync {
 
 /// The route a channel took, and why.
 struct ChannelRoute {
-  std::string transport;
+  TransportKind transport = TransportKind::Shm;
   std::string reason;
 };
 

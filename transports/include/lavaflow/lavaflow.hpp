@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: MIT
 #pragma once
-/// @file Everything of lavaflow::core in one include.
+/// @file Everything a user of lava-flow's memory and channels includes: lavaflow::core (memory,
+/// Vulkan context, descriptors, fd passing) and lavaflow::transports (channels, routing, the local
+/// transports). Adapters (lavaflow/cuda, /opencl, /opengl) and MPI (lavaflow/mpi) have their own.
 #include "lavaflow/core/buffer.hpp"
-#include "lavaflow/core/channel.hpp"
 #include "lavaflow/core/cpu_buffer.hpp"
-#include "lavaflow/core/error.hpp"
 #include "lavaflow/core/duration.hpp"
+#include "lavaflow/core/error.hpp"
 #include "lavaflow/core/gpu_buffer.hpp"
 #include "lavaflow/core/gpu_image.hpp"
 #include "lavaflow/core/gpu_semaphore.hpp"
@@ -14,4 +15,6 @@
 #include "lavaflow/core/unique_fd.hpp"
 #include "lavaflow/core/unix_socket.hpp"
 #include "lavaflow/core/vulkan_context.hpp"
-#include "lavaflow/core/wire.hpp"
+#include "lavaflow/transports/channel.hpp"
+#include "lavaflow/transports/local.hpp"
+#include "lavaflow/transports/transport.hpp"

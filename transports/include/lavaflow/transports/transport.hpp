@@ -18,6 +18,18 @@ namespace lavaflow {
 
 class VulkanContext;
 
+/// The transports a channel can take.
+enum class TransportKind : std::uint8_t {
+  Shm,     ///< CPU shared memory (memfd ring buffers): any two processes of one host
+  Vulkan,  ///< Vulkan IPC (exported Vulkan allocations): processes of one host sharing a device
+  Mpi,     ///< MPI point-to-point: ranks on any host
+};
+
+/// "shm", "vulkan", "mpi": how routes and flags spell a transport.
+[[nodiscard]] std::string_view to_string(TransportKind kind) noexcept;
+/// The inverse of to_string; InvalidArgument naming the choices for anything else.
+[[nodiscard]] Result<TransportKind> parse_transport(std::string_view name);
+
 /// What a transport may use on this side.
 struct TransportEnv {
   const VulkanContext* vulkan = nullptr;  ///< null: none (a Vulkan transport reports it cannot connect)
@@ -31,8 +43,8 @@ struct Probe {
 class Transport {
  public:
   virtual ~Transport() = default;
-  /// Short stable name: "vulkan", "shm", "mpi".
-  [[nodiscard]] virtual std::string_view name() const = 0;
+  [[nodiscard]] virtual TransportKind kind() const = 0;
+  [[nodiscard]] std::string_view name() const { return to_string(kind()); }
   /// Can a producer at `me` serve a consumer at `peer`? `peer` unset: any consumer on this host.
   [[nodiscard]] virtual Probe can_connect(const ProcessLocation& me, const std::optional<ProcessLocation>& peer,
                                           const TransportEnv& env) const = 0;
@@ -51,10 +63,10 @@ struct RouteDecision {
   std::string reason;                          ///< why this one, or why none
 };
 
-/// Picks the first transport of `set` that can connect (or exactly `forced` when given by name,
-/// failing with its probe's reason when it cannot).
+/// The routing decision, for every caller: the first transport of `set` that can connect (or
+/// exactly `forced`, failing with its probe's reason when it cannot), with the reason.
 [[nodiscard]] Result<RouteDecision> choose_route(const TransportSet& set, const ProcessLocation& me,
                                                  const std::optional<ProcessLocation>& peer, const TransportEnv& env,
-                                                 std::string_view forced = {});
+                                                 std::optional<TransportKind> forced = {});
 
 }  // namespace lavaflow

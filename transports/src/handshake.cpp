@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: MIT
 #include "handshake.hpp"
 
-#include "lavaflow/core/format.hpp"
-#include "lavaflow/core/wire.hpp"
+#include "lavaflow/core/detail/format.hpp"
+#include "lavaflow/core/detail/wire.hpp"
 
 namespace lavaflow::detail {
 namespace {
