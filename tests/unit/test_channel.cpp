@@ -492,3 +492,27 @@ TEST_CASE("rendezvous files go with their channel: 1000 create/destroy cycles an
   }
   CHECK(entries(dir) == before);
 }
+
+TEST_CASE("a Loan or Received that outlives its channel object keeps its bytes valid, and frees them when dropped") {
+  auto dir = lftest::channel_dir();
+  auto p = lftest::ok(Producer::create("outlive", popts(dir)));
+  auto c = lftest::ok(Consumer::open("outlive", copts(dir)));
+  publish(*p, 1);
+  publish(*p, 2);
+  auto first = lftest::ok(c->receive(1s));
+  auto second = lftest::ok(c->receive(1s));
+  auto loan = lftest::ok(p->loan(1s));
+  std::memset(loan.bytes().data(), 0x5a, loan.bytes().size());
+
+  p.reset();  // the channel closes; the loan keeps the ring
+  CHECK(loan.bytes().size() == 256);
+  CHECK(loan.bytes()[255] == std::byte{0x5a});
+  { Loan gone = std::move(loan); }  // frees what the producer left
+
+  c.reset();  // two messages still held: their bytes stay as they were
+  CHECK(first.bytes().size() == 16);
+  CHECK(first.bytes()[0] == std::byte{1});
+  first.release();
+  CHECK(first.bytes().empty());
+  CHECK(second.bytes()[15] == std::byte{2});
+}

@@ -287,7 +287,7 @@ std::filesystem::path default_channel_directory() {
 // ---------------------------------------------------------------------------------------------
 // Producer
 
-struct Producer::Impl {
+struct detail::ProducerState {
   std::string name;
   ProducerOptions options;
   ChannelRoute route;
@@ -321,7 +321,13 @@ struct Producer::Impl {
   std::vector<Connection> connections;  // service thread only
   std::vector<Pending> pending;         // service thread only
 
-  ~Impl() {
+  bool orphaned = false;  // the Producer is gone; the outstanding Loan owns this and deletes it
+
+  ~ProducerState() { close(); }
+
+  /// Ends the channel: consumers see it closed, nobody new is admitted, the names are removed.
+  /// The ring stays mapped until this state is deleted.
+  void close() {
     if (control) {
       control->closed.store(1, std::memory_order_seq_cst);
       futex_wake_all(control->data_futex);
@@ -335,6 +341,14 @@ struct Producer::Impl {
     // that finds the lock file gone finds no socket of ours either.
     if (listen_fd) ::unlink(socket_path.c_str());
     if (lock_fd) ::unlink(lock_path.c_str());
+    listen_fd.reset();
+    lock_fd.reset();
+  }
+
+  /// The loan of message `seq` was dropped unpublished (or published: then seq is stale).
+  void abandon(std::uint64_t seq) {
+    if (seq == write_seq) loan_out = false;
+    if (orphaned && !loan_out) delete this;
   }
 
   /// Whether slot `seq % slots` is free for every active consumer. The cached minimum only ever
@@ -386,7 +400,7 @@ struct Producer::Impl {
   }
 };
 
-void Producer::Impl::accept_all() {
+void detail::ProducerState::accept_all() {
   for (;;) {
     UniqueFd sock(::accept4(listen_fd.get(), nullptr, nullptr, SOCK_CLOEXEC));
     if (!sock) return;  // EAGAIN: the backlog is empty (the listening socket does not block)
@@ -404,7 +418,7 @@ void Producer::Impl::accept_all() {
   }
 }
 
-void Producer::Impl::admit(UniqueFd sock) {
+void detail::ProducerState::admit(UniqueFd sock) {
   auto msg = recv_message(sock.get(), 0ms);  // readable: a frame, junk or a hang-up is there
   if (!msg) {  // dead clients get a hang-up; confused ones are told why first
     if (msg.error().code() == Errc::Malformed) (void)send_refuse(sock.get(), msg.error().message());
@@ -477,7 +491,7 @@ void Producer::Impl::admit(UniqueFd sock) {
   connections.push_back({std::move(sock), index});
 }
 
-void Producer::Impl::service_loop() {
+void detail::ProducerState::service_loop() {
   std::vector<pollfd> p;
   for (;;) {
     p.clear();
@@ -514,8 +528,15 @@ void Producer::Impl::service_loop() {
   }
 }
 
-Producer::Producer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Producer::~Producer() = default;
+Producer::Producer(std::unique_ptr<detail::ProducerState> impl) : impl_(std::move(impl)) {}
+Producer::~Producer() {
+  // A Loan still out keeps the ring mapped (its bytes stay valid) and deletes it when dropped.
+  if (impl_ && impl_->loan_out) {
+    impl_->close();
+    impl_->orphaned = true;
+    (void)impl_.release();
+  }
+}
 
 Result<std::unique_ptr<Producer>> Producer::create(const std::string& name, ProducerOptions o) {
   constexpr const char* call = "Producer::create";
@@ -528,7 +549,7 @@ Result<std::unique_ptr<Producer>> Producer::create(const std::string& name, Prod
     return fail(Errc::InvalidArgument, call, str_format("max_consumers {}: must be 1 to {}", o.max_consumers, kMaxConsumers));
   if (o.transports.empty()) o.transports = local_transports();
 
-  auto impl = std::make_unique<Impl>();
+  auto impl = std::make_unique<detail::ProducerState>();
   impl->name = name;
   const auto dir = o.directory.empty() ? default_channel_directory() : o.directory;
   if (auto ok = private_directory(dir, true); !ok) return std::unexpected(ok.error().within(call));
@@ -624,7 +645,7 @@ Result<Loan> Producer::loan(Duration timeout) {
     }
   }
   m.loan_out = true;
-  return Result<Loan>(std::in_place, Loan(this, seq, m.write_slot));
+  return Result<Loan>(std::in_place, Loan(&m, seq, m.write_slot));
 }
 
 Result<Loan> Producer::try_loan() {
@@ -637,7 +658,7 @@ Result<Loan> Producer::try_loan() {
 Result<MessageInfo> Producer::publish(Loan&& loan, MessageInfo info) {
   auto& m = *impl_;
   constexpr const char* call = "Producer::publish";
-  if (loan.producer_ != this || loan.seq_ != m.write_seq)
+  if (loan.impl_ != &m || loan.seq_ != m.write_seq)
     return fail(Errc::InvalidArgument, call, "loan does not belong to this producer's current slot");
   if (info.size == 0) info.size = m.options.slot_size;
   if (info.size > m.options.slot_size)
@@ -658,7 +679,7 @@ Result<MessageInfo> Producer::publish(Loan&& loan, MessageInfo info) {
   ++m.write_seq;
   if (++m.write_slot == m.options.slots) m.write_slot = 0;
   m.loan_out = false;
-  loan.producer_ = nullptr;
+  loan.impl_ = nullptr;
   if (wake && m.control->consumers_waiting.load(std::memory_order_seq_cst) != 0) futex_wake_all(m.control->data_futex);
   return info;
 }
@@ -680,15 +701,12 @@ Result<MessageInfo> Producer::publish(Loan&& loan, vk::Fence gpu_done, MessageIn
 bool Producer::has_gpu_timeline() const { return impl_->timeline.has_value(); }
 
 std::optional<GpuSync> Loan::gpu_signal() {
-  auto& m = *producer_->impl_;
+  auto& m = *impl_;
   if (!m.timeline) return std::nullopt;
   gpu_signaled_ = true;
   return GpuSync{m.timeline->semaphore(), seq_ + 1};
 }
 
-void Producer::abandon(std::uint64_t seq) {
-  if (seq == impl_->write_seq) impl_->loan_out = false;
-}
 
 const ChannelRoute& Producer::route() const { return impl_->route; }
 const std::string& Producer::name() const { return impl_->name; }
@@ -731,11 +749,11 @@ Status Producer::wait_for_consumers(std::uint32_t n, Duration timeout) {
 }
 
 Loan::Loan(Loan&& o) noexcept
-    : producer_(std::exchange(o.producer_, nullptr)), seq_(o.seq_), slot_(o.slot_), gpu_signaled_(o.gpu_signaled_) {}
+    : impl_(std::exchange(o.impl_, nullptr)), seq_(o.seq_), slot_(o.slot_), gpu_signaled_(o.gpu_signaled_) {}
 Loan& Loan::operator=(Loan&& o) noexcept {
   if (this != &o) {
-    if (producer_) producer_->abandon(seq_);
-    producer_ = std::exchange(o.producer_, nullptr);
+    if (impl_) impl_->abandon(seq_);
+    impl_ = std::exchange(o.impl_, nullptr);
     seq_ = o.seq_;
     slot_ = o.slot_;
     gpu_signaled_ = o.gpu_signaled_;
@@ -743,15 +761,15 @@ Loan& Loan::operator=(Loan&& o) noexcept {
   return *this;
 }
 Loan::~Loan() {
-  if (producer_) producer_->abandon(seq_);
+  if (impl_) impl_->abandon(seq_);
 }
-std::span<std::byte> Loan::bytes() const { return producer_->impl_->ring[slot_]->bytes(); }
-Buffer& Loan::buffer() const { return *producer_->impl_->ring[slot_]; }
+std::span<std::byte> Loan::bytes() const { return impl_ ? impl_->ring[slot_]->bytes() : std::span<std::byte>(); }
+Buffer& Loan::buffer() const { return *impl_->ring[slot_]; }
 
 // ---------------------------------------------------------------------------------------------
 // Consumer
 
-struct Consumer::Impl {
+struct detail::ConsumerState {
   ConsumerOptions options;
   ChannelRoute route;
   std::shared_ptr<const Transport> transport;
@@ -780,6 +798,9 @@ struct Consumer::Impl {
   std::uint32_t cursor_slot = 0;    // … namely this one
   std::uint32_t held = 0;
   std::vector<std::uint8_t> done;  // by slot
+  bool orphaned = false;  // the Consumer is gone; the last outstanding Received deletes this
+
+  void release(std::uint32_t slot);
 
   [[nodiscard]] std::uint32_t slot_of(std::uint64_t seq) {
     if (seq != cursor) {  // only after DropOldest skipped messages
@@ -789,7 +810,7 @@ struct Consumer::Impl {
     return cursor_slot;
   }
 
-  ~Impl() {
+  ~ConsumerState() {
     if (counted_blocking) control->blocking_consumers.fetch_sub(1, std::memory_order_seq_cst);
     if (watcher.joinable()) {
       std::uint64_t one = 1;
@@ -830,14 +851,21 @@ struct Consumer::Impl {
   }
 };
 
-Consumer::Consumer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Consumer::~Consumer() = default;
+Consumer::Consumer(std::unique_ptr<detail::ConsumerState> impl) : impl_(std::move(impl)) {}
+Consumer::~Consumer() {
+  // Messages still held keep the ring mapped and their slots taken, so their bytes stay valid
+  // and unchanged; the last one released ends the connection.
+  if (impl_ && impl_->held != 0) {
+    impl_->orphaned = true;
+    (void)impl_.release();
+  }
+}
 
 Result<std::unique_ptr<Consumer>> Consumer::open(const std::string& name, ConsumerOptions o) {
   constexpr const char* call = "Consumer::open";
   if (auto ok = check_name(name); !ok) return std::unexpected(ok.error().within(call));
   if (o.transports.empty()) o.transports = local_transports();
-  auto impl = std::make_unique<Impl>();
+  auto impl = std::make_unique<detail::ConsumerState>();
   const auto dir = o.directory.empty() ? default_channel_directory() : o.directory;
   const auto path = dir / (name + ".sock");
   LF_TRY(auto addr, address(path));
@@ -978,11 +1006,11 @@ Result<Received> Consumer::receive(Duration timeout) {
     const bool gpu_ordered = (slot.flags.load(std::memory_order_relaxed) & kGpuOrdered) && m.timeline;
     if (gpu_ordered && m.options.host_wait_for_gpu) {
       if (auto ok = m.timeline->wait(n + 1, timeout); !ok) {
-        release(k);  // the message is taken but not handed out: give its slot back
+        m.release(k);  // the message is taken but not handed out: give its slot back
         return std::unexpected(ok.error());
       }
     }
-    return Result<Received>(std::in_place, Received(this, info, missed, k, gpu_ordered));
+    return Result<Received>(std::in_place, Received(&m, info, missed, k, gpu_ordered));
   }
 }
 
@@ -996,8 +1024,8 @@ Result<Received> Consumer::try_receive() {
   return receive(Duration(0));
 }
 
-void Consumer::release(std::uint32_t slot) {
-  auto& m = *impl_;
+void detail::ConsumerState::release(std::uint32_t slot) {
+  auto& m = *this;
   m.done[slot] = 1;
   --m.held;
   while (m.released < m.expected && m.done[m.released_slot]) {
@@ -1007,10 +1035,11 @@ void Consumer::release(std::uint32_t slot) {
   }
   if (m.control->producer_blocks == 0) {  // a busy-polling producer: no fence, nobody to wake
     m.self->released.store(m.released, std::memory_order_release);
-    return;
+  } else {
+    m.self->released.store(m.released, std::memory_order_seq_cst);
+    if (m.control->producer_waiting.load(std::memory_order_seq_cst) != 0) futex_wake_all(m.control->space_futex);
   }
-  m.self->released.store(m.released, std::memory_order_seq_cst);
-  if (m.control->producer_waiting.load(std::memory_order_seq_cst) != 0) futex_wake_all(m.control->space_futex);
+  if (orphaned && held == 0) delete this;
 }
 
 const ChannelRoute& Consumer::route() const { return impl_->route; }
@@ -1024,17 +1053,17 @@ const GpuSemaphore* Producer::gpu_timeline() const { return impl_->timeline ? &*
 const GpuSemaphore* Consumer::gpu_timeline() const { return impl_->timeline ? &*impl_->timeline : nullptr; }
 
 std::optional<GpuSync> Received::gpu_wait() const {
-  if (!consumer_ || !gpu_ordered_) return std::nullopt;
-  return GpuSync{consumer_->impl_->timeline->semaphore(), info_.sequence + 1};
+  if (!impl_ || !gpu_ordered_) return std::nullopt;
+  return GpuSync{impl_->timeline->semaphore(), info_.sequence + 1};
 }
 
 Received::Received(Received&& o) noexcept
-    : consumer_(std::exchange(o.consumer_, nullptr)), info_(o.info_), missed_(o.missed_), slot_(o.slot_),
+    : impl_(std::exchange(o.impl_, nullptr)), info_(o.info_), missed_(o.missed_), slot_(o.slot_),
       gpu_ordered_(o.gpu_ordered_) {}
 Received& Received::operator=(Received&& o) noexcept {
   if (this != &o) {
     release();
-    consumer_ = std::exchange(o.consumer_, nullptr);
+    impl_ = std::exchange(o.impl_, nullptr);
     info_ = o.info_;
     missed_ = o.missed_;
     slot_ = o.slot_;
@@ -1044,13 +1073,14 @@ Received& Received::operator=(Received&& o) noexcept {
 }
 Received::~Received() { release(); }
 void Received::release() {
-  if (consumer_) std::exchange(consumer_, nullptr)->release(slot_);
+  if (impl_) std::exchange(impl_, nullptr)->release(slot_);
 }
 std::span<const std::byte> Received::bytes() const {
-  auto all = consumer_->impl_->ring[slot_]->bytes();
+  if (!impl_) return {};
+  auto all = impl_->ring[slot_]->bytes();
   return all.first(std::min<std::uint64_t>(info_.size, all.size()));
 }
-Buffer& Received::buffer() const { return *consumer_->impl_->ring[slot_]; }
+Buffer& Received::buffer() const { return *impl_->ring[slot_]; }
 
 // ---------------------------------------------------------------------------------------------
 

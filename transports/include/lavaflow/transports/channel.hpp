@@ -97,9 +97,18 @@ struct ChannelRoute {
 
 class Producer;
 class Consumer;
+namespace detail {
+struct ProducerState;  // the channel's ring, control block and sockets (transports/src/channel.cpp)
+struct ConsumerState;
+}  // namespace detail
 
 /// A loaned ring buffer. Write into `bytes()`, then `Producer::publish(std::move(loan))`.
 /// Dropping a Loan unpublished gives the slot back.
+///
+/// Ownership: a Loan refers to its Producer's ring, never to the Producer object. A Loan that
+/// outlives its Producer keeps the ring mapped (bytes() stays valid, publish is impossible
+/// without the Producer) and frees it when dropped; the channel itself closes with the Producer.
+/// A Producer and its Loan are used by one thread at a time (they may move between threads).
 class Loan {
  public:
   Loan(Loan&&) noexcept;
@@ -119,14 +128,19 @@ class Loan {
 
  private:
   friend class Producer;
-  Loan(Producer* p, std::uint64_t seq, std::uint32_t slot) : producer_(p), seq_(seq), slot_(slot) {}
-  Producer* producer_ = nullptr;
+  Loan(detail::ProducerState* state, std::uint64_t seq, std::uint32_t slot) : impl_(state), seq_(seq), slot_(slot) {}
+  detail::ProducerState* impl_ = nullptr;
   std::uint64_t seq_ = 0;
   std::uint32_t slot_ = 0;
   bool gpu_signaled_ = false;
 };
 
 /// A received message; released (slot returned) when destroyed.
+///
+/// Ownership: a Received refers to its Consumer's ring, never to the Consumer object. Messages
+/// still held when their Consumer is destroyed keep the ring mapped and their slots taken (their
+/// bytes stay valid and unchanged); the last one released ends the connection. After release()
+/// bytes() is empty. A Consumer and its Received are used by one thread at a time.
 class Received {
  public:
   Received(Received&&) noexcept;
@@ -145,9 +159,9 @@ class Received {
 
  private:
   friend class Consumer;
-  Received(Consumer* c, MessageInfo info, std::uint64_t missed, std::uint32_t slot, bool gpu_ordered)
-      : consumer_(c), info_(info), missed_(missed), slot_(slot), gpu_ordered_(gpu_ordered) {}
-  Consumer* consumer_ = nullptr;
+  Received(detail::ConsumerState* state, MessageInfo info, std::uint64_t missed, std::uint32_t slot, bool gpu_ordered)
+      : impl_(state), info_(info), missed_(missed), slot_(slot), gpu_ordered_(gpu_ordered) {}
+  detail::ConsumerState* impl_ = nullptr;
   MessageInfo info_;
   std::uint64_t missed_ = 0;
   std::uint32_t slot_ = 0;
@@ -188,13 +202,10 @@ class Producer {
   /// Waits until at least `n` consumers are connected.
   [[nodiscard]] Status wait_for_consumers(std::uint32_t n, Duration timeout);
 
-  struct Impl;
 
  private:
-  friend class Loan;
-  explicit Producer(std::unique_ptr<Impl> impl);
-  void abandon(std::uint64_t seq);
-  std::unique_ptr<Impl> impl_;
+  explicit Producer(std::unique_ptr<detail::ProducerState> state);
+  std::unique_ptr<detail::ProducerState> impl_;
 };
 
 class Consumer {
@@ -218,13 +229,10 @@ class Consumer {
   /// The shared timeline itself (null without one): export_fd() hands it to CUDA or another API.
   [[nodiscard]] const GpuSemaphore* gpu_timeline() const;
 
-  struct Impl;
 
  private:
-  friend class Received;
-  explicit Consumer(std::unique_ptr<Impl> impl);
-  void release(std::uint32_t slot);
-  std::unique_ptr<Impl> impl_;
+  explicit Consumer(std::unique_ptr<detail::ConsumerState> state);
+  std::unique_ptr<detail::ConsumerState> impl_;
 };
 
 /// The seed's form: a producer for a known peer (route from both locations). The consumer opens
