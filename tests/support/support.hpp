@@ -30,10 +30,26 @@ namespace lftest {
 
 inline constexpr int kSkipCode = 77;
 
+/// The rendezvous directories this test process made (channel_dir), removed when it ends.
+inline std::vector<std::filesystem::path>& made_channel_dirs() {
+  static std::vector<std::filesystem::path> made;
+  static struct Cleanup {
+    ~Cleanup() {
+      std::error_code ec;
+      for (auto& d : made) std::filesystem::remove_all(d, ec);
+    }
+  } cleanup;
+  return made;
+}
+
 /// Ends this test process as skipped, with the reason on stdout (CTest shows it).
 [[noreturn]] inline void skip(const std::string& reason) {
   std::printf("LAVAFLOW-SKIP: %s\n", reason.c_str());
   std::fflush(stdout);
+  // _Exit runs no destructors (a skip may come from a thread or a forked child): remove this
+  // test's directories here.
+  std::error_code ec;
+  for (auto& d : made_channel_dirs()) std::filesystem::remove_all(d, ec);
   std::_Exit(kSkipCode);
 }
 
@@ -62,13 +78,7 @@ inline std::filesystem::path channel_dir() {
   auto dir = std::filesystem::temp_directory_path() / ("lavaflow-test-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
   std::filesystem::remove_all(dir);
   REQUIRE(::mkdir(dir.c_str(), 0700) == 0);
-  static std::vector<std::filesystem::path> made;
-  static struct Cleanup {
-    ~Cleanup() {
-      for (auto& d : made) std::filesystem::remove_all(d);
-    }
-  } cleanup;
-  made.push_back(dir);
+  made_channel_dirs().push_back(dir);
   return dir;
 }
 
