@@ -33,7 +33,6 @@ extern char** environ;
 namespace lfbench {
 
 using namespace lavaflow;
-using Clock = std::chrono::steady_clock;
 
 namespace {
 

@@ -29,7 +29,6 @@ namespace lfbench {
 
 using namespace lavaflow;
 using namespace std::chrono_literals;
-using Clock = std::chrono::steady_clock;
 
 namespace {
 
@@ -37,10 +36,6 @@ constexpr std::uint64_t kStop = ~0ull;
 constexpr std::uint64_t kTouch = 1ull << 62;
 constexpr std::uint64_t kStream = 1ull << 61;  // throughput run: echo only the last message
 constexpr std::uint64_t kSizeMask = (1ull << 40) - 1;
-
-std::uint64_t now_ns() {
-  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count());
-}
 
 void pin(int cpu) {
   cpu_set_t set;

@@ -23,7 +23,6 @@
 #include "lavaflow/lavaflow.hpp"
 
 using namespace lavaflow;
-using Clock = std::chrono::steady_clock;
 
 namespace {
 

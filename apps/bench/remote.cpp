@@ -25,7 +25,6 @@
 #include "lavaflow/mpi/mpi.hpp"
 
 using namespace lavaflow;
-using Clock = std::chrono::steady_clock;
 
 namespace {
 

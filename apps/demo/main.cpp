@@ -32,7 +32,6 @@
 
 using namespace lavaflow;
 using namespace std::chrono_literals;
-using Clock = std::chrono::steady_clock;
 
 namespace {
 

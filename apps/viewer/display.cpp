@@ -27,17 +27,10 @@ namespace lfviewer {
 
 using namespace lavaflow;
 using namespace std::chrono_literals;
-using Clock = std::chrono::steady_clock;
 
 namespace {
 
 int die(const Error& e) { return report_failure("viewer", e); }
-
-std::uint64_t now_ns() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-}
 
 /// Where GL draws: a GLFW window, or a headless EGL context. Either way frames are drawn into an
 /// offscreen framebuffer of the frame's exact size (what --screenshot reads), then shown.

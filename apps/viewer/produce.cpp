@@ -17,7 +17,6 @@ namespace lfviewer {
 
 using namespace lavaflow;
 using namespace std::chrono_literals;
-using Clock = std::chrono::steady_clock;
 
 namespace {
 

@@ -31,7 +31,6 @@ namespace lavaflow::mpi {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
 // Each message is one MPI message: the payload, then a trailer (wire version 4). The payload starts
 // the ring buffer (page-aligned for the application and the GPU copy engine); the trailer follows
 // it, so its length can depend on the message. The full trailer: 8 bytes (sequence, flags, magic)
@@ -151,11 +150,6 @@ Status check(int rc, const char* call) {
   return std::unexpected(to_error(rc, call));
 }
 
-Clock::time_point deadline_after(Clock::time_point now, Duration timeout) {
-  if (timeout == kForever || timeout > std::chrono::hours(24 * 365)) return Clock::time_point::max();
-  return now + timeout;
-}
-
 /// A pidfd turns readable when its process exits.
 bool exited(const UniqueFd& pidfd) {
   if (!pidfd) return false;
@@ -195,7 +189,7 @@ Status poll_until(F&& done, Duration timeout, WaitMode mode, Errc on_timeout, W&
     const auto now = Clock::now();
     if (start == Clock::time_point{}) {
       start = watched = now;
-      deadline = deadline_after(start, timeout);
+      deadline = Deadline(timeout, start).at();
     }
     if (watch && now - watched >= std::chrono::milliseconds(1)) {
       watched = now;
@@ -407,12 +401,6 @@ Status check_options(const RemoteOptions& o, const char* call) {
   if (!std::has_single_bit(o.chunk) || o.chunk < (1u << kMinChunkLog2) || o.chunk > (1u << kMaxChunkLog2))
     return fail(Errc::InvalidArgument, call, str_format("chunk {} is not a power of two in 4 KiB..1 GiB", o.chunk));
   return {};
-}
-
-std::uint64_t now_ns() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
 }
 
 }  // namespace

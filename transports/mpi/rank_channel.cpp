@@ -109,9 +109,9 @@ Result<RankLoan> RankProducer::loan(Duration timeout) {
   }
   Duration left = timeout;
   if (!consumer_seen_ || local_->consumer_count() == 0) {  // not on the per-message path: no clock read there
-    const auto start = std::chrono::steady_clock::now();
+    const Deadline deadline(timeout);
     LF_TRY_STATUS(wait_for_consumer(timeout));
-    if (timeout != kForever) left = std::max(Duration::zero(), timeout - (std::chrono::steady_clock::now() - start));
+    left = deadline.left();
   }
   LF_TRY(auto l, local_->loan(left));  // what the wait for the consumer left of the timeout
   return RankLoan(std::move(l));

@@ -35,7 +35,6 @@ namespace lavaflow {
 namespace {
 
 using namespace std::chrono_literals;
-using Clock = std::chrono::steady_clock;
 using detail::kMaxConsumers;
 using detail::kMaxSlots;
 
@@ -101,25 +100,7 @@ void futex_wake_all(std::atomic<std::uint32_t>& word) {
   ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
-std::uint64_t now_ns() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-}
-
 inline void cpu_relax() { __builtin_ia32_pause(); }
-
-struct Deadline {
-  explicit Deadline(Duration timeout)
-      : forever(timeout == kForever || timeout > std::chrono::hours(24 * 365)),
-        at(forever ? Clock::time_point::max() : Clock::now() + timeout) {}
-  bool forever;
-  Clock::time_point at;
-  [[nodiscard]] bool passed() const { return !forever && Clock::now() >= at; }
-  [[nodiscard]] Duration left() const {
-    return forever ? Duration(std::chrono::milliseconds(100)) : std::max(Duration(0), Duration(at - Clock::now()));
-  }
-};
 
 /// Waits until `ready()`; `aborted()` returns an error to stop with. Spins first (per mode), then
 /// sleeps on `word` announcing itself in `waiters` (Dekker-style with the waker: both seq_cst).

@@ -1,12 +1,47 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 /// @file
-/// How long a blocking call may wait. Every blocking call in lava-flow takes one.
+/// How long a blocking call may wait — every blocking call in lava-flow takes a Duration — and
+/// the one clock and deadline type that every wait measures with.
+#include <time.h>
+
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 
 namespace lavaflow {
 
 using Duration = std::chrono::nanoseconds;
 inline constexpr Duration kForever = Duration::max();
+
+/// The clock of every timeout and of message timestamps (CLOCK_MONOTONIC).
+using Clock = std::chrono::steady_clock;
+
+/// CLOCK_MONOTONIC in nanoseconds: message timestamps, comparable across processes of one host.
+[[nodiscard]] inline std::uint64_t now_ns() noexcept {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+/// The moment a timeout runs out. kForever, or anything beyond a year, never does (and never
+/// overflows the clock).
+class Deadline {
+ public:
+  explicit Deadline(Duration timeout, Clock::time_point now = Clock::now())
+      : forever_(timeout == kForever || timeout > std::chrono::hours(24 * 365)),
+        at_(forever_ ? Clock::time_point::max() : now + std::max(timeout, Duration::zero())) {}
+  [[nodiscard]] bool forever() const { return forever_; }
+  [[nodiscard]] bool passed(Clock::time_point now = Clock::now()) const { return !forever_ && now >= at_; }
+  /// What is left of the timeout: kForever for a deadline that never passes.
+  [[nodiscard]] Duration left(Clock::time_point now = Clock::now()) const {
+    return forever_ ? kForever : std::max(Duration::zero(), Duration(at_ - now));
+  }
+  [[nodiscard]] Clock::time_point at() const { return at_; }
+
+ private:
+  bool forever_;
+  Clock::time_point at_;
+};
 
 }  // namespace lavaflow
