@@ -52,6 +52,8 @@ function(lavaflow_target_defaults target)
   if(LAVAFLOW_WERROR)
     target_compile_options(${target} PRIVATE -Werror)
   endif()
+  # Debug info names the build directory as "."; installed files carry no path of the build tree.
+  target_compile_options(${target} PRIVATE -ffile-prefix-map=${PROJECT_BINARY_DIR}=.)
   if(LAVAFLOW_SANITIZE)
     target_compile_options(${target} PRIVATE -fsanitize=address,undefined -fno-omit-frame-pointer
                                              -fno-sanitize-recover=undefined)
@@ -68,7 +70,8 @@ function(lavaflow_executable_defaults target)
   endif()
 endfunction()
 
-# lavaflow_add_library(NAME ALIAS SOURCES ...): a library with include/ as public headers.
+# lavaflow_add_library(NAME ALIAS SOURCES ...): a library with include/ as public headers, the
+# package component ALIAS (lavaflow::ALIAS).
 function(lavaflow_add_library name alias)
   add_library(${name} ${ARGN})
   add_library(lavaflow::${alias} ALIAS ${name})
@@ -79,7 +82,10 @@ function(lavaflow_add_library name alias)
     $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
   target_compile_features(${name} PUBLIC cxx_std_23)
   lavaflow_target_defaults(${name})
-  set_property(GLOBAL APPEND PROPERTY LAVAFLOW_INSTALL_TARGETS ${name})
+  # Installed as component ALIAS: the target, its export set and exactly its own include/ tree.
+  set_property(GLOBAL APPEND PROPERTY LAVAFLOW_COMPONENTS ${alias})
+  set_property(GLOBAL PROPERTY LAVAFLOW_COMPONENT_${alias}_TARGET ${name})
+  set_property(GLOBAL PROPERTY LAVAFLOW_COMPONENT_${alias}_INCLUDE ${CMAKE_CURRENT_SOURCE_DIR}/include)
 endfunction()
 
 function(lavaflow_add_app name)

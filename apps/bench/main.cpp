@@ -26,6 +26,16 @@ using namespace lavaflow;
 
 namespace {
 
+/// A program installed beside this one (the build tree keeps them together too): no build-tree
+/// path is compiled into the binary.
+[[maybe_unused]] std::string sibling(const char* name) {
+  char self[4096] = {};
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) return name;
+  std::string path(self, static_cast<std::size_t>(n));
+  return path.substr(0, path.rfind('/') + 1) + name;
+}
+
 struct Row {
   std::string name;
   std::string baseline;
@@ -137,8 +147,9 @@ int bench_alloc(int reps, bool json) {
 /// Runs the raw MPI ping-pong under the installed mpiexec; empty when MPI is not built.
 std::vector<lfbench::Row> mpi_rows(int iterations, std::string& note) {
   std::vector<lfbench::Row> rows;
-#ifdef LAVAFLOW_BENCH_MPI
-  const std::string cmd = str_format("{} -n 2 -bind-to core {} {} 64 2>&1", LAVAFLOW_MPIEXEC, LAVAFLOW_BENCH_MPI, iterations);
+#if LAVAFLOW_BENCH_MPI
+  const std::string cmd =
+      str_format("{} -n 2 -bind-to core {} {} 64 2>&1", LAVAFLOW_MPIEXEC, sibling("lavaflow-bench-mpi"), iterations);
   FILE* f = ::popen(cmd.c_str(), "r");
   if (!f) {
     note = "could not start mpiexec";
@@ -314,13 +325,13 @@ int main(int argc, char** argv) {
   if (what == "_echo") return lfbench::echo_main(argc, argv);
   if (what == "local") return bench_local(argc, argv);
   if (what == "remote") {
-#ifdef LAVAFLOW_BENCH_REMOTE
+#if LAVAFLOW_BENCH_REMOTE
     // Under mpiexec already (a PMI or OpenMPI rank variable is set): become the MPI program.
     // Otherwise start it under mpiexec -n 2.
     std::vector<std::string> args;
     const bool under_mpi = std::getenv("PMI_RANK") || std::getenv("OMPI_COMM_WORLD_RANK");
     if (!under_mpi) args = {LAVAFLOW_MPIEXEC, "-n", "2"};
-    args.push_back(LAVAFLOW_BENCH_REMOTE);
+    args.push_back(sibling("lavaflow-bench-remote"));
     for (int i = 2; i < argc; ++i) args.push_back(argv[i]);
     std::vector<char*> raw;
     for (auto& s : args) raw.push_back(s.data());

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The install tree holds the public headers of exactly the built components, and no installed
+# program carries a path of the build tree.
+#   check_install.sh PREFIX BUILD_DIR COMPONENT...
+set -euo pipefail
+prefix=$1 build=$2
+shift 2
+all="$*"
+all=${all//;/ }
+built=" $all "
+inc=$prefix/include/lavaflow
+for c in core transports cuda opencl opengl mpi; do
+  case $c in
+    core) dir=$inc/core ;;
+    transports) dir=$inc/transports ;;
+    *) dir=$inc/$c ;;
+  esac
+  if [[ $built == *" $c "* ]]; then
+    [ -n "$(ls -A "$dir" 2>/dev/null)" ] || { echo "FAILED: component $c was built but $dir is missing"; exit 1; }
+  elif [ -e "$dir" ]; then
+    echo "FAILED: component $c was not built but $dir is installed"; exit 1
+  fi
+done
+for exe in "$prefix"/bin/*; do
+  if readelf -d "$exe" | grep -E "R(UN)?PATH" | grep -q "$build"; then echo "FAILED: $exe has an RPATH into the build tree"; exit 1; fi
+  if grep -q -a -F "$build" "$exe"; then echo "FAILED: $exe contains the build-tree path $build"; exit 1; fi
+done
+echo "installed: headers of exactly [$all]; no build-tree path in $(ls "$prefix"/bin | wc -l) programs"
