@@ -8,7 +8,7 @@ pkgs=(
   libglew-dev libglfw3-dev libegl-dev libgl-dev
   mpich libmpich-dev
   opencl-headers ocl-icd-opencl-dev pocl-opencl-icd clinfo
-  catch2 libnuma-dev xvfb libclang-rt-14-dev zlib1g-dev gnuplot-nox iproute2
+  catch2 libcli11-dev nlohmann-json3-dev libnuma-dev xvfb libclang-rt-14-dev zlib1g-dev gnuplot-nox iproute2
 )
 missing=()
 for p in "${pkgs[@]}"; do

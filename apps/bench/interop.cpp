@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "../common/json.hpp"
+#include <nlohmann/json.hpp>
 #include "cuda_kernels.hpp"
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/cuda/cuda.hpp"
@@ -357,21 +357,10 @@ int bench_interop_peer(int argc, char** argv) {
   return 0;
 }
 
-int bench_interop(int argc, char** argv) {
-  bool json = false;
-  std::uint64_t size = 1ull << 30, frame = 1 << 20;
-  int rounds = 2000;
-  for (int i = 2; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--json") json = true;
-    else if (a == "--size" && i + 1 < argc) size = std::stoull(argv[++i]);
-    else if (a == "--frame" && i + 1 < argc) frame = std::stoull(argv[++i]);
-    else if (a == "--rounds" && i + 1 < argc) rounds = std::max(10, std::stoi(argv[++i]));
-    else {
-      std::fprintf(stderr, "lavaflow-bench interop: unknown argument %s\n", a.c_str());
-      return 2;
-    }
-  }
+int bench_interop(const InteropOptions& o) {
+  const bool json = o.json;
+  const std::uint64_t size = o.size, frame = o.frame;
+  const int rounds = o.rounds;
   auto devs = cuda::devices();
   if (!devs || devs->empty()) {
     std::printf("lavaflow-bench interop: skipped, no CUDA device (%s)\n",
@@ -391,17 +380,23 @@ int bench_interop(int argc, char** argv) {
     if (e) std::fprintf(stderr, "interop: %s\n", e->message().c_str());
   if (!copy || !imp || !lf || !ipc) return 1;
   if (json) {
-    lfapp::Json j;
-    j.begin_object().field("device", devs->front().name);
-    j.begin_object("copy_kernel").field("bytes", size).field("imported_gb_s", copy->imported_gbs)
-        .field("cudamalloc_gb_s", copy->malloc_gbs).field("ratio", copy->imported_gbs / copy->malloc_gbs).end_object();
-    j.field("import_us_64MiB", *imp);
-    j.begin_array("handoff");
+    nlohmann::ordered_json j{
+        {"device", devs->front().name},
+        {"copy_kernel",
+         {{"bytes", size},
+          {"imported_gb_s", copy->imported_gbs},
+          {"cudamalloc_gb_s", copy->malloc_gbs},
+          {"ratio", copy->imported_gbs / copy->malloc_gbs}}},
+        {"import_us_64MiB", *imp},
+        {"handoff", nlohmann::ordered_json::array()}};
     for (const auto* r : {&*lf, &*ipc})
-      j.begin_object().field("name", r->name).field("frame", frame).field("p50_us", r->p50_us).field("p99_us", r->p99_us)
-          .field("avg_us", r->avg_us).end_object();
-    j.end_array().field("handoff_p50_ratio", lf->p50_us / ipc->p50_us).end_object();
-    std::puts(j.str().c_str());
+      j["handoff"].push_back({{"name", r->name},
+                              {"frame", frame},
+                              {"p50_us", r->p50_us},
+                              {"p99_us", r->p99_us},
+                              {"avg_us", r->avg_us}});
+    j["handoff_p50_ratio"] = lf->p50_us / ipc->p50_us;
+    std::puts(j.dump().c_str());
     return 0;
   }
   std::printf("lavaflow-bench interop on %s\n", devs->front().name.c_str());

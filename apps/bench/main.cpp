@@ -13,10 +13,13 @@
 #include <unistd.h>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
-#include "../common/json.hpp"
-#include "../common/plot.hpp"
+#include <nlohmann/json.hpp>
+
+#include "cli.hpp"
+#include "plot.hpp"
 #include "interop.hpp"
 #include "local.hpp"
 #include "lavaflow/core/detail/format.hpp"
@@ -116,20 +119,17 @@ int bench_alloc(int reps, bool json) {
     }
   }
   if (json) {
-    lfapp::Json j;
-    j.begin_object().begin_array("results");
+    nlohmann::ordered_json j{{"results", nlohmann::ordered_json::array()}};
     for (const auto& r : rows)
-      j.begin_object()
-          .field("name", r.name)
-          .field("size", r.size)
-          .field("median_us", r.median_us)
-          .field("baseline", r.baseline)
-          .field("baseline_median_us", r.baseline_us)
-          .field("ratio", r.median_us / r.baseline_us)
-          .field("note", r.note)
-          .end_object();
-    j.end_array().field("repetitions", reps).end_object();
-    std::puts(j.str().c_str());
+      j["results"].push_back({{"name", r.name},
+                              {"size", r.size},
+                              {"median_us", r.median_us},
+                              {"baseline", r.baseline},
+                              {"baseline_median_us", r.baseline_us},
+                              {"ratio", r.median_us / r.baseline_us},
+                              {"note", r.note}});
+    j["repetitions"] = reps;
+    std::puts(j.dump().c_str());
     return 0;
   }
   std::printf("lavaflow-bench alloc: median of %d, allocate + export (+ free), against a baseline of the same size\n", reps);
@@ -186,29 +186,7 @@ const lfbench::Row* find(const std::vector<lfbench::Row>& rows, std::string_view
   return nullptr;
 }
 
-int bench_local(int argc, char** argv) {
-  lfbench::Config cfg;
-  bool json = false;
-  std::string plot;
-  for (int i = 2; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--json") json = true;
-    else if (a == "--plot" && i + 1 < argc) plot = argv[++i];
-    else if (a == "--iterations" && i + 1 < argc) cfg.iterations = std::max(100, std::atoi(argv[++i]));
-    else if (a == "--cpus" && i + 1 < argc) {
-      if (std::sscanf(argv[++i], "%d,%d", &cfg.cpu_a, &cfg.cpu_b) != 2) {
-        std::fprintf(stderr, "lavaflow-bench: --cpus wants A,B\n");
-        return 2;
-      }
-    } else if (a == "--quick") {
-      cfg.iterations = 2000;
-      cfg.warmup = 200;
-      cfg.stream_messages = 100'000;
-    } else {
-      std::fprintf(stderr, "lavaflow-bench: unknown argument %s\n", a.c_str());
-      return 2;
-    }
-  }
+int bench_local(lfbench::Config cfg, bool json, const std::string& plot) {
   std::string mpi_note;
   auto mpi = mpi_rows(cfg.iterations, mpi_note);
   auto rows = lfbench::run_local(cfg, "/proc/self/exe");
@@ -254,30 +232,22 @@ int bench_local(int argc, char** argv) {
   }
 
   if (json) {
-    lfapp::Json j;
-    j.begin_object().begin_array("results");
+    nlohmann::ordered_json j{{"results", nlohmann::ordered_json::array()}, {"targets", nlohmann::ordered_json::array()}};
     for (const auto& r : *rows) {
-      j.begin_object()
-          .field("name", r.name)
-          .field("mode", r.mode)
-          .field("size", r.size)
-          .field("touched", r.touched)
-          .field("samples", r.samples)
-          .field("p50_ns", r.p50_ns)
-          .field("p99_ns", r.p99_ns)
-          .field("max_ns", r.max_ns)
-          .field("avg_ns", r.avg_ns);
-      if (r.msgs_per_s > 0) j.field("msgs_per_s", r.msgs_per_s);
-      j.end_object();
+      nlohmann::ordered_json row{{"name", r.name},     {"mode", r.mode},     {"size", r.size},
+                                 {"touched", r.touched}, {"samples", r.samples}, {"p50_ns", r.p50_ns},
+                                 {"p99_ns", r.p99_ns}, {"max_ns", r.max_ns}, {"avg_ns", r.avg_ns}};
+      if (r.msgs_per_s > 0) row["msgs_per_s"] = r.msgs_per_s;
+      j["results"].push_back(std::move(row));
     }
-    j.end_array().begin_array("targets");
     for (const auto& t : targets)
-      j.begin_object().field("what", t.what).field("value", t.value).field("limit", t.limit)
-          .field("met", t.ge ? t.value >= t.limit : t.value <= t.limit).end_object();
-    j.end_array();
-    if (!mpi_note.empty()) j.field("mpi_note", mpi_note);
-    j.field("cpus", str_format("{},{}", cfg.cpu_a, cfg.cpu_b)).end_object();
-    std::puts(j.str().c_str());
+      j["targets"].push_back({{"what", t.what},
+                              {"value", t.value},
+                              {"limit", t.limit},
+                              {"met", t.ge ? t.value >= t.limit : t.value <= t.limit}});
+    if (!mpi_note.empty()) j["mpi_note"] = mpi_note;
+    j["cpus"] = str_format("{},{}", cfg.cpu_a, cfg.cpu_b);
+    std::puts(j.dump().c_str());
     return 0;
   }
   std::printf("lavaflow-bench local: one-way latency = round trip / 2, processes pinned to CPUs %d and %d, %d round trips\n",
@@ -295,36 +265,71 @@ int bench_local(int argc, char** argv) {
   return 0;
 }
 
-void usage() {
-  std::puts(
-      "usage: lavaflow-bench alloc [--reps N] [--json]\n"
-      "       lavaflow-bench local [--iterations N] [--cpus A,B] [--quick] [--json] [--plot FILE.png]\n"
-      "  alloc   allocation + export time of exportable Vulkan buffers (4 KiB, 1 MiB, 64 MiB) next to a\n"
-      "          plain vkAllocateMemory of the same size and memory type, and of each CPU strategy next\n"
-      "          to an anonymous mmap; median of N (default 101) runs each.\n"
-      "       lavaflow-bench remote [--max-size BYTES] [--ring-bytes BYTES] [--no-staging] [--json] [--plot FILE.png]\n"
-      "  remote  (starts itself under mpiexec -n 2 when needed) raw MPI ping-pong latency and windowed bandwidth\n"
-      "          (OSU methods), 8 B … 4 MiB, next to a lava-flow remote channel (route forced to MPI) doing the\n"
-      "          same; bandwidth also against raw MPI through a ring of distinct buffers (--ring-bytes, default\n"
-      "          512 KiB: the ring of messages up to 1 MiB; 2 buffers above); then GPU-buffer staging (64 MiB)\n"
-      "          unless --no-staging.\n"
-      "       lavaflow-bench interop [--size BYTES] [--frame BYTES] [--rounds N] [--json]\n"
-      "  interop (CUDA GPU) a copy kernel over Vulkan-imported vs cudaMalloc memory (1 GiB), the cost of one\n"
-      "          import, and cross-process GPU frame hand-off through a lava-flow channel vs CUDA IPC.\n"
-      "  --plot FILE.png  latency against message size, one line per transport and baseline (gnuplot).");
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
-    usage();
-    return argc < 2 ? 2 : 0;
+  // Internal: the second process of `local` and `interop`, started by this program.
+  if (argc > 1 && !std::strcmp(argv[1], "_echo")) return lfbench::echo_main(argc, argv);
+#if LAVAFLOW_BENCH_INTEROP
+  if (argc > 1 && !std::strcmp(argv[1], "interop-peer")) return lfbench::bench_interop_peer(argc, argv);
+#endif
+
+  CLI::App app{"lavaflow-bench: lava-flow's benchmarks, each next to a baseline measured in the same run.", "lavaflow-bench"};
+  app.set_help_all_flag("--help-all", "help for every benchmark");
+  app.require_subcommand(1, 1);
+  const unsigned cpus = std::max(1u, std::thread::hardware_concurrency());
+
+  bool json = false;
+  std::string plot;
+  int reps = 101;
+  auto* alloc = app.add_subcommand("alloc", "allocation + export of exportable Vulkan buffers and CPU strategies vs plain allocations");
+  lfapp::add_whole(*alloc, "--reps", reps, "runs per size (median)", 1, 100'000);
+  alloc->add_flag("--json", json, "JSON rows");
+
+  lfbench::Config cfg;
+  bool quick = false;
+  std::vector<int> cpu_pair;
+  auto* local = app.add_subcommand("local", "local channels: latency and messages/s per transport, wait mode and size, with baselines");
+  lfapp::add_whole(*local, "--iterations", cfg.iterations, "round trips per row", 100, 100'000'000);
+  local->add_option("--cpus", cpu_pair, "the two CPUs to pin the processes to: A,B")
+      ->delimiter(',')
+      ->expected(2)
+      ->check(CLI::Range(0, static_cast<int>(cpus) - 1));
+  local->add_flag("--quick", quick, "fewer iterations and messages");
+  local->add_flag("--json", json, "JSON rows and targets");
+  local->add_option("--plot", plot, "latency against size (PNG, gnuplot)");
+
+  std::uint64_t max_size = 4 << 20, ring_bytes = 512 << 10;
+  bool no_staging = false;
+  auto* remote = app.add_subcommand("remote", "remote channels over MPI vs raw MPI (starts itself under mpiexec -n 2)");
+  lfapp::add_whole(*remote, "--max-size", max_size, "largest message", 8, 4 << 20);
+  lfapp::add_whole(*remote, "--ring-bytes", ring_bytes, "bytes of the raw-MPI ring baseline", 8, 1 << 30);
+  remote->add_flag("--no-staging", no_staging, "skip the GPU-buffer staging rows");
+  remote->add_flag("--json", json, "JSON rows");
+  remote->add_option("--plot", plot, "latency against size (PNG, gnuplot)");
+
+  lfbench::InteropOptions io;
+  auto* interop = app.add_subcommand("interop", "(CUDA GPU) kernels on imported memory and GPU frame hand-off vs CUDA IPC");
+  lfapp::add_whole(*interop, "--size", io.size, "bytes the copy kernel moves", 1 << 20, 1ull << 36);
+  lfapp::add_whole(*interop, "--frame", io.frame, "bytes per frame", 4, 1 << 30);
+  lfapp::add_whole(*interop, "--rounds", io.rounds, "hand-off round trips", 10, 10'000'000);
+  interop->add_flag("--json", io.json, "JSON rows");
+  if (auto rc = lfapp::parse(app, argc, argv)) return *rc;
+
+  if (alloc->parsed()) return bench_alloc(reps, json);
+  if (local->parsed()) {
+    if (quick) {
+      cfg.iterations = 2000;
+      cfg.warmup = 200;
+      cfg.stream_messages = 100'000;
+    }
+    if (cpu_pair.size() == 2) {
+      cfg.cpu_a = cpu_pair[0];
+      cfg.cpu_b = cpu_pair[1];
+    }
+    return bench_local(cfg, json, plot);
   }
-  const std::string what = argv[1];
-  if (what == "_echo") return lfbench::echo_main(argc, argv);
-  if (what == "local") return bench_local(argc, argv);
-  if (what == "remote") {
+  if (remote->parsed()) {
 #if LAVAFLOW_BENCH_REMOTE
     // Under mpiexec already (a PMI or OpenMPI rank variable is set): become the MPI program.
     // Otherwise start it under mpiexec -n 2.
@@ -344,26 +349,10 @@ int main(int argc, char** argv) {
     return 77;
 #endif
   }
-  if (what == "interop" || what == "interop-peer") {
 #if LAVAFLOW_BENCH_INTEROP
-    return what == "interop" ? lfbench::bench_interop(argc, argv) : lfbench::bench_interop_peer(argc, argv);
+  return lfbench::bench_interop(io);
 #else
-    std::puts("lavaflow-bench interop: skipped, the CUDA adapter is not built (LAVAFLOW_WITH_CUDA)");
-    return 77;
+  std::puts("lavaflow-bench interop: skipped, the CUDA adapter is not built (LAVAFLOW_WITH_CUDA)");
+  return 77;
 #endif
-  }
-  int reps = 101;
-  bool json = false;
-  for (int i = 2; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--json")) json = true;
-    else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
-    else {
-      std::fprintf(stderr, "lavaflow-bench: unknown argument %s\n", argv[i]);
-      return 2;
-    }
-  }
-  if (what == "alloc") return bench_alloc(reps, json);
-  std::fprintf(stderr, "lavaflow-bench: unknown benchmark %s\n", what.c_str());
-  usage();
-  return 2;
 }

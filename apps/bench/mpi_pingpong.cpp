@@ -10,20 +10,29 @@
 #include <cstdlib>
 #include <vector>
 
+#include "cli.hpp"
+
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   int rank = 0, n = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
-  if (n != 2 || argc < 3) {
-    if (rank == 0) std::fprintf(stderr, "usage: mpiexec -n 2 %s ITERATIONS SIZE...\n", argv[0]);
-    MPI_Finalize();
-    return 2;
+  int iters = 0;
+  std::vector<int> sizes;
+  CLI::App app{"lavaflow-bench-mpi: raw MPI ping-pong (mpiexec -n 2), lavaflow-bench local's baseline", "lavaflow-bench-mpi"};
+  app.add_option("ITERATIONS", iters, "round trips per size")->required()->check(lfapp::whole(1, 100'000'000));
+  app.add_option("SIZE", sizes, "message sizes in bytes")->required()->check(lfapp::whole(0, 1 << 30));
+  auto rc = lfapp::parse(app, argc, argv);
+  if (!rc && n != 2) {
+    if (rank == 0) std::fprintf(stderr, "lavaflow-bench-mpi: needs exactly 2 ranks (mpiexec -n 2)\n");
+    rc = 2;
   }
-  const int iters = std::atoi(argv[1]);
+  if (rc) {
+    MPI_Finalize();
+    return *rc;
+  }
   const int warmup = std::max(100, iters / 10);
-  for (int a = 2; a < argc; ++a) {
-    const int size = std::atoi(argv[a]);
+  for (const int size : sizes) {
     std::vector<char> buf(static_cast<std::size_t>(std::max(size, 1)));
     std::vector<double> one_way;
     MPI_Barrier(MPI_COMM_WORLD);

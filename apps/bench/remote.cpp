@@ -7,7 +7,10 @@
 #include <mpi.h>
 #include <sys/mman.h>
 
-#include "../common/plot.hpp"
+#include <nlohmann/json.hpp>
+
+#include "cli.hpp"
+#include "plot.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -323,16 +326,21 @@ Status lf_gpu_staging(const mpi::Communicator& c, const VulkanContext& vk, std::
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
-  bool json = false, staging = true;
+  bool json = false, no_staging = false;
   std::string plot;
   std::uint64_t max_size = kMax, ring_bytes = 512u << 10;
-  for (int i = 1; i < argc; ++i) {
-    json = json || std::strcmp(argv[i], "--json") == 0;
-    if (std::strcmp(argv[i], "--plot") == 0 && i + 1 < argc) plot = argv[++i];
-    staging = staging && std::strcmp(argv[i], "--no-staging") != 0;
-    if (std::strcmp(argv[i], "--ring-bytes") == 0 && i + 1 < argc) ring_bytes = std::clamp<std::uint64_t>(std::strtoull(argv[++i], nullptr, 10), 8, 1u << 30);
-    if (std::strcmp(argv[i], "--max-size") == 0 && i + 1 < argc) max_size = std::clamp<std::uint64_t>(std::strtoull(argv[++i], nullptr, 10), 8, kMax);
+  CLI::App app{"lavaflow-bench-remote: lavaflow-bench remote's MPI program (run it as lavaflow-bench remote)",
+               "lavaflow-bench remote"};
+  lfapp::add_whole(app, "--max-size", max_size, "largest message", 8, kMax);
+  lfapp::add_whole(app, "--ring-bytes", ring_bytes, "bytes of the raw-MPI ring baseline", 8, 1u << 30);
+  app.add_flag("--no-staging", no_staging, "skip the GPU-buffer staging rows");
+  app.add_flag("--json", json, "JSON rows");
+  app.add_option("--plot", plot, "latency against size (PNG, gnuplot)");
+  if (auto rc = lfapp::parse(app, argc, argv)) {
+    MPI_Finalize();
+    return *rc;
   }
+  const bool staging = !no_staging;
   int code = 0;
   {
     auto comm = mpi::Communicator::create();
@@ -388,15 +396,17 @@ int main(int argc, char** argv) {
     }
     if (me == 0) {
       if (json) {
-        std::printf("{\"results\":[");
-        for (std::size_t i = 0; i < rows.size(); ++i)
-          std::printf("%s{\"name\":\"%s\",\"kind\":\"%s\",\"size\":%llu,\"p50_ns\":%.1f,\"avg_ns\":%.1f,\"mb_per_s\":%.1f}",
-                      i ? "," : "", rows[i].name.c_str(), rows[i].kind.c_str(), static_cast<unsigned long long>(rows[i].size),
-                      rows[i].p50_ns, rows[i].avg_ns, rows[i].mb_per_s);
+        nlohmann::ordered_json j{{"results", nlohmann::ordered_json::array()}};
+        for (const auto& r : rows)
+          j["results"].push_back({{"name", r.name},
+                                  {"kind", r.kind},
+                                  {"size", r.size},
+                                  {"p50_ns", r.p50_ns},
+                                  {"avg_ns", r.avg_ns},
+                                  {"mb_per_s", r.mb_per_s}});
         for (const auto& r : staged)
-          std::printf(",{\"name\":\"%s\",\"kind\":\"%s\",\"size\":%llu,\"mb_per_s\":%.1f}", r.name.c_str(), r.kind.c_str(),
-                      static_cast<unsigned long long>(r.size), r.mb_per_s);
-        std::printf("]}\n");
+          j["results"].push_back({{"name", r.name}, {"kind", r.kind}, {"size", r.size}, {"mb_per_s", r.mb_per_s}});
+        std::puts(j.dump().c_str());
       } else {
         std::printf("lavaflow-bench remote: 2 ranks, route forced to MPI; latency = round trip / 2 (OSU method, ns), raw and lf "
                     "in %d alternating blocks; bandwidth = windows of %d messages (median of %d rounds): raw = one buffer a side "

@@ -57,8 +57,8 @@ cudaError_t lf_kernel_invert_rgba8(cudaSurfaceObject_t surface, unsigned width, 
   return cudaGetLastError();
 }
 
-// lavaflow-viewer's test image (apps/viewer/pattern.h: the same formula as its Vulkan shader).
-#include "../viewer/pattern.h"
+// lavaflow-viewer's test image (pattern.h: the same formula as its Vulkan shader).
+#include "pattern.h"
 
 namespace {
 __global__ void pattern_kernel(unsigned* pixels, unsigned width, unsigned height, unsigned frame) {

@@ -17,18 +17,12 @@
 
 #include "cuda_kernels.hpp"
 #include "lavaflow/cuda/cuda.hpp"
+#include "cli.hpp"
 #include "lavaflow/lavaflow.hpp"
 
 using namespace lavaflow;
 
 namespace {
-
-int usage() {
-  std::puts("usage: cuda-over-vulkan [--rounds N] [--words N] [--width W] [--height H]\n"
-            "  Vulkan buffer + image, imported by CUDA; each round Vulkan copies the buffer (b = a) and\n"
-            "  CUDA computes a = b + 1 and inverts the image, ordered by one timeline semaphore.");
-  return 0;
-}
 
 int die(const Error& e) {
   std::fprintf(stderr, "cuda-over-vulkan: %s\n", e.message().c_str());
@@ -40,17 +34,14 @@ int die(const Error& e) {
 int main(int argc, char** argv) {
   std::uint64_t rounds = 1000, words = 1 << 20;
   std::uint32_t width = 1920, height = 1080;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--help" || a == "-h") return usage();
-    if (i + 1 >= argc) return usage(), 2;
-    const auto v = std::stoull(argv[++i]);
-    if (a == "--rounds") rounds = v;
-    else if (a == "--words") words = v;
-    else if (a == "--width") width = static_cast<std::uint32_t>(v);
-    else if (a == "--height") height = static_cast<std::uint32_t>(v);
-    else return usage(), 2;
-  }
+  CLI::App app{"cuda-over-vulkan: a Vulkan buffer and image imported by CUDA; each round Vulkan copies the buffer\n"
+               "(b = a) and CUDA computes a = b + 1 and inverts the image, ordered by one timeline semaphore.",
+               "cuda-over-vulkan"};
+  lfapp::add_whole(app, "--rounds", rounds, "rounds", 1, 1'000'000'000);
+  lfapp::add_whole(app, "--words", words, "32-bit words in the buffer", 1, 1ull << 32);
+  lfapp::add_whole(app, "--width", width, "image width", 1, 16384);
+  lfapp::add_whole(app, "--height", height, "image height", 1, 16384);
+  if (auto rc = lfapp::parse(app, argc, argv)) return *rc;
   auto devs = cuda::devices();
   if (!devs || devs->empty()) {
     std::printf("cuda-over-vulkan: skipped, no CUDA device (%s)\n", devs ? "none" : devs.error().message().c_str());

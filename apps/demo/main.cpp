@@ -16,13 +16,13 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <map>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "../common/payload.hpp"
+#include "cli.hpp"
+#include "payload.hpp"
 #if LAVAFLOW_DEMO_MPI
 #include "mesh.hpp"
 #endif
@@ -36,6 +36,12 @@ using namespace std::chrono_literals;
 namespace {
 
 constexpr int kNoDevice = 77;
+// Flag limits: beyond them a value is a typo, not a request.
+constexpr std::uint64_t kMaxCount = 1ull << 40;
+constexpr std::uint64_t kMaxSeconds = 7ull * 24 * 3600;
+constexpr std::uint64_t kMaxMessageBytes = 1ull << 32;
+constexpr std::uint32_t kMaxConsumers = 16;
+constexpr std::uint32_t kMaxSlots = 62;
 /// user_tag of the end-of-stream message a timed producer (--seconds) sends last; its sequence
 /// number is the count of data messages before it, which the consumer checks.
 constexpr std::uint64_t kEndOfStream = ~0ull;
@@ -56,24 +62,21 @@ std::string human_bytes(double b) {
   return str_format("{:.0f} B", b);
 }
 
-struct Args {
-  std::string command;
-  std::map<std::string, std::string> opts;
-  std::string get(const std::string& k, const std::string& def) const {
-    auto it = opts.find(k);
-    return it == opts.end() ? def : it->second;
-  }
+/// Every flag of every subcommand (each subcommand reads its own).
+struct Options {
+  std::string channel;
+  std::optional<std::uint64_t> count;    ///< messages; unset: the subcommand's default
+  std::optional<std::uint64_t> seconds;  ///< stream for this long
+  std::optional<std::uint64_t> size;     ///< bytes per message; unset: the subcommand's default
+  std::uint32_t consumers = 1;
+  std::uint32_t slots = 8;
+  std::uint64_t interval_us = 0;
+  std::uint64_t timeout_s = 30;
+  std::optional<TransportKind> transport;
+  std::string dir;
+  bool progress = true;
+  int summary_fd = -1;  ///< run_both's consumer writes its summary line here
 };
-
-Result<std::uint64_t> number(const Args& a, const std::string& key, std::uint64_t def) {
-  auto it = a.opts.find(key);
-  if (it == a.opts.end()) return def;
-  char* end = nullptr;
-  const auto v = std::strtoull(it->second.c_str(), &end, 10);
-  if (it->second.empty() || !end || *end)
-    return fail(Errc::InvalidArgument, "lavaflow-demo", str_format("--{} needs a number, got \"{}\"", key, it->second));
-  return v;
-}
 
 int die(const std::string& who, const Error& e) {
   std::fprintf(stderr, "[%s] FAILED: %s\n", who.c_str(), e.message().c_str());
@@ -123,59 +126,41 @@ struct ProducerSummary {
   std::string route, reason, ring;
 };
 
-int produce(const Args& a, ProducerSummary* summary = nullptr) {
-  const std::string name = a.get("channel", "");
-  if (name.empty()) return die("producer", Error(Errc::InvalidArgument, "produce", "--channel NAME is required"));
-  auto count = number(a, "count", 1000);
-  auto size = number(a, "size", 1 << 20);
-  auto consumers = number(a, "consumers", 1);
-  auto slots = number(a, "slots", 8);
-  auto interval = number(a, "interval-us", 0);
-  auto seconds = number(a, "seconds", 0);
-  for (auto* r : {&count, &size, &consumers, &slots, &interval, &seconds})
-    if (!*r) return die("producer", r->error());
-  std::optional<TransportKind> transport;
-  if (const auto t = a.get("transport", "auto"); t != "auto") {
-    auto kind = parse_transport(t);
-    if (!kind || *kind == TransportKind::Mpi)
-      return die("producer", Error(Errc::InvalidArgument, "produce", "--transport must be auto, shm or vulkan"));
-    transport = *kind;
-  }
-  if (*size == 0) return die("producer", Error(Errc::InvalidArgument, "produce", "--size must be positive"));
-
-  ProducerOptions o{.slots = static_cast<std::uint32_t>(*slots), .slot_size = *size,
-                    .timestamps = true, .transport = transport,
-                    .directory = a.get("dir", "")};
+int produce(const Options& a, ProducerSummary* summary = nullptr) {
+  const std::string& name = a.channel;
+  const std::uint64_t count = *a.count, size = *a.size, seconds = *a.seconds, interval = a.interval_us;
+  const std::uint32_t consumers = a.consumers;
+  ProducerOptions o{.slots = a.slots, .slot_size = size, .timestamps = true, .transport = a.transport, .directory = a.dir};
   auto p = Producer::create(name, o);
   if (!p) return die("producer", p.error());
   auto& prod = **p;
   std::printf("[producer pid %d] channel \"%s\": route %s — %s\n", ::getpid(), name.c_str(), to_string(prod.route().transport).data(),
               prod.route().reason.c_str());
   const std::string ring = prod.vulkan()
-                               ? str_format("{} x {} in Vulkan memory on {}", prod.slots(), human_bytes(double(*size)), describe(*prod.vulkan()))
-                               : str_format("{} x {} in CPU shared memory", prod.slots(), human_bytes(double(*size)));
+                               ? str_format("{} x {} in Vulkan memory on {}", prod.slots(), human_bytes(double(size)), describe(*prod.vulkan()))
+                               : str_format("{} x {} in CPU shared memory", prod.slots(), human_bytes(double(size)));
   std::printf("[producer] ring of %s\n", ring.c_str());
   if (summary) *summary = {std::string(to_string(prod.route().transport)), prod.route().reason, ring};
-  std::printf("[producer] waiting for %llu consumer(s)…\n", static_cast<unsigned long long>(*consumers));
+  std::printf("[producer] waiting for %llu consumer(s)…\n", static_cast<unsigned long long>(consumers));
   std::fflush(stdout);
-  if (auto ok = prod.wait_for_consumers(static_cast<std::uint32_t>(*consumers), 60s); !ok) return die("producer", ok.error());
+  if (auto ok = prod.wait_for_consumers(static_cast<std::uint32_t>(consumers), 60s); !ok) return die("producer", ok.error());
 
   std::optional<Stager> stager;  // only for device-local rings without a host mapping
   std::vector<std::byte> scratch;
-  const bool progress = a.get("progress", "1") != "0";
+  const bool progress = a.progress;
   const auto t0 = Clock::now();
-  const auto deadline = t0 + std::chrono::seconds(*seconds);
+  const auto deadline = t0 + std::chrono::seconds(seconds);
   // --seconds S: stream for S seconds (at most --count messages when that is given too).
-  const std::uint64_t limit = *seconds && !a.opts.count("count") ? ~0ull : *count;
+  const std::uint64_t limit = count;
   auto last_print = t0;
   std::uint64_t sent = 0;
-  for (std::uint64_t seq = 0; seq < limit && (!*seconds || Clock::now() < deadline); ++seq, ++sent) {
+  for (std::uint64_t seq = 0; seq < limit && (!seconds || Clock::now() < deadline); ++seq, ++sent) {
     auto loan = prod.loan(30s);
     if (!loan) return die("producer", loan.error());
-    auto sum = write_message(prod, *loan, seq, *size, stager, scratch);
+    auto sum = write_message(prod, *loan, seq, size, stager, scratch);
     if (!sum) return die("producer", sum.error());
-    if (auto pub = prod.publish(std::move(*loan), {.size = *size, .user_tag = *sum}); !pub) return die("producer", pub.error());
-    if (*interval) std::this_thread::sleep_for(std::chrono::microseconds(*interval));
+    if (auto pub = prod.publish(std::move(*loan), {.size = size, .user_tag = *sum}); !pub) return die("producer", pub.error());
+    if (interval) std::this_thread::sleep_for(std::chrono::microseconds(interval));
     if (progress && Clock::now() - last_print > 1s) {
       last_print = Clock::now();
       std::printf("[producer] %llu messages sent, %u consumer(s)\n", static_cast<unsigned long long>(seq + 1), prod.consumer_count());
@@ -183,7 +168,7 @@ int produce(const Args& a, ProducerSummary* summary = nullptr) {
     }
   }
   const double secs = ms_since(t0) / 1000;
-  if (*seconds) {  // tell the consumers where the stream ends
+  if (seconds) {  // tell the consumers where the stream ends
     auto loan = prod.loan(30s);
     if (!loan) return die("producer", loan.error());
     if (auto pub = prod.publish(std::move(*loan), {.size = 1, .user_tag = kEndOfStream}); !pub) return die("producer", pub.error());
@@ -191,18 +176,14 @@ int produce(const Args& a, ProducerSummary* summary = nullptr) {
   // Let consumers finish with the ring before the producer (and the ring) goes away.
   if (auto ok = prod.flush(60s); !ok) return die("producer", ok.error());
   std::printf("[producer] done: %llu messages of %s in %.3f s — %.0f msg/s, %s/s\n", static_cast<unsigned long long>(sent),
-              human_bytes(double(*size)).c_str(), secs, double(sent) / secs, human_bytes(double(sent) * double(*size) / secs).c_str());
+              human_bytes(double(size)).c_str(), secs, double(sent) / secs, human_bytes(double(sent) * double(size) / secs).c_str());
   return 0;
 }
 
-int consume(const Args& a) {
-  const std::string name = a.get("channel", "");
-  if (name.empty()) return die("consumer", Error(Errc::InvalidArgument, "consume", "--channel NAME is required"));
-  auto count = number(a, "count", 1000);
-  auto timeout_s = number(a, "timeout", 30);
-  if (!count) return die("consumer", count.error());
-  if (!timeout_s) return die("consumer", timeout_s.error());
-  auto c = Consumer::open(name, {.connect_timeout = std::chrono::seconds(*timeout_s), .directory = a.get("dir", "")});
+int consume(const Options& a) {
+  const std::string& name = a.channel;
+  const std::uint64_t count = *a.count;
+  auto c = Consumer::open(name, {.connect_timeout = std::chrono::seconds(a.timeout_s), .directory = a.dir});
   if (!c) return die("consumer", c.error());
   auto& con = **c;
   std::printf("[consumer pid %d] channel \"%s\" from producer pid %d: route %s — %s\n", ::getpid(), name.c_str(),
@@ -210,21 +191,21 @@ int consume(const Args& a) {
   if (con.vulkan()) std::printf("[consumer] ring imported into own Vulkan context on %s\n", describe(*con.vulkan()).c_str());
   std::fflush(stdout);
   std::vector<std::uint64_t> latency_ns;
-  latency_ns.reserve(std::min<std::uint64_t>(*count ? *count : 100000, kMaxLatencySamples));
+  latency_ns.reserve(std::min<std::uint64_t>(count ? count : 100000, kMaxLatencySamples));
   std::vector<std::byte> scratch;
   std::optional<Stager> stager;
   std::uint64_t expect = 0, bytes = 0;
   // --count 0: until the producer's end-of-stream message (lavaflow-demo produce --seconds S).
-  const bool until_end = *count == 0;
-  const std::uint64_t limit = until_end ? ~0ull : *count;
+  const bool until_end = count == 0;
+  const std::uint64_t limit = until_end ? ~0ull : count;
   const bool tty = ::isatty(STDOUT_FILENO) != 0;
   const auto t0 = Clock::now();
   auto last_print = t0;
   for (std::uint64_t i = 0; i < limit; ++i) {
-    auto r = con.receive(std::chrono::seconds(*timeout_s));
+    auto r = con.receive(std::chrono::seconds(a.timeout_s));
     if (!r) {
       std::fprintf(stderr, "\n[consumer] FAILED after %llu messages%s: %s\n", static_cast<unsigned long long>(i),
-                   until_end ? " (before the end-of-stream message)" : str_format(" of {}", *count).c_str(), r.error().message().c_str());
+                   until_end ? " (before the end-of-stream message)" : str_format(" of {}", count).c_str(), r.error().message().c_str());
       return 1;
     }
     const auto seq = r->info().sequence;
@@ -263,10 +244,10 @@ int consume(const Args& a) {
   const double secs = ms_since(t0) / 1000;
   std::sort(latency_ns.begin(), latency_ns.end());
   auto pct = [&](double q) { return latency_ns.empty() ? 0.0 : double(latency_ns[static_cast<std::size_t>(q * double(latency_ns.size() - 1))]) / 1000; };
-  if (auto fd = a.get("summary-fd", ""); !fd.empty()) {  // for run_both's summary
+  if (a.summary_fd >= 0) {  // for run_both's summary
     const std::string line = str_format("{} {} {:.1f} {:.1f} {:.3f} {}\n", received, bytes, pct(0.5), pct(0.99), secs,
                                         con.vulkan() ? describe(*con.vulkan()) : std::string("CPU shared memory (no Vulkan import)"));
-    (void)!::write(std::stoi(fd), line.data(), line.size());
+    (void)!::write(a.summary_fd, line.data(), line.size());
   }
   std::printf("[consumer] OK: %llu messages, %s, all verified (none lost, duplicated, reordered or corrupt) in %.3f s — "
               "%.0f msg/s, %s/s; publish→receive latency p50 %.1f us, p99 %.1f us\n",
@@ -275,14 +256,8 @@ int consume(const Args& a) {
   return 0;
 }
 
-int run_both(const Args& a, const char* self) {
-  auto count = number(a, "count", 0);
-  auto size = number(a, "size", 1 << 20);
-  auto seconds = number(a, "seconds", a.opts.count("count") ? 0 : 3);
-  if (!count) return die("demo", count.error());
-  if (!size) return die("demo", size.error());
-  if (!seconds) return die("demo", seconds.error());
-  if (!*count && !*seconds) return die("demo", Error(Errc::InvalidArgument, "lavaflow-demo", "give --count N or --seconds S"));
+int run_both(const Options& a, const char* self) {
+  const std::uint64_t count = *a.count, size = *a.size, seconds = *a.seconds;
   const std::string name = str_format("demo-{}", ::getpid());
   int pipe_fds[2];
   if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
@@ -291,13 +266,13 @@ int run_both(const Args& a, const char* self) {
   }
   UniqueFd summary_read(pipe_fds[0]), summary_write(pipe_fds[1]);
   ::fcntl(summary_write.get(), F_SETFD, 0);  // the consumer inherits the write end
-  std::vector<std::string> args{self, "consume", "--channel", name, "--count", std::to_string(*count),
+  std::vector<std::string> args{self, "consume", "--channel", name, "--count", std::to_string(count),
                                 "--summary-fd", std::to_string(summary_write.get())};
   std::vector<char*> argv;
   for (auto& s : args) argv.push_back(s.data());
   argv.push_back(nullptr);
   std::printf("lavaflow-demo: a producer (this process) and a consumer process, channel \"%s\", %s of %s messages\n", name.c_str(),
-              *count ? str_format("{} messages", *count).c_str() : str_format("{} s", *seconds).c_str(), human_bytes(double(*size)).c_str());
+              count ? str_format("{} messages", count).c_str() : str_format("{} s", seconds).c_str(), human_bytes(double(size)).c_str());
   std::fflush(stdout);
   pid_t child = -1;
   if (::posix_spawn(&child, self, nullptr, nullptr, argv.data(), environ) != 0) {
@@ -305,13 +280,10 @@ int run_both(const Args& a, const char* self) {
     return 1;
   }
   summary_write.reset();
-  Args p = a;
-  p.opts["channel"] = name;
-  if (*count) p.opts["count"] = std::to_string(*count);
-  else p.opts.erase("count");
-  p.opts["seconds"] = std::to_string(*seconds);
-  p.opts["size"] = std::to_string(*size);
-  p.opts["progress"] = "0";  // the consumer's progress line speaks for both
+  Options p = a;
+  p.channel = name;
+  if (!count) p.count = ~0ull;  // --seconds alone: as many as fit
+  p.progress = false;  // the consumer's progress line speaks for both
   ProducerSummary ps;
   const int prc = produce(p, &ps);
   int status = 0;
@@ -337,7 +309,7 @@ int run_both(const Args& a, const char* self) {
                 "  throughput  %.0f frames/s, %s/s\n"
                 "  latency     publish -> receive p50 %.1f us, p99 %.1f us\n",
                 ps.route.c_str(), ps.reason.c_str(), ps.ring.c_str(), consumer_device.c_str(), frames,
-                human_bytes(double(*size)).c_str(), double(frames) / secs, human_bytes(double(bytes) / secs).c_str(), p50, p99);
+                human_bytes(double(size)).c_str(), double(frames) / secs, human_bytes(double(bytes) / secs).c_str(), p50, p99);
   }
   std::printf("lavaflow-demo: OK\n");
   return 0;
@@ -452,67 +424,81 @@ int share(std::uint64_t size) {
   return share_producer(pair->first.get(), pid, size);
 }
 
-void usage() {
-  std::puts(
-      "usage:\n"
-      "  lavaflow-demo [--seconds S | --count N] [--size BYTES] [--transport auto|shm|vulkan]\n"
-      "      producer here + consumer process over a channel (default: 3 s of 1 MiB frames); verifies every\n"
-      "      byte, shows a progress line and ends with a summary (route, devices, throughput, latency)\n"
-      "  lavaflow-demo produce --channel NAME [--count N | --seconds S] [--size BYTES] [--transport auto|shm|vulkan]\n"
-      "                        [--consumers K] [--slots N] [--interval-us U] [--dir DIR]\n"
-      "  lavaflow-demo consume --channel NAME [--count N] [--timeout SECONDS] [--dir DIR]\n"
-      "      (--count 0: until the producer's end of stream, as sent by produce --seconds)\n"
-      "  mpiexec -n N lavaflow-demo mesh [--count N] [--size BYTES]   every rank to every rank, routed per pair\n"
-      "      the two halves, in any start order, for two terminals; consume checks sequence and checksum\n"
-      "      of every message and exits non-zero naming loss, corruption or the producer's death\n"
-      "  lavaflow-demo share [--size BYTES]\n"
-      "      one exportable Vulkan buffer (default 64 MiB) handed to a second process by descriptor + fd\n"
-      "Exit status: 0 success, 1 failure, 2 bad usage, 77 no usable Vulkan device (share).");
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  Args a;
-  int i = 1;
-  if (argc > 1 && argv[1][0] != '-') a.command = argv[i++];
-  for (; i < argc; ++i) {
-    std::string k = argv[i];
-    if (k == "--help" || k == "-h") {
-      usage();
-      return 0;
-    }
-    if (k.rfind("--", 0) != 0 || i + 1 >= argc) {
-      std::fprintf(stderr, "lavaflow-demo: unexpected argument %s\n", k.c_str());
-      usage();
-      return 2;
-    }
-    a.opts[k.substr(2)] = argv[++i];
+  Options o;
+  CLI::App app{"lavaflow-demo: a verified stream of messages between processes over a lava-flow channel.\n"
+               "Without a subcommand: this process produces, a consumer process it starts consumes (default 3 s\n"
+               "of 1 MiB messages), every byte verified, then a summary. Exit status: 0 success, 1 failure,\n"
+               "2 bad usage, 77 no usable Vulkan device (share) or no MPI (mesh).",
+               "lavaflow-demo"};
+  app.set_help_all_flag("--help-all", "help for every subcommand");
+  auto stream_flags = [&](CLI::App& cmd) {
+    lfapp::add_whole(cmd, "--count", o.count, "messages to send", 0, kMaxCount);
+    lfapp::add_whole(cmd, "--seconds", o.seconds, "stream for this long instead", 0, kMaxSeconds);
+    lfapp::add_whole(cmd, "--size", o.size, "bytes per message", 1, kMaxMessageBytes);
+  };
+  auto transport_flag = [&](CLI::App& cmd) {
+    cmd.add_option_function<std::string>(
+           "--transport", [&](const std::string& t) { o.transport = t == "auto" ? std::nullopt : std::optional(*parse_transport(t)); },
+           "auto (routing chooses), shm or vulkan")
+        ->check(CLI::IsMember({"auto", "shm", "vulkan"}));
+  };
+  stream_flags(app);
+  transport_flag(app);
+  auto* produce_cmd = app.add_subcommand("produce", "the producer half, for a second terminal");
+  produce_cmd->add_option("--channel", o.channel, "channel name")->required();
+  stream_flags(*produce_cmd);
+  transport_flag(*produce_cmd);
+  lfapp::add_whole(*produce_cmd, "--consumers", o.consumers, "wait for this many consumers", 1, kMaxConsumers);
+  lfapp::add_whole(*produce_cmd, "--slots", o.slots, "ring buffers", 1, kMaxSlots);
+  lfapp::add_whole(*produce_cmd, "--interval-us", o.interval_us, "pause between messages", 0, 60'000'000);
+  produce_cmd->add_option("--dir", o.dir, "rendezvous directory (default: the user's runtime directory)");
+  auto* consume_cmd = app.add_subcommand("consume", "the consumer half: checks sequence and checksum of every message");
+  consume_cmd->add_option("--channel", o.channel, "channel name")->required();
+  lfapp::add_whole(*consume_cmd, "--count", o.count, "messages to expect (0: until the producer's end of stream)", 0,
+                   kMaxCount);
+  lfapp::add_whole(*consume_cmd, "--timeout", o.timeout_s, "seconds to wait for the producer", 0, kMaxSeconds);
+  consume_cmd->add_option("--dir", o.dir, "rendezvous directory");
+  consume_cmd->add_option("--summary-fd", o.summary_fd, "write the summary line to this fd")
+      ->check(lfapp::whole(0, 1 << 20))
+      ->group("");  // internal: run_both's own consumer
+  auto* mesh_cmd = app.add_subcommand("mesh", "under mpiexec -n N: every rank to every rank, routed per pair");
+  lfapp::add_whole(*mesh_cmd, "--count", o.count, "messages per pair", 1, kMaxCount);
+  lfapp::add_whole(*mesh_cmd, "--size", o.size, "bytes per message", 1, kMaxMessageBytes);
+  auto* share_cmd = app.add_subcommand("share", "one exportable Vulkan buffer handed to a second process by descriptor + fd");
+  lfapp::add_whole(*share_cmd, "--size", o.size, "bytes (default 64 MiB)", 1, kMaxMessageBytes);
+  app.require_subcommand(0, 1);
+  if (auto rc = lfapp::parse(app, argc, argv)) return *rc;
+
+  if (produce_cmd->parsed()) {
+    if (!o.count && !o.seconds) o.count = 1000;
+    if (!o.count) o.count = ~0ull;  // --seconds alone
+    o.seconds = o.seconds.value_or(0);
+    o.size = o.size.value_or(1 << 20);
+    return produce(o);
   }
-  if (a.command.empty()) return run_both(a, "/proc/self/exe");
-  if (a.command == "mesh") {
+  if (consume_cmd->parsed()) {
+    o.count = o.count.value_or(1000);
+    return consume(o);
+  }
+  if (mesh_cmd->parsed()) {
 #if LAVAFLOW_DEMO_MPI
-    auto count = number(a, "count", 1000);
-    auto size = number(a, "size", 4096);
-    if (!count) return die("mesh", count.error());
-    if (!size) return die("mesh", size.error());
-    return lfdemo::mesh_main(argc, argv, *count, *size);
+    return lfdemo::mesh_main(argc, argv, o.count.value_or(1000), o.size.value_or(4096));
 #else
     std::fprintf(stderr, "lavaflow-demo mesh: MPI is not built (LAVAFLOW_WITH_MPI)\n");
     return 77;
 #endif
   }
-  if (a.command == "produce") return produce(a);
-  if (a.command == "consume") return consume(a);
-  if (a.command == "share") {
-    auto size = number(a, "size", 64ull << 20);
-    if (!size || *size == 0) {
-      std::fprintf(stderr, "lavaflow-demo: --size needs a positive byte count\n");
-      return 2;
-    }
-    return share(*size);
+  if (share_cmd->parsed()) return share(o.size.value_or(64ull << 20));
+  if (!o.count && !o.seconds) o.seconds = 3;
+  o.count = o.count.value_or(0);
+  o.seconds = o.seconds.value_or(0);
+  o.size = o.size.value_or(1 << 20);
+  if (!*o.count && !*o.seconds) {
+    std::fprintf(stderr, "lavaflow-demo: give --count N or --seconds S (both are 0)\n");
+    return 2;
   }
-  std::fprintf(stderr, "lavaflow-demo: unknown command %s\n", a.command.c_str());
-  usage();
-  return 2;
+  return run_both(o, "/proc/self/exe");
 }

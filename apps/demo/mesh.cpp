@@ -11,7 +11,7 @@
 #include <optional>
 #include <vector>
 
-#include "../common/payload.hpp"
+#include "payload.hpp"
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/lavaflow.hpp"
 #include "lavaflow/mpi/mpi.hpp"

@@ -5,7 +5,8 @@
 #include <cstring>
 #include <string>
 
-#include "../common/json.hpp"
+#include "cli.hpp"
+#include <nlohmann/json.hpp>
 #include "interop.hpp"
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/lavaflow.hpp"
@@ -48,24 +49,17 @@ std::vector<TransportRow> transports(const ProcessLocation& me, const VulkanCont
   return rows;
 }
 
-void usage() {
-  std::puts(
-      "usage: lavaflow-info [--json]\n"
-      "Prints this process's location (host, boot id, pid, Vulkan devices), each Vulkan device with\n"
-      "its UUIDs and the external memory / semaphore handle types it can export and import, the CPU\n"
-      "topology (NUMA nodes, huge pages), which CPU allocation strategies work here and which local\n"
-      "channel transports (Vulkan IPC, shared memory) this machine supports.");
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   bool json = false;
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--json")) json = true;
-    else if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) { usage(); return 0; }
-    else { std::fprintf(stderr, "lavaflow-info: unknown argument %s\n", argv[i]); usage(); return 2; }
-  }
+  CLI::App app{"lavaflow-info: this process's location (host, boot id, pid, Vulkan devices), each Vulkan device with\n"
+               "its UUIDs and the external memory / semaphore handle types it can export and import, the CPU\n"
+               "topology (NUMA nodes, huge pages), which CPU allocation strategies work here, which local\n"
+               "channel transports this machine supports, and the interop matrix between the APIs.",
+               "lavaflow-info"};
+  app.add_flag("--json", json, "print JSON instead of text");
+  if (auto rc = lfapp::parse(app, argc, argv)) return *rc;
   auto devices = enumerate_devices();
   std::vector<DeviceIdentity> ids;
   if (devices)
@@ -82,82 +76,61 @@ int main(int argc, char** argv) {
   const auto interop = lfinfo::interop_report(devices ? *devices : std::vector<DeviceCapabilities>{});
 
   if (json) {
-    lfapp::Json j;
-    j.begin_object();
-    j.begin_object("location")
-        .field("hostname", loc->host.hostname)
-        .field("boot_id", loc->host.boot_id)
-        .field("pid", loc->pid)
-        .field("uid", loc->uid)
-        .end_object();
-    j.begin_array("vulkan_devices");
+    using Json = nlohmann::ordered_json;
+    Json j;
+    j["location"] = {{"hostname", loc->host.hostname}, {"boot_id", loc->host.boot_id}, {"pid", loc->pid}, {"uid", loc->uid}};
+    j["vulkan_devices"] = Json::array();
     if (devices) {
       for (const auto& d : *devices) {
-        j.begin_object()
-            .field("index", d.index)
-            .field("name", d.identity.name)
-            .field("type", device_type_name(d.type))
-            .field("api_version", api(d.api_version))
-            .field("driver", d.driver_name)
-            .field("driver_info", d.driver_info)
-            .field("device_uuid", to_string(d.identity.device_uuid))
-            .field("driver_uuid", to_string(d.identity.driver_uuid))
-            .field("device_local_bytes", d.device_local_bytes);
-        j.begin_object("memory_opaque_fd").field("export", d.memory_fd_export).field("import", d.memory_fd_import).end_object();
-        j.begin_object("memory_host_pointer").field("import", d.memory_host_import).field("alignment", d.host_import_alignment).end_object();
-        j.begin_object("semaphore_opaque_fd")
-            .field("export", d.semaphore_fd_export)
-            .field("import", d.semaphore_fd_import)
-            .field("timeline", d.timeline_semaphore)
-            .field("timeline_export", d.timeline_fd_export)
-            .end_object();
-        j.begin_object("fence_opaque_fd").field("export", d.fence_fd_export).end_object();
-        j.end_object();
+        j["vulkan_devices"].push_back({
+            {"index", d.index},
+            {"name", d.identity.name},
+            {"type", device_type_name(d.type)},
+            {"api_version", api(d.api_version)},
+            {"driver", d.driver_name},
+            {"driver_info", d.driver_info},
+            {"device_uuid", to_string(d.identity.device_uuid)},
+            {"driver_uuid", to_string(d.identity.driver_uuid)},
+            {"device_local_bytes", d.device_local_bytes},
+            {"memory_opaque_fd", {{"export", d.memory_fd_export}, {"import", d.memory_fd_import}}},
+            {"memory_host_pointer", {{"import", d.memory_host_import}, {"alignment", d.host_import_alignment}}},
+            {"semaphore_opaque_fd",
+             {{"export", d.semaphore_fd_export},
+              {"import", d.semaphore_fd_import},
+              {"timeline", d.timeline_semaphore},
+              {"timeline_export", d.timeline_fd_export}}},
+            {"fence_opaque_fd", {{"export", d.fence_fd_export}}},
+        });
       }
     }
-    j.end_array();
-    if (!devices) j.field("vulkan_error", devices.error().message());
-    j.begin_object("cpu")
-        .field("cpus", topo.cpus)
-        .field("numa_library", topo.numa_library)
-        .field("numa_nodes", topo.numa_nodes)
-        .field("huge_page_size", topo.huge_page_size)
-        .field("huge_pages_total", topo.huge_pages_total)
-        .field("huge_pages_free", topo.huge_pages_free);
-    j.begin_array("strategies");
+    if (!devices) j["vulkan_error"] = devices.error().message();
+    Json cpu = {{"cpus", topo.cpus},
+                {"numa_library", topo.numa_library},
+                {"numa_nodes", topo.numa_nodes},
+                {"huge_page_size", topo.huge_page_size},
+                {"huge_pages_total", topo.huge_pages_total},
+                {"huge_pages_free", topo.huge_pages_free},
+                {"strategies", Json::array()}};
     for (const auto& r : rows)
-      j.begin_object()
-          .field("strategy", to_string(r.strategy))
-          .field("available", r.strategy == CpuStrategy::Auto || r.choice.strategy == r.strategy)
-          .field("resolves_to", to_string(r.choice.strategy))
-          .field("reason", r.choice.reason)
-          .end_object();
-    j.end_array().end_object();
-    j.begin_array("local_transports");
+      cpu["strategies"].push_back({{"strategy", to_string(r.strategy)},
+                                   {"available", r.strategy == CpuStrategy::Auto || r.choice.strategy == r.strategy},
+                                   {"resolves_to", to_string(r.choice.strategy)},
+                                   {"reason", r.choice.reason}});
+    j["cpu"] = std::move(cpu);
+    j["local_transports"] = Json::array();
     for (const auto& t : trows)
-      j.begin_object().field("name", t.name).field("available", t.probe.ok).field("reason", t.probe.reason).end_object();
-    j.end_array();
-    j.begin_object("interop");
-    j.begin_array("notes");
-    for (const auto& n : interop.notes) j.value(n);
-    j.end_array();
-    j.begin_array("devices");
-    for (const auto& d : interop.devices)
-      j.begin_object().field("api", d.api).field("name", d.name).field("detail", d.detail).end_object();
-    j.end_array();
-    j.begin_array("matrix");
+      j["local_transports"].push_back({{"name", t.name}, {"available", t.probe.ok}, {"reason", t.probe.reason}});
+    Json report = {{"notes", interop.notes}, {"devices", Json::array()}, {"matrix", Json::array()}};
+    for (const auto& d : interop.devices) report["devices"].push_back({{"api", d.api}, {"name", d.name}, {"detail", d.detail}});
     for (const auto& m : interop.matrix)
-      j.begin_object()
-          .field("exporter", m.exporter)
-          .field("importer", m.importer)
-          .field("memory", m.memory)
-          .field("memory_how", m.memory_how)
-          .field("semaphore", m.semaphore)
-          .field("semaphore_how", m.semaphore_how)
-          .end_object();
-    j.end_array().end_object();
-    j.end_object();
-    std::puts(j.str().c_str());
+      report["matrix"].push_back({{"exporter", m.exporter},
+                                  {"importer", m.importer},
+                                  {"memory", m.memory},
+                                  {"memory_how", m.memory_how},
+                                  {"semaphore", m.semaphore},
+                                  {"semaphore_how", m.semaphore_how}});
+    j["interop"] = std::move(report);
+    std::puts(j.dump().c_str());
     return 0;
   }
 

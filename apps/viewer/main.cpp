@@ -16,10 +16,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <map>
 #include <string>
 #include <vector>
 
+#include "cli.hpp"
 #include "lavaflow/core/detail/format.hpp"
 #include "viewer.hpp"
 
@@ -46,53 +46,9 @@ namespace {
 
 using lavaflow::str_format;
 
-void usage() {
-  std::puts(
-      "usage:\n"
-      "  lavaflow-viewer [--frames N] [--screenshot FILE.png] [--headless] [--cuda] [--width W] [--height H] [--fps F]\n"
-      "      starts the compute process (lavaflow-viewer produce) on a private channel and shows its frames\n"
-      "  lavaflow-viewer --channel NAME [--frames N] [--screenshot FILE.png] [--headless] [--wait] [--timeout S]\n"
-      "      the window only: shows the frames of a producer started elsewhere (either side may start first)\n"
-      "  lavaflow-viewer produce --channel NAME [--width W] [--height H] [--fps F] [--frames N] [--cuda]\n"
-      "                          [--transport auto|shm|vulkan] [--wait] [--timeout S]\n"
-      "      the compute process only: a Vulkan compute shader (or, with --cuda, a CUDA kernel) draws an\n"
-      "      animated image into the channel's ring buffers\n"
-      "options:\n"
-      "  --frames N          stop after N frames (0 = until the window closes or the other side leaves)\n"
-      "  --screenshot FILE   write the last frame drawn as PNG and check every pixel against the producer's formula\n"
-      "  --headless          draw with EGL, no window (also chosen when there is no display)\n"
-      "  --wait              when the other side leaves, wait for a new one instead of exiting\n"
-      "  --fps F             the producer's pace (default 60; 0 = as fast as the viewer takes frames)\n"
-      "The window title shows frames per second, the publish->drawn latency and the channel's route.\n"
-      "Exit status: 0 success, 1 failure, 2 bad usage, 77 no usable Vulkan/GL device here.");
-}
-
-struct Args {
-  std::string command;
-  std::map<std::string, std::string> opts;
-  std::vector<std::string> flags;
-  bool has(const std::string& f) const { return std::find(flags.begin(), flags.end(), f) != flags.end(); }
-  std::string get(const std::string& k, const std::string& def = "") const {
-    auto it = opts.find(k);
-    return it == opts.end() ? def : it->second;
-  }
-};
-
-bool number(const Args& a, const std::string& key, double& out) {
-  auto it = a.opts.find(key);
-  if (it == a.opts.end()) return true;
-  char* end = nullptr;
-  out = std::strtod(it->second.c_str(), &end);
-  if (it->second.empty() || *end || out < 0) {
-    std::fprintf(stderr, "lavaflow-viewer: --%s needs a non-negative number, got \"%s\"\n", key.c_str(), it->second.c_str());
-    return false;
-  }
-  return true;
-}
-
 /// The default: this process shows, a child process computes. Returns the viewer's status (the
 /// producer's when the viewer succeeded but the producer did not).
-int run_both(const Args& a, const lfviewer::DisplayOptions& d, const std::vector<std::string>& producer_args) {
+int run_both(const lfviewer::DisplayOptions& d, const std::vector<std::string>& producer_args) {
   std::vector<std::string> args{"lavaflow-viewer", "produce", "--channel", d.channel, "--timeout", "30"};
   args.insert(args.end(), producer_args.begin(), producer_args.end());
   std::vector<char*> argv;
@@ -104,7 +60,6 @@ int run_both(const Args& a, const lfviewer::DisplayOptions& d, const std::vector
     std::perror("posix_spawn");
     return 1;
   }
-  (void)a;
   const int rc = lfviewer::display_main(d);
   // The viewer has left the channel: the producer notices and exits; make sure of it.
   int status = 0;
@@ -121,66 +76,62 @@ int run_both(const Args& a, const lfviewer::DisplayOptions& d, const std::vector
 }  // namespace
 
 int main(int argc, char** argv) {
-  Args a;
-  int i = 1;
-  if (argc > 1 && argv[1][0] != '-') a.command = argv[i++];
-  static const char* kFlags[] = {"--headless", "--wait", "--cuda", "--no-verify"};
-  for (; i < argc; ++i) {
-    std::string k = argv[i];
-    if (k == "--help" || k == "-h") {
-      usage();
-      return 0;
-    }
-    if (std::find_if(std::begin(kFlags), std::end(kFlags), [&](const char* f) { return k == f; }) != std::end(kFlags)) {
-      a.flags.push_back(k.substr(2));
-      continue;
-    }
-    if (k.rfind("--", 0) != 0 || i + 1 >= argc) {
-      std::fprintf(stderr, "lavaflow-viewer: unexpected argument %s\n", k.c_str());
-      usage();
-      return 2;
-    }
-    static const char* kOptions[] = {"channel", "frames", "screenshot", "width", "height", "fps", "timeout", "transport"};
-    if (std::find_if(std::begin(kOptions), std::end(kOptions), [&](const char* o) { return k.substr(2) == o; }) == std::end(kOptions)) {
-      std::fprintf(stderr, "lavaflow-viewer: unknown option %s\n", k.c_str());
-      usage();
-      return 2;
-    }
-    a.opts[k.substr(2)] = argv[++i];
-  }
-  std::optional<lavaflow::TransportKind> transport;
-  if (const auto t = a.get("transport", "auto"); t != "auto") {
-    auto kind = lavaflow::parse_transport(t);
-    if (!kind || *kind == lavaflow::TransportKind::Mpi) {
-      std::fprintf(stderr, "lavaflow-viewer: --transport must be auto, shm or vulkan\n");
-      return 2;
-    }
-    transport = *kind;
-  }
-  double width = 640, height = 360, fps = 60, frames = 0, timeout = -1;
-  if (!number(a, "width", width) || !number(a, "height", height) || !number(a, "fps", fps) || !number(a, "frames", frames) ||
-      !number(a, "timeout", timeout))
-    return 2;
-  if (a.command == "produce") {
-    lfviewer::ProduceOptions p{.channel = a.get("channel"), .width = static_cast<std::uint32_t>(width),
-                               .height = static_cast<std::uint32_t>(height), .fps = fps, .frames = static_cast<std::uint64_t>(frames),
-                               .transport = transport, .cuda = a.has("cuda"),
-                               .wait = a.has("wait"), .timeout_s = timeout < 0 ? 60 : timeout};
+  lfviewer::ProduceOptions p;
+  lfviewer::DisplayOptions d;
+  bool no_verify = false;
+  std::optional<double> timeout;
+  std::string transport = "auto";
+  CLI::App app{"lavaflow-viewer: a GL window fed by a compute process over a lava-flow channel, zero copy.\n"
+               "Without --channel: starts the compute process (lavaflow-viewer produce) on a private channel and\n"
+               "shows its frames; with --channel: the window only, for a producer started elsewhere. The title\n"
+               "shows frames per second, the publish->drawn latency and the route. Exit status: 0 success,\n"
+               "1 failure, 2 bad usage, 77 no usable Vulkan/GL device here.",
+               "lavaflow-viewer"};
+  app.set_help_all_flag("--help-all", "help for the produce subcommand too");
+  auto frames_flag = [](CLI::App& cmd, std::uint64_t& frames) {
+    lfapp::add_whole(cmd, "--frames", frames, "stop after N frames (0: until closed or the other side leaves)", 0,
+                     1ull << 40);
+  };
+  auto shape_flags = [&](CLI::App& cmd) {
+    lfapp::add_whole(cmd, "--width", p.width, "frame width", 1, 16384);
+    lfapp::add_whole(cmd, "--height", p.height, "frame height", 1, 16384);
+    cmd.add_option("--fps", p.fps, "the producer's pace (0: as fast as the viewer takes frames)")
+        ->check(lfapp::real(0, 10'000));
+    cmd.add_flag("--cuda", p.cuda, "draw frames with a CUDA kernel instead of a Vulkan compute shader");
+    cmd.add_option("--transport", transport, "auto, shm or vulkan")->check(CLI::IsMember({"auto", "shm", "vulkan"}));
+  };
+  auto timeout_flag = [&](CLI::App& cmd) {
+    cmd.add_option("--timeout", timeout, "seconds to wait for the other side")->check(lfapp::real(0, 7 * 24 * 3600));
+  };
+  app.add_option("--channel", d.channel, "show the frames of this channel's producer");
+  frames_flag(app, d.frames);
+  app.add_option("--screenshot", d.screenshot, "write the last frame drawn as PNG and check every pixel");
+  app.add_flag("--headless", d.headless, "draw with EGL, no window (also chosen when there is no display)");
+  app.add_flag("--wait", d.wait, "when the producer leaves, wait for a new one");
+  app.add_flag("--no-verify", no_verify, "do not check the screenshot's pixels");
+  timeout_flag(app);
+  shape_flags(app);
+  auto* produce = app.add_subcommand("produce", "the compute process only: draws an animated image into the channel");
+  produce->add_option("--channel", p.channel, "channel name")->required();
+  frames_flag(*produce, p.frames);
+  produce->add_flag("--wait", p.wait, "when the viewer leaves, wait for the next one");
+  timeout_flag(*produce);
+  shape_flags(*produce);
+  app.require_subcommand(0, 1);
+  if (auto rc = lfapp::parse(app, argc, argv)) return *rc;
+
+  if (transport != "auto") p.transport = *lavaflow::parse_transport(transport);
+  if (produce->parsed()) {
+    p.timeout_s = timeout.value_or(60);
     return lfviewer::produce_main(p);
   }
-  if (!a.command.empty()) {
-    std::fprintf(stderr, "lavaflow-viewer: unknown command %s\n", a.command.c_str());
-    usage();
-    return 2;
-  }
-  lfviewer::DisplayOptions d{.channel = a.get("channel"), .frames = static_cast<std::uint64_t>(frames), .screenshot = a.get("screenshot"),
-                             .headless = a.has("headless"), .wait = a.has("wait"), .verify = !a.has("no-verify"),
-                             .timeout_s = timeout < 0 ? 30 : timeout};
+  d.verify = !no_verify;
+  d.timeout_s = timeout.value_or(30);
   if (!d.channel.empty()) return lfviewer::display_main(d);
   // No channel: run the compute process too, on a private channel.
   d.channel = str_format("viewer-{}", ::getpid());
-  std::vector<std::string> pargs{"--width", a.get("width", "640"), "--height", a.get("height", "360"), "--fps", a.get("fps", "60")};
-  if (a.has("cuda")) pargs.push_back("--cuda");
-  if (auto t = a.get("transport"); !t.empty()) pargs.insert(pargs.end(), {"--transport", t});
-  return run_both(a, d, pargs);
+  std::vector<std::string> pargs{"--width", std::to_string(p.width), "--height", std::to_string(p.height), "--fps",
+                                 str_format("{}", p.fps), "--transport", transport};
+  if (p.cuda) pargs.push_back("--cuda");
+  return run_both(d, pargs);
 }

@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <string>
 
-#include "../../apps/common/payload.hpp"
+#include "payload.hpp"
 #include "gl_support.hpp"
 #include "lavaflow/transports/local.hpp"
 

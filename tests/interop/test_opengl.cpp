@@ -5,7 +5,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "../../apps/common/payload.hpp"
+#include "payload.hpp"
 #include "gl_support.hpp"
 #include "support.hpp"
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "../../apps/common/payload.hpp"
+#include "payload.hpp"
 #include "lavaflow/core/transfer.hpp"
 #include "expect.hpp"
 #include "lavaflow/mpi/mpi.hpp"

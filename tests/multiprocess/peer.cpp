@@ -14,7 +14,7 @@
 #include <cstdio>
 #include <string>
 
-#include "../../apps/common/payload.hpp"
+#include "payload.hpp"
 #include "lavaflow/transports/local.hpp"
 #include "vk_helpers.hpp"
 

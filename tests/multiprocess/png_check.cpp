@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "../../apps/viewer/pattern.h"
+#include "pattern.h"
 
 namespace {
 

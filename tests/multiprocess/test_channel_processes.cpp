@@ -5,7 +5,7 @@
 
 #include <thread>
 
-#include "../../apps/common/payload.hpp"
+#include "payload.hpp"
 #include "support.hpp"
 
 using namespace lavaflow;
