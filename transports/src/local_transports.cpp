@@ -38,11 +38,19 @@ class VulkanTransport final : public Transport {
   TransportKind kind() const override { return TransportKind::Vulkan; }
   Probe can_connect(const ProcessLocation& me, const std::optional<ProcessLocation>& peer,
                     const TransportEnv& env) const override {
-    if (!env.vulkan) return {false, "no Vulkan context on the producer side"};
-    const auto& caps = env.vulkan->capabilities();
-    if (!caps.memory_fd_export) return {false, str_format("device {} cannot export opaque-fd memory", caps.identity.name)};
     auto local = local_only(me, peer);
     if (!local.ok) return local;
+    if (!env.vulkan) {
+      // Deciding from the two locations alone (e.g. an MPI communicator's routes): the producer
+      // makes its context on the device they share.
+      if (!peer) return {false, "no Vulkan context on the producer side"};
+      for (const auto& mine : me.devices)
+        for (const auto& theirs : peer->devices)
+          if (mine == theirs) return {true, str_format("Vulkan IPC: {}; both have device {}", local.reason, mine.name)};
+      return {false, str_format("{}, but no Vulkan device in common", local.reason)};
+    }
+    const auto& caps = env.vulkan->capabilities();
+    if (!caps.memory_fd_export) return {false, str_format("device {} cannot export opaque-fd memory", caps.identity.name)};
     if (!peer) return {true, str_format("Vulkan IPC on {}: {}", caps.identity.name, local.reason)};
     for (const auto& d : peer->devices)
       if (d == caps.identity) return {true, str_format("Vulkan IPC: {} and the peer share device {}", local.reason, caps.identity.name)};

@@ -12,6 +12,7 @@
 #include "checks.hpp"
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/vulkan_context.hpp"
+#include "lavaflow/transports/local.hpp"
 #include "ring.hpp"
 #include "wait.hpp"
 #include "wire.hpp"
@@ -180,13 +181,10 @@ UniqueFd Communicator::watch(int r) const {
 Result<PairRoute> Communicator::route(int from, int to) const {
   if (from < 0 || to < 0 || from >= size() || to >= size() || from == to)
     return fail(Errc::InvalidArgument, "mpi::Communicator::route", str_format("pair {} -> {} of {} ranks", from, to, size()));
-  const auto& a = location(from);
-  const auto& b = location(to);
-  const auto scope = detect_scope(a, b);
-  if (scope.scope == Scope::Remote) return PairRoute{from, to, TransportKind::Mpi, "remote: " + scope.reason + "; MPI point-to-point"};
-  if (auto d = common_device(a, b))
-    return PairRoute{from, to, TransportKind::Vulkan, str_format("Vulkan IPC: {}; both have device {}", scope.reason, d->name)};
-  return PairRoute{from, to, TransportKind::Shm, "CPU shared memory: " + scope.reason + "; no common Vulkan device"};
+  // The channel layer's one routing function, over every transport a rank pair can take.
+  static const TransportSet all = {vulkan_transport(), shm_transport(), mpi_transport()};
+  LF_TRY(auto decision, choose_route(all, location(from), location(to), {}));
+  return PairRoute{from, to, decision.transport->kind(), std::move(decision.reason)};
 }
 
 std::vector<PairRoute> Communicator::routes() const {
