@@ -3,7 +3,7 @@
 # Run as root (or with sudo available). Installs nothing when everything is present.
 set -euo pipefail
 pkgs=(
-  cmake g++ ninja-build pkg-config git
+  cmake g++ ninja-build pkg-config git clang-format
   libvulkan-dev mesa-vulkan-drivers vulkan-tools glslc
   libglew-dev libglfw3-dev libegl-dev libgl-dev
   mpich libmpich-dev

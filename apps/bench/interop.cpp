@@ -18,10 +18,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
 #include "cuda_kernels.hpp"
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/cuda/cuda.hpp"
@@ -36,8 +36,8 @@ using namespace lavaflow;
 
 namespace {
 
-#define BENCH_CUDA(expr)                                                                        \
-  do {                                                                                          \
+#define BENCH_CUDA(expr)                                                                               \
+  do {                                                                                                 \
     if (cudaError_t e_ = (expr); e_ != cudaSuccess) return std::unexpected(cuda::to_error(e_, #expr)); \
   } while (0)
 
@@ -175,12 +175,18 @@ Status gpu_receive(LfSide& s, void* scratch, cudaStream_t stream) {
   return {};  // released when r ends: the next write to this slot is ordered after the pong
 }
 
-Result<LfSide> open_side(const VulkanContext& vk, const cuda::Interop& cu, const std::string& dir, const std::string& out,
-                         const std::string& in, std::uint64_t frame) {
+Result<LfSide> open_side(const VulkanContext& vk, const cuda::Interop& cu, const std::string& dir,
+                         const std::string& out, const std::string& in, std::uint64_t frame) {
   LfSide s;
-  LF_TRY(s.out, Producer::create(out, {.slots = 4, .slot_size = frame, .transport = TransportKind::Vulkan, .vulkan = &vk, .directory = dir}));
-  LF_TRY(s.in, Consumer::open(in, {.wait = WaitMode::BusyPoll, .host_wait_for_gpu = false,
-                                   .connect_timeout = std::chrono::seconds(30), .vulkan = &vk, .directory = dir}));
+  LF_TRY(
+      s.out,
+      Producer::create(
+          out, {.slots = 4, .slot_size = frame, .transport = TransportKind::Vulkan, .vulkan = &vk, .directory = dir}));
+  LF_TRY(s.in, Consumer::open(in, {.wait = WaitMode::BusyPoll,
+                                   .host_wait_for_gpu = false,
+                                   .connect_timeout = std::chrono::seconds(30),
+                                   .vulkan = &vk,
+                                   .directory = dir}));
   s.in_imports.emplace(cu);
   LF_TRY_STATUS(s.out->wait_for_consumers(1, std::chrono::seconds(30)));
   return s;
@@ -190,7 +196,8 @@ Result<Result3> handoff_lavaflow(const VulkanContext& vk, const cuda::Interop& c
   char tmpl[] = "/tmp/lavaflow-bench-XXXXXX";
   if (!::mkdtemp(tmpl)) return std::unexpected(from_errno(errno, "mkdtemp"));
   const std::string dir = tmpl;
-  const pid_t child = spawn_self({"lavaflow-bench", "interop-peer", "lavaflow", dir, std::to_string(frame), std::to_string(rounds)});
+  const pid_t child =
+      spawn_self({"lavaflow-bench", "interop-peer", "lavaflow", dir, std::to_string(frame), std::to_string(rounds)});
   if (child < 0) return fail(Errc::System, "posix_spawn", "cannot start the peer process");
   auto side = open_side(vk, cu, dir, "ping", "pong", frame);
   if (!side) {
@@ -244,7 +251,8 @@ Status recv_byte(int fd) {
 
 Result<Result3> handoff_cuda_ipc(std::uint64_t frame, int rounds) {
   int sv[2];
-  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return std::unexpected(from_errno(errno, "socketpair"));
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+    return std::unexpected(from_errno(errno, "socketpair"));
   UniqueFd mine(sv[0]), theirs(sv[1]);
   void *buf = nullptr, *src = nullptr, *scratch = nullptr;
   BENCH_CUDA(cudaMalloc(&buf, frame));
@@ -258,7 +266,8 @@ Result<Result3> handoff_cuda_ipc(std::uint64_t frame, int rounds) {
   BENCH_CUDA(cudaIpcGetEventHandle(&h.written, written));
   BENCH_CUDA(cudaIpcGetEventHandle(&h.read, read));
   const pid_t child = spawn_self({"lavaflow-bench", "interop-peer", "cuda-ipc", std::to_string(theirs.get()),
-                                  std::to_string(frame), std::to_string(rounds)}, theirs.get());
+                                  std::to_string(frame), std::to_string(rounds)},
+                                 theirs.get());
   theirs.reset();
   if (child < 0) return fail(Errc::System, "posix_spawn", "cannot start the peer process");
   if (::send(mine.get(), &h, sizeof h, MSG_NOSIGNAL) != sizeof h) return std::unexpected(from_errno(errno, "send"));
@@ -305,10 +314,16 @@ int bench_interop_peer(int argc, char** argv) {
       // Open in the opposite order to the parent: its ping producer exists, our pong producer
       // is what the parent's consumer waits for.
       LfSide s;
-      LF_TRY(s.in, Consumer::open("ping", {.wait = WaitMode::BusyPoll, .host_wait_for_gpu = false,
-                                           .connect_timeout = std::chrono::seconds(30), .vulkan = &vk, .directory = argv[3]}));
-      LF_TRY(s.out, Producer::create("pong", {.slots = 4, .slot_size = frame, .transport = TransportKind::Vulkan,
-                                              .vulkan = &vk, .directory = argv[3]}));
+      LF_TRY(s.in, Consumer::open("ping", {.wait = WaitMode::BusyPoll,
+                                           .host_wait_for_gpu = false,
+                                           .connect_timeout = std::chrono::seconds(30),
+                                           .vulkan = &vk,
+                                           .directory = argv[3]}));
+      LF_TRY(s.out, Producer::create("pong", {.slots = 4,
+                                              .slot_size = frame,
+                                              .transport = TransportKind::Vulkan,
+                                              .vulkan = &vk,
+                                              .directory = argv[3]}));
       s.in_imports.emplace(cu);
       LF_TRY_STATUS(s.out->wait_for_consumers(1, std::chrono::seconds(30)));
       void *scratch = nullptr, *pong = nullptr;
@@ -380,28 +395,26 @@ int bench_interop(const InteropOptions& o) {
     if (e) std::fprintf(stderr, "interop: %s\n", e->message().c_str());
   if (!copy || !imp || !lf || !ipc) return 1;
   if (json) {
-    nlohmann::ordered_json j{
-        {"device", devs->front().name},
-        {"copy_kernel",
-         {{"bytes", size},
-          {"imported_gb_s", copy->imported_gbs},
-          {"cudamalloc_gb_s", copy->malloc_gbs},
-          {"ratio", copy->imported_gbs / copy->malloc_gbs}}},
-        {"import_us_64MiB", *imp},
-        {"handoff", nlohmann::ordered_json::array()}};
+    nlohmann::ordered_json j{{"device", devs->front().name},
+                             {"copy_kernel",
+                              {{"bytes", size},
+                               {"imported_gb_s", copy->imported_gbs},
+                               {"cudamalloc_gb_s", copy->malloc_gbs},
+                               {"ratio", copy->imported_gbs / copy->malloc_gbs}}},
+                             {"import_us_64MiB", *imp},
+                             {"handoff", nlohmann::ordered_json::array()}};
     for (const auto* r : {&*lf, &*ipc})
-      j["handoff"].push_back({{"name", r->name},
-                              {"frame", frame},
-                              {"p50_us", r->p50_us},
-                              {"p99_us", r->p99_us},
-                              {"avg_us", r->avg_us}});
+      j["handoff"].push_back(
+          {{"name", r->name}, {"frame", frame}, {"p50_us", r->p50_us}, {"p99_us", r->p99_us}, {"avg_us", r->avg_us}});
     j["handoff_p50_ratio"] = lf->p50_us / ipc->p50_us;
     std::puts(j.dump().c_str());
     return 0;
   }
   std::printf("lavaflow-bench interop on %s\n", devs->front().name.c_str());
-  std::printf("copy kernel, %s each way: Vulkan-imported %.1f GB/s, cudaMalloc %.1f GB/s -> ratio %.3f (target >= 0.97)\n",
-              str_format("{} MiB", size >> 20).c_str(), copy->imported_gbs, copy->malloc_gbs, copy->imported_gbs / copy->malloc_gbs);
+  std::printf(
+      "copy kernel, %s each way: Vulkan-imported %.1f GB/s, cudaMalloc %.1f GB/s -> ratio %.3f (target >= 0.97)\n",
+      str_format("{} MiB", size >> 20).c_str(), copy->imported_gbs, copy->malloc_gbs,
+      copy->imported_gbs / copy->malloc_gbs);
   std::printf("import of one 64 MiB Vulkan buffer into CUDA: %.1f us (median of 200)\n", *imp);
   std::printf("cross-process GPU frame hand-off, %llu-byte frames, %d rounds (round trip / 2):\n",
               static_cast<unsigned long long>(frame), rounds);

@@ -150,8 +150,13 @@ Row uds_pingpong(const Config& cfg, std::uint64_t size) {
 
 pid_t spawn_echo(const Config& cfg, const std::string& self, const std::string& transport, WaitMode mode,
                  const std::string& tag) {
-  std::vector<std::string> args{self, "_echo", tag, transport, mode == WaitMode::BusyPoll ? "poll" : "block",
-                                std::to_string(cfg.cpu_b), std::to_string(cfg.max_size)};
+  std::vector<std::string> args{self,
+                                "_echo",
+                                tag,
+                                transport,
+                                mode == WaitMode::BusyPoll ? "poll" : "block",
+                                std::to_string(cfg.cpu_b),
+                                std::to_string(cfg.max_size)};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -162,10 +167,12 @@ pid_t spawn_echo(const Config& cfg, const std::string& self, const std::string& 
 
 Result<std::vector<Row>> channel_rows(const Config& cfg, const std::string& self, const std::string& transport,
                                       WaitMode mode) {
-  const std::string tag = str_format("bench-{}-{}-{}", ::getpid(), transport, mode == WaitMode::BusyPoll ? "poll" : "block");
+  const std::string tag =
+      str_format("bench-{}-{}-{}", ::getpid(), transport, mode == WaitMode::BusyPoll ? "poll" : "block");
   // 32 buffers: deep enough that a pipelined stream seldom finds the ring full (then the producer
   // re-reads the consumers' released counts: a cache-line transfer).
-  ProducerOptions po{.slots = 32, .slot_size = cfg.max_size, .wait = mode, .transport = parse_transport(transport).value()};
+  ProducerOptions po{
+      .slots = 32, .slot_size = cfg.max_size, .wait = mode, .transport = parse_transport(transport).value()};
   LF_TRY(auto ping, Producer::create(tag + "-ping", po));
   const pid_t child = spawn_echo(cfg, self, transport, mode, tag);
   LF_TRY(auto pong, Consumer::open(tag + "-pong", {.wait = mode, .connect_timeout = 30s}));
@@ -199,11 +206,13 @@ Result<std::vector<Row>> channel_rows(const Config& cfg, const std::string& self
       auto row = summarize(name, mode_name, size, one_way, touched);
       // Pipelined throughput: stream messages, the echo answers only the last one.
       if (!touched) {
-        const std::uint64_t n = std::max<std::uint64_t>(200, std::min<std::uint64_t>(cfg.stream_messages, (std::uint64_t{4} << 30) / size));
+        const std::uint64_t n =
+            std::max<std::uint64_t>(200, std::min<std::uint64_t>(cfg.stream_messages, (std::uint64_t{4} << 30) / size));
         const auto t0 = now_ns();
         for (std::uint64_t i = 0; i < n; ++i) {
           LF_TRY(Loan l, ping->loan(10s));
-          LF_TRY_STATUS(ping->publish(std::move(l), {.size = size, .user_tag = size | kStream | (i + 1 == n ? kTouch : 0)}));
+          LF_TRY_STATUS(
+              ping->publish(std::move(l), {.size = size, .user_tag = size | kStream | (i + 1 == n ? kTouch : 0)}));
         }
         LF_TRY(Received done, pong->receive(30s));
         row.msgs_per_s = double(n) / (double(now_ns() - t0) / 1e9);
@@ -234,7 +243,8 @@ int echo_main(int argc, char** argv) {
     std::fprintf(stderr, "echo: %s\n", ping.error().message().c_str());
     return 1;
   }
-  auto pong = Producer::create(tag + "-pong", {.slots = 8, .slot_size = max_size, .wait = mode, .transport = *transport});
+  auto pong =
+      Producer::create(tag + "-pong", {.slots = 8, .slot_size = max_size, .wait = mode, .transport = *transport});
   if (!pong) {
     std::fprintf(stderr, "echo: %s\n", pong.error().message().c_str());
     return 1;
@@ -263,7 +273,8 @@ Result<std::vector<Row>> run_local(const Config& cfg, const std::string& self) {
   // Baselines first, before this process has any Vulkan state (they fork).
   // The floor three times, the median kept: on a shared VM one measurement can land on a better or
   // worse moment than the channel rows it is compared with.
-  std::vector<Row> floors{shared_word_pingpong(cfg, false), shared_word_pingpong(cfg, false), shared_word_pingpong(cfg, false)};
+  std::vector<Row> floors{shared_word_pingpong(cfg, false), shared_word_pingpong(cfg, false),
+                          shared_word_pingpong(cfg, false)};
   std::sort(floors.begin(), floors.end(), [](const Row& a, const Row& b) { return a.p50_ns < b.p50_ns; });
   rows.push_back(floors[1]);
   rows.push_back(shared_word_pingpong(cfg, true));

@@ -3,27 +3,26 @@
 //   alloc : allocate + export of exportable Vulkan buffers vs a plain vkAllocateMemory of the
 //           same size and memory type, and each CPU strategy vs plain shared memory (median).
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
-#include <cerrno>
 #include <cstdlib>
-#include <unistd.h>
+#include <cstring>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "cli.hpp"
-#include "plot.hpp"
 #include "interop.hpp"
-#include "local.hpp"
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/lavaflow.hpp"
+#include "local.hpp"
+#include "plot.hpp"
 
 using namespace lavaflow;
 
@@ -88,9 +87,15 @@ int bench_alloc(int reps, bool json) {
       });
       const double lf = median_us(reps, [&] {
         auto b = GpuBuffer::allocate(*ctx, {.size = size});
-        if (!b) { err = b.error().message(); return false; }
+        if (!b) {
+          err = b.error().message();
+          return false;
+        }
         auto e = b->export_handle();
-        if (!e) { err = e.error().message(); return false; }
+        if (!e) {
+          err = e.error().message();
+          return false;
+        }
         return true;
       });
       if (lf < 0) {
@@ -101,7 +106,8 @@ int bench_alloc(int reps, bool json) {
                       "buffer + dedicated export allocation + bind + map + vkGetMemoryFdKHR"});
     }
     const auto topo = CpuTopology::detect();
-    const double shm = median_us(reps, [&] { return bool(CpuBuffer::allocate({.size = size, .strategy = CpuStrategy::SharedMemory}, topo)); });
+    const double shm = median_us(
+        reps, [&] { return bool(CpuBuffer::allocate({.size = size, .strategy = CpuStrategy::SharedMemory}, topo)); });
     const double anon = median_us(reps, [&] {
       void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       if (p == MAP_FAILED) return false;
@@ -132,9 +138,13 @@ int bench_alloc(int reps, bool json) {
     std::puts(j.dump().c_str());
     return 0;
   }
-  std::printf("lavaflow-bench alloc: median of %d, allocate + export (+ free), against a baseline of the same size\n", reps);
-  if (ctx) std::printf("device: %s (%s)\n", ctx->capabilities().identity.name.c_str(), ctx->capabilities().driver_name.c_str());
-  std::printf("%-22s %8s %12s %18s %12s %8s  %s\n", "what", "size", "median us", "baseline", "base us", "ratio", "note");
+  std::printf("lavaflow-bench alloc: median of %d, allocate + export (+ free), against a baseline of the same size\n",
+              reps);
+  if (ctx)
+    std::printf("device: %s (%s)\n", ctx->capabilities().identity.name.c_str(),
+                ctx->capabilities().driver_name.c_str());
+  std::printf("%-22s %8s %12s %18s %12s %8s  %s\n", "what", "size", "median us", "baseline", "base us", "ratio",
+              "note");
   for (const auto& r : rows)
     std::printf("%-22s %8s %12.1f %18s %12.1f %8.2f  %s\n", r.name.c_str(), human(r.size).c_str(), r.median_us,
                 r.baseline.c_str(), r.baseline_us, r.median_us / r.baseline_us, r.note.c_str());
@@ -161,8 +171,10 @@ std::vector<lfbench::Row> mpi_rows(int iterations, std::string& note) {
     r.name = "mpi-pingpong";
     r.mode = "poll";
     unsigned long long size = 0;
-    if (std::sscanf(line, "{\"name\":\"mpi-pingpong\",\"size\":%llu,\"p50_ns\":%lf,\"p99_ns\":%lf,\"max_ns\":%lf,\"avg_ns\":%lf}",
-                    &size, &r.p50_ns, &r.p99_ns, &r.max_ns, &r.avg_ns) == 5) {
+    if (std::sscanf(
+            line,
+            "{\"name\":\"mpi-pingpong\",\"size\":%llu,\"p50_ns\":%lf,\"p99_ns\":%lf,\"max_ns\":%lf,\"avg_ns\":%lf}",
+            &size, &r.p50_ns, &r.p99_ns, &r.max_ns, &r.avg_ns) == 5) {
       r.size = size;
       r.samples = static_cast<std::size_t>(iterations);
       rows.push_back(r);
@@ -182,7 +194,8 @@ std::vector<lfbench::Row> mpi_rows(int iterations, std::string& note) {
 const lfbench::Row* find(const std::vector<lfbench::Row>& rows, std::string_view name, std::string_view mode,
                          std::uint64_t size, bool touched = false) {
   for (const auto& r : rows)
-    if (r.name == name && (mode.empty() || r.mode == mode) && (size == 0 || r.size == size) && r.touched == touched) return &r;
+    if (r.name == name && (mode.empty() || r.mode == mode) && (size == 0 || r.size == size) && r.touched == touched)
+      return &r;
   return nullptr;
 }
 
@@ -209,22 +222,29 @@ int bench_local(lfbench::Config cfg, bool json, const std::string& plot) {
   const auto* floor = find(*rows, "floor-cacheline", "", 0);
   const auto* futex = find(*rows, "futex-pingpong", "", 0);
   const auto* mpi64 = find(*rows, "mpi-pingpong", "", 64);
-  if (shm64 && floor) targets.push_back({"shm poll 64 B p50 / cache-line floor p50", shm64->p50_ns / floor->p50_ns, 1.5, false});
-  if (shm64 && mpi64) targets.push_back({"shm poll 64 B p50 / MPI ping-pong 64 B p50", shm64->p50_ns / mpi64->p50_ns, 0.5, false});
-  if (shm64 && shm16m) targets.push_back({"shm poll 16 MiB untouched p50 / 64 B p50", shm16m->p50_ns / shm64->p50_ns, 2.0, false});
-  if (shmblk && futex) targets.push_back({"shm block 64 B p50 / futex ping-pong p50", shmblk->p50_ns / futex->p50_ns, 1.3, false});
+  if (shm64 && floor)
+    targets.push_back({"shm poll 64 B p50 / cache-line floor p50", shm64->p50_ns / floor->p50_ns, 1.5, false});
+  if (shm64 && mpi64)
+    targets.push_back({"shm poll 64 B p50 / MPI ping-pong 64 B p50", shm64->p50_ns / mpi64->p50_ns, 0.5, false});
+  if (shm64 && shm16m)
+    targets.push_back({"shm poll 16 MiB untouched p50 / 64 B p50", shm16m->p50_ns / shm64->p50_ns, 2.0, false});
+  if (shmblk && futex)
+    targets.push_back({"shm block 64 B p50 / futex ping-pong p50", shmblk->p50_ns / futex->p50_ns, 1.3, false});
   if (shm64) targets.push_back({"shm poll 64 B pipelined, million msgs/s", shm64->msgs_per_s / 1e6, 5.0, true});
 
   if (!plot.empty()) {  // p50 one-way latency vs size, a line per transport, mode and variant
     std::vector<lfapp::PlotSeries> series;
     for (const auto& r : *rows) {
       const bool baseline = r.name.rfind("lavaflow-", 0) != 0;
-      const std::string label = str_format("{}{}{}", r.name, r.mode.empty() || baseline ? "" : " " + r.mode, r.touched ? " touched" : "");
+      const std::string label =
+          str_format("{}{}{}", r.name, r.mode.empty() || baseline ? "" : " " + r.mode, r.touched ? " touched" : "");
       auto it = std::find_if(series.begin(), series.end(), [&](const auto& s) { return s.label == label; });
       if (it == series.end()) it = series.insert(series.end(), {label, {}, baseline});
       it->points.emplace_back(r.size, r.p50_ns);
     }
-    if (auto ok = lfapp::plot_vs_size(plot, "lavaflow-bench local: one-way latency p50 (round trip / 2)", "p50 latency (ns)", series); !ok) {
+    if (auto ok = lfapp::plot_vs_size(plot, "lavaflow-bench local: one-way latency p50 (round trip / 2)",
+                                      "p50 latency (ns)", series);
+        !ok) {
       std::fprintf(stderr, "lavaflow-bench local: %s\n", ok.error().message().c_str());
       return 1;
     }
@@ -232,11 +252,12 @@ int bench_local(lfbench::Config cfg, bool json, const std::string& plot) {
   }
 
   if (json) {
-    nlohmann::ordered_json j{{"results", nlohmann::ordered_json::array()}, {"targets", nlohmann::ordered_json::array()}};
+    nlohmann::ordered_json j{{"results", nlohmann::ordered_json::array()},
+                             {"targets", nlohmann::ordered_json::array()}};
     for (const auto& r : *rows) {
-      nlohmann::ordered_json row{{"name", r.name},     {"mode", r.mode},     {"size", r.size},
+      nlohmann::ordered_json row{{"name", r.name},       {"mode", r.mode},       {"size", r.size},
                                  {"touched", r.touched}, {"samples", r.samples}, {"p50_ns", r.p50_ns},
-                                 {"p99_ns", r.p99_ns}, {"max_ns", r.max_ns}, {"avg_ns", r.avg_ns}};
+                                 {"p99_ns", r.p99_ns},   {"max_ns", r.max_ns},   {"avg_ns", r.avg_ns}};
       if (r.msgs_per_s > 0) row["msgs_per_s"] = r.msgs_per_s;
       j["results"].push_back(std::move(row));
     }
@@ -250,9 +271,11 @@ int bench_local(lfbench::Config cfg, bool json, const std::string& plot) {
     std::puts(j.dump().c_str());
     return 0;
   }
-  std::printf("lavaflow-bench local: one-way latency = round trip / 2, processes pinned to CPUs %d and %d, %d round trips\n",
-              cfg.cpu_a, cfg.cpu_b, cfg.iterations);
-  std::printf("%-18s %-6s %9s %8s %10s %10s %11s %13s\n", "name", "mode", "size", "touched", "p50 ns", "p99 ns", "max ns", "msgs/s");
+  std::printf(
+      "lavaflow-bench local: one-way latency = round trip / 2, processes pinned to CPUs %d and %d, %d round trips\n",
+      cfg.cpu_a, cfg.cpu_b, cfg.iterations);
+  std::printf("%-18s %-6s %9s %8s %10s %10s %11s %13s\n", "name", "mode", "size", "touched", "p50 ns", "p99 ns",
+              "max ns", "msgs/s");
   for (const auto& r : *rows)
     std::printf("%-18s %-6s %9s %8s %10.0f %10.0f %11.0f %13s\n", r.name.c_str(), r.mode.c_str(), human(r.size).c_str(),
                 r.touched ? "yes" : "no", r.p50_ns, r.p99_ns, r.max_ns,
@@ -274,7 +297,8 @@ int main(int argc, char** argv) {
   if (argc > 1 && !std::strcmp(argv[1], "interop-peer")) return lfbench::bench_interop_peer(argc, argv);
 #endif
 
-  CLI::App app{"lavaflow-bench: lava-flow's benchmarks, each next to a baseline measured in the same run.", "lavaflow-bench"};
+  CLI::App app{"lavaflow-bench: lava-flow's benchmarks, each next to a baseline measured in the same run.",
+               "lavaflow-bench"};
   app.set_help_all_flag("--help-all", "help for every benchmark");
   app.require_subcommand(1, 1);
   const unsigned cpus = std::max(1u, std::thread::hardware_concurrency());
@@ -282,14 +306,16 @@ int main(int argc, char** argv) {
   bool json = false;
   std::string plot;
   int reps = 101;
-  auto* alloc = app.add_subcommand("alloc", "allocation + export of exportable Vulkan buffers and CPU strategies vs plain allocations");
+  auto* alloc = app.add_subcommand(
+      "alloc", "allocation + export of exportable Vulkan buffers and CPU strategies vs plain allocations");
   lfapp::add_whole(*alloc, "--reps", reps, "runs per size (median)", 1, 100'000);
   alloc->add_flag("--json", json, "JSON rows");
 
   lfbench::Config cfg;
   bool quick = false;
   std::vector<int> cpu_pair;
-  auto* local = app.add_subcommand("local", "local channels: latency and messages/s per transport, wait mode and size, with baselines");
+  auto* local = app.add_subcommand(
+      "local", "local channels: latency and messages/s per transport, wait mode and size, with baselines");
   lfapp::add_whole(*local, "--iterations", cfg.iterations, "round trips per row", 100, 100'000'000);
   local->add_option("--cpus", cpu_pair, "the two CPUs to pin the processes to: A,B")
       ->delimiter(',')
@@ -309,7 +335,8 @@ int main(int argc, char** argv) {
   remote->add_option("--plot", plot, "latency against size (PNG, gnuplot)");
 
   lfbench::InteropOptions io;
-  auto* interop = app.add_subcommand("interop", "(CUDA GPU) kernels on imported memory and GPU frame hand-off vs CUDA IPC");
+  auto* interop =
+      app.add_subcommand("interop", "(CUDA GPU) kernels on imported memory and GPU frame hand-off vs CUDA IPC");
   lfapp::add_whole(*interop, "--size", io.size, "bytes the copy kernel moves", 1 << 20, 1ull << 36);
   lfapp::add_whole(*interop, "--frame", io.frame, "bytes per frame", 4, 1 << 30);
   lfapp::add_whole(*interop, "--rounds", io.rounds, "hand-off round trips", 10, 10'000'000);

@@ -19,7 +19,8 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &n);
   int iters = 0;
   std::vector<int> sizes;
-  CLI::App app{"lavaflow-bench-mpi: raw MPI ping-pong (mpiexec -n 2), lavaflow-bench local's baseline", "lavaflow-bench-mpi"};
+  CLI::App app{"lavaflow-bench-mpi: raw MPI ping-pong (mpiexec -n 2), lavaflow-bench local's baseline",
+               "lavaflow-bench-mpi"};
   app.add_option("ITERATIONS", iters, "round trips per size")->required()->check(lfapp::whole(1, 100'000'000));
   app.add_option("SIZE", sizes, "message sizes in bytes")->required()->check(lfapp::whole(0, 1 << 30));
   auto rc = lfapp::parse(app, argc, argv);
@@ -51,9 +52,10 @@ int main(int argc, char** argv) {
       std::sort(one_way.begin(), one_way.end());
       double sum = 0;
       for (double v : one_way) sum += v;
-      std::printf("{\"name\":\"mpi-pingpong\",\"size\":%d,\"p50_ns\":%.1f,\"p99_ns\":%.1f,\"max_ns\":%.1f,\"avg_ns\":%.1f}\n",
-                  size, one_way[one_way.size() / 2], one_way[static_cast<std::size_t>(0.99 * double(one_way.size() - 1))],
-                  one_way.back(), sum / double(one_way.size()));
+      std::printf(
+          "{\"name\":\"mpi-pingpong\",\"size\":%d,\"p50_ns\":%.1f,\"p99_ns\":%.1f,\"max_ns\":%.1f,\"avg_ns\":%.1f}\n",
+          size, one_way[one_way.size() / 2], one_way[static_cast<std::size_t>(0.99 * double(one_way.size() - 1))],
+          one_way.back(), sum / double(one_way.size()));
       std::fflush(stdout);
     }
   }

@@ -7,25 +7,23 @@
 #include <mpi.h>
 #include <sys/mman.h>
 
-#include <nlohmann/json.hpp>
-
-#include "cli.hpp"
-#include "plot.hpp"
-
 #include <algorithm>
 #include <bit>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "cli.hpp"
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/transfer.hpp"
 #include "lavaflow/core/vulkan_context.hpp"
 #include "lavaflow/mpi/mpi.hpp"
+#include "plot.hpp"
 
 using namespace lavaflow;
 
@@ -88,7 +86,8 @@ void raw_pingpong(MPI_Comm comm, int me, std::uint64_t size, std::vector<char>& 
 }
 
 /// The same over two lava-flow channels (ping one way, pong the other): loan, publish, receive.
-Status lf_pingpong(int me, mpi::RemoteProducer& p, mpi::RemoteConsumer& q, std::uint64_t size, int n, std::vector<double>* half) {
+Status lf_pingpong(int me, mpi::RemoteProducer& p, mpi::RemoteConsumer& q, std::uint64_t size, int n,
+                   std::vector<double>* half) {
   for (int i = 0; i < n; ++i) {
     const auto t0 = Clock::now();
     if (me == 0) {
@@ -108,13 +107,18 @@ Status lf_pingpong(int me, mpi::RemoteProducer& p, mpi::RemoteConsumer& q, std::
 }
 
 /// Latency of raw MPI and of a lava-flow channel, measured in alternating blocks.
-Status latency(const mpi::Communicator& c, MPI_Comm raw, std::uint64_t size, std::vector<char>& buf, Row& raw_row, Row& lf_row) {
+Status latency(const mpi::Communicator& c, MPI_Comm raw, std::uint64_t size, std::vector<char>& buf, Row& raw_row,
+               Row& lf_row) {
   const int me = c.rank();
   const int ping = 100 + static_cast<int>(std::countr_zero(size)) * 2, pong = ping + 1;
   std::unique_ptr<mpi::RemoteProducer> p;
   std::unique_ptr<mpi::RemoteConsumer> q;
   const mpi::RemoteOptions o{.slots = latency_slots(size), .slot_size = size, .wait = WaitMode::BusyPoll};
-  auto opt = [&](int ch) { auto x = o; x.channel = ch; return x; };
+  auto opt = [&](int ch) {
+    auto x = o;
+    x.channel = ch;
+    return x;
+  };
   LF_TRY(p, mpi::RemoteProducer::create(c, 1 - me, opt(me == 0 ? ping : pong)));
   LF_TRY(q, mpi::RemoteConsumer::open(c, 1 - me, opt(me == 0 ? pong : ping)));
   raw_pingpong(raw, me, size, buf, warmup(size), nullptr);
@@ -168,7 +172,8 @@ struct PageBuffer {
     if (huge) (void)::madvise(mem, bytes, MADV_HUGEPAGE);
     std::memset(mem, 1, bytes);
   }
-  PageBuffer(PageBuffer&& o) noexcept : map{std::exchange(o.map.base, MAP_FAILED), o.map.bytes}, mem(std::exchange(o.mem, nullptr)) {}
+  PageBuffer(PageBuffer&& o) noexcept
+      : map{std::exchange(o.map.base, MAP_FAILED), o.map.bytes}, mem(std::exchange(o.mem, nullptr)) {}
   PageBuffer(const PageBuffer&) = delete;
   PageBuffer& operator=(const PageBuffer&) = delete;
   PageBuffer& operator=(PageBuffer&&) = delete;
@@ -181,11 +186,13 @@ void raw_window(MPI_Comm comm, int me, std::uint64_t size, const std::vector<Pag
   char ack = 0;
   const std::size_t n = buffers.size();
   if (me == 0) {
-    for (int k = 0; k < kWindow; ++k) MPI_Isend(buffers[k % n].mem, static_cast<int>(size), MPI_BYTE, 1, 2, comm, &req[k]);
+    for (int k = 0; k < kWindow; ++k)
+      MPI_Isend(buffers[k % n].mem, static_cast<int>(size), MPI_BYTE, 1, 2, comm, &req[k]);
     MPI_Waitall(kWindow, req, MPI_STATUSES_IGNORE);
     MPI_Recv(&ack, 1, MPI_BYTE, 1, 3, comm, MPI_STATUS_IGNORE);
   } else {
-    for (int k = 0; k < kWindow; ++k) MPI_Irecv(buffers[k % n].mem, static_cast<int>(size), MPI_BYTE, 0, 2, comm, &req[k]);
+    for (int k = 0; k < kWindow; ++k)
+      MPI_Irecv(buffers[k % n].mem, static_cast<int>(size), MPI_BYTE, 0, 2, comm, &req[k]);
     MPI_Waitall(kWindow, req, MPI_STATUSES_IGNORE);
     MPI_Send(&ack, 1, MPI_BYTE, 0, 3, comm);
   }
@@ -258,7 +265,10 @@ Status bandwidth(const mpi::Communicator& c, MPI_Comm raw, std::uint64_t size, s
   const int me = c.rank();
   const int windows = size <= 8192 ? 20 : size <= (256u << 10) ? 5 : 2;
   const std::uint32_t slots = bandwidth_slots(size, ring_bytes);
-  const mpi::RemoteOptions o{.slots = slots, .slot_size = size, .wait = WaitMode::BusyPoll, .channel = 1000 + static_cast<int>(std::countr_zero(size))};
+  const mpi::RemoteOptions o{.slots = slots,
+                             .slot_size = size,
+                             .wait = WaitMode::BusyPoll,
+                             .channel = 1000 + static_cast<int>(std::countr_zero(size))};
   std::unique_ptr<mpi::RemoteProducer> p;
   std::unique_ptr<mpi::RemoteConsumer> q;
   LF_TRY_STATUS(open_one_way(c, o, p, q));
@@ -272,9 +282,12 @@ Status bandwidth(const mpi::Communicator& c, MPI_Comm raw, std::uint64_t size, s
       MPI_Barrier(raw);
       const auto t0 = Clock::now();
       for (int w = 0; w < windows; ++w) {
-        if (which == 2) LF_TRY_STATUS(lf_window(raw, p.get(), q.get(), size));
-        else if (which == 4) credit_window(raw, me, size, ring);
-        else raw_window(raw, me, size, which == 0 ? one : which == 1 ? ring : huge);
+        if (which == 2)
+          LF_TRY_STATUS(lf_window(raw, p.get(), q.get(), size));
+        else if (which == 4)
+          credit_window(raw, me, size, ring);
+        else
+          raw_window(raw, me, size, which == 0 ? one : which == 1 ? ring : huge);
       }
       if (round >= 0) rates[which].push_back(double(size) * kWindow * windows / (ns(Clock::now() - t0) / 1e9) / 1e6);
     }
@@ -282,8 +295,10 @@ Status bandwidth(const mpi::Communicator& c, MPI_Comm raw, std::uint64_t size, s
   if (p) LF_TRY_STATUS(p->flush(std::chrono::seconds(30)));
   for (auto& r : rates) std::sort(r.begin(), r.end());
   auto median = [&](int which) { return rates[which][kBandwidthRounds / 2]; };
-  const char* names[kBandwidthRows] = {"mpi-raw", "mpi-raw-ring", "lavaflow-mpi", "mpi-raw-hugepages", "mpi-raw-credit"};
-  for (int which = 0; which < kBandwidthRows; ++which) rows[which] = Row{names[which], "bandwidth", size, 0, 0, median(which), which == 2 ? slots : 0};
+  const char* names[kBandwidthRows] = {"mpi-raw", "mpi-raw-ring", "lavaflow-mpi", "mpi-raw-hugepages",
+                                       "mpi-raw-credit"};
+  for (int which = 0; which < kBandwidthRows; ++which)
+    rows[which] = Row{names[which], "bandwidth", size, 0, 0, median(which), which == 2 ? slots : 0};
   return {};
 }
 
@@ -291,10 +306,15 @@ Status bandwidth(const mpi::Communicator& c, MPI_Comm raw, std::uint64_t size, s
 /// messages staged through pinned ring buffers in `chunk`-sized pieces; chunk == size is the
 /// unpipelined baseline (copy all, then send all, then upload all). MB/s on rank 0, after the
 /// consumer has every message in its GPU buffer.
-Status lf_gpu_staging(const mpi::Communicator& c, const VulkanContext& vk, std::uint64_t size, std::uint64_t chunk, Row& out) {
+Status lf_gpu_staging(const mpi::Communicator& c, const VulkanContext& vk, std::uint64_t size, std::uint64_t chunk,
+                      Row& out) {
   const int it = 10, wu = 2;
-  const mpi::RemoteOptions o{.slots = 2, .slot_size = size, .wait = WaitMode::BusyPoll,
-                             .channel = 2000 + static_cast<int>(std::countr_zero(chunk)), .vulkan = &vk, .chunk = chunk};
+  const mpi::RemoteOptions o{.slots = 2,
+                             .slot_size = size,
+                             .wait = WaitMode::BusyPoll,
+                             .channel = 2000 + static_cast<int>(std::countr_zero(chunk)),
+                             .vulkan = &vk,
+                             .chunk = chunk};
   LF_TRY(auto gpu, GpuBuffer::allocate(vk, {.size = size, .memory = GpuMemory::DeviceLocal}));
   std::unique_ptr<mpi::RemoteProducer> p;
   std::unique_ptr<mpi::RemoteConsumer> q;
@@ -317,7 +337,11 @@ Status lf_gpu_staging(const mpi::Communicator& c, const VulkanContext& vk, std::
   }
   if (p) LF_TRY_STATUS(p->flush(std::chrono::seconds(60)));
   const double secs = ns(Clock::now() - t0) / 1e9;
-  out = Row{chunk == size ? "lavaflow-mpi-gpu-unchunked" : str_format("lavaflow-mpi-gpu-chunk-{}KiB", chunk >> 10), "gpu-staging", size, 0, 0,
+  out = Row{chunk == size ? "lavaflow-mpi-gpu-unchunked" : str_format("lavaflow-mpi-gpu-chunk-{}KiB", chunk >> 10),
+            "gpu-staging",
+            size,
+            0,
+            0,
             double(size) * it / secs / 1e6};
   return {};
 }
@@ -387,7 +411,9 @@ int main(int argc, char** argv) {
       std::vector<lfapp::PlotSeries> series{{"mpi-raw p50", {}, true}, {"lavaflow-mpi p50", {}, false}};
       for (const auto& r : rows)
         if (r.kind == "latency") series[r.name == "mpi-raw" ? 0 : 1].points.emplace_back(r.size, r.p50_ns);
-      if (auto ok = lfapp::plot_vs_size(plot, "lavaflow-bench remote: one-way latency, route forced to MPI", "p50 latency (ns)", series); !ok) {
+      if (auto ok = lfapp::plot_vs_size(plot, "lavaflow-bench remote: one-way latency, route forced to MPI",
+                                        "p50 latency (ns)", series);
+          !ok) {
         std::fprintf(stderr, "lavaflow-bench remote: %s\n", ok.error().message().c_str());
         code = 1;
       } else {
@@ -408,29 +434,39 @@ int main(int argc, char** argv) {
           j["results"].push_back({{"name", r.name}, {"kind", r.kind}, {"size", r.size}, {"mb_per_s", r.mb_per_s}});
         std::puts(j.dump().c_str());
       } else {
-        std::printf("lavaflow-bench remote: 2 ranks, route forced to MPI; latency = round trip / 2 (OSU method, ns), raw and lf "
-                    "in %d alternating blocks; bandwidth = windows of %d messages (median of %d rounds): raw = one buffer a side "
-                    "(osu_bw), ring = raw MPI through as many distinct buffers as the channel's ring, huge = osu_bw from a buffer in huge pages, "
-                    "credit = raw MPI through the ring with the channel's flow control (at most one message in flight per buffer)\n",
-                    kRounds, kWindow, kBandwidthRounds);
-        std::printf("%8s  %10s %10s %6s  %10s %10s %6s  %9s %9s %9s %9s %9s %6s %6s %6s %7s %5s\n", "size", "raw p50", "lf p50", "ratio",
-                    "raw avg", "lf avg", "ratio", "raw MB/s", "ring MB/s", "huge MB/s", "cred MB/s", "lf MB/s", "/raw", "/ring", "/huge",
-                    "/credit", "slots");
+        std::printf(
+            "lavaflow-bench remote: 2 ranks, route forced to MPI; latency = round trip / 2 (OSU method, ns), raw and "
+            "lf "
+            "in %d alternating blocks; bandwidth = windows of %d messages (median of %d rounds): raw = one buffer a "
+            "side "
+            "(osu_bw), ring = raw MPI through as many distinct buffers as the channel's ring, huge = osu_bw from a "
+            "buffer in huge pages, "
+            "credit = raw MPI through the ring with the channel's flow control (at most one message in flight per "
+            "buffer)\n",
+            kRounds, kWindow, kBandwidthRounds);
+        std::printf("%8s  %10s %10s %6s  %10s %10s %6s  %9s %9s %9s %9s %9s %6s %6s %6s %7s %5s\n", "size", "raw p50",
+                    "lf p50", "ratio", "raw avg", "lf avg", "ratio", "raw MB/s", "ring MB/s", "huge MB/s", "cred MB/s",
+                    "lf MB/s", "/raw", "/ring", "/huge", "/credit", "slots");
         constexpr std::size_t kPer = 2 + kBandwidthRows;
         for (std::size_t i = 0; i + kPer <= rows.size(); i += kPer) {
-          const auto &rl = rows[i], &ll = rows[i + 1], &rb = rows[i + 2], &gb = rows[i + 3], &lb = rows[i + 4], &hb = rows[i + 5],
-                     &cb = rows[i + 6];
-          std::printf("%8llu  %10.0f %10.0f %6.2f  %10.0f %10.0f %6.2f  %9.0f %9.0f %9.0f %9.0f %9.0f %6.2f %6.2f %6.2f %7.2f %5u\n",
-                      static_cast<unsigned long long>(rl.size), rl.p50_ns, ll.p50_ns, ll.p50_ns / rl.p50_ns, rl.avg_ns, ll.avg_ns,
-                      ll.avg_ns / rl.avg_ns, rb.mb_per_s, gb.mb_per_s, hb.mb_per_s, cb.mb_per_s, lb.mb_per_s, lb.mb_per_s / rb.mb_per_s,
-                      lb.mb_per_s / gb.mb_per_s, lb.mb_per_s / hb.mb_per_s, lb.mb_per_s / cb.mb_per_s, lb.slots);
+          const auto &rl = rows[i], &ll = rows[i + 1], &rb = rows[i + 2], &gb = rows[i + 3], &lb = rows[i + 4],
+                     &hb = rows[i + 5], &cb = rows[i + 6];
+          std::printf(
+              "%8llu  %10.0f %10.0f %6.2f  %10.0f %10.0f %6.2f  %9.0f %9.0f %9.0f %9.0f %9.0f %6.2f %6.2f %6.2f %7.2f "
+              "%5u\n",
+              static_cast<unsigned long long>(rl.size), rl.p50_ns, ll.p50_ns, ll.p50_ns / rl.p50_ns, rl.avg_ns,
+              ll.avg_ns, ll.avg_ns / rl.avg_ns, rb.mb_per_s, gb.mb_per_s, hb.mb_per_s, cb.mb_per_s, lb.mb_per_s,
+              lb.mb_per_s / rb.mb_per_s, lb.mb_per_s / gb.mb_per_s, lb.mb_per_s / hb.mb_per_s,
+              lb.mb_per_s / cb.mb_per_s, lb.slots);
         }
-        std::printf("targets: latency <= 1.10 x raw at 8 B and <= 1.03 x at >= 64 KiB; bandwidth >= 0.95 x raw at >= 64 KiB\n");
+        std::printf(
+            "targets: latency <= 1.10 x raw at 8 B and <= 1.03 x at >= 64 KiB; bandwidth >= 0.95 x raw at >= 64 KiB\n");
         if (!staged.empty()) {
-          std::printf("GPU buffer -> GPU buffer through the channel (publish_gpu / receive_gpu, pinned ring buffers):\n");
+          std::printf(
+              "GPU buffer -> GPU buffer through the channel (publish_gpu / receive_gpu, pinned ring buffers):\n");
           for (const auto& r : staged)
-            std::printf("  %-30s %llu-byte messages  %9.0f MB/s  (%.2f x unchunked)\n", r.name.c_str(), static_cast<unsigned long long>(r.size),
-                        r.mb_per_s, r.mb_per_s / staged.back().mb_per_s);
+            std::printf("  %-30s %llu-byte messages  %9.0f MB/s  (%.2f x unchunked)\n", r.name.c_str(),
+                        static_cast<unsigned long long>(r.size), r.mb_per_s, r.mb_per_s / staged.back().mb_per_s);
         }
       }
     }

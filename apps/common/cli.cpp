@@ -30,8 +30,7 @@ CLI::Validator whole(std::uint64_t min, std::uint64_t max) {
         const char* end = text.data() + text.size();
         const bool digits = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
         const auto [ptr, ec] = std::from_chars(text.data(), end, v);
-        if (!digits || ec == std::errc::invalid_argument || ptr != end)
-          return "\"" + text + "\" is not a whole number";
+        if (!digits || ec == std::errc::invalid_argument || ptr != end) return "\"" + text + "\" is not a whole number";
         if (ec == std::errc::result_out_of_range || v < min || v > max)
           return "\"" + text + "\" is out of range " + std::to_string(min) + " to " + std::to_string(max);
         return {};
@@ -47,7 +46,9 @@ CLI::Validator real(double min, double max) {
         const auto [ptr, ec] = std::from_chars(text.data(), end, v);
         if (text.empty() || ec != std::errc() || ptr != end || !std::isfinite(v))
           return "\"" + text + "\" is not a finite number";
-        if (v < min || v > max) return "\"" + text + "\" is out of range " + CLI::detail::to_string(min) + " to " + CLI::detail::to_string(max);
+        if (v < min || v > max)
+          return "\"" + text + "\" is out of range " + CLI::detail::to_string(min) + " to " +
+                 CLI::detail::to_string(max);
         return {};
       },
       "NUMBER", "real");

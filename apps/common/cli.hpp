@@ -2,7 +2,6 @@
 #pragma once
 // The apps' one argument parser: CLI11, with checks it lacks and lava-flow's exit statuses.
 #include <CLI/CLI.hpp>
-
 #include <cstdint>
 #include <optional>
 #include <string>

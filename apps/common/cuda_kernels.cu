@@ -24,7 +24,8 @@ unsigned blocks(unsigned long long n) { return static_cast<unsigned>(n / 256 + 1
 }  // namespace
 
 cudaError_t lf_kernel_xor(void* dst, const void* src, unsigned char key, unsigned long long n, cudaStream_t s) {
-  xor_kernel<<<blocks(n), 256, 0, s>>>(static_cast<unsigned char*>(dst), static_cast<const unsigned char*>(src), key, n);
+  xor_kernel<<<blocks(n), 256, 0, s>>>(static_cast<unsigned char*>(dst), static_cast<const unsigned char*>(src), key,
+                                       n);
   return cudaGetLastError();
 }
 
@@ -35,7 +36,8 @@ cudaError_t lf_kernel_add_one(void* dst, const void* src, unsigned long long wor
 
 cudaError_t lf_kernel_copy16(void* dst, const void* src, unsigned long long bytes, cudaStream_t s) {
   const unsigned long long n = bytes / 16;
-  copy_kernel<<<blocks(n) < 132 * 16 ? blocks(n) : 132 * 16, 256, 0, s>>>(static_cast<uint4*>(dst), static_cast<const uint4*>(src), n);
+  copy_kernel<<<blocks(n) < 132 * 16 ? blocks(n) : 132 * 16, 256, 0, s>>>(static_cast<uint4*>(dst),
+                                                                          static_cast<const uint4*>(src), n);
   return cudaGetLastError();
 }
 
@@ -63,11 +65,13 @@ cudaError_t lf_kernel_invert_rgba8(cudaSurfaceObject_t surface, unsigned width, 
 namespace {
 __global__ void pattern_kernel(unsigned* pixels, unsigned width, unsigned height, unsigned frame) {
   const unsigned x = blockIdx.x * 16 + threadIdx.x, y = blockIdx.y * 16 + threadIdx.y;
-  if (x < width && y < height) pixels[static_cast<unsigned long long>(y) * width + x] = lf_pattern(x, y, width, height, frame);
+  if (x < width && y < height)
+    pixels[static_cast<unsigned long long>(y) * width + x] = lf_pattern(x, y, width, height, frame);
 }
 }  // namespace
 
 cudaError_t lf_kernel_pattern(void* pixels, unsigned width, unsigned height, unsigned frame, cudaStream_t s) {
-  pattern_kernel<<<dim3((width + 15) / 16, (height + 15) / 16), dim3(16, 16), 0, s>>>(static_cast<unsigned*>(pixels), width, height, frame);
+  pattern_kernel<<<dim3((width + 15) / 16, (height + 15) / 16), dim3(16, 16), 0, s>>>(static_cast<unsigned*>(pixels),
+                                                                                      width, height, frame);
   return cudaGetLastError();
 }

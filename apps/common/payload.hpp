@@ -8,7 +8,9 @@
 
 namespace lfapp {
 
-inline std::uint64_t pattern_word(std::uint64_t seq, std::uint64_t i) { return (seq + 1) * 0x9E3779B97F4A7C15ull + i * 0xD1B54A32D192ED03ull; }
+inline std::uint64_t pattern_word(std::uint64_t seq, std::uint64_t i) {
+  return (seq + 1) * 0x9E3779B97F4A7C15ull + i * 0xD1B54A32D192ED03ull;
+}
 
 inline void fill_message(std::span<std::byte> b, std::uint64_t seq) {
   const std::size_t words = b.size() / 8;

@@ -64,8 +64,9 @@ lavaflow::Status plot_vs_size(const std::filesystem::path& png, const std::strin
       for (const auto& [x, y] : s.points)
         if (x > 0) d << x << " " << y << "\n";
     }
-    script << (i ? ", " : "") << quoted(data.string()) << " using 1:2 with " << (s.points.size() == 1 ? "lines" : "linespoints")
-           << " lw 2" << (s.baseline ? " dt 2" : "") << " title " << quoted(s.label);
+    script << (i ? ", " : "") << quoted(data.string()) << " using 1:2 with "
+           << (s.points.size() == 1 ? "lines" : "linespoints") << " lw 2" << (s.baseline ? " dt 2" : "") << " title "
+           << quoted(s.label);
   }
   script << "\n";
   script.close();
@@ -77,9 +78,11 @@ lavaflow::Status plot_vs_size(const std::filesystem::path& png, const std::strin
   if (rc == 0) ::waitpid(pid, &status, 0);
   std::filesystem::remove_all(dir);
   if (rc != 0)
-    return fail(Errc::Unsupported, "--plot", str_format("cannot run gnuplot ({}): install it (Debian: apt install gnuplot-nox)", std::strerror(rc)));
+    return fail(Errc::Unsupported, "--plot",
+                str_format("cannot run gnuplot ({}): install it (Debian: apt install gnuplot-nox)", std::strerror(rc)));
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-    return fail(Errc::System, "gnuplot", str_format("exited with status {} while drawing {}", WEXITSTATUS(status), png.string()));
+    return fail(Errc::System, "gnuplot",
+                str_format("exited with status {} while drawing {}", WEXITSTATUS(status), png.string()));
   return {};
 }
 

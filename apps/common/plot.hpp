@@ -15,12 +15,12 @@ namespace lfapp {
 struct PlotSeries {
   std::string label;
   std::vector<std::pair<std::uint64_t, double>> points;  ///< (size in bytes, value)
-  bool baseline = false;                                  ///< drawn dashed
+  bool baseline = false;                                 ///< drawn dashed
 };
 
 /// Writes `png` with log-log axes (x: message size, y: `y_label`). Fails naming the cause when
 /// gnuplot is missing or fails.
-[[nodiscard]] lavaflow::Status plot_vs_size(const std::filesystem::path& png, const std::string& title, const std::string& y_label,
-                                            const std::vector<PlotSeries>& series);
+[[nodiscard]] lavaflow::Status plot_vs_size(const std::filesystem::path& png, const std::string& title,
+                                            const std::string& y_label, const std::vector<PlotSeries>& series);
 
 }  // namespace lfapp

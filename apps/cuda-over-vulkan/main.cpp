@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "cli.hpp"
 #include "cuda_kernels.hpp"
 #include "lavaflow/cuda/cuda.hpp"
-#include "cli.hpp"
 #include "lavaflow/lavaflow.hpp"
 
 using namespace lavaflow;
@@ -34,9 +34,10 @@ int die(const Error& e) {
 int main(int argc, char** argv) {
   std::uint64_t rounds = 1000, words = 1 << 20;
   std::uint32_t width = 1920, height = 1080;
-  CLI::App app{"cuda-over-vulkan: a Vulkan buffer and image imported by CUDA; each round Vulkan copies the buffer\n"
-               "(b = a) and CUDA computes a = b + 1 and inverts the image, ordered by one timeline semaphore.",
-               "cuda-over-vulkan"};
+  CLI::App app{
+      "cuda-over-vulkan: a Vulkan buffer and image imported by CUDA; each round Vulkan copies the buffer\n"
+      "(b = a) and CUDA computes a = b + 1 and inverts the image, ordered by one timeline semaphore.",
+      "cuda-over-vulkan"};
   lfapp::add_whole(app, "--rounds", rounds, "rounds", 1, 1'000'000'000);
   lfapp::add_whole(app, "--words", words, "32-bit words in the buffer", 1, 1ull << 32);
   lfapp::add_whole(app, "--width", width, "image width", 1, 16384);
@@ -58,7 +59,8 @@ int main(int argc, char** argv) {
   auto b = GpuBuffer::allocate(*vk, {.size = bytes});
   auto img = GpuImage::allocate(*vk, {.width = width, .height = height, .format = PixelFormat::Rgba8});
   auto sem = GpuSemaphore::create(*vk, SemaphoreKind::Timeline);
-  for (const Error* e : {a ? nullptr : &a.error(), b ? nullptr : &b.error(), img ? nullptr : &img.error(), sem ? nullptr : &sem.error()})
+  for (const Error* e :
+       {a ? nullptr : &a.error(), b ? nullptr : &b.error(), img ? nullptr : &img.error(), sem ? nullptr : &sem.error()})
     if (e) return die(*e);
   std::vector<std::uint32_t> zero(words, 0);
   std::vector<std::byte> pixels(img->descriptor().packed_size());
@@ -70,14 +72,16 @@ int main(int argc, char** argv) {
   auto cb = cu->import_buffer(*b);
   auto arr = cu->import_image(*img);
   auto csem = cu->import_semaphore(*sem);
-  for (const Error* e : {ca ? nullptr : &ca.error(), cb ? nullptr : &cb.error(), arr ? nullptr : &arr.error(), csem ? nullptr : &csem.error()})
+  for (const Error* e : {ca ? nullptr : &ca.error(), cb ? nullptr : &cb.error(), arr ? nullptr : &arr.error(),
+                         csem ? nullptr : &csem.error()})
     if (e) return die(*e);
   cudaResourceDesc res{};
   res.resType = cudaResourceTypeArray;
   res.res.array.array = arr->level0();
   cudaSurfaceObject_t surface = 0;
   cudaStream_t stream = nullptr;
-  if (auto ok = cuda::check(cudaCreateSurfaceObject(&surface, &res), "cudaCreateSurfaceObject"); !ok) return die(ok.error());
+  if (auto ok = cuda::check(cudaCreateSurfaceObject(&surface, &res), "cudaCreateSurfaceObject"); !ok)
+    return die(ok.error());
   if (auto ok = cuda::check(cudaStreamCreate(&stream), "cudaStreamCreate"); !ok) return die(ok.error());
 
   // One recorded Vulkan copy, resubmitted each round between timeline points.
@@ -98,8 +102,10 @@ int main(int argc, char** argv) {
     vk::SubmitInfo submit(1, &tl, &stage, 1, &raw, 1, &tl, &values);
     vk->queue().submit(submit);  // Vulkan: b = a, after CUDA's previous round
     if (auto ok = csem->wait(stream, 2 * i + 1); !ok) return die(ok.error());
-    if (auto ok = cuda::check(lf_kernel_add_one(ca->data(), cb->data(), words, stream), "add_one"); !ok) return die(ok.error());
-    if (auto ok = cuda::check(lf_kernel_invert_rgba8(surface, width, height, stream), "invert"); !ok) return die(ok.error());
+    if (auto ok = cuda::check(lf_kernel_add_one(ca->data(), cb->data(), words, stream), "add_one"); !ok)
+      return die(ok.error());
+    if (auto ok = cuda::check(lf_kernel_invert_rgba8(surface, width, height, stream), "invert"); !ok)
+      return die(ok.error());
     if (auto ok = csem->signal(stream, 2 * i + 2); !ok) return die(ok.error());  // CUDA: a = b + 1, image inverted
   }
   if (auto ok = sem->wait(2 * rounds, std::chrono::seconds(60)); !ok) return die(ok.error());  // the only CPU wait
@@ -113,15 +119,17 @@ int main(int argc, char** argv) {
   for (auto v : out) bad_words += v != rounds;
   for (std::size_t i = 0; i < pixels.size(); ++i) {
     const bool alpha = i % 4 == 3;
-    const auto want = (rounds % 2 == 1 && !alpha) ? static_cast<std::byte>(255 - std::to_integer<int>(pixels[i])) : pixels[i];
+    const auto want =
+        (rounds % 2 == 1 && !alpha) ? static_cast<std::byte>(255 - std::to_integer<int>(pixels[i])) : pixels[i];
     bad_pixels += img_out[i] != want;
   }
   cudaDestroySurfaceObject(surface);
   cudaStreamDestroy(stream);
-  std::printf("%llu rounds of Vulkan copy (%s) -> CUDA add-one + image invert (%ux%u) in %.1f ms (%.1f us per round), "
-              "ordered by one timeline semaphore, no CPU wait in the loop\n",
-              static_cast<unsigned long long>(rounds), std::to_string(bytes >> 20).append(" MiB").c_str(), width, height, ms,
-              ms * 1000 / double(rounds));
+  std::printf(
+      "%llu rounds of Vulkan copy (%s) -> CUDA add-one + image invert (%ux%u) in %.1f ms (%.1f us per round), "
+      "ordered by one timeline semaphore, no CPU wait in the loop\n",
+      static_cast<unsigned long long>(rounds), std::to_string(bytes >> 20).append(" MiB").c_str(), width, height, ms,
+      ms * 1000 / double(rounds));
   if (bad_words || bad_pixels) {
     std::printf("FAILED: %llu words and %llu pixel bytes differ\n", static_cast<unsigned long long>(bad_words),
                 static_cast<unsigned long long>(bad_pixels));

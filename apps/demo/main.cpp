@@ -52,7 +52,7 @@ double ms_since(Clock::time_point t) { return std::chrono::duration<double, std:
 std::string describe(const VulkanContext& ctx) {
   const auto& c = ctx.capabilities();
   return str_format("{} ({}, driver {}, device UUID {})", c.identity.name, device_type_name(c.type), c.driver_name,
-                to_string(c.identity.device_uuid));
+                    to_string(c.identity.device_uuid));
 }
 
 std::string human_bytes(double b) {
@@ -104,7 +104,8 @@ Result<std::uint64_t> write_message(const Producer& p, const Loan& loan, std::ui
   return lfapp::checksum(scratch);
 }
 
-Status check_message(const Consumer& c, const Received& r, std::optional<Stager>& stager, std::vector<std::byte>& scratch) {
+Status check_message(const Consumer& c, const Received& r, std::optional<Stager>& stager,
+                     std::vector<std::byte>& scratch) {
   std::span<const std::byte> view = r.bytes();
   if (view.empty() && r.info().size > 0) {
     if (!stager) {
@@ -130,20 +131,23 @@ int produce(const Options& a, ProducerSummary* summary = nullptr) {
   const std::string& name = a.channel;
   const std::uint64_t count = *a.count, size = *a.size, seconds = *a.seconds, interval = a.interval_us;
   const std::uint32_t consumers = a.consumers;
-  ProducerOptions o{.slots = a.slots, .slot_size = size, .timestamps = true, .transport = a.transport, .directory = a.dir};
+  ProducerOptions o{
+      .slots = a.slots, .slot_size = size, .timestamps = true, .transport = a.transport, .directory = a.dir};
   auto p = Producer::create(name, o);
   if (!p) return die("producer", p.error());
   auto& prod = **p;
-  std::printf("[producer pid %d] channel \"%s\": route %s — %s\n", ::getpid(), name.c_str(), to_string(prod.route().transport).data(),
-              prod.route().reason.c_str());
+  std::printf("[producer pid %d] channel \"%s\": route %s — %s\n", ::getpid(), name.c_str(),
+              to_string(prod.route().transport).data(), prod.route().reason.c_str());
   const std::string ring = prod.vulkan()
-                               ? str_format("{} x {} in Vulkan memory on {}", prod.slots(), human_bytes(double(size)), describe(*prod.vulkan()))
+                               ? str_format("{} x {} in Vulkan memory on {}", prod.slots(), human_bytes(double(size)),
+                                            describe(*prod.vulkan()))
                                : str_format("{} x {} in CPU shared memory", prod.slots(), human_bytes(double(size)));
   std::printf("[producer] ring of %s\n", ring.c_str());
   if (summary) *summary = {std::string(to_string(prod.route().transport)), prod.route().reason, ring};
   std::printf("[producer] waiting for %llu consumer(s)…\n", static_cast<unsigned long long>(consumers));
   std::fflush(stdout);
-  if (auto ok = prod.wait_for_consumers(static_cast<std::uint32_t>(consumers), 60s); !ok) return die("producer", ok.error());
+  if (auto ok = prod.wait_for_consumers(static_cast<std::uint32_t>(consumers), 60s); !ok)
+    return die("producer", ok.error());
 
   std::optional<Stager> stager;  // only for device-local rings without a host mapping
   std::vector<std::byte> scratch;
@@ -159,11 +163,13 @@ int produce(const Options& a, ProducerSummary* summary = nullptr) {
     if (!loan) return die("producer", loan.error());
     auto sum = write_message(prod, *loan, seq, size, stager, scratch);
     if (!sum) return die("producer", sum.error());
-    if (auto pub = prod.publish(std::move(*loan), {.size = size, .user_tag = *sum}); !pub) return die("producer", pub.error());
+    if (auto pub = prod.publish(std::move(*loan), {.size = size, .user_tag = *sum}); !pub)
+      return die("producer", pub.error());
     if (interval) std::this_thread::sleep_for(std::chrono::microseconds(interval));
     if (progress && Clock::now() - last_print > 1s) {
       last_print = Clock::now();
-      std::printf("[producer] %llu messages sent, %u consumer(s)\n", static_cast<unsigned long long>(seq + 1), prod.consumer_count());
+      std::printf("[producer] %llu messages sent, %u consumer(s)\n", static_cast<unsigned long long>(seq + 1),
+                  prod.consumer_count());
       std::fflush(stdout);
     }
   }
@@ -171,12 +177,14 @@ int produce(const Options& a, ProducerSummary* summary = nullptr) {
   if (seconds) {  // tell the consumers where the stream ends
     auto loan = prod.loan(30s);
     if (!loan) return die("producer", loan.error());
-    if (auto pub = prod.publish(std::move(*loan), {.size = 1, .user_tag = kEndOfStream}); !pub) return die("producer", pub.error());
+    if (auto pub = prod.publish(std::move(*loan), {.size = 1, .user_tag = kEndOfStream}); !pub)
+      return die("producer", pub.error());
   }
   // Let consumers finish with the ring before the producer (and the ring) goes away.
   if (auto ok = prod.flush(60s); !ok) return die("producer", ok.error());
-  std::printf("[producer] done: %llu messages of %s in %.3f s — %.0f msg/s, %s/s\n", static_cast<unsigned long long>(sent),
-              human_bytes(double(size)).c_str(), secs, double(sent) / secs, human_bytes(double(sent) * double(size) / secs).c_str());
+  std::printf("[producer] done: %llu messages of %s in %.3f s — %.0f msg/s, %s/s\n",
+              static_cast<unsigned long long>(sent), human_bytes(double(size)).c_str(), secs, double(sent) / secs,
+              human_bytes(double(sent) * double(size) / secs).c_str());
   return 0;
 }
 
@@ -188,7 +196,8 @@ int consume(const Options& a) {
   auto& con = **c;
   std::printf("[consumer pid %d] channel \"%s\" from producer pid %d: route %s — %s\n", ::getpid(), name.c_str(),
               con.producer_pid(), to_string(con.route().transport).data(), con.route().reason.c_str());
-  if (con.vulkan()) std::printf("[consumer] ring imported into own Vulkan context on %s\n", describe(*con.vulkan()).c_str());
+  if (con.vulkan())
+    std::printf("[consumer] ring imported into own Vulkan context on %s\n", describe(*con.vulkan()).c_str());
   std::fflush(stdout);
   std::vector<std::uint64_t> latency_ns;
   latency_ns.reserve(std::min<std::uint64_t>(count ? count : 100000, kMaxLatencySamples));
@@ -205,14 +214,15 @@ int consume(const Options& a) {
     auto r = con.receive(std::chrono::seconds(a.timeout_s));
     if (!r) {
       std::fprintf(stderr, "\n[consumer] FAILED after %llu messages%s: %s\n", static_cast<unsigned long long>(i),
-                   until_end ? " (before the end-of-stream message)" : str_format(" of {}", count).c_str(), r.error().message().c_str());
+                   until_end ? " (before the end-of-stream message)" : str_format(" of {}", count).c_str(),
+                   r.error().message().c_str());
       return 1;
     }
     const auto seq = r->info().sequence;
     if (until_end && r->info().user_tag == kEndOfStream) {
       if (seq != expect) {
-        std::fprintf(stderr, "[consumer] FAILED: the stream ended at message %llu but %llu arrived\n", static_cast<unsigned long long>(seq),
-                     static_cast<unsigned long long>(expect));
+        std::fprintf(stderr, "[consumer] FAILED: the stream ended at message %llu but %llu arrived\n",
+                     static_cast<unsigned long long>(seq), static_cast<unsigned long long>(expect));
         return 1;
       }
       break;
@@ -235,7 +245,8 @@ int consume(const Options& a) {
       const double s = ms_since(t0) / 1000;
       // One progress line: rewritten in place on a terminal, a line per second in a log.
       std::printf("%s[consumer] %5.1f s  %llu messages verified  %.0f msg/s  %s/s%s", tty ? "\r" : "", s,
-                  static_cast<unsigned long long>(i + 1), double(i + 1) / s, human_bytes(double(bytes) / s).c_str(), tty ? "   " : "\n");
+                  static_cast<unsigned long long>(i + 1), double(i + 1) / s, human_bytes(double(bytes) / s).c_str(),
+                  tty ? "   " : "\n");
       std::fflush(stdout);
     }
   }
@@ -243,16 +254,21 @@ int consume(const Options& a) {
   const std::uint64_t received = expect;
   const double secs = ms_since(t0) / 1000;
   std::sort(latency_ns.begin(), latency_ns.end());
-  auto pct = [&](double q) { return latency_ns.empty() ? 0.0 : double(latency_ns[static_cast<std::size_t>(q * double(latency_ns.size() - 1))]) / 1000; };
+  auto pct = [&](double q) {
+    return latency_ns.empty() ? 0.0
+                              : double(latency_ns[static_cast<std::size_t>(q * double(latency_ns.size() - 1))]) / 1000;
+  };
   if (a.summary_fd >= 0) {  // for run_both's summary
-    const std::string line = str_format("{} {} {:.1f} {:.1f} {:.3f} {}\n", received, bytes, pct(0.5), pct(0.99), secs,
-                                        con.vulkan() ? describe(*con.vulkan()) : std::string("CPU shared memory (no Vulkan import)"));
+    const std::string line =
+        str_format("{} {} {:.1f} {:.1f} {:.3f} {}\n", received, bytes, pct(0.5), pct(0.99), secs,
+                   con.vulkan() ? describe(*con.vulkan()) : std::string("CPU shared memory (no Vulkan import)"));
     (void)!::write(a.summary_fd, line.data(), line.size());
   }
-  std::printf("[consumer] OK: %llu messages, %s, all verified (none lost, duplicated, reordered or corrupt) in %.3f s — "
-              "%.0f msg/s, %s/s; publish→receive latency p50 %.1f us, p99 %.1f us\n",
-              static_cast<unsigned long long>(received), human_bytes(double(bytes)).c_str(), secs, double(received) / secs,
-              human_bytes(double(bytes) / secs).c_str(), pct(0.5), pct(0.99));
+  std::printf(
+      "[consumer] OK: %llu messages, %s, all verified (none lost, duplicated, reordered or corrupt) in %.3f s — "
+      "%.0f msg/s, %s/s; publish→receive latency p50 %.1f us, p99 %.1f us\n",
+      static_cast<unsigned long long>(received), human_bytes(double(bytes)).c_str(), secs, double(received) / secs,
+      human_bytes(double(bytes) / secs).c_str(), pct(0.5), pct(0.99));
   return 0;
 }
 
@@ -266,13 +282,16 @@ int run_both(const Options& a, const char* self) {
   }
   UniqueFd summary_read(pipe_fds[0]), summary_write(pipe_fds[1]);
   ::fcntl(summary_write.get(), F_SETFD, 0);  // the consumer inherits the write end
-  std::vector<std::string> args{self, "consume", "--channel", name, "--count", std::to_string(count),
+  std::vector<std::string> args{self,           "consume",
+                                "--channel",    name,
+                                "--count",      std::to_string(count),
                                 "--summary-fd", std::to_string(summary_write.get())};
   std::vector<char*> argv;
   for (auto& s : args) argv.push_back(s.data());
   argv.push_back(nullptr);
-  std::printf("lavaflow-demo: a producer (this process) and a consumer process, channel \"%s\", %s of %s messages\n", name.c_str(),
-              count ? str_format("{} messages", count).c_str() : str_format("{} s", seconds).c_str(), human_bytes(double(size)).c_str());
+  std::printf("lavaflow-demo: a producer (this process) and a consumer process, channel \"%s\", %s of %s messages\n",
+              name.c_str(), count ? str_format("{} messages", count).c_str() : str_format("{} s", seconds).c_str(),
+              human_bytes(double(size)).c_str());
   std::fflush(stdout);
   pid_t child = -1;
   if (::posix_spawn(&child, self, nullptr, nullptr, argv.data(), environ) != 0) {
@@ -283,7 +302,7 @@ int run_both(const Options& a, const char* self) {
   Options p = a;
   p.channel = name;
   if (!count) p.count = ~0ull;  // --seconds alone: as many as fit
-  p.progress = false;  // the consumer's progress line speaks for both
+  p.progress = false;           // the consumer's progress line speaks for both
   ProducerSummary ps;
   const int prc = produce(p, &ps);
   int status = 0;
@@ -301,15 +320,16 @@ int run_both(const Options& a, const char* self) {
   if (n > 0 && std::sscanf(buf, "%llu %llu %lf %lf %lf %n", &frames, &bytes, &p50, &p99, &secs, &used) == 5) {
     std::string consumer_device(buf + used);
     while (!consumer_device.empty() && consumer_device.back() == '\n') consumer_device.pop_back();
-    std::printf("\nsummary\n"
-                "  route       %s — %s\n"
-                "  producer    ring of %s\n"
-                "  consumer    %s\n"
-                "  frames      %llu of %s, every byte verified (none lost, duplicated, reordered or corrupt)\n"
-                "  throughput  %.0f frames/s, %s/s\n"
-                "  latency     publish -> receive p50 %.1f us, p99 %.1f us\n",
-                ps.route.c_str(), ps.reason.c_str(), ps.ring.c_str(), consumer_device.c_str(), frames,
-                human_bytes(double(size)).c_str(), double(frames) / secs, human_bytes(double(bytes) / secs).c_str(), p50, p99);
+    std::printf(
+        "\nsummary\n"
+        "  route       %s — %s\n"
+        "  producer    ring of %s\n"
+        "  consumer    %s\n"
+        "  frames      %llu of %s, every byte verified (none lost, duplicated, reordered or corrupt)\n"
+        "  throughput  %.0f frames/s, %s/s\n"
+        "  latency     publish -> receive p50 %.1f us, p99 %.1f us\n",
+        ps.route.c_str(), ps.reason.c_str(), ps.ring.c_str(), consumer_device.c_str(), frames,
+        human_bytes(double(size)).c_str(), double(frames) / secs, human_bytes(double(bytes) / secs).c_str(), p50, p99);
   }
   std::printf("lavaflow-demo: OK\n");
   return 0;
@@ -378,17 +398,18 @@ int share_producer(int sock, pid_t child, std::uint64_t size) {
     std::fprintf(stderr, "producer: %s\n", ex.error().message().c_str());
     return 1;
   }
-  std::printf("[producer pid %d] allocated %llu bytes (%s, dedicated, memory type %u), wrote the pattern, exported fd %d\n",
-              ::getpid(), static_cast<unsigned long long>(size), std::string(to_string(buf->kind())).c_str(),
-              ex->descriptor.memory_type_index, ex->fd.get());
+  std::printf(
+      "[producer pid %d] allocated %llu bytes (%s, dedicated, memory type %u), wrote the pattern, exported fd %d\n",
+      ::getpid(), static_cast<unsigned long long>(size), std::string(to_string(buf->kind())).c_str(),
+      ex->descriptor.memory_type_index, ex->fd.get());
   int fds[] = {ex->fd.get()};
   if (auto s = send_message(sock, ex->descriptor.serialize(), fds); !s) {
     std::fprintf(stderr, "producer: %s\n", s.error().message().c_str());
     return 1;
   }
   ex->fd.reset();  // the consumer holds its own reference now
-  std::printf("[producer pid %d] sent descriptor (%zu bytes) + fd over a Unix socket (SCM_RIGHTS) to pid %d\n", ::getpid(),
-              ExportDescriptor::kSerializedSize, child);
+  std::printf("[producer pid %d] sent descriptor (%zu bytes) + fd over a Unix socket (SCM_RIGHTS) to pid %d\n",
+              ::getpid(), ExportDescriptor::kSerializedSize, child);
   auto reply = recv_message(sock, 120s);
   int status = 0;
   ::waitpid(child, &status, 0);
@@ -401,8 +422,10 @@ int share_producer(int sock, pid_t child, std::uint64_t size) {
     std::fprintf(stderr, "FAILED: consumer says: %s\n", verdict.c_str());
     return 1;
   }
-  std::printf("OK: consumer verified %llu bytes of the producer's Vulkan memory, zero copies between processes, %.1f ms in all\n",
-              static_cast<unsigned long long>(size), ms_since(t0));
+  std::printf(
+      "OK: consumer verified %llu bytes of the producer's Vulkan memory, zero copies between processes, %.1f ms in "
+      "all\n",
+      static_cast<unsigned long long>(size), ms_since(t0));
   return 0;
 }
 
@@ -428,11 +451,12 @@ int share(std::uint64_t size) {
 
 int main(int argc, char** argv) {
   Options o;
-  CLI::App app{"lavaflow-demo: a verified stream of messages between processes over a lava-flow channel.\n"
-               "Without a subcommand: this process produces, a consumer process it starts consumes (default 3 s\n"
-               "of 1 MiB messages), every byte verified, then a summary. Exit status: 0 success, 1 failure,\n"
-               "2 bad usage, 77 no usable Vulkan device (share) or no MPI (mesh).",
-               "lavaflow-demo"};
+  CLI::App app{
+      "lavaflow-demo: a verified stream of messages between processes over a lava-flow channel.\n"
+      "Without a subcommand: this process produces, a consumer process it starts consumes (default 3 s\n"
+      "of 1 MiB messages), every byte verified, then a summary. Exit status: 0 success, 1 failure,\n"
+      "2 bad usage, 77 no usable Vulkan device (share) or no MPI (mesh).",
+      "lavaflow-demo"};
   app.set_help_all_flag("--help-all", "help for every subcommand");
   auto stream_flags = [&](CLI::App& cmd) {
     lfapp::add_whole(cmd, "--count", o.count, "messages to send", 0, kMaxCount);
@@ -441,7 +465,8 @@ int main(int argc, char** argv) {
   };
   auto transport_flag = [&](CLI::App& cmd) {
     cmd.add_option_function<std::string>(
-           "--transport", [&](const std::string& t) { o.transport = t == "auto" ? std::nullopt : std::optional(*parse_transport(t)); },
+           "--transport",
+           [&](const std::string& t) { o.transport = t == "auto" ? std::nullopt : std::optional(*parse_transport(t)); },
            "auto (routing chooses), shm or vulkan")
         ->check(CLI::IsMember({"auto", "shm", "vulkan"}));
   };
@@ -467,7 +492,8 @@ int main(int argc, char** argv) {
   auto* mesh_cmd = app.add_subcommand("mesh", "under mpiexec -n N: every rank to every rank, routed per pair");
   lfapp::add_whole(*mesh_cmd, "--count", o.count, "messages per pair", 1, kMaxCount);
   lfapp::add_whole(*mesh_cmd, "--size", o.size, "bytes per message", 1, kMaxMessageBytes);
-  auto* share_cmd = app.add_subcommand("share", "one exportable Vulkan buffer handed to a second process by descriptor + fd");
+  auto* share_cmd =
+      app.add_subcommand("share", "one exportable Vulkan buffer handed to a second process by descriptor + fd");
   lfapp::add_whole(*share_cmd, "--size", o.size, "bytes (default 64 MiB)", 1, kMaxMessageBytes);
   app.require_subcommand(0, 1);
   if (auto rc = lfapp::parse(app, argc, argv)) return *rc;

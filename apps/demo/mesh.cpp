@@ -11,10 +11,10 @@
 #include <optional>
 #include <vector>
 
-#include "payload.hpp"
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/lavaflow.hpp"
 #include "lavaflow/mpi/mpi.hpp"
+#include "payload.hpp"
 
 namespace lfdemo {
 
@@ -31,8 +31,8 @@ struct In {  // peer → this rank
   std::unique_ptr<mpi::RankConsumer> channel;
 };
 
-Status send_one(Out& o, std::uint64_t seq, std::uint64_t size, std::vector<std::byte>& scratch, std::optional<Stager>& stager,
-                const VulkanContext* vk) {
+Status send_one(Out& o, std::uint64_t seq, std::uint64_t size, std::vector<std::byte>& scratch,
+                std::optional<Stager>& stager, const VulkanContext* vk) {
   constexpr auto kWait = std::chrono::seconds(60);
   scratch.resize(size);
   lfapp::fill_message(scratch, seq);
@@ -66,9 +66,11 @@ Status receive_one(In& in, std::uint64_t seq, std::vector<std::byte>& scratch, s
     view = scratch;
   }
   if (r.info().sequence != seq)
-    return fail(Errc::Malformed, "mesh", str_format("from rank {}: message {} where {} was expected", in.peer, r.info().sequence, seq));
+    return fail(Errc::Malformed, "mesh",
+                str_format("from rank {}: message {} where {} was expected", in.peer, r.info().sequence, seq));
   if (!lfapp::matches(view, seq) || lfapp::checksum(view) != r.info().user_tag)
-    return fail(Errc::Malformed, "mesh", str_format("from rank {}: message {} is corrupt (checksum mismatch)", in.peer, seq));
+    return fail(Errc::Malformed, "mesh",
+                str_format("from rank {}: message {} is corrupt (checksum mismatch)", in.peer, seq));
   return {};
 }
 
@@ -79,7 +81,8 @@ Status run(const mpi::Communicator& comm, const VulkanContext* vk, std::uint64_t
   std::vector<In> ins;
   // One channel per ordered pair, routed by the Communicator (the same code on every route).
   // Producers first (none of them waits), then consumers (each finds its producer announced).
-  const mpi::RankChannelOptions o{.slots = 8, .slot_size = size, .vulkan = vk, .connect_timeout = std::chrono::seconds(60)};
+  const mpi::RankChannelOptions o{
+      .slots = 8, .slot_size = size, .vulkan = vk, .connect_timeout = std::chrono::seconds(60)};
   for (int j = 0; j < n; ++j) {
     if (j == me) continue;
     LF_TRY(auto p, mpi::RankProducer::create(comm, j, o));

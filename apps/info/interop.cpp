@@ -18,7 +18,9 @@ using lavaflow::str_format;
 
 namespace {
 
-std::string vk_name(const lavaflow::DeviceCapabilities& d) { return "Vulkan [" + std::to_string(d.index) + "] " + d.identity.name; }
+std::string vk_name(const lavaflow::DeviceCapabilities& d) {
+  return "Vulkan [" + std::to_string(d.index) + "] " + d.identity.name;
+}
 
 /// What a Vulkan exporter offers: "" when it can export memory, else why not.
 std::string vk_memory_gap(const lavaflow::DeviceCapabilities& d) {
@@ -29,12 +31,14 @@ void vulkan_rows(const std::vector<lavaflow::DeviceCapabilities>& vk, InteropRep
   for (const auto& e : vk)
     for (const auto& i : vk) {
       MatrixRow row{vk_name(e), vk_name(i) + " (another process or context)"};
-      const bool same = e.identity.device_uuid == i.identity.device_uuid && e.identity.driver_uuid == i.identity.driver_uuid;
+      const bool same =
+          e.identity.device_uuid == i.identity.device_uuid && e.identity.driver_uuid == i.identity.driver_uuid;
       if (!same) {
         row.memory_how = row.semaphore_how = "different device/driver UUID";
       } else {
         row.memory = e.memory_fd_export && i.memory_fd_import;
-        row.memory_how = row.memory ? "opaque fd" : (vk_memory_gap(e).empty() ? "cannot import opaque-fd memory" : vk_memory_gap(e));
+        row.memory_how =
+            row.memory ? "opaque fd" : (vk_memory_gap(e).empty() ? "cannot import opaque-fd memory" : vk_memory_gap(e));
         row.semaphore = e.timeline_fd_export || (e.semaphore_fd_export && i.semaphore_fd_import);
         row.semaphore_how = e.timeline_fd_export ? "timeline, opaque fd"
                             : row.semaphore      ? "binary, opaque fd"
@@ -50,27 +54,35 @@ void cuda_rows(const std::vector<lavaflow::DeviceCapabilities>& vk, InteropRepor
   if (!devs) {
     r.notes.push_back("CUDA: " + devs.error().message());
     for (const auto& e : vk)
-      r.matrix.push_back({vk_name(e), "CUDA", false, "no CUDA device (" + devs.error().cause() + ")", false, "no CUDA device"});
+      r.matrix.push_back(
+          {vk_name(e), "CUDA", false, "no CUDA device (" + devs.error().cause() + ")", false, "no CUDA device"});
     return;
   }
   for (const auto& c : *devs) {
     const std::string name = str_format("CUDA [{}] {}", c.ordinal, c.name);
-    r.devices.push_back({"CUDA", name,
-                         str_format("UUID {}, compute {}.{}, timeline semaphore interop {}, POSIX-fd allocations {}",
-                                    lavaflow::to_string(c.uuid), c.compute_major, c.compute_minor,
-                                    c.timeline_semaphore_interop ? "yes" : "no", c.posix_fd_allocations ? "yes" : "no")});
+    r.devices.push_back(
+        {"CUDA", name,
+         str_format("UUID {}, compute {}.{}, timeline semaphore interop {}, POSIX-fd allocations {}",
+                    lavaflow::to_string(c.uuid), c.compute_major, c.compute_minor,
+                    c.timeline_semaphore_interop ? "yes" : "no", c.posix_fd_allocations ? "yes" : "no")});
     for (const auto& e : vk) {
       MatrixRow row{vk_name(e), name};
       const bool match = e.identity.device_uuid == c.uuid;
       row.memory = match && e.memory_fd_export;
-      row.memory_how = !match ? "UUID mismatch: another GPU" : row.memory ? "cudaImportExternalMemory (buffers, mipmapped arrays)" : vk_memory_gap(e);
+      row.memory_how = !match       ? "UUID mismatch: another GPU"
+                       : row.memory ? "cudaImportExternalMemory (buffers, mipmapped arrays)"
+                                    : vk_memory_gap(e);
       row.semaphore = match && ((e.timeline_fd_export && c.timeline_semaphore_interop) || e.semaphore_fd_export);
-      row.semaphore_how = !match ? "UUID mismatch" : e.timeline_fd_export && c.timeline_semaphore_interop ? "timeline, opaque fd"
-                          : e.semaphore_fd_export ? "binary, opaque fd" : "Vulkan device exports no semaphores";
+      row.semaphore_how = !match                                                 ? "UUID mismatch"
+                          : e.timeline_fd_export && c.timeline_semaphore_interop ? "timeline, opaque fd"
+                          : e.semaphore_fd_export                                ? "binary, opaque fd"
+                                                  : "Vulkan device exports no semaphores";
       r.matrix.push_back(row);
       MatrixRow back{name, vk_name(e)};
       back.memory = match && c.posix_fd_allocations && e.memory_fd_import;
-      back.memory_how = !match ? "UUID mismatch" : back.memory ? "cuMemCreate POSIX fd → vkAllocateMemory import" : "no POSIX-fd CUDA allocations";
+      back.memory_how = !match        ? "UUID mismatch"
+                        : back.memory ? "cuMemCreate POSIX fd → vkAllocateMemory import"
+                                      : "no POSIX-fd CUDA allocations";
       back.semaphore = row.semaphore;
       back.semaphore_how = row.semaphore ? "Vulkan-created semaphore signalled by CUDA" : row.semaphore_how;
       r.matrix.push_back(std::move(back));
@@ -90,11 +102,12 @@ void opencl_rows(const std::vector<lavaflow::DeviceCapabilities>& vk, InteropRep
   if (devs->empty()) r.notes.push_back("OpenCL: no platform (no ICD installed)");
   for (const auto& d : *devs) {
     const std::string name = str_format("OpenCL {} ({})", d.name, d.platform_name);
-    r.devices.push_back({"OpenCL", name,
-                         str_format("{}; {}; external memory fd {}, external semaphore fd {}{}", d.version,
-                                    d.uuid_known ? "UUID " + lavaflow::to_string(d.device_uuid) : std::string("no UUID"),
-                                    d.external_memory_fd ? "yes" : "no", d.external_semaphore_fd ? "yes" : "no",
-                                    d.host_pointer_path ? "; CPU device: host-pointer path (zero copy)" : "")});
+    r.devices.push_back(
+        {"OpenCL", name,
+         str_format("{}; {}; external memory fd {}, external semaphore fd {}{}", d.version,
+                    d.uuid_known ? "UUID " + lavaflow::to_string(d.device_uuid) : std::string("no UUID"),
+                    d.external_memory_fd ? "yes" : "no", d.external_semaphore_fd ? "yes" : "no",
+                    d.host_pointer_path ? "; CPU device: host-pointer path (zero copy)" : "")});
     for (const auto& e : vk) {
       MatrixRow row{vk_name(e), name};
       const bool match = d.uuid_known && d.device_uuid == e.identity.device_uuid;
@@ -105,11 +118,15 @@ void opencl_rows(const std::vector<lavaflow::DeviceCapabilities>& vk, InteropRep
         row.memory = true;
         row.memory_how = "CL_MEM_USE_HOST_PTR on host-visible memory (zero copy on this CPU device); device-local: no";
       } else {
-        row.memory_how = !d.uuid_known ? "no cl_khr_device_uuid" : !match ? "UUID mismatch: another device" : "no cl_khr_external_memory_opaque_fd";
+        row.memory_how = !d.uuid_known ? "no cl_khr_device_uuid"
+                         : !match      ? "UUID mismatch: another device"
+                                       : "no cl_khr_external_memory_opaque_fd";
       }
       row.semaphore = match && d.external_semaphore_fd && e.semaphore_fd_export;
-      row.semaphore_how = row.semaphore ? "binary, opaque fd" : !d.external_semaphore_fd ? "no cl_khr_external_semaphore_opaque_fd (CPU wait instead)"
-                          : !match ? "UUID mismatch" : "Vulkan device exports no binary semaphores";
+      row.semaphore_how = row.semaphore              ? "binary, opaque fd"
+                          : !d.external_semaphore_fd ? "no cl_khr_external_semaphore_opaque_fd (CPU wait instead)"
+                          : !match                   ? "UUID mismatch"
+                                                     : "Vulkan device exports no binary semaphores";
       r.matrix.push_back(std::move(row));
     }
   }
@@ -126,7 +143,8 @@ void opengl_rows(const std::vector<lavaflow::DeviceCapabilities>& vk, InteropRep
       r.matrix.push_back(std::move(row));
       continue;
     }
-    lavaflow::Result<lavaflow::gl::Capabilities> caps = std::unexpected(lavaflow::Error(lavaflow::Errc::Unsupported, "", ""));
+    lavaflow::Result<lavaflow::gl::Capabilities> caps =
+        std::unexpected(lavaflow::Error(lavaflow::Errc::Unsupported, "", ""));
     if (egl->make_current() && lavaflow::gl::load_functions()) caps = lavaflow::gl::query_current();
     if (!caps) {
       row.memory_how = row.semaphore_how = "GL context unusable";
@@ -138,9 +156,13 @@ void opengl_rows(const std::vector<lavaflow::DeviceCapabilities>& vk, InteropRep
                          str_format("{}; GL_EXT_memory_object_fd {}, GL_EXT_semaphore_fd {}", caps->version,
                                     caps->memory_object_fd ? "yes" : "no", caps->semaphore_fd ? "yes" : "no")});
     row.memory = caps->memory_object_fd && e.memory_fd_export;
-    row.memory_how = row.memory ? "GL_EXT_memory_object_fd (buffers, textures)" : !caps->memory_object_fd ? "no GL_EXT_memory_object_fd" : vk_memory_gap(e);
+    row.memory_how = row.memory                ? "GL_EXT_memory_object_fd (buffers, textures)"
+                     : !caps->memory_object_fd ? "no GL_EXT_memory_object_fd"
+                                               : vk_memory_gap(e);
     row.semaphore = caps->semaphore_fd && e.semaphore_fd_export;
-    row.semaphore_how = row.semaphore ? "binary, opaque fd" : !caps->semaphore_fd ? "no GL_EXT_semaphore_fd (CPU wait instead)" : "Vulkan device exports no binary semaphores";
+    row.semaphore_how = row.semaphore         ? "binary, opaque fd"
+                        : !caps->semaphore_fd ? "no GL_EXT_semaphore_fd (CPU wait instead)"
+                                              : "Vulkan device exports no binary semaphores";
     r.matrix.push_back(std::move(row));
   }
 }

@@ -10,7 +10,7 @@
 namespace lfinfo {
 
 struct ApiDevice {
-  std::string api;     ///< "CUDA", "OpenCL", "OpenGL"
+  std::string api;  ///< "CUDA", "OpenCL", "OpenGL"
   std::string name;
   std::string detail;  ///< extensions / capabilities in words
 };

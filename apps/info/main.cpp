@@ -3,10 +3,10 @@
 // CPU topology with the CPU allocation strategies available here. `--json` for machines.
 #include <cstdio>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "cli.hpp"
-#include <nlohmann/json.hpp>
 #include "interop.hpp"
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/lavaflow.hpp"
@@ -45,7 +45,8 @@ struct TransportRow {
 /// Each local transport's own answer to "can a producer here serve a consumer on this host?".
 std::vector<TransportRow> transports(const ProcessLocation& me, const VulkanContext* ctx) {
   std::vector<TransportRow> rows;
-  for (const auto& t : local_transports()) rows.push_back({std::string(t->name()), t->can_connect(me, std::nullopt, {ctx})});
+  for (const auto& t : local_transports())
+    rows.push_back({std::string(t->name()), t->can_connect(me, std::nullopt, {ctx})});
   return rows;
 }
 
@@ -53,11 +54,12 @@ std::vector<TransportRow> transports(const ProcessLocation& me, const VulkanCont
 
 int main(int argc, char** argv) {
   bool json = false;
-  CLI::App app{"lavaflow-info: this process's location (host, boot id, pid, Vulkan devices), each Vulkan device with\n"
-               "its UUIDs and the external memory / semaphore handle types it can export and import, the CPU\n"
-               "topology (NUMA nodes, huge pages), which CPU allocation strategies work here, which local\n"
-               "channel transports this machine supports, and the interop matrix between the APIs.",
-               "lavaflow-info"};
+  CLI::App app{
+      "lavaflow-info: this process's location (host, boot id, pid, Vulkan devices), each Vulkan device with\n"
+      "its UUIDs and the external memory / semaphore handle types it can export and import, the CPU\n"
+      "topology (NUMA nodes, huge pages), which CPU allocation strategies work here, which local\n"
+      "channel transports this machine supports, and the interop matrix between the APIs.",
+      "lavaflow-info"};
   app.add_flag("--json", json, "print JSON instead of text");
   if (auto rc = lfapp::parse(app, argc, argv)) return *rc;
   auto devices = enumerate_devices();
@@ -78,7 +80,8 @@ int main(int argc, char** argv) {
   if (json) {
     using Json = nlohmann::ordered_json;
     Json j;
-    j["location"] = {{"hostname", loc->host.hostname}, {"boot_id", loc->host.boot_id}, {"pid", loc->pid}, {"uid", loc->uid}};
+    j["location"] = {
+        {"hostname", loc->host.hostname}, {"boot_id", loc->host.boot_id}, {"pid", loc->pid}, {"uid", loc->uid}};
     j["vulkan_devices"] = Json::array();
     if (devices) {
       for (const auto& d : *devices) {
@@ -121,7 +124,8 @@ int main(int argc, char** argv) {
     for (const auto& t : trows)
       j["local_transports"].push_back({{"name", t.name}, {"available", t.probe.ok}, {"reason", t.probe.reason}});
     Json report = {{"notes", interop.notes}, {"devices", Json::array()}, {"matrix", Json::array()}};
-    for (const auto& d : interop.devices) report["devices"].push_back({{"api", d.api}, {"name", d.name}, {"detail", d.detail}});
+    for (const auto& d : interop.devices)
+      report["devices"].push_back({{"api", d.api}, {"name", d.name}, {"detail", d.detail}});
     for (const auto& m : interop.matrix)
       report["matrix"].push_back({{"exporter", m.exporter},
                                   {"importer", m.importer},
@@ -138,15 +142,18 @@ int main(int argc, char** argv) {
   std::printf("  host      %s\n  boot id   %s\n  pid       %d   uid %u\n", loc->host.hostname.c_str(),
               loc->host.boot_id.c_str(), loc->pid, loc->uid);
   std::printf("\nVulkan devices\n");
-  if (!devices) std::printf("  none: %s\n", devices.error().message().c_str());
-  else if (devices->empty()) std::printf("  none found\n");
+  if (!devices)
+    std::printf("  none: %s\n", devices.error().message().c_str());
+  else if (devices->empty())
+    std::printf("  none found\n");
   else
     for (const auto& d : *devices) {
       std::printf("  [%u] %s (%s, Vulkan %s, %s)\n", d.index, d.identity.name.c_str(), device_type_name(d.type).c_str(),
                   api(d.api_version).c_str(), d.driver_name.c_str());
       std::printf("      device UUID %s\n      driver UUID %s\n", to_string(d.identity.device_uuid).c_str(),
                   to_string(d.identity.driver_uuid).c_str());
-      std::printf("      memory, opaque fd:    export %-3s import %s\n", yes(d.memory_fd_export), yes(d.memory_fd_import));
+      std::printf("      memory, opaque fd:    export %-3s import %s\n", yes(d.memory_fd_export),
+                  yes(d.memory_fd_import));
       std::printf("      memory, host pointer: import %s (alignment %llu)\n", yes(d.memory_host_import),
                   static_cast<unsigned long long>(d.host_import_alignment));
       std::printf("      semaphore, opaque fd: export %-3s import %-3s timeline %s, timeline export %s\n",
@@ -156,7 +163,8 @@ int main(int argc, char** argv) {
     }
   std::printf("\nCPU\n  %d CPUs, %d NUMA node(s)%s, huge pages: %llu of %llu free (%llu KiB each)\n", topo.cpus,
               topo.numa_nodes, topo.numa_library ? "" : " (libnuma unavailable)",
-              static_cast<unsigned long long>(topo.huge_pages_free), static_cast<unsigned long long>(topo.huge_pages_total),
+              static_cast<unsigned long long>(topo.huge_pages_free),
+              static_cast<unsigned long long>(topo.huge_pages_total),
               static_cast<unsigned long long>(topo.huge_page_size / 1024));
   std::printf("\nCPU allocation strategies (for a 4 MiB buffer)\n");
   for (const auto& r : rows) {
@@ -170,11 +178,12 @@ int main(int argc, char** argv) {
   for (const auto& t : trows)
     std::printf("  %-8s %-11s %s\n", t.name.c_str(), t.probe.ok ? "available" : "unavailable", t.probe.reason.c_str());
   std::printf("\nCUDA / OpenCL / OpenGL\n");
-  for (const auto& d : interop.devices) std::printf("  %-7s %s\n          %s\n", d.api.c_str(), d.name.c_str(), d.detail.c_str());
+  for (const auto& d : interop.devices)
+    std::printf("  %-7s %s\n          %s\n", d.api.c_str(), d.name.c_str(), d.detail.c_str());
   for (const auto& n : interop.notes) std::printf("  %s\n", n.c_str());
   std::printf("\nInterop matrix (exporter -> importer: memory | semaphores)\n");
   for (const auto& m : interop.matrix)
-    std::printf("  %s -> %s\n      memory:     %-3s %s\n      semaphores: %-3s %s\n", m.exporter.c_str(), m.importer.c_str(),
-                yes(m.memory), m.memory_how.c_str(), yes(m.semaphore), m.semaphore_how.c_str());
+    std::printf("  %s -> %s\n      memory:     %-3s %s\n      semaphores: %-3s %s\n", m.exporter.c_str(),
+                m.importer.c_str(), yes(m.memory), m.memory_how.c_str(), yes(m.semaphore), m.semaphore_how.c_str());
   return 0;
 }

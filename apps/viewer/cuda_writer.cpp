@@ -54,8 +54,10 @@ class CudaWriter final : public FrameWriter {
       it = buffers_.emplace(&ring, std::move(ext)).first;
     }
     if (std::uint64_t{f.width} * f.height * 4 > it->second.size())
-      return fail(Errc::InvalidArgument, "CudaWriter", str_format("a {}x{} frame does not fit a ring buffer", f.width, f.height));
-    LF_TRY_STATUS(cuda_check(lf_kernel_pattern(it->second.data(), f.width, f.height, f.frame, stream_), "lf_kernel_pattern"));
+      return fail(Errc::InvalidArgument, "CudaWriter",
+                  str_format("a {}x{} frame does not fit a ring buffer", f.width, f.height));
+    LF_TRY_STATUS(
+        cuda_check(lf_kernel_pattern(it->second.data(), f.width, f.height, f.frame, stream_), "lf_kernel_pattern"));
     if (auto sync = timeline_ ? loan.gpu_signal() : std::nullopt) {
       LF_TRY_STATUS(timeline_->signal(stream_, sync->value));
     } else {
@@ -76,7 +78,9 @@ class CudaWriter final : public FrameWriter {
 
 Result<std::unique_ptr<FrameWriter>> make_cuda_writer(const Producer& p) {
   if (!p.vulkan())
-    return fail(Errc::Unsupported, "lavaflow-viewer --cuda", str_format("the channel took route {}: CUDA needs Vulkan ring buffers", to_string(p.route().transport)));
+    return fail(
+        Errc::Unsupported, "lavaflow-viewer --cuda",
+        str_format("the channel took route {}: CUDA needs Vulkan ring buffers", to_string(p.route().transport)));
   LF_TRY(auto interop, cuda::Interop::create(*p.vulkan()));
   cudaStream_t stream = nullptr;
   LF_TRY_STATUS(cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate"));

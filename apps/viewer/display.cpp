@@ -67,8 +67,10 @@ class Surface {
 
   /// Binds the context to this thread (again, for a new session) and checks that it works.
   [[nodiscard]] Status make_current() const {
-    if (window_) glfwMakeContextCurrent(window_);
-    else if (egl_) LF_TRY_STATUS(egl_->make_current());
+    if (window_)
+      glfwMakeContextCurrent(window_);
+    else if (egl_)
+      LF_TRY_STATUS(egl_->make_current());
     if (!glGetString(GL_RENDERER)) return fail(Errc::Driver, "viewer", "the GL context cannot be made current again");
     return {};
   }
@@ -208,10 +210,12 @@ class Renderer {
     glPixelStorei(GL_PACK_ALIGNMENT, 1);
     glNamedFramebufferReadBuffer(fbo_, GL_COLOR_ATTACHMENT0);
     glBindFramebuffer(GL_READ_FRAMEBUFFER, fbo_);
-    glReadPixels(0, 0, static_cast<GLsizei>(fbo_w_), static_cast<GLsizei>(fbo_h_), GL_RGBA, GL_UNSIGNED_BYTE, px.data());
+    glReadPixels(0, 0, static_cast<GLsizei>(fbo_w_), static_cast<GLsizei>(fbo_h_), GL_RGBA, GL_UNSIGNED_BYTE,
+                 px.data());
     const std::size_t row = std::size_t{fbo_w_} * 4;
     for (std::uint32_t y = 0; y < fbo_h_; ++y)
-      std::copy_n(px.begin() + static_cast<std::ptrdiff_t>((fbo_h_ - 1 - y) * row), row, flipped.begin() + static_cast<std::ptrdiff_t>(y * row));
+      std::copy_n(px.begin() + static_cast<std::ptrdiff_t>((fbo_h_ - 1 - y) * row), row,
+                  flipped.begin() + static_cast<std::ptrdiff_t>(y * row));
     return flipped;
   }
 
@@ -277,7 +281,8 @@ int display_main(const DisplayOptions& o) {
 
   auto finish = [&](int rc) -> int {
     if (rc == 0 && !o.screenshot.empty()) {
-      if (!last || !renderer) return die(Error(Errc::NotFound, "--screenshot", "no frame was drawn since the last producer connected"));
+      if (!last || !renderer)
+        return die(Error(Errc::NotFound, "--screenshot", "no frame was drawn since the last producer connected"));
       const auto px = renderer->read_back();
       if (o.verify) {
         if (auto ok = verify(px, *last); !ok) return die(ok.error());
@@ -287,7 +292,8 @@ int display_main(const DisplayOptions& o) {
                               {{"lavaflow-frame", std::to_string(last->frame)}, {"lavaflow-route", route_line}});
           !ok)
         return die(ok.error());
-      std::printf("[viewer] wrote %s (%ux%u, frame %u)\n", o.screenshot.c_str(), last->width, last->height, last->frame);
+      std::printf("[viewer] wrote %s (%ux%u, frame %u)\n", o.screenshot.c_str(), last->width, last->height,
+                  last->frame);
     }
     return rc;
   };
@@ -295,7 +301,8 @@ int display_main(const DisplayOptions& o) {
   while (!stop_requested()) {
     std::printf("[viewer] waiting for a producer on \"%s\"…\n", o.channel.c_str());
     std::fflush(stdout);
-    auto opened = Consumer::open(o.channel, {.connect_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(o.timeout_s))});
+    auto opened = Consumer::open(o.channel, {.connect_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                 std::chrono::duration<double>(o.timeout_s))});
     if (!opened) {
       // With --wait, keep waiting: also when we reached a producer that was dying (its socket
       // still listening for a moment after kill -9), which answers with a hang-up.
@@ -326,8 +333,10 @@ int display_main(const DisplayOptions& o) {
     std::optional<gl::ChannelImports> imports;
     if (c.vulkan()) {
       if (!gl) {
-        if (auto g = gl::Interop::create()) gl.emplace(std::move(*g));
-        else gl_path = "upload: " + g.error().message();
+        if (auto g = gl::Interop::create())
+          gl.emplace(std::move(*g));
+        else
+          gl_path = "upload: " + g.error().message();
       }
       const auto& id = c.vulkan()->capabilities().identity;
       if (gl) {
@@ -340,8 +349,8 @@ int display_main(const DisplayOptions& o) {
       }
     }
     const char* gl_name = reinterpret_cast<const char*>(glGetString(GL_RENDERER));
-    std::printf("[viewer] %s on %s: frames %s\n", surface->windowed() ? "window" : "headless EGL", gl_name ? gl_name : "?",
-                gl_path.c_str());
+    std::printf("[viewer] %s on %s: frames %s\n", surface->windowed() ? "window" : "headless EGL",
+                gl_name ? gl_name : "?", gl_path.c_str());
     std::fflush(stdout);
 
     Stats st;
@@ -370,7 +379,9 @@ int display_main(const DisplayOptions& o) {
       const auto tag = parse_tag(r->info().user_tag);
       const std::uint64_t bytes = std::uint64_t{tag.width} * tag.height * 4;
       if (tag.width == 0 || tag.height == 0 || bytes > r->info().size)
-        return die(Error(Errc::Malformed, "viewer", str_format("message {} says {}x{} but holds {} bytes", r->info().sequence, tag.width, tag.height, r->info().size)));
+        return die(Error(Errc::Malformed, "viewer",
+                         str_format("message {} says {}x{} but holds {} bytes", r->info().sequence, tag.width,
+                                    tag.height, r->info().size)));
       GLuint texture = 0;
       if (imports) {
         auto t = imports->texture(*r, GL_RGBA8);
@@ -378,8 +389,9 @@ int display_main(const DisplayOptions& o) {
         texture = (*t)->name();
       } else {
         if (r->bytes().size() < bytes)
-          return die(Error(Errc::Unsupported, "viewer", "the ring buffers are device-local GPU memory that this GL cannot import; "
-                                                        "start the producer with --transport shm"));
+          return die(Error(Errc::Unsupported, "viewer",
+                           "the ring buffers are device-local GPU memory that this GL cannot import; "
+                           "start the producer with --transport shm"));
         texture = renderer->upload(r->bytes().first(bytes));
       }
       if (!last || last->width != tag.width || last->height != tag.height) surface->fit(tag.width, tag.height);
@@ -396,7 +408,8 @@ int display_main(const DisplayOptions& o) {
       const double secs = std::chrono::duration<double>(Clock::now() - st.since).count();
       if (secs >= (surface->windowed() ? 0.5 : 1.0)) {
         const double fps = double(st.drawn - st.drawn_at_report) / secs;
-        const auto line = str_format("{:.1f} fps, latency {:.2f} ms (p50), route {}", fps, Stats::percentile(st.window_ms, 0.5), to_string(c.route().transport));
+        const auto line = str_format("{:.1f} fps, latency {:.2f} ms (p50), route {}", fps,
+                                     Stats::percentile(st.window_ms, 0.5), to_string(c.route().transport));
         if (surface->windowed()) surface->set_title("lavaflow-viewer — " + line);
         std::printf("[viewer] %s, %llu frames\n", line.c_str(), static_cast<unsigned long long>(total_drawn));
         std::fflush(stdout);
@@ -410,10 +423,12 @@ int display_main(const DisplayOptions& o) {
       }
     }
     const double session_s = std::chrono::duration<double>(Clock::now() - session_start).count();
-    std::printf("[viewer] %llu frames drawn in %.2f s (%.1f fps; %llu received, older ones skipped to show the newest), "
-                "latency publish->drawn p50 %.2f ms, p99 %.2f ms\n",
-                static_cast<unsigned long long>(st.drawn), session_s, double(st.drawn) / session_s, static_cast<unsigned long long>(st.received),
-                Stats::percentile(st.latency_ms, 0.5), Stats::percentile(st.latency_ms, 0.99));
+    std::printf(
+        "[viewer] %llu frames drawn in %.2f s (%.1f fps; %llu received, older ones skipped to show the newest), "
+        "latency publish->drawn p50 %.2f ms, p99 %.2f ms\n",
+        static_cast<unsigned long long>(st.drawn), session_s, double(st.drawn) / session_s,
+        static_cast<unsigned long long>(st.received), Stats::percentile(st.latency_ms, 0.5),
+        Stats::percentile(st.latency_ms, 0.99));
     imports.reset();  // GL objects go while the context is current
     switch (end) {
       case End::PeerLost:

@@ -45,7 +45,8 @@ class VulkanWriter final : public FrameWriter {
     vk::PipelineShaderStageCreateInfo stage({}, vk::ShaderStageFlagBits::eCompute, *module_, "main");
     pipeline_ = vk::raii::Pipeline(dev, nullptr, vk::ComputePipelineCreateInfo({}, stage, *layout_));
     vk::DescriptorPoolSize size(vk::DescriptorType::eStorageBuffer, 64);
-    pool_ = vk::raii::DescriptorPool(dev, vk::DescriptorPoolCreateInfo(vk::DescriptorPoolCreateFlagBits::eFreeDescriptorSet, 64, size));
+    pool_ = vk::raii::DescriptorPool(
+        dev, vk::DescriptorPoolCreateInfo(vk::DescriptorPoolCreateFlagBits::eFreeDescriptorSet, 64, size));
     commands_ = vk::raii::CommandPool(dev, {vk::CommandPoolCreateFlagBits::eResetCommandBuffer, vk.queue_family()});
   }
 
@@ -58,12 +59,15 @@ class VulkanWriter final : public FrameWriter {
     if (!buffer) return fail(Errc::InvalidArgument, "VulkanWriter", "the ring buffer is not Vulkan memory");
     const std::uint64_t need = std::uint64_t{f.width} * f.height * 4;
     if (need > buffer->size())
-      return fail(Errc::InvalidArgument, "VulkanWriter", str_format("a {}x{} frame needs {} bytes; ring buffers hold {}", f.width, f.height, need, buffer->size()));
+      return fail(
+          Errc::InvalidArgument, "VulkanWriter",
+          str_format("a {}x{} frame needs {} bytes; ring buffers hold {}", f.width, f.height, need, buffer->size()));
     return vk_guard("VulkanWriter", [&]() -> Status {
       auto& slot = slot_for(*buffer);
       const auto& dev = vk_.device();
       if (dev.waitForFences(*slot.fence, VK_TRUE, 10'000'000'000ull) == vk::Result::eTimeout)
-        return fail(Errc::Timeout, "vkWaitForFences", "the previous frame in this ring buffer did not finish within 10 s");
+        return fail(Errc::Timeout, "vkWaitForFences",
+                    "the previous frame in this ring buffer did not finish within 10 s");
       dev.resetFences(*slot.fence);
       const auto& cb = slot.commands;
       cb.reset();
@@ -74,9 +78,10 @@ class VulkanWriter final : public FrameWriter {
       cb.pushConstants<PushConstants>(*layout_, vk::ShaderStageFlagBits::eCompute, 0, pc);
       cb.dispatch((f.width + 15) / 16, (f.height + 15) / 16, 1);
       // Make the writes available to whoever reads next: another API, another process, the host.
-      vk::MemoryBarrier done(vk::AccessFlagBits::eShaderWrite, vk::AccessFlagBits::eMemoryRead | vk::AccessFlagBits::eHostRead);
-      cb.pipelineBarrier(vk::PipelineStageFlagBits::eComputeShader, vk::PipelineStageFlagBits::eAllCommands | vk::PipelineStageFlagBits::eHost,
-                         {}, done, {}, {});
+      vk::MemoryBarrier done(vk::AccessFlagBits::eShaderWrite,
+                             vk::AccessFlagBits::eMemoryRead | vk::AccessFlagBits::eHostRead);
+      cb.pipelineBarrier(vk::PipelineStageFlagBits::eComputeShader,
+                         vk::PipelineStageFlagBits::eAllCommands | vk::PipelineStageFlagBits::eHost, {}, done, {}, {});
       cb.end();
       vk::CommandBuffer raw = *cb;
       if (auto sync = loan.gpu_signal()) {
@@ -131,10 +136,12 @@ class CpuWriter final : public FrameWriter {
   Status write_and_publish(Producer& p, Loan&& loan, const FrameShape& f, MessageInfo info) override {
     auto bytes = loan.bytes();
     if (bytes.size() < std::uint64_t{f.width} * f.height * 4)
-      return fail(Errc::InvalidArgument, "CpuWriter", str_format("the ring buffer is not host-visible or smaller than a {}x{} frame", f.width, f.height));
+      return fail(Errc::InvalidArgument, "CpuWriter",
+                  str_format("the ring buffer is not host-visible or smaller than a {}x{} frame", f.width, f.height));
     auto* px = reinterpret_cast<std::uint32_t*>(bytes.data());
     for (std::uint32_t y = 0; y < f.height; ++y)
-      for (std::uint32_t x = 0; x < f.width; ++x) px[std::size_t{y} * f.width + x] = lf_pattern(x, y, f.width, f.height, f.frame);
+      for (std::uint32_t x = 0; x < f.width; ++x)
+        px[std::size_t{y} * f.width + x] = lf_pattern(x, y, f.width, f.height, f.frame);
     LF_TRY_STATUS(p.publish(std::move(loan), info));
     return {};
   }
@@ -143,7 +150,8 @@ class CpuWriter final : public FrameWriter {
 }  // namespace
 
 Result<std::unique_ptr<FrameWriter>> make_vulkan_writer(const VulkanContext& vk) {
-  return vk_guard("make_vulkan_writer", [&]() -> Result<std::unique_ptr<FrameWriter>> { return std::make_unique<VulkanWriter>(vk); });
+  return vk_guard("make_vulkan_writer",
+                  [&]() -> Result<std::unique_ptr<FrameWriter>> { return std::make_unique<VulkanWriter>(vk); });
 }
 
 Result<std::unique_ptr<FrameWriter>> make_cpu_writer() { return std::make_unique<CpuWriter>(); }

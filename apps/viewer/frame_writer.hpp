@@ -19,8 +19,8 @@ class FrameWriter {
   virtual ~FrameWriter() = default;
   [[nodiscard]] virtual std::string description() const = 0;
   /// Writes frame `f` into `loan` and publishes it with `info`.
-  [[nodiscard]] virtual lavaflow::Status write_and_publish(lavaflow::Producer& p, lavaflow::Loan&& loan, const FrameShape& f,
-                                                           lavaflow::MessageInfo info) = 0;
+  [[nodiscard]] virtual lavaflow::Status write_and_publish(lavaflow::Producer& p, lavaflow::Loan&& loan,
+                                                           const FrameShape& f, lavaflow::MessageInfo info) = 0;
 };
 
 [[nodiscard]] lavaflow::Result<std::unique_ptr<FrameWriter>> make_vulkan_writer(const lavaflow::VulkanContext& vk);

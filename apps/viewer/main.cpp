@@ -33,7 +33,7 @@ void on_signal(int) { g_stop.store(true); }
 bool stop_requested() { return g_stop.load(); }
 
 void install_stop_handlers() {
-  struct sigaction sa{};
+  struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
   ::sigaction(SIGINT, &sa, nullptr);
@@ -81,12 +81,13 @@ int main(int argc, char** argv) {
   bool no_verify = false;
   std::optional<double> timeout;
   std::string transport = "auto";
-  CLI::App app{"lavaflow-viewer: a GL window fed by a compute process over a lava-flow channel, zero copy.\n"
-               "Without --channel: starts the compute process (lavaflow-viewer produce) on a private channel and\n"
-               "shows its frames; with --channel: the window only, for a producer started elsewhere. The title\n"
-               "shows frames per second, the publish->drawn latency and the route. Exit status: 0 success,\n"
-               "1 failure, 2 bad usage, 77 no usable Vulkan/GL device here.",
-               "lavaflow-viewer"};
+  CLI::App app{
+      "lavaflow-viewer: a GL window fed by a compute process over a lava-flow channel, zero copy.\n"
+      "Without --channel: starts the compute process (lavaflow-viewer produce) on a private channel and\n"
+      "shows its frames; with --channel: the window only, for a producer started elsewhere. The title\n"
+      "shows frames per second, the publish->drawn latency and the route. Exit status: 0 success,\n"
+      "1 failure, 2 bad usage, 77 no usable Vulkan/GL device here.",
+      "lavaflow-viewer"};
   app.set_help_all_flag("--help-all", "help for the produce subcommand too");
   auto frames_flag = [](CLI::App& cmd, std::uint64_t& frames) {
     lfapp::add_whole(cmd, "--frames", frames, "stop after N frames (0: until closed or the other side leaves)", 0,
@@ -130,8 +131,8 @@ int main(int argc, char** argv) {
   if (!d.channel.empty()) return lfviewer::display_main(d);
   // No channel: run the compute process too, on a private channel.
   d.channel = str_format("viewer-{}", ::getpid());
-  std::vector<std::string> pargs{"--width", std::to_string(p.width), "--height", std::to_string(p.height), "--fps",
-                                 str_format("{}", p.fps), "--transport", transport};
+  std::vector<std::string> pargs{"--width", std::to_string(p.width), "--height",    std::to_string(p.height),
+                                 "--fps",   str_format("{}", p.fps), "--transport", transport};
   if (p.cuda) pargs.push_back("--cuda");
   return run_both(d, pargs);
 }

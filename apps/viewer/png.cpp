@@ -55,7 +55,8 @@ std::vector<std::uint8_t> zlib_stored(std::span<const std::uint8_t> raw) {
     z.push_back(static_cast<std::uint8_t>(n >> 8));
     z.push_back(static_cast<std::uint8_t>(~n));
     z.push_back(static_cast<std::uint8_t>(~n >> 8));
-    z.insert(z.end(), raw.begin() + static_cast<std::ptrdiff_t>(pos), raw.begin() + static_cast<std::ptrdiff_t>(pos + n));
+    z.insert(z.end(), raw.begin() + static_cast<std::ptrdiff_t>(pos),
+             raw.begin() + static_cast<std::ptrdiff_t>(pos + n));
     pos += n;
   } while (pos < raw.size());
   put32(z, (b << 16) | a);
@@ -65,12 +66,14 @@ std::vector<std::uint8_t> zlib_stored(std::span<const std::uint8_t> raw) {
 }  // namespace
 
 lavaflow::Status write_png(const std::filesystem::path& path, std::uint32_t width, std::uint32_t height,
-                           std::span<const std::uint8_t> rgba, const std::vector<std::pair<std::string, std::string>>& text) {
+                           std::span<const std::uint8_t> rgba,
+                           const std::vector<std::pair<std::string, std::string>>& text) {
   using lavaflow::Errc;
   const std::uint64_t row = std::uint64_t{width} * 4;
   if (width == 0 || height == 0 || rgba.size() != row * height)
     return lavaflow::fail(Errc::InvalidArgument, "write_png",
-                          lavaflow::str_format("{} bytes for a {}x{} RGBA image (expected {})", rgba.size(), width, height, row * height));
+                          lavaflow::str_format("{} bytes for a {}x{} RGBA image (expected {})", rgba.size(), width,
+                                               height, row * height));
   std::vector<std::uint8_t> out{0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
   std::vector<std::uint8_t> ihdr;
   put32(ihdr, width);

@@ -41,14 +41,16 @@ bool wait_for_viewer(Producer& p, double timeout_s) {
 int produce_main(const ProduceOptions& o) {
   if (o.channel.empty()) return die(Error(Errc::InvalidArgument, "produce", "--channel NAME is required"));
   if (o.width == 0 || o.height == 0 || o.width > 16384 || o.height > 16384)
-    return die(Error(Errc::InvalidArgument, "produce", str_format("--width/--height must be 1..16384 (got {}x{})", o.width, o.height)));
+    return die(Error(Errc::InvalidArgument, "produce",
+                     str_format("--width/--height must be 1..16384 (got {}x{})", o.width, o.height)));
   install_stop_handlers();
   const std::uint64_t frame_bytes = std::uint64_t{o.width} * o.height * 4;
-  auto created = Producer::create(o.channel, {.slots = 3, .slot_size = frame_bytes, .timestamps = true, .transport = o.transport});
+  auto created =
+      Producer::create(o.channel, {.slots = 3, .slot_size = frame_bytes, .timestamps = true, .transport = o.transport});
   if (!created) return die(created.error());
   Producer& p = **created;
-  std::printf("[producer pid %d] channel \"%s\": route %s — %s\n", ::getpid(), o.channel.c_str(), to_string(p.route().transport).data(),
-              p.route().reason.c_str());
+  std::printf("[producer pid %d] channel \"%s\": route %s — %s\n", ::getpid(), o.channel.c_str(),
+              to_string(p.route().transport).data(), p.route().reason.c_str());
   auto writer = choose_writer(o, p);
   if (!writer) return die(writer.error());
   std::printf("[producer] %ux%u RGBA frames, %u ring buffers, written by %s\n", o.width, o.height, p.slots(),
@@ -56,7 +58,9 @@ int produce_main(const ProduceOptions& o) {
   std::fflush(stdout);
 
   std::uint64_t frame = 0;
-  const auto period = o.fps > 0 ? std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(1.0 / o.fps)) : Clock::duration{};
+  const auto period = o.fps > 0
+                          ? std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(1.0 / o.fps))
+                          : Clock::duration{};
   while (!stop_requested()) {
     std::printf("[producer] waiting for a viewer on \"%s\"…\n", o.channel.c_str());
     std::fflush(stdout);
@@ -80,7 +84,9 @@ int produce_main(const ProduceOptions& o) {
         return die(loan.error());
       }
       const FrameShape shape{o.width, o.height, static_cast<std::uint32_t>(frame)};
-      if (auto ok = (*writer)->write_and_publish(p, std::move(*loan), shape, {.size = frame_bytes, .user_tag = frame_tag(o.width, o.height, shape.frame)}); !ok)
+      if (auto ok = (*writer)->write_and_publish(
+              p, std::move(*loan), shape, {.size = frame_bytes, .user_tag = frame_tag(o.width, o.height, shape.frame)});
+          !ok)
         return die(ok.error());
       ++frame;
       if (period.count() > 0) {
@@ -90,7 +96,8 @@ int produce_main(const ProduceOptions& o) {
       }
     }
     if (viewer_left) {
-      std::printf("[producer] the viewer went away after %llu frames\n", static_cast<unsigned long long>(frame - first));
+      std::printf("[producer] the viewer went away after %llu frames\n",
+                  static_cast<unsigned long long>(frame - first));
       std::fflush(stdout);
       if (o.wait) continue;
       return 0;

@@ -15,22 +15,22 @@ inline constexpr int kSkip = 77;  ///< no Vulkan device / GL context able to run
 struct ProduceOptions {
   std::string channel;
   std::uint32_t width = 640, height = 360;
-  double fps = 60;              ///< 0 = as fast as the viewer takes them
-  std::uint64_t frames = 0;     ///< 0 = until stopped
+  double fps = 60;                                   ///< 0 = as fast as the viewer takes them
+  std::uint64_t frames = 0;                          ///< 0 = until stopped
   std::optional<lavaflow::TransportKind> transport;  ///< unset: automatic
-  bool cuda = false;            ///< write frames with a CUDA kernel into the imported Vulkan memory
-  bool wait = false;            ///< when the viewer leaves, wait for the next one
-  double timeout_s = 60;        ///< how long to wait for a viewer
+  bool cuda = false;      ///< write frames with a CUDA kernel into the imported Vulkan memory
+  bool wait = false;      ///< when the viewer leaves, wait for the next one
+  double timeout_s = 60;  ///< how long to wait for a viewer
 };
 
 struct DisplayOptions {
   std::string channel;
-  std::uint64_t frames = 0;     ///< 0 = until the window is closed or the producer leaves
-  std::string screenshot;       ///< PNG of the last frame
-  bool headless = false;        ///< EGL, no window
-  bool wait = false;            ///< when the producer leaves, wait for the next one
-  bool verify = true;           ///< compare the screenshot with the producer's formula
-  double timeout_s = 30;        ///< how long to wait for a producer
+  std::uint64_t frames = 0;  ///< 0 = until the window is closed or the producer leaves
+  std::string screenshot;    ///< PNG of the last frame
+  bool headless = false;     ///< EGL, no window
+  bool wait = false;         ///< when the producer leaves, wait for the next one
+  bool verify = true;        ///< compare the screenshot with the producer's formula
+  double timeout_s = 30;     ///< how long to wait for a producer
 };
 
 /// The frame's shape and number ride in MessageInfo::user_tag.

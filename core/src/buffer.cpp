@@ -2,19 +2,24 @@
 #include "lavaflow/core/buffer.hpp"
 
 #include "lavaflow/core/detail/format.hpp"
-
 #include "lavaflow/core/detail/wire.hpp"
 
 namespace lavaflow {
 
 std::string_view to_string(BufferKind k) noexcept {
   switch (k) {
-    case BufferKind::GpuDeviceLocal: return "gpu-device-local";
-    case BufferKind::GpuHostVisible: return "gpu-host-visible";
-    case BufferKind::CpuShared: return "cpu-shared";
-    case BufferKind::CpuNuma: return "cpu-numa";
-    case BufferKind::CpuHugePages: return "cpu-hugepages";
-    case BufferKind::CpuGpuPinned: return "cpu-gpu-pinned";
+    case BufferKind::GpuDeviceLocal:
+      return "gpu-device-local";
+    case BufferKind::GpuHostVisible:
+      return "gpu-host-visible";
+    case BufferKind::CpuShared:
+      return "cpu-shared";
+    case BufferKind::CpuNuma:
+      return "cpu-numa";
+    case BufferKind::CpuHugePages:
+      return "cpu-hugepages";
+    case BufferKind::CpuGpuPinned:
+      return "cpu-gpu-pinned";
   }
   return "unknown";
 }
@@ -41,14 +46,16 @@ Result<ExportDescriptor> ExportDescriptor::deserialize(std::span<const std::byte
   constexpr const char* call = "ExportDescriptor::deserialize";
   wire::Reader r(bytes, call);
   LF_TRY(auto magic, r.get<std::uint32_t>());
-  if (magic != kMagic) return fail(Errc::Malformed, call, str_format("bad magic {:#x}, not an export descriptor", magic));
+  if (magic != kMagic)
+    return fail(Errc::Malformed, call, str_format("bad magic {:#x}, not an export descriptor", magic));
   ExportDescriptor d;
   LF_TRY(d.version, r.get<std::uint16_t>());
   if (d.version != kVersion)
     return fail(Errc::VersionMismatch, call,
                 str_format("descriptor format version {}, this build reads version {}", d.version, kVersion));
   if (bytes.size() != kSerializedSize)
-    return fail(Errc::Malformed, call, str_format("{} bytes, a version {} descriptor has {}", bytes.size(), kVersion, kSerializedSize));
+    return fail(Errc::Malformed, call,
+                str_format("{} bytes, a version {} descriptor has {}", bytes.size(), kVersion, kSerializedSize));
   LF_TRY(auto kind, r.get<std::uint8_t>());
   d.kind = static_cast<BufferKind>(kind);
   LF_TRY(auto dedicated, r.get<std::uint8_t>());
@@ -76,7 +83,8 @@ Status ExportDescriptor::validate() const {
   if (k < 1 || k > 6) return fail(Errc::Malformed, call, str_format("unknown buffer kind {}", k));
   if (size == 0) return fail(Errc::Malformed, call, "size is 0");
   if (buffer_size > allocation_size)
-    return fail(Errc::Malformed, call, str_format("buffer size {} exceeds allocation size {}", buffer_size, allocation_size));
+    return fail(Errc::Malformed, call,
+                str_format("buffer size {} exceeds allocation size {}", buffer_size, allocation_size));
   if (offset > buffer_size || size > buffer_size - offset)
     return fail(Errc::Malformed, call,
                 str_format("range [{}, +{}) exceeds the buffer's {} bytes", offset, size, buffer_size));

@@ -8,37 +8,47 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include "lavaflow/core/detail/format.hpp"
 #include <fstream>
 #include <thread>
+
+#include "lavaflow/core/detail/format.hpp"
 
 #if LAVAFLOW_HAVE_NUMA
 #include <numa.h>
 #endif
 
-#include "lavaflow/core/vulkan_context.hpp"
 #include "lavaflow/core/detail/vk_call.hpp"
+#include "lavaflow/core/vulkan_context.hpp"
 #include "vulkan_state.hpp"
 
 namespace lavaflow {
 
 std::string_view to_string(CpuStrategy s) noexcept {
   switch (s) {
-    case CpuStrategy::Auto: return "auto";
-    case CpuStrategy::SharedMemory: return "shared-memory";
-    case CpuStrategy::NumaBound: return "numa-bound";
-    case CpuStrategy::HugePages: return "huge-pages";
-    case CpuStrategy::GpuPinned: return "gpu-pinned";
+    case CpuStrategy::Auto:
+      return "auto";
+    case CpuStrategy::SharedMemory:
+      return "shared-memory";
+    case CpuStrategy::NumaBound:
+      return "numa-bound";
+    case CpuStrategy::HugePages:
+      return "huge-pages";
+    case CpuStrategy::GpuPinned:
+      return "gpu-pinned";
   }
   return "unknown";
 }
 
 BufferKind kind_of(CpuStrategy s) noexcept {
   switch (s) {
-    case CpuStrategy::NumaBound: return BufferKind::CpuNuma;
-    case CpuStrategy::HugePages: return BufferKind::CpuHugePages;
-    case CpuStrategy::GpuPinned: return BufferKind::CpuGpuPinned;
-    default: return BufferKind::CpuShared;
+    case CpuStrategy::NumaBound:
+      return BufferKind::CpuNuma;
+    case CpuStrategy::HugePages:
+      return BufferKind::CpuHugePages;
+    case CpuStrategy::GpuPinned:
+      return BufferKind::CpuGpuPinned;
+    default:
+      return BufferKind::CpuShared;
   }
 }
 
@@ -57,9 +67,12 @@ CpuTopology CpuTopology::detect() {
   std::string unit;
   while (in >> key >> value) {
     std::getline(in, unit);
-    if (key == "HugePages_Total:") t.huge_pages_total = value;
-    else if (key == "HugePages_Free:") t.huge_pages_free = value;
-    else if (key == "Hugepagesize:") t.huge_page_size = value * 1024;
+    if (key == "HugePages_Total:")
+      t.huge_pages_total = value;
+    else if (key == "HugePages_Free:")
+      t.huge_pages_free = value;
+    else if (key == "Hugepagesize:")
+      t.huge_page_size = value * 1024;
   }
   return t;
 }
@@ -77,8 +90,7 @@ std::optional<std::string> unavailable(CpuStrategy s, const CpuTopology& t, cons
         return str_format("NUMA node {} does not exist ({} nodes)", o.numa_node, t.numa_nodes);
       return std::nullopt;
     case CpuStrategy::HugePages: {
-      if (t.huge_page_size == 0 || t.huge_pages_total == 0)
-        return "no huge pages reserved (vm.nr_hugepages is 0)";
+      if (t.huge_page_size == 0 || t.huge_pages_total == 0) return "no huge pages reserved (vm.nr_hugepages is 0)";
       const auto need = round_up(o.size, t.huge_page_size) / t.huge_page_size;
       if (need > t.huge_pages_free)
         return str_format("{} huge pages needed, {} free of {} reserved", need, t.huge_pages_free, t.huge_pages_total);
@@ -89,7 +101,8 @@ std::optional<std::string> unavailable(CpuStrategy s, const CpuTopology& t, cons
       if (!o.gpu->capabilities().memory_host_import)
         return str_format("device {} lacks VK_EXT_external_memory_host", o.gpu->capabilities().identity.name);
       return std::nullopt;
-    default: return std::nullopt;
+    default:
+      return std::nullopt;
   }
 }
 
@@ -98,7 +111,8 @@ std::optional<std::string> unavailable(CpuStrategy s, const CpuTopology& t, cons
 StrategyChoice choose_cpu_strategy(const CpuTopology& t, const CpuBufferOptions& o) {
   if (o.strategy != CpuStrategy::Auto) {
     if (auto why = unavailable(o.strategy, t, o))
-      return {CpuStrategy::SharedMemory, str_format("{} requested but {}; using shared memory", to_string(o.strategy), *why)};
+      return {CpuStrategy::SharedMemory,
+              str_format("{} requested but {}; using shared memory", to_string(o.strategy), *why)};
     return {o.strategy, str_format("{} requested", to_string(o.strategy))};
   }
   if (o.gpu && !unavailable(CpuStrategy::GpuPinned, t, o))
@@ -109,7 +123,9 @@ StrategyChoice choose_cpu_strategy(const CpuTopology& t, const CpuBufferOptions&
   if (!unavailable(CpuStrategy::NumaBound, t, o))
     return {CpuStrategy::NumaBound, str_format("{} NUMA nodes: bound to the caller's node", t.numa_nodes)};
   std::string why = t.numa_nodes < 2 ? "one NUMA node" : "NUMA binding unavailable";
-  why += t.huge_pages_total == 0 ? ", no huge pages reserved" : (o.size < t.huge_page_size ? ", smaller than a huge page" : ", too few huge pages free");
+  why += t.huge_pages_total == 0
+             ? ", no huge pages reserved"
+             : (o.size < t.huge_page_size ? ", smaller than a huge page" : ", too few huge pages free");
   if (!o.gpu) why += ", no GPU consumer named";
   return {CpuStrategy::SharedMemory, why + ": plain shared memory"};
 }
@@ -157,13 +173,15 @@ Status pin_for_gpu(CpuBuffer::Impl& b, const VulkanContext& ctx) {
   LF_TRY(b.vk_buffer, detail::vk_call("vkCreateBuffer", [&] { return vk::raii::Buffer(dev, info); }));
   vk::ImportMemoryHostPointerInfoEXT import(handle, b.base);
   vk::MemoryAllocateInfo alloc(b.mapped_size, type, &import);
-  LF_TRY(b.vk_memory, detail::vk_call("vkAllocateMemory(host pointer)", [&] { return vk::raii::DeviceMemory(dev, alloc); }));
+  LF_TRY(b.vk_memory,
+         detail::vk_call("vkAllocateMemory(host pointer)", [&] { return vk::raii::DeviceMemory(dev, alloc); }));
   LF_TRY_STATUS(detail::vk_call("vkBindBufferMemory", [&] { b.vk_buffer.bindMemory(*b.vk_memory, 0); }));
   b.vk_state = ctx.state();
   return {};
 }
 
-Result<std::unique_ptr<CpuBuffer::Impl>> map_new(const CpuBufferOptions& o, const CpuTopology& t, StrategyChoice choice) {
+Result<std::unique_ptr<CpuBuffer::Impl>> map_new(const CpuBufferOptions& o, const CpuTopology& t,
+                                                 StrategyChoice choice) {
   constexpr const char* call = "CpuBuffer::allocate";
   auto b = std::make_unique<CpuBuffer::Impl>();
   b->strategy = choice.strategy;
@@ -178,7 +196,8 @@ Result<std::unique_ptr<CpuBuffer::Impl>> map_new(const CpuBufferOptions& o, cons
   }
   b->mapped_size = round_up(o.size, align);
   int raw = ::memfd_create("lavaflow-cpu", flags);
-  if (raw < 0 && b->strategy == CpuStrategy::HugePages) raw = ::memfd_create("lavaflow-cpu", flags & ~MFD_ALLOW_SEALING);
+  if (raw < 0 && b->strategy == CpuStrategy::HugePages)
+    raw = ::memfd_create("lavaflow-cpu", flags & ~MFD_ALLOW_SEALING);
   if (raw < 0) return std::unexpected(from_errno(errno, "memfd_create").within(call));
   b->fd.reset(raw);
   if (::ftruncate(b->fd.get(), static_cast<off_t>(b->mapped_size)) != 0)
@@ -187,7 +206,8 @@ Result<std::unique_ptr<CpuBuffer::Impl>> map_new(const CpuBufferOptions& o, cons
   int mflags = MAP_SHARED;
   if (b->strategy == CpuStrategy::HugePages) mflags |= MAP_POPULATE;  // fail now, not with SIGBUS later
   void* p = ::mmap(nullptr, b->mapped_size, PROT_READ | PROT_WRITE, mflags, b->fd.get(), 0);
-  if (p == MAP_FAILED) return std::unexpected(from_errno(errno, "mmap", str_format("{} bytes", b->mapped_size)).within(call));
+  if (p == MAP_FAILED)
+    return std::unexpected(from_errno(errno, "mmap", str_format("{} bytes", b->mapped_size)).within(call));
   b->base = static_cast<std::byte*>(p);
 #if LAVAFLOW_HAVE_NUMA
   if (b->strategy == CpuStrategy::NumaBound) {
@@ -219,7 +239,8 @@ Result<CpuBuffer> CpuBuffer::allocate(const CpuBufferOptions& o, const CpuTopolo
   auto impl = map_new(o, t, choice);
   if (!impl && !o.strict && choice.strategy != CpuStrategy::SharedMemory) {
     // The strategy looked possible but the kernel or driver refused: fall back, saying why.
-    std::string why = str_format("{} failed ({}); using shared memory", to_string(choice.strategy), impl.error().message());
+    std::string why =
+        str_format("{} failed ({}); using shared memory", to_string(choice.strategy), impl.error().message());
     impl = map_new(o, t, {CpuStrategy::SharedMemory, std::move(why)});
   }
   if (!impl) return std::unexpected(impl.error());
@@ -230,7 +251,8 @@ Result<CpuBuffer> CpuBuffer::import(const ExportDescriptor& d, UniqueFd&& fd) {
   constexpr const char* call = "CpuBuffer::import";
   if (auto ok = d.validate(); !ok) return std::unexpected(ok.error().within(call));
   if (is_gpu(d.kind))
-    return fail(Errc::InvalidArgument, call, str_format("descriptor is for {} memory; use GpuBuffer::import", to_string(d.kind)));
+    return fail(Errc::InvalidArgument, call,
+                str_format("descriptor is for {} memory; use GpuBuffer::import", to_string(d.kind)));
   struct stat st {};
   if (!fd.valid() || ::fstat(fd.get(), &st) != 0)
     return fail(Errc::InvalidArgument, call, str_format("fd {} is not an open file descriptor", fd.get()));
@@ -243,7 +265,7 @@ Result<CpuBuffer> CpuBuffer::import(const ExportDescriptor& d, UniqueFd&& fd) {
   if (p == MAP_FAILED) return std::unexpected(from_errno(errno, "mmap").within(call));
   b->base = static_cast<std::byte*>(p);
   b->desc = d;
-  b->strategy = d.kind == BufferKind::CpuNuma ? CpuStrategy::NumaBound
+  b->strategy = d.kind == BufferKind::CpuNuma        ? CpuStrategy::NumaBound
                 : d.kind == BufferKind::CpuHugePages ? CpuStrategy::HugePages
                 : d.kind == BufferKind::CpuGpuPinned ? CpuStrategy::GpuPinned
                                                      : CpuStrategy::SharedMemory;

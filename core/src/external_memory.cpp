@@ -18,8 +18,9 @@ Status require_fd_memory(const VulkanContext& ctx, const char* call, bool import
     return fail(Errc::Unsupported, call,
                 str_format("device {} lacks {}", c.identity.name, VK_KHR_EXTERNAL_MEMORY_FD_EXTENSION_NAME));
   if (import ? !c.memory_fd_import : !c.memory_fd_export)
-    return fail(Errc::Unsupported, call,
-                str_format("device {} cannot {} opaque-fd buffer memory", c.identity.name, import ? "import" : "export"));
+    return fail(
+        Errc::Unsupported, call,
+        str_format("device {} cannot {} opaque-fd buffer memory", c.identity.name, import ? "import" : "export"));
   return {};
 }
 

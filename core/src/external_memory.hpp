@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 // Private: the checks every opaque-fd import (buffers, images) makes before any driver call.
+#include <vulkan/vulkan_raii.hpp>
+
 #include "lavaflow/core/error.hpp"
 #include "lavaflow/core/unique_fd.hpp"
 #include "lavaflow/core/vulkan_context.hpp"
-
-#include <vulkan/vulkan_raii.hpp>
 
 namespace lavaflow::detail {
 
@@ -23,8 +23,8 @@ inline constexpr auto kOpaqueFd = vk::ExternalMemoryHandleTypeFlagBits::eOpaqueF
 /// vkAllocateMemory with an imported fd: a driver that finds the descriptor's size, memory type or
 /// dedication at odds with the memory behind the fd answers out-of-memory or invalid-handle, which
 /// would name the wrong cause. The error says the descriptor does not match the allocation.
-[[nodiscard]] Result<vk::raii::DeviceMemory> import_memory(const vk::raii::Device& dev, const vk::MemoryAllocateInfo& info,
-                                                          const char* call);
+[[nodiscard]] Result<vk::raii::DeviceMemory> import_memory(const vk::raii::Device& dev,
+                                                           const vk::MemoryAllocateInfo& info, const char* call);
 
 /// An exported fd with a file description of its own. Drivers whose opaque fds are memfds
 /// (lavapipe) hand out dup()s of one description, so every export of a buffer shares one file

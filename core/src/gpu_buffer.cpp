@@ -1,9 +1,8 @@
 // SPDX-License-Identifier: MIT
 #include "lavaflow/core/gpu_buffer.hpp"
 
-#include "lavaflow/core/detail/format.hpp"
-
 #include "external_memory.hpp"
+#include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/detail/vk_call.hpp"
 #include "vulkan_state.hpp"
 
@@ -49,7 +48,7 @@ Result<GpuBuffer> GpuBuffer::allocate(const VulkanContext& ctx, const GpuBufferO
   if (o.size > ctx.capabilities().device_local_bytes && ctx.capabilities().device_local_bytes != 0)
     return fail(Errc::InvalidArgument, call,
                 str_format("size {} exceeds the device's {} bytes of device-local memory", o.size,
-                            ctx.capabilities().device_local_bytes));
+                           ctx.capabilities().device_local_bytes));
   LF_TRY_STATUS(detail::require_fd_memory(ctx, call, false));
   const auto& dev = ctx.device();
   auto impl = std::make_unique<Impl>();
@@ -94,7 +93,8 @@ Result<GpuBuffer> GpuBuffer::import(const VulkanContext& ctx, const ExportDescri
   constexpr const char* call = "GpuBuffer::import";
   if (auto ok = d.validate(); !ok) return std::unexpected(ok.error().within(call));
   if (!is_gpu(d.kind))
-    return fail(Errc::InvalidArgument, call, str_format("descriptor is for a {} buffer, not GPU memory", to_string(d.kind)));
+    return fail(Errc::InvalidArgument, call,
+                str_format("descriptor is for a {} buffer, not GPU memory", to_string(d.kind)));
   LF_TRY_STATUS(detail::check_exporter(ctx, d.device_uuid, d.driver_uuid, call));
   LF_TRY_STATUS(check_memory_fd(fd, d.allocation_size, call));
   LF_TRY_STATUS(detail::require_fd_memory(ctx, call, true));
@@ -136,13 +136,15 @@ Result<GpuBuffer> GpuBuffer::import(const VulkanContext& ctx, const ExportDescri
 }
 
 Result<ExportDescriptor> GpuBuffer::describe_foreign(const VulkanContext& ctx, std::uint64_t allocation_size,
-                                                    std::uint64_t size) {
+                                                     std::uint64_t size) {
   constexpr const char* call = "GpuBuffer::describe_foreign";
   if (size == 0 || size > allocation_size)
-    return fail(Errc::InvalidArgument, call, str_format("range of {} bytes in an allocation of {}", size, allocation_size));
+    return fail(Errc::InvalidArgument, call,
+                str_format("range of {} bytes in an allocation of {}", size, allocation_size));
   LF_TRY_STATUS(detail::require_fd_memory(ctx, call, true));
   const GpuBufferOptions defaults;
-  LF_TRY(auto probe, detail::vk_call("vkCreateBuffer", [&] { return make_buffer(ctx.device(), allocation_size, defaults.usage); }));
+  LF_TRY(auto probe,
+         detail::vk_call("vkCreateBuffer", [&] { return make_buffer(ctx.device(), allocation_size, defaults.usage); }));
   const auto req = probe.getMemoryRequirements();
   if (req.size > allocation_size)
     return fail(Errc::InvalidArgument, call,

@@ -1,44 +1,58 @@
 // SPDX-License-Identifier: MIT
 #include "lavaflow/core/gpu_image.hpp"
 
-#include "lavaflow/core/detail/format.hpp"
-#include "lavaflow/core/detail/wire.hpp"
-
 #include "external_memory.hpp"
+#include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/detail/vk_call.hpp"
+#include "lavaflow/core/detail/wire.hpp"
 #include "vulkan_state.hpp"
 
 namespace lavaflow {
 
 std::string_view to_string(PixelFormat f) noexcept {
   switch (f) {
-    case PixelFormat::Rgba8: return "rgba8";
-    case PixelFormat::R8: return "r8";
-    case PixelFormat::R32f: return "r32f";
-    case PixelFormat::Rgba32f: return "rgba32f";
-    case PixelFormat::Rgba16f: return "rgba16f";
+    case PixelFormat::Rgba8:
+      return "rgba8";
+    case PixelFormat::R8:
+      return "r8";
+    case PixelFormat::R32f:
+      return "r32f";
+    case PixelFormat::Rgba32f:
+      return "rgba32f";
+    case PixelFormat::Rgba16f:
+      return "rgba16f";
   }
   return "unknown";
 }
 
 std::uint32_t bytes_per_pixel(PixelFormat f) noexcept {
   switch (f) {
-    case PixelFormat::Rgba8: return 4;
-    case PixelFormat::R8: return 1;
-    case PixelFormat::R32f: return 4;
-    case PixelFormat::Rgba32f: return 16;
-    case PixelFormat::Rgba16f: return 8;
+    case PixelFormat::Rgba8:
+      return 4;
+    case PixelFormat::R8:
+      return 1;
+    case PixelFormat::R32f:
+      return 4;
+    case PixelFormat::Rgba32f:
+      return 16;
+    case PixelFormat::Rgba16f:
+      return 8;
   }
   return 0;
 }
 
 vk::Format to_vk(PixelFormat f) noexcept {
   switch (f) {
-    case PixelFormat::Rgba8: return vk::Format::eR8G8B8A8Unorm;
-    case PixelFormat::R8: return vk::Format::eR8Unorm;
-    case PixelFormat::R32f: return vk::Format::eR32Sfloat;
-    case PixelFormat::Rgba32f: return vk::Format::eR32G32B32A32Sfloat;
-    case PixelFormat::Rgba16f: return vk::Format::eR16G16B16A16Sfloat;
+    case PixelFormat::Rgba8:
+      return vk::Format::eR8G8B8A8Unorm;
+    case PixelFormat::R8:
+      return vk::Format::eR8Unorm;
+    case PixelFormat::R32f:
+      return vk::Format::eR32Sfloat;
+    case PixelFormat::Rgba32f:
+      return vk::Format::eR32G32B32A32Sfloat;
+    case PixelFormat::Rgba16f:
+      return vk::Format::eR16G16B16A16Sfloat;
   }
   return vk::Format::eUndefined;
 }
@@ -66,15 +80,16 @@ Result<ImageDescriptor> ImageDescriptor::deserialize(std::span<const std::byte> 
   constexpr const char* call = "ImageDescriptor::deserialize";
   wire::Reader r(bytes, call);
   LF_TRY(auto magic, r.get<std::uint32_t>());
-  if (magic != kMagic) return fail(Errc::Malformed, call, str_format("bad magic {:#x}, not an image descriptor", magic));
+  if (magic != kMagic)
+    return fail(Errc::Malformed, call, str_format("bad magic {:#x}, not an image descriptor", magic));
   ImageDescriptor d;
   LF_TRY(d.version, r.get<std::uint16_t>());
   if (d.version != kVersion)
     return fail(Errc::VersionMismatch, call,
                 str_format("image descriptor version {}, this build reads version {}", d.version, kVersion));
   if (bytes.size() != kSerializedSize)
-    return fail(Errc::Malformed, call, str_format("{} bytes, a version {} image descriptor has {}", bytes.size(),
-                                                  kVersion, kSerializedSize));
+    return fail(Errc::Malformed, call,
+                str_format("{} bytes, a version {} image descriptor has {}", bytes.size(), kVersion, kSerializedSize));
   LF_TRY(auto format, r.get<std::uint8_t>());
   d.format = static_cast<PixelFormat>(format);
   LF_TRY(auto tiling, r.get<std::uint8_t>());
@@ -128,35 +143,35 @@ namespace {
 
 vk::raii::Image make_image(const vk::raii::Device& dev, const ImageDescriptor& d) {
   vk::ExternalMemoryImageCreateInfo ext(detail::kOpaqueFd);
-  vk::ImageCreateInfo info({}, vk::ImageType::e2D, to_vk(d.format), vk::Extent3D(d.width, d.height, 1), 1, 1,
-                           vk::SampleCountFlagBits::e1,
-                           d.tiling == ImageTiling::Optimal ? vk::ImageTiling::eOptimal : vk::ImageTiling::eLinear,
-                           vk::ImageUsageFlags(d.usage), vk::SharingMode::eExclusive, {}, vk::ImageLayout::eUndefined,
-                           &ext);
+  vk::ImageCreateInfo info(
+      {}, vk::ImageType::e2D, to_vk(d.format), vk::Extent3D(d.width, d.height, 1), 1, 1, vk::SampleCountFlagBits::e1,
+      d.tiling == ImageTiling::Optimal ? vk::ImageTiling::eOptimal : vk::ImageTiling::eLinear,
+      vk::ImageUsageFlags(d.usage), vk::SharingMode::eExclusive, {}, vk::ImageLayout::eUndefined, &ext);
   return vk::raii::Image(dev, info);
 }
 
 Status check_format(const VulkanContext& ctx, const ImageDescriptor& d, const char* call) {
   vk::PhysicalDeviceExternalImageFormatInfo ext(detail::kOpaqueFd);
-  vk::PhysicalDeviceImageFormatInfo2 info(to_vk(d.format), vk::ImageType::e2D,
-                                          d.tiling == ImageTiling::Optimal ? vk::ImageTiling::eOptimal
-                                                                           : vk::ImageTiling::eLinear,
-                                          vk::ImageUsageFlags(d.usage), {}, &ext);
+  vk::PhysicalDeviceImageFormatInfo2 info(
+      to_vk(d.format), vk::ImageType::e2D,
+      d.tiling == ImageTiling::Optimal ? vk::ImageTiling::eOptimal : vk::ImageTiling::eLinear,
+      vk::ImageUsageFlags(d.usage), {}, &ext);
   auto props = detail::vk_call("vkGetPhysicalDeviceImageFormatProperties2", [&] {
     return ctx.physical_device()
         .getImageFormatProperties2<vk::ImageFormatProperties2, vk::ExternalImageFormatProperties>(info);
   });
   if (!props)
-    return fail(Errc::Unsupported, call,
-                str_format("device {} cannot make exportable {} {}x{} images with these usages: {}",
-                           ctx.capabilities().identity.name, to_string(d.format), d.width, d.height,
-                           props.error().message()));
+    return fail(
+        Errc::Unsupported, call,
+        str_format("device {} cannot make exportable {} {}x{} images with these usages: {}",
+                   ctx.capabilities().identity.name, to_string(d.format), d.width, d.height, props.error().message()));
   const auto& limits = props->get<vk::ImageFormatProperties2>().imageFormatProperties.maxExtent;
   if (d.width > limits.width || d.height > limits.height)
     return fail(Errc::InvalidArgument, call,
                 str_format("{}x{} exceeds the device's {}x{} limit", d.width, d.height, limits.width, limits.height));
   const auto feats = props->get<vk::ExternalImageFormatProperties>().externalMemoryProperties.externalMemoryFeatures;
-  if (!(feats & vk::ExternalMemoryFeatureFlagBits::eExportable) || !(feats & vk::ExternalMemoryFeatureFlagBits::eImportable))
+  if (!(feats & vk::ExternalMemoryFeatureFlagBits::eExportable) ||
+      !(feats & vk::ExternalMemoryFeatureFlagBits::eImportable))
     return fail(Errc::Unsupported, call,
                 str_format("device {} cannot share {} images as opaque fds", ctx.capabilities().identity.name,
                            to_string(d.format)));
@@ -236,7 +251,9 @@ Result<ImageExport> GpuImage::export_handle() const {
     return ImageExport{impl_->desc, std::move(fd)};
   }
   const auto& dev = detail::get(impl_->state->device);
-  LF_TRY(int raw, detail::vk_call("vkGetMemoryFdKHR", [&] { return dev.getMemoryFdKHR({*impl_->memory, detail::kOpaqueFd}); }));
+  LF_TRY(int raw, detail::vk_call("vkGetMemoryFdKHR", [&] {
+           return dev.getMemoryFdKHR({*impl_->memory, detail::kOpaqueFd});
+         }));
   UniqueFd fd(raw);
   LF_TRY_STATUS(fd.set_cloexec());
   fd = detail::own_file_description(std::move(fd));

@@ -1,9 +1,8 @@
 // SPDX-License-Identifier: MIT
 #include "lavaflow/core/gpu_semaphore.hpp"
 
-#include "lavaflow/core/detail/format.hpp"
-
 #include "external_memory.hpp"
+#include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/detail/vk_call.hpp"
 #include "vulkan_state.hpp"
 
@@ -59,9 +58,9 @@ namespace {
 Result<vk::raii::Semaphore> make_semaphore(const VulkanContext& ctx, SemaphoreKind kind, std::uint64_t initial,
                                            bool exportable) {
   return detail::vk_call("vkCreateSemaphore", [&] {
-    vk::SemaphoreTypeCreateInfo type(kind == SemaphoreKind::Timeline ? vk::SemaphoreType::eTimeline
-                                                                     : vk::SemaphoreType::eBinary,
-                                     kind == SemaphoreKind::Timeline ? initial : 0);
+    vk::SemaphoreTypeCreateInfo type(
+        kind == SemaphoreKind::Timeline ? vk::SemaphoreType::eTimeline : vk::SemaphoreType::eBinary,
+        kind == SemaphoreKind::Timeline ? initial : 0);
     vk::ExportSemaphoreCreateInfo exp(kSemFd, &type);
     vk::SemaphoreCreateInfo info({}, exportable ? static_cast<const void*>(&exp) : static_cast<const void*>(&type));
     return vk::raii::Semaphore(ctx.device(), info);
@@ -105,8 +104,8 @@ Result<GpuSemaphore> GpuSemaphore::import(const VulkanContext& ctx, SemaphoreKin
 Result<UniqueFd> GpuSemaphore::export_fd() const {
   if (impl_->imported_from.valid()) return impl_->imported_from.dup();
   LF_TRY(int raw, detail::vk_call("vkGetSemaphoreFdKHR", [&] {
-    return impl_->device().getSemaphoreFdKHR({*impl_->semaphore, kSemFd});
-  }));
+           return impl_->device().getSemaphoreFdKHR({*impl_->semaphore, kSemFd});
+         }));
   UniqueFd fd(raw);
   LF_TRY_STATUS(fd.set_cloexec());
   return fd;

@@ -6,9 +6,9 @@
 
 #include <algorithm>
 #include <cerrno>
-#include "lavaflow/core/detail/format.hpp"
 #include <fstream>
 
+#include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/detail/wire.hpp"
 
 namespace lavaflow {
@@ -102,8 +102,7 @@ Result<ProcessLocation> ProcessLocation::deserialize(std::span<const std::byte> 
 ScopeDecision detect_scope(const ProcessLocation& me, const ProcessLocation& peer) {
   const auto& a = me.host;
   const auto& b = peer.host;
-  if (a.hostname.empty() || b.hostname.empty())
-    return {Scope::Remote, "a hostname is unknown; assuming remote"};
+  if (a.hostname.empty() || b.hostname.empty()) return {Scope::Remote, "a hostname is unknown; assuming remote"};
   if (a.hostname != b.hostname)
     return {Scope::Remote, str_format("hostnames differ ({} vs {})", a.hostname, b.hostname)};
   if (a.boot_id.empty() || b.boot_id.empty())

@@ -22,7 +22,8 @@ Status record_submit_wait(const VulkanContext& ctx, const vk::raii::CommandBuffe
   ctx.queue().submit(vk::SubmitInfo({}, {}, raw), fence);
   const auto ns = static_cast<std::uint64_t>(std::chrono::nanoseconds(timeout).count());
   if (ctx.device().waitForFences(fence, VK_TRUE, ns) == vk::Result::eTimeout)
-    return fail(Errc::Timeout, "vkWaitForFences", str_format("copy of {} bytes not done within {} ms", bytes, timeout.count()));
+    return fail(Errc::Timeout, "vkWaitForFences",
+                str_format("copy of {} bytes not done within {} ms", bytes, timeout.count()));
   return {};
 }
 
@@ -30,7 +31,8 @@ Status record_submit_wait(const VulkanContext& ctx, const vk::raii::CommandBuffe
                           std::uint64_t src_offset, vk::Buffer dst, std::uint64_t dst_offset, std::uint64_t bytes,
                           std::chrono::milliseconds timeout) {
   return record_submit_wait(
-      ctx, cb, fence, [&](const vk::raii::CommandBuffer& c) { c.copyBuffer(src, dst, vk::BufferCopy(src_offset, dst_offset, bytes)); },
+      ctx, cb, fence,
+      [&](const vk::raii::CommandBuffer& c) { c.copyBuffer(src, dst, vk::BufferCopy(src_offset, dst_offset, bytes)); },
       bytes, timeout);
 }
 
@@ -63,8 +65,8 @@ Status image_transfer(const VulkanContext& ctx, const GpuImage& image, std::span
                            to_string(d.format), d.packed_size()));
   LF_TRY(auto staging, GpuBuffer::allocate(ctx, {.size = bytes.size(), .memory = GpuMemory::HostVisible}));
   if (to_image) std::memcpy(staging.host_ptr(), bytes.data(), bytes.size());
-  const vk::BufferImageCopy region(0, 0, 0, vk::ImageSubresourceLayers(vk::ImageAspectFlagBits::eColor, 0, 0, 1), {0, 0, 0},
-                                   {d.width, d.height, 1});
+  const vk::BufferImageCopy region(0, 0, 0, vk::ImageSubresourceLayers(vk::ImageAspectFlagBits::eColor, 0, 0, 1),
+                                   {0, 0, 0}, {d.width, d.height, 1});
   LF_TRY_STATUS(run_once(ctx, call, bytes.size(), [&](const vk::raii::CommandBuffer& cb) {
     const auto layout = to_image ? vk::ImageLayout::eTransferDstOptimal : vk::ImageLayout::eTransferSrcOptimal;
     image_barrier(cb, image.image(), current, layout);
@@ -93,7 +95,8 @@ Status copy_buffer(const VulkanContext& ctx, vk::Buffer src, std::uint64_t src_o
 
 Status upload_image(const VulkanContext& ctx, const GpuImage& dst, std::span<const std::byte> pixels,
                     vk::ImageLayout current) {
-  return image_transfer(ctx, dst, {const_cast<std::byte*>(pixels.data()), pixels.size()}, true, current, "upload_image");
+  return image_transfer(ctx, dst, {const_cast<std::byte*>(pixels.data()), pixels.size()}, true, current,
+                        "upload_image");
 }
 
 Status download_image(const VulkanContext& ctx, const GpuImage& src, std::span<std::byte> pixels,
@@ -155,7 +158,8 @@ Result<Stager> Stager::create(const VulkanContext& ctx, std::uint64_t capacity) 
 
 Status Stager::upload(const GpuBuffer& dst, std::span<const std::byte> data) {
   if (data.size() > dst.size())
-    return fail(Errc::InvalidArgument, "Stager::upload", str_format("{} bytes do not fit a {} byte buffer", data.size(), dst.size()));
+    return fail(Errc::InvalidArgument, "Stager::upload",
+                str_format("{} bytes do not fit a {} byte buffer", data.size(), dst.size()));
   if (auto* p = dst.host_ptr()) {
     std::memcpy(p, data.data(), data.size());
     return {};
@@ -167,7 +171,8 @@ Status Stager::upload(const GpuBuffer& dst, std::span<const std::byte> data) {
 
 Status Stager::download(const GpuBuffer& src, std::span<std::byte> out) {
   if (out.size() > src.size())
-    return fail(Errc::InvalidArgument, "Stager::download", str_format("{} bytes requested from a {} byte buffer", out.size(), src.size()));
+    return fail(Errc::InvalidArgument, "Stager::download",
+                str_format("{} bytes requested from a {} byte buffer", out.size(), src.size()));
   if (auto* p = src.host_ptr()) {
     std::memcpy(out.data(), p, out.size());
     return {};

@@ -1,14 +1,14 @@
 // SPDX-License-Identifier: MIT
 #include "lavaflow/core/unique_fd.hpp"
 
-#include "lavaflow/core/detail/format.hpp"
-
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+
+#include "lavaflow/core/detail/format.hpp"
 
 namespace lavaflow {
 
@@ -36,7 +36,9 @@ Status check_handle_fd(const UniqueFd& fd, const char* call) {
   if (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode) || S_ISDIR(st.st_mode))
     return fail(Errc::InvalidArgument, call,
                 str_format("fd {} is a {}, not a memory or semaphore handle", fd.get(),
-                           S_ISFIFO(st.st_mode) ? "pipe" : S_ISSOCK(st.st_mode) ? "socket" : "directory"));
+                           S_ISFIFO(st.st_mode)   ? "pipe"
+                           : S_ISSOCK(st.st_mode) ? "socket"
+                                                  : "directory"));
   return {};
 }
 

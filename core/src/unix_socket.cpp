@@ -7,8 +7,8 @@
 
 #include <cerrno>
 #include <cstring>
-#include "lavaflow/core/detail/format.hpp"
 
+#include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/detail/wire.hpp"
 
 namespace lavaflow {
@@ -31,14 +31,14 @@ Status send_message(int sock, std::span<const std::byte> payload, std::span<cons
   if (fds.size() > kMaxMessageFds)
     return fail(Errc::InvalidArgument, call, str_format("{} fds exceed the limit of {}", fds.size(), kMaxMessageFds));
   if (payload.size() > kMaxMessagePayload)
-    return fail(Errc::InvalidArgument, call, str_format("{} payload bytes exceed the limit of {}", payload.size(), kMaxMessagePayload));
+    return fail(Errc::InvalidArgument, call,
+                str_format("{} payload bytes exceed the limit of {}", payload.size(), kMaxMessagePayload));
   wire::Writer w;
   w.put(kFrameMagic);
   w.put(static_cast<std::uint32_t>(payload.size()));
   w.put(static_cast<std::uint32_t>(fds.size()));
   auto header = std::move(w).take();
-  iovec iov[2] = {{header.data(), header.size()},
-                  {const_cast<std::byte*>(payload.data()), payload.size()}};
+  iovec iov[2] = {{header.data(), header.size()}, {const_cast<std::byte*>(payload.data()), payload.size()}};
   msghdr msg{};
   msg.msg_iov = iov;
   msg.msg_iovlen = payload.empty() ? 1 : 2;

@@ -3,8 +3,8 @@
 
 #include <algorithm>
 #include <cstring>
-#include "lavaflow/core/detail/format.hpp"
 
+#include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/detail/vk_call.hpp"
 #include "vulkan_state.hpp"
 
@@ -58,17 +58,20 @@ DeviceCapabilities query_capabilities(const vk::raii::PhysicalDevice& pd, std::u
   c.driver_info = drv.driverInfo.data();
   if (host_ext) {
     auto hp = pd.getProperties2<vk::PhysicalDeviceProperties2, vk::PhysicalDeviceExternalMemoryHostPropertiesEXT>();
-    c.host_import_alignment = hp.get<vk::PhysicalDeviceExternalMemoryHostPropertiesEXT>().minImportedHostPointerAlignment;
+    c.host_import_alignment =
+        hp.get<vk::PhysicalDeviceExternalMemoryHostPropertiesEXT>().minImportedHostPointerAlignment;
     c.memory_host_import = true;
   }
   const auto mem = pd.getMemoryProperties();
   for (std::uint32_t i = 0; i < mem.memoryHeapCount; ++i)
-    if (mem.memoryHeaps[i].flags & vk::MemoryHeapFlagBits::eDeviceLocal) c.device_local_bytes += mem.memoryHeaps[i].size;
+    if (mem.memoryHeaps[i].flags & vk::MemoryHeapFlagBits::eDeviceLocal)
+      c.device_local_bytes += mem.memoryHeaps[i].size;
 
   if (mem_fd) {
-    vk::PhysicalDeviceExternalBufferInfo bi({}, vk::BufferUsageFlagBits::eStorageBuffer |
-                                                    vk::BufferUsageFlagBits::eTransferSrc |
-                                                    vk::BufferUsageFlagBits::eTransferDst,
+    vk::PhysicalDeviceExternalBufferInfo bi({},
+                                            vk::BufferUsageFlagBits::eStorageBuffer |
+                                                vk::BufferUsageFlagBits::eTransferSrc |
+                                                vk::BufferUsageFlagBits::eTransferDst,
                                             vk::ExternalMemoryHandleTypeFlagBits::eOpaqueFd);
     const auto f = pd.getExternalBufferProperties(bi).externalMemoryProperties.externalMemoryFeatures;
     c.memory_fd_export = bool(f & vk::ExternalMemoryFeatureFlagBits::eExportable);
@@ -90,19 +93,24 @@ DeviceCapabilities query_capabilities(const vk::raii::PhysicalDevice& pd, std::u
   }
   if (fence_fd) {
     vk::PhysicalDeviceExternalFenceInfo fi(vk::ExternalFenceHandleTypeFlagBits::eOpaqueFd);
-    c.fence_fd_export = bool(pd.getExternalFenceProperties(fi).externalFenceFeatures &
-                             vk::ExternalFenceFeatureFlagBits::eExportable);
+    c.fence_fd_export =
+        bool(pd.getExternalFenceProperties(fi).externalFenceFeatures & vk::ExternalFenceFeatureFlagBits::eExportable);
   }
   return c;
 }
 
 int type_rank(vk::PhysicalDeviceType t) {
   switch (t) {
-    case vk::PhysicalDeviceType::eDiscreteGpu: return 0;
-    case vk::PhysicalDeviceType::eIntegratedGpu: return 1;
-    case vk::PhysicalDeviceType::eVirtualGpu: return 2;
-    case vk::PhysicalDeviceType::eCpu: return 3;
-    default: return 4;
+    case vk::PhysicalDeviceType::eDiscreteGpu:
+      return 0;
+    case vk::PhysicalDeviceType::eIntegratedGpu:
+      return 1;
+    case vk::PhysicalDeviceType::eVirtualGpu:
+      return 2;
+    case vk::PhysicalDeviceType::eCpu:
+      return 3;
+    default:
+      return 4;
   }
 }
 
@@ -114,10 +122,10 @@ Result<std::uint32_t> pick_device(const std::vector<DeviceCapabilities>& devs, c
     if (*idx >= devs.size())
       return fail(Errc::NotFound, call, str_format("device index {} out of range ({} devices)", *idx, devs.size()));
     if (!usable(devs[*idx]))
-      return fail(Errc::Unsupported, call, str_format("device {} ({}) supports only Vulkan {}.{}; lava-flow needs 1.2",
-                                                       *idx, devs[*idx].identity.name,
-                                                       VK_API_VERSION_MAJOR(devs[*idx].api_version),
-                                                       VK_API_VERSION_MINOR(devs[*idx].api_version)));
+      return fail(
+          Errc::Unsupported, call,
+          str_format("device {} ({}) supports only Vulkan {}.{}; lava-flow needs 1.2", *idx, devs[*idx].identity.name,
+                     VK_API_VERSION_MAJOR(devs[*idx].api_version), VK_API_VERSION_MINOR(devs[*idx].api_version)));
     return *idx;
   }
   if (const auto* uuid = std::get_if<Uuid>(&sel)) {
@@ -143,11 +151,16 @@ std::uint32_t pick_queue_family(const vk::raii::PhysicalDevice& pd) {
 
 std::string device_type_name(vk::PhysicalDeviceType t) {
   switch (t) {
-    case vk::PhysicalDeviceType::eDiscreteGpu: return "discrete GPU";
-    case vk::PhysicalDeviceType::eIntegratedGpu: return "integrated GPU";
-    case vk::PhysicalDeviceType::eVirtualGpu: return "virtual GPU";
-    case vk::PhysicalDeviceType::eCpu: return "CPU";
-    default: return "other";
+    case vk::PhysicalDeviceType::eDiscreteGpu:
+      return "discrete GPU";
+    case vk::PhysicalDeviceType::eIntegratedGpu:
+      return "integrated GPU";
+    case vk::PhysicalDeviceType::eVirtualGpu:
+      return "virtual GPU";
+    case vk::PhysicalDeviceType::eCpu:
+      return "CPU";
+    default:
+      return "other";
   }
 }
 
@@ -184,9 +197,9 @@ Result<VulkanContext> VulkanContext::create(const VulkanContextOptions& options)
     vk::raii::Queue queue(device, family, 0);
     auto memory = physical.getMemoryProperties();
 
-    auto state = std::make_shared<detail::VulkanState>(detail::VulkanState{
-        std::move(context), std::move(instance), std::move(physical), std::move(device), std::move(queue), family,
-        caps[index], caps[index].extensions, memory});
+    auto state = std::make_shared<detail::VulkanState>(
+        detail::VulkanState{std::move(context), std::move(instance), std::move(physical), std::move(device),
+                            std::move(queue), family, caps[index], caps[index].extensions, memory});
     return VulkanContext(std::move(state));
   });
 }
@@ -208,7 +221,8 @@ Result<VulkanContext> VulkanContext::wrap(const BorrowedVulkan& b) {
       return fail(Errc::Unsupported, "VulkanContext::wrap", "device supports less than Vulkan 1.2");
     // Only what the user enabled counts.
     std::erase_if(caps.extensions, [&](const std::string& e) { return !contains(b.enabled_extensions, e); });
-    if (!contains(caps.extensions, VK_KHR_EXTERNAL_MEMORY_FD_EXTENSION_NAME)) caps.memory_fd_export = caps.memory_fd_import = false;
+    if (!contains(caps.extensions, VK_KHR_EXTERNAL_MEMORY_FD_EXTENSION_NAME))
+      caps.memory_fd_export = caps.memory_fd_import = false;
     if (!contains(caps.extensions, VK_KHR_EXTERNAL_SEMAPHORE_FD_EXTENSION_NAME))
       caps.semaphore_fd_export = caps.semaphore_fd_import = caps.timeline_fd_export = false;
     if (!contains(caps.extensions, VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME)) caps.memory_host_import = false;
@@ -219,10 +233,10 @@ Result<VulkanContext> VulkanContext::wrap(const BorrowedVulkan& b) {
     vk::raii::Queue queue(device, b.queue_family, 0);
     auto memory = physical.getMemoryProperties();
     auto enabled = caps.extensions;
-    auto state = std::make_shared<detail::VulkanState>(detail::VulkanState{
-        std::move(context), detail::Borrowed<vk::raii::Instance>(std::move(instance)), std::move(physical),
-        detail::Borrowed<vk::raii::Device>(std::move(device)), std::move(queue), b.queue_family, std::move(caps),
-        std::move(enabled), memory});
+    auto state = std::make_shared<detail::VulkanState>(
+        detail::VulkanState{std::move(context), detail::Borrowed<vk::raii::Instance>(std::move(instance)),
+                            std::move(physical), detail::Borrowed<vk::raii::Device>(std::move(device)),
+                            std::move(queue), b.queue_family, std::move(caps), std::move(enabled), memory});
     return VulkanContext(std::move(state));
   });
 }

@@ -17,7 +17,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (hs) {
     if (auto* w = std::get_if<lavaflow::detail::Welcome>(&*hs)) {
       // Accepted welcomes are internally consistent.
-      if (w->ring.size() != w->slots || w->slots == 0 || w->slots > lavaflow::detail::kMaxSlots || fds != 1 + w->slots + (w->timeline ? 1u : 0u))
+      if (w->ring.size() != w->slots || w->slots == 0 || w->slots > lavaflow::detail::kMaxSlots ||
+          fds != 1 + w->slots + (w->timeline ? 1u : 0u))
         std::abort();
       for (const auto& d : w->ring)
         if (!d.validate() || d.size < w->slot_size) std::abort();
@@ -25,7 +26,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       if (!lavaflow::detail::decode(lavaflow::detail::encode(*w), fds)) std::abort();
     }
   }
-  if (auto d = lavaflow::ExportDescriptor::deserialize(bytes); d && (d->offset + d->size > d->buffer_size)) std::abort();
+  if (auto d = lavaflow::ExportDescriptor::deserialize(bytes); d && (d->offset + d->size > d->buffer_size))
+    std::abort();
   (void)lavaflow::ProcessLocation::deserialize(bytes);
   return 0;
 }

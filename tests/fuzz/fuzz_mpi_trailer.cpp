@@ -28,7 +28,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::uint64_t expected = 0;
   std::memcpy(&expected, data, 8);
   // Exactly the received bytes, in a buffer of their own: any read past them is caught.
-  const std::vector<std::byte> msg(reinterpret_cast<const std::byte*>(data + 8), reinterpret_cast<const std::byte*>(data + size));
+  const std::vector<std::byte> msg(reinterpret_cast<const std::byte*>(data + 8),
+                                   reinterpret_cast<const std::byte*>(data + size));
   auto t = Trailer::read(msg);
   if (!t) return 0;
   if (t->length() > msg.size()) std::abort();

@@ -21,8 +21,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::uint64_t count = std::stoull(argv[4]);
-  auto c = Consumer::open(argv[3], {.host_wait_for_gpu = false, .connect_timeout = std::chrono::seconds(20),
-                                    .directory = argv[2]});
+  auto c = Consumer::open(
+      argv[3], {.host_wait_for_gpu = false, .connect_timeout = std::chrono::seconds(20), .directory = argv[2]});
   if (!c) return std::fprintf(stderr, "cuda_peer: %s\n", c.error().message().c_str()), 1;
   if (!(*c)->vulkan()) return std::fprintf(stderr, "cuda_peer: channel is not on the Vulkan transport\n"), 1;
   auto cu = cuda::Interop::create(*(*c)->vulkan());
@@ -34,19 +34,28 @@ int main(int argc, char** argv) {
   std::uint64_t gpu_ordered = 0;
   for (std::uint64_t i = 0; i < count; ++i) {
     auto r = (*c)->receive(std::chrono::seconds(20));
-    if (!r) return std::fprintf(stderr, "cuda_peer: message %llu: %s\n", static_cast<unsigned long long>(i), r.error().message().c_str()), 1;
+    if (!r)
+      return std::fprintf(stderr, "cuda_peer: message %llu: %s\n", static_cast<unsigned long long>(i),
+                          r.error().message().c_str()),
+             1;
     auto buf = imports.buffer(*r);
     if (!buf) return std::fprintf(stderr, "cuda_peer: %s\n", buf.error().message().c_str()), 1;
     gpu_ordered += r->gpu_wait().has_value();
-    if (auto ok = imports.wait(**c, *r, stream); !ok) return std::fprintf(stderr, "cuda_peer: %s\n", ok.error().message().c_str()), 1;
+    if (auto ok = imports.wait(**c, *r, stream); !ok)
+      return std::fprintf(stderr, "cuda_peer: %s\n", ok.error().message().c_str()), 1;
     seen.resize(r->info().size);
     if (cudaMemcpyAsync(seen.data(), (*buf)->data(), seen.size(), cudaMemcpyDeviceToHost, stream) != cudaSuccess ||
         cudaStreamSynchronize(stream) != cudaSuccess)
       return std::fprintf(stderr, "cuda_peer: CUDA copy failed\n"), 1;
     if (auto bad = lftest::first_mismatch(seen, i); bad >= 0)
-      return std::fprintf(stderr, "cuda_peer: message %llu byte %lld differs\n", static_cast<unsigned long long>(i), bad), 1;
+      return std::fprintf(stderr, "cuda_peer: message %llu byte %lld differs\n", static_cast<unsigned long long>(i),
+                          bad),
+             1;
   }
-  std::printf("cuda_peer: %llu messages verified on the GPU (%llu ordered by the timeline); %zu ring buffers imported for %u slots\n",
-              static_cast<unsigned long long>(count), static_cast<unsigned long long>(gpu_ordered), imports.imported(), (*c)->slots());
+  std::printf(
+      "cuda_peer: %llu messages verified on the GPU (%llu ordered by the timeline); %zu ring buffers imported for %u "
+      "slots\n",
+      static_cast<unsigned long long>(count), static_cast<unsigned long long>(gpu_ordered), imports.imported(),
+      (*c)->slots());
   return imports.imported() <= (*c)->slots() ? 0 : 1;
 }

@@ -7,9 +7,9 @@
 #include <cstdio>
 #include <string>
 
-#include "payload.hpp"
 #include "gl_support.hpp"
 #include "lavaflow/transports/local.hpp"
+#include "payload.hpp"
 
 using namespace lavaflow;
 
@@ -27,17 +27,26 @@ int main(int argc, char** argv) {
   gl::ChannelImports imports(setup->gl, **c);
   for (std::uint64_t i = 0; i < count; ++i) {
     auto r = (*c)->receive(std::chrono::seconds(20));
-    if (!r) return std::fprintf(stderr, "gl_peer: message %llu: %s\n", static_cast<unsigned long long>(i), r.error().message().c_str()), 1;
-    if (r->info().sequence != i) return std::fprintf(stderr, "gl_peer: sequence %llu, expected %llu\n", static_cast<unsigned long long>(r->info().sequence), static_cast<unsigned long long>(i)), 1;
+    if (!r)
+      return std::fprintf(stderr, "gl_peer: message %llu: %s\n", static_cast<unsigned long long>(i),
+                          r.error().message().c_str()),
+             1;
+    if (r->info().sequence != i)
+      return std::fprintf(stderr, "gl_peer: sequence %llu, expected %llu\n",
+                          static_cast<unsigned long long>(r->info().sequence), static_cast<unsigned long long>(i)),
+             1;
     auto buf = imports.buffer(*r);
     if (!buf) return std::fprintf(stderr, "gl_peer: %s\n", buf.error().message().c_str()), 1;
     const auto bytes = lftest::gl_read((*buf)->name(), 0, r->info().size);
     std::vector<std::byte> expected(bytes.size());
     lfapp::fill_message(expected, i);
-    if (bytes != expected) return std::fprintf(stderr, "gl_peer: message %llu corrupt as read by GL\n", static_cast<unsigned long long>(i)), 1;
+    if (bytes != expected)
+      return std::fprintf(stderr, "gl_peer: message %llu corrupt as read by GL\n", static_cast<unsigned long long>(i)),
+             1;
   }
-  std::printf("gl_peer: %llu messages verified through GL; %zu ring buffers imported for %u slots; hand-off to GL by %s\n",
-              static_cast<unsigned long long>(count), imports.imported(), (*c)->slots(),
-              imports.gpu_handoff() ? "a shared semaphore" : "the CPU wait in receive()");
+  std::printf(
+      "gl_peer: %llu messages verified through GL; %zu ring buffers imported for %u slots; hand-off to GL by %s\n",
+      static_cast<unsigned long long>(count), imports.imported(), (*c)->slots(),
+      imports.gpu_handoff() ? "a shared semaphore" : "the CPU wait in receive()");
   return imports.imported() <= (*c)->slots() ? 0 : 1;
 }

@@ -41,7 +41,8 @@ int main() {
     if (!vk) return skip("no Vulkan device: " + vk.error().message());
     auto gl = gl::Interop::create();  // GLEW under GLX: glewInit returns GLEW_OK here
     if (!gl) return skip(gl.error().message());
-    if (auto ok = gl->check_device(vk->capabilities().identity.device_uuid, vk->capabilities().identity.driver_uuid, "window");
+    if (auto ok = gl->check_device(vk->capabilities().identity.device_uuid, vk->capabilities().identity.driver_uuid,
+                                   "window");
         !ok)
       return skip("the window's GL runs on another device: " + ok.error().message());
     std::printf("window GL: %s, %s\n", gl->capabilities().renderer.c_str(), gl->capabilities().version.c_str());
@@ -51,7 +52,8 @@ int main() {
     if (auto e = lftest::gpu_fill(*vk, *buf, 21); !e.empty()) return fail(e);
     auto glbuf = gl->import_buffer(*buf);
     if (!glbuf) return fail(glbuf.error().message());
-    if (lftest::first_mismatch(lftest::gl_read(glbuf->name(), glbuf->offset(), n), 21) != -1) rc = fail("Vulkan -> GL buffer differs");
+    if (lftest::first_mismatch(lftest::gl_read(glbuf->name(), glbuf->offset(), n), 21) != -1)
+      rc = fail("Vulkan -> GL buffer differs");
     std::vector<std::byte> next(n);
     lftest::fill(next, 22);
     glNamedBufferSubData(glbuf->name(), 0, static_cast<GLsizeiptr>(n), next.data());

@@ -119,8 +119,8 @@ TEST_CASE("timeline semaphore ping-pong between Vulkan and CUDA, no CPU waits in
   std::vector<lftest::PendingCopy> pending;
   for (std::uint64_t i = 0; i < rounds; ++i) {
     // Vulkan: b = a, after CUDA's step i-1; signals 2i+1. CUDA: a = b + 1 after it; signals 2i+2.
-    pending.push_back(lftest::submit_copy(f.vk, a.buffer(), 0, b.buffer(), 0, bytes,
-                                          GpuSync{sem->semaphore(), 2 * i}, GpuSync{sem->semaphore(), 2 * i + 1}));
+    pending.push_back(lftest::submit_copy(f.vk, a.buffer(), 0, b.buffer(), 0, bytes, GpuSync{sem->semaphore(), 2 * i},
+                                          GpuSync{sem->semaphore(), 2 * i + 1}));
     lftest::ok(csem.wait(stream, 2 * i + 1));
     CU_OK(lf_kernel_add_one(ca.data(), cb.data(), words, stream));
     lftest::ok(csem.signal(stream, 2 * i + 2));
@@ -202,8 +202,9 @@ TEST_CASE("CUDA refuses another device's memory and keeps the fd, and 10,000 imp
 TEST_CASE("a CUDA stream waits on a channel's timeline and reads each received ring buffer, imported once") {
   auto f = setup();
   const auto dir = lftest::channel_dir();
-  auto prod = lftest::ok(Producer::create("cuda-ring", {.slots = 4, .slot_size = 1 << 20, .transport = TransportKind::Vulkan,
-                                                        .vulkan = &f.vk, .directory = dir}));
+  auto prod = lftest::ok(Producer::create(
+      "cuda-ring",
+      {.slots = 4, .slot_size = 1 << 20, .transport = TransportKind::Vulkan, .vulkan = &f.vk, .directory = dir}));
   if (!prod->has_gpu_timeline()) lftest::skip("the channel has no shared timeline semaphore on this device");
   auto con = lftest::ok(Consumer::open("cuda-ring", {.host_wait_for_gpu = false, .vulkan = &f.vk, .directory = dir}));
   cuda::ChannelImports imports(f.cu);
@@ -234,13 +235,15 @@ TEST_CASE("a CUDA stream waits on a channel's timeline and reads each received r
 TEST_CASE("a consumer process reads every channel message with CUDA, ordered by the timeline, no CPU wait") {
   auto f = setup();
   const auto dir = lftest::channel_dir();
-  auto prod = lftest::ok(Producer::create("cuda-proc", {.slots = 4, .slot_size = 1 << 20, .transport = TransportKind::Vulkan,
-                                                        .vulkan = &f.vk, .directory = dir}));
+  auto prod = lftest::ok(Producer::create(
+      "cuda-proc",
+      {.slots = 4, .slot_size = 1 << 20, .transport = TransportKind::Vulkan, .vulkan = &f.vk, .directory = dir}));
   const std::uint64_t count = 200;
   const pid_t pid = lftest::run({LAVAFLOW_CUDA_PEER, "consume", dir.string(), "cuda-proc", std::to_string(count)});
   lftest::ok(prod->wait_for_consumers(1, std::chrono::seconds(30)));
   std::vector<GpuBuffer> staging;
-  for (int k = 0; k < 8; ++k) staging.push_back(lftest::ok(GpuBuffer::allocate(f.vk, {.size = 1 << 20, .memory = GpuMemory::HostVisible})));
+  for (int k = 0; k < 8; ++k)
+    staging.push_back(lftest::ok(GpuBuffer::allocate(f.vk, {.size = 1 << 20, .memory = GpuMemory::HostVisible})));
   // Destroyed, not move-assigned, before reuse: a PendingCopy must free its command buffers
   // before its pool.
   std::vector<std::optional<lftest::PendingCopy>> pending(8);

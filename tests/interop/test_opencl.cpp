@@ -44,11 +44,14 @@ std::unique_ptr<Cl> open_cl(const VulkanContext& vk, bool cpu_first = false) {
   auto all = lftest::ok(cl::devices());
   const cl::DeviceInfo* pick = nullptr;
   for (const auto& d : all)
-    if (d.uuid_known && d.device_uuid == vk.capabilities().identity.device_uuid && d.external_memory_fd && !cpu_first) pick = &d;
+    if (d.uuid_known && d.device_uuid == vk.capabilities().identity.device_uuid && d.external_memory_fd && !cpu_first)
+      pick = &d;
   if (!pick)
     for (const auto& d : all)
       if (d.host_pointer_path) pick = pick ? pick : &d;
-  if (!pick) lftest::skip("no OpenCL device on this Vulkan device and no CPU OpenCL device (" + std::to_string(all.size()) + " devices)");
+  if (!pick)
+    lftest::skip("no OpenCL device on this Vulkan device and no CPU OpenCL device (" + std::to_string(all.size()) +
+                 " devices)");
   auto c = std::make_unique<Cl>();
   cl_int err = CL_SUCCESS;
   c->context = clCreateContext(nullptr, 1, &pick->device, nullptr, nullptr, &err);
@@ -98,7 +101,8 @@ TEST_CASE("an OpenCL kernel computes on Vulkan memory in place, both directions,
     CHECK(lftest::gpu_fill(vk, src, n) == "");
     auto s = lftest::ok(c->interop->import_buffer(src));
     auto d = lftest::ok(c->interop->import_buffer(dst));
-    CHECK(s.path() == (c->interop->device().external_memory_fd ? cl::ImportPath::ExternalMemory : cl::ImportPath::HostPointer));
+    CHECK(s.path() ==
+          (c->interop->device().external_memory_fd ? cl::ImportPath::ExternalMemory : cl::ImportPath::HostPointer));
     run_xor(*c, d, s, 0x5a, n);
     std::vector<std::byte> seen(n), want(n);
     lftest::ok(download(vk, dst, seen));
@@ -162,8 +166,8 @@ TEST_CASE("a channel consumer hands each received ring buffer to OpenCL once and
   const auto dir = lftest::channel_dir();
   // Device-local rings need external memory; a CPU OpenCL device takes the shared-memory ring.
   const auto transport = c->interop->device().external_memory_fd ? TransportKind::Vulkan : TransportKind::Shm;
-  auto prod = lftest::ok(Producer::create("cl-ring", {.slots = 4, .slot_size = 65536, .transport = transport,
-                                                      .vulkan = &vk, .directory = dir}));
+  auto prod = lftest::ok(Producer::create(
+      "cl-ring", {.slots = 4, .slot_size = 65536, .transport = transport, .vulkan = &vk, .directory = dir}));
   auto con = lftest::ok(Consumer::open("cl-ring", {.vulkan = &vk, .directory = dir}));
   cl::ChannelImports imports(*c->interop);
   const std::uint64_t n = 65536;
@@ -229,7 +233,8 @@ TEST_CASE("binary semaphore ping-pong between Vulkan and OpenCL with a data depe
     vk.queue().submit(si, i + 1 == rounds ? *fence : vk::Fence{});
     lftest::ok(c->interop->wait(c->queue, cl_wait));
     auto access = lftest::ok(c->interop->acquire(c->queue, both));
-    REQUIRE(clEnqueueNDRangeKernel(c->queue, c->add_one, 1, nullptr, &global, nullptr, 0, nullptr, nullptr) == CL_SUCCESS);
+    REQUIRE(clEnqueueNDRangeKernel(c->queue, c->add_one, 1, nullptr, &global, nullptr, 0, nullptr, nullptr) ==
+            CL_SUCCESS);
     lftest::ok(access.release());
     if (i + 1 < rounds) lftest::ok(c->interop->signal(c->queue, cl_signal));
     REQUIRE(clFlush(c->queue) == CL_SUCCESS);

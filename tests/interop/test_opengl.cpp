@@ -5,8 +5,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "payload.hpp"
 #include "gl_support.hpp"
+#include "payload.hpp"
 #include "support.hpp"
 
 using namespace lavaflow;
@@ -68,7 +68,10 @@ TEST_CASE("Vulkan images and GL textures share pixels both ways") {
   auto f = setup();
   glPixelStorei(GL_PACK_ALIGNMENT, 1);
   glPixelStorei(GL_UNPACK_ALIGNMENT, 1);
-  struct Case { PixelFormat fmt; GLenum format, type; };
+  struct Case {
+    PixelFormat fmt;
+    GLenum format, type;
+  };
   for (auto c : {Case{PixelFormat::Rgba8, GL_RGBA, GL_UNSIGNED_BYTE}, Case{PixelFormat::R8, GL_RED, GL_UNSIGNED_BYTE},
                  Case{PixelFormat::R32f, GL_RED, GL_FLOAT}}) {
     for (auto [w, h] : {std::pair{333u, 77u}, std::pair{256u, 256u}}) {
@@ -94,7 +97,8 @@ TEST_CASE("Vulkan images and GL textures share pixels both ways") {
           const float v = static_cast<float>(i % 777);
           std::memcpy(px.data() + i * 4, &v, 4);
         }
-      glTextureSubImage2D(tex.name(), 0, 0, 0, static_cast<GLsizei>(w), static_cast<GLsizei>(h), c.format, c.type, px.data());
+      glTextureSubImage2D(tex.name(), 0, 0, 0, static_cast<GLsizei>(w), static_cast<GLsizei>(h), c.format, c.type,
+                          px.data());
       glFinish();
       std::vector<std::byte> back(n);
       lftest::ok(download_image(f.vk, img, back));
@@ -164,8 +168,9 @@ TEST_CASE("a consumer process reads every channel message through GL, importing 
   auto vk = lftest::context_or_skip();
   if (auto gl = lftest::gl_for(vk); !gl) lftest::skip("no GL on this Vulkan device: " + gl.error().message());
   const auto dir = lftest::channel_dir();
-  auto prod = lftest::ok(Producer::create("gl-frames", {.slots = 4, .slot_size = 100003, .transport = TransportKind::Vulkan,
-                                                        .vulkan = &vk, .directory = dir}));
+  auto prod = lftest::ok(Producer::create(
+      "gl-frames",
+      {.slots = 4, .slot_size = 100003, .transport = TransportKind::Vulkan, .vulkan = &vk, .directory = dir}));
   const std::uint64_t count = 300;
   const pid_t pid = lftest::run({LAVAFLOW_GL_PEER, "consume", dir.string(), "gl-frames", std::to_string(count)});
   lftest::ok(prod->wait_for_consumers(1, std::chrono::seconds(20)));
@@ -186,18 +191,20 @@ TEST_CASE("a GL producer writes ring buffers through GL and a Vulkan consumer pr
   auto gl = lftest::gl_for(vk);
   if (!gl) lftest::skip("no GL on this Vulkan device: " + gl.error().message());
   const auto dir = lftest::channel_dir();
-  auto prod = lftest::ok(Producer::create("gl-writes", {.slots = 4, .slot_size = 1 << 16, .transport = TransportKind::Vulkan,
-                                                        .vulkan = &vk, .directory = dir}));
+  auto prod = lftest::ok(Producer::create(
+      "gl-writes",
+      {.slots = 4, .slot_size = 1 << 16, .transport = TransportKind::Vulkan, .vulkan = &vk, .directory = dir}));
   const std::uint64_t count = 300;
-  const pid_t pid = lftest::run({LAVAFLOW_DEMO, "consume", "--channel", "gl-writes", "--count", std::to_string(count),
-                                 "--dir", dir.string()});
+  const pid_t pid = lftest::run(
+      {LAVAFLOW_DEMO, "consume", "--channel", "gl-writes", "--count", std::to_string(count), "--dir", dir.string()});
   lftest::ok(prod->wait_for_consumers(1, std::chrono::seconds(20)));
   std::unordered_map<const Buffer*, gl::Buffer> imported;
   std::vector<std::byte> msg(1 << 16);
   for (std::uint64_t i = 0; i < count; ++i) {
     auto loan = lftest::ok(prod->loan(std::chrono::seconds(20)));
     auto it = imported.find(&loan.buffer());
-    if (it == imported.end()) it = imported.emplace(&loan.buffer(), lftest::ok(gl->gl.import_buffer(loan.buffer()))).first;
+    if (it == imported.end())
+      it = imported.emplace(&loan.buffer(), lftest::ok(gl->gl.import_buffer(loan.buffer()))).first;
     lfapp::fill_message(msg, i);
     glNamedBufferSubData(it->second.name(), 0, static_cast<GLsizeiptr>(msg.size()), msg.data());
     glFinish();  // GL's writes are done before the hand-off
@@ -222,10 +229,11 @@ TEST_CASE("binary semaphore ping-pong between Vulkan and a GL compute shader wit
   lftest::ok(upload(f.vk, a, zero));
   auto ga = lftest::ok(f.gl.gl.import_buffer(a));
   auto gb = lftest::ok(f.gl.gl.import_buffer(b));
-  const char* src = "#version 430\nlayout(local_size_x = 256) in;\n"
-                    "layout(std430, binding = 0) buffer A { uint a[]; };\n"
-                    "layout(std430, binding = 1) readonly buffer B { uint b[]; };\n"
-                    "void main() { uint i = gl_GlobalInvocationID.x; a[i] = b[i] + 1u; }\n";
+  const char* src =
+      "#version 430\nlayout(local_size_x = 256) in;\n"
+      "layout(std430, binding = 0) buffer A { uint a[]; };\n"
+      "layout(std430, binding = 1) readonly buffer B { uint b[]; };\n"
+      "void main() { uint i = gl_GlobalInvocationID.x; a[i] = b[i] + 1u; }\n";
   GLuint sh = glCreateShader(GL_COMPUTE_SHADER);
   glShaderSource(sh, 1, &src, nullptr);
   glCompileShader(sh);
@@ -238,8 +246,10 @@ TEST_CASE("binary semaphore ping-pong between Vulkan and a GL compute shader wit
   glGetProgramiv(prog, GL_LINK_STATUS, &ok);
   REQUIRE(ok == GL_TRUE);
   glUseProgram(prog);
-  glBindBufferRange(GL_SHADER_STORAGE_BUFFER, 0, ga.name(), static_cast<GLintptr>(ga.offset()), static_cast<GLsizeiptr>(bytes));
-  glBindBufferRange(GL_SHADER_STORAGE_BUFFER, 1, gb.name(), static_cast<GLintptr>(gb.offset()), static_cast<GLsizeiptr>(bytes));
+  glBindBufferRange(GL_SHADER_STORAGE_BUFFER, 0, ga.name(), static_cast<GLintptr>(ga.offset()),
+                    static_cast<GLsizeiptr>(bytes));
+  glBindBufferRange(GL_SHADER_STORAGE_BUFFER, 1, gb.name(), static_cast<GLintptr>(gb.offset()),
+                    static_cast<GLsizeiptr>(bytes));
   const auto& dev = f.vk.device();
   vk::raii::CommandPool pool(dev, {{}, f.vk.queue_family()});
   vk::raii::CommandBuffers cbs(dev, {*pool, vk::CommandBufferLevel::ePrimary, 1});
@@ -258,8 +268,10 @@ TEST_CASE("binary semaphore ping-pong between Vulkan and a GL compute shader wit
     gl_wait.wait({ga.name(), gb.name()});
     glDispatchCompute(static_cast<GLuint>(words / 256), 1, 1);
     glMemoryBarrier(GL_ALL_BARRIER_BITS);
-    if (i + 1 < rounds) gl_signal.signal({ga.name(), gb.name()});
-    else glFlush();
+    if (i + 1 < rounds)
+      gl_signal.signal({ga.name(), gb.name()});
+    else
+      glFlush();
   }
   glFinish();
   REQUIRE(glGetError() == GL_NO_ERROR);
@@ -274,14 +286,16 @@ TEST_CASE("binary semaphore ping-pong between Vulkan and a GL compute shader wit
 TEST_CASE("a channel consumer reads received ring buffers as GL buffer textures in a shader") {
   auto f = setup();
   const auto dir = lftest::channel_dir();
-  auto prod = lftest::ok(Producer::create("gl-tex", {.slots = 2, .slot_size = 4096, .transport = TransportKind::Vulkan,
-                                                     .vulkan = &f.vk, .directory = dir}));
+  auto prod = lftest::ok(Producer::create(
+      "gl-tex",
+      {.slots = 2, .slot_size = 4096, .transport = TransportKind::Vulkan, .vulkan = &f.vk, .directory = dir}));
   auto con = lftest::ok(Consumer::open("gl-tex", {.directory = dir}));
   gl::ChannelImports imports(f.gl.gl, *con);
-  const char* src = "#version 430\nlayout(local_size_x = 64) in;\n"
-                    "layout(binding = 0) uniform usamplerBuffer words;\n"
-                    "layout(std430, binding = 1) buffer Out { uint o[]; };\n"
-                    "void main() { uint i = gl_GlobalInvocationID.x; o[i] = texelFetch(words, int(i)).r; }\n";
+  const char* src =
+      "#version 430\nlayout(local_size_x = 64) in;\n"
+      "layout(binding = 0) uniform usamplerBuffer words;\n"
+      "layout(std430, binding = 1) buffer Out { uint o[]; };\n"
+      "void main() { uint i = gl_GlobalInvocationID.x; o[i] = texelFetch(words, int(i)).r; }\n";
   GLuint sh = glCreateShader(GL_COMPUTE_SHADER);
   glShaderSource(sh, 1, &src, nullptr);
   glCompileShader(sh);

@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "payload.hpp"
-#include "lavaflow/core/transfer.hpp"
 #include "expect.hpp"
+#include "lavaflow/core/transfer.hpp"
 #include "lavaflow/mpi/mpi.hpp"
+#include "payload.hpp"
 
 using namespace lavaflow;
 using namespace std::chrono_literals;
@@ -51,12 +51,16 @@ int main(int argc, char** argv) {
     const std::uint64_t n = 20000;
     if (me == 0) {
       // Timestamped (the trailer carries a timestamp only when asked): checked by the consumer.
-      auto p = mpi::RemoteProducer::create(*comm, 1, {.slots = 8, .slot_size = 65536, .timestamps = true, .channel = 1});
+      auto p =
+          mpi::RemoteProducer::create(*comm, 1, {.slots = 8, .slot_size = 65536, .timestamps = true, .channel = 1});
       expect(bool(p), "create producer");
       std::vector<std::byte> msg;
       for (std::uint64_t i = 0; p && i < n; ++i) {
         auto loan = (*p)->loan(10s);
-        if (!loan) { expect(false, "loan: " + loan.error().message()); break; }
+        if (!loan) {
+          expect(false, "loan: " + loan.error().message());
+          break;
+        }
         msg.resize(1 + (i * 7919) % 65536);
         lfapp::fill_message(msg, i);
         std::memcpy(loan->bytes().data(), msg.data(), msg.size());
@@ -70,11 +74,15 @@ int main(int argc, char** argv) {
       std::uint64_t last_ts = 0;
       for (std::uint64_t i = 0; c && i < n; ++i) {
         auto r = (*c)->receive(10s);
-        if (!r) { expect(false, "receive: " + r.error().message()); break; }
+        if (!r) {
+          expect(false, "receive: " + r.error().message());
+          break;
+        }
         expect(r->info().sequence == i && r->bytes().size() == 1 + (i * 7919) % 65536 &&
                    lfapp::checksum(r->bytes()) == r->info().user_tag && lfapp::matches(r->bytes(), i),
                "message " + std::to_string(i) + " intact");
-        expect(r->info().timestamp_ns >= last_ts && r->info().timestamp_ns > 0, "message " + std::to_string(i) + " timestamped, in order");
+        expect(r->info().timestamp_ns >= last_ts && r->info().timestamp_ns > 0,
+               "message " + std::to_string(i) + " timestamped, in order");
         last_ts = r->info().timestamp_ns;
       }
       expect(mpi::gpu_awareness().how.size() > 0, "MPI's GPU support is reported");
@@ -84,18 +92,24 @@ int main(int argc, char** argv) {
     // 1b. Large messages (from 512 KiB publish() sends the trailer ahead of the payload): sizes
     //     around the switch and up to 2 MiB, some odd, verified byte for byte with their tags.
     {
-      const std::uint64_t sizes[] = {(512u << 10) - 1, 512u << 10, (512u << 10) + 1, 1u << 20, 1000003, 2u << 20, 8, 777777};
+      const std::uint64_t sizes[] = {
+          (512u << 10) - 1, 512u << 10, (512u << 10) + 1, 1u << 20, 1000003, 2u << 20, 8, 777777};
       if (me == 0) {
-        auto p = mpi::RemoteProducer::create(*comm, 1, {.slots = 3, .slot_size = 2u << 20, .timestamps = true, .channel = 7});
+        auto p = mpi::RemoteProducer::create(*comm, 1,
+                                             {.slots = 3, .slot_size = 2u << 20, .timestamps = true, .channel = 7});
         expect(bool(p), "large: create producer");
         std::vector<std::byte> msg;
         for (std::uint64_t i = 0; p && i < std::size(sizes); ++i) {
           auto loan = (*p)->loan(10s);
-          if (!loan) { expect(false, "large: loan: " + loan.error().message()); break; }
+          if (!loan) {
+            expect(false, "large: loan: " + loan.error().message());
+            break;
+          }
           msg.resize(sizes[i]);
           lfapp::fill_message(msg, i);
           std::memcpy(loan->bytes().data(), msg.data(), msg.size());
-          expect(bool((*p)->publish(std::move(*loan), {.size = msg.size(), .user_tag = lfapp::checksum(msg)})), "large: publish");
+          expect(bool((*p)->publish(std::move(*loan), {.size = msg.size(), .user_tag = lfapp::checksum(msg)})),
+                 "large: publish");
         }
         if (p) expect(bool((*p)->flush(10s)), "large: flush");
       } else {
@@ -103,7 +117,10 @@ int main(int argc, char** argv) {
         expect(bool(c), "large: open consumer");
         for (std::uint64_t i = 0; c && i < std::size(sizes); ++i) {
           auto r = (*c)->receive(10s);
-          if (!r) { expect(false, "large: receive: " + r.error().message()); break; }
+          if (!r) {
+            expect(false, "large: receive: " + r.error().message());
+            break;
+          }
           expect(r->info().sequence == i && r->bytes().size() == sizes[i] && r->info().timestamp_ns > 0 &&
                      lfapp::checksum(r->bytes()) == r->info().user_tag && lfapp::matches(r->bytes(), i),
                  "large message " + std::to_string(i) + " (" + std::to_string(sizes[i]) + " bytes) intact");
@@ -123,7 +140,10 @@ int main(int argc, char** argv) {
         std::vector<std::byte> msg;
         for (std::uint64_t i = 0; p && i < count; ++i) {
           auto loan = (*p)->loan(10s);
-          if (!loan) { expect(false, "small: loan: " + loan.error().message()); break; }
+          if (!loan) {
+            expect(false, "small: loan: " + loan.error().message());
+            break;
+          }
           msg.resize(size_of(i));
           lfapp::fill_message(msg, i);
           if (!msg.empty()) std::memcpy(loan->bytes().data(), msg.data(), msg.size());
@@ -138,7 +158,10 @@ int main(int argc, char** argv) {
         std::vector<std::byte> want;
         for (std::uint64_t i = 0; c && i < count; ++i) {
           auto r = (*c)->receive(10s);
-          if (!r) { expect(false, "small: receive: " + r.error().message()); break; }
+          if (!r) {
+            expect(false, "small: receive: " + r.error().message());
+            break;
+          }
           const std::uint64_t size = size_of(i) == 0 ? 80 : size_of(i);
           want.resize(size);
           lfapp::fill_message(want, i);
@@ -152,9 +175,11 @@ int main(int argc, char** argv) {
 
     // 2. Full ring: FailFast says WouldBlock, Block times out naming the consumer; DropOldest is refused.
     if (me == 0) {
-      expect(is(mpi::RemoteProducer::create(*comm, 1, {.policy = FullPolicy::DropOldest, .channel = 2}), Errc::Unsupported),
+      expect(is(mpi::RemoteProducer::create(*comm, 1, {.policy = FullPolicy::DropOldest, .channel = 2}),
+                Errc::Unsupported),
              "DropOldest refused");
-      auto p = mpi::RemoteProducer::create(*comm, 1, {.slots = 2, .slot_size = 64, .policy = FullPolicy::FailFast, .channel = 3});
+      auto p = mpi::RemoteProducer::create(*comm, 1,
+                                           {.slots = 2, .slot_size = 64, .policy = FullPolicy::FailFast, .channel = 3});
       for (int i = 0; p && i < 2; ++i) {
         auto loan = (*p)->loan(10s);
         expect(loan && (*p)->publish(std::move(*loan), {.size = 8}).has_value(), "publish into empty ring");
@@ -166,7 +191,8 @@ int main(int argc, char** argv) {
         expect(loan && (*q)->publish(std::move(*loan), {.size = 8}).has_value(), "publish one");
         const auto t0 = std::chrono::steady_clock::now();
         auto again = (*q)->loan(200ms);
-        expect(is(again, Errc::Timeout) && again.error().cause().find("rank 1") != std::string::npos, "Block: Timeout naming rank 1");
+        expect(is(again, Errc::Timeout) && again.error().cause().find("rank 1") != std::string::npos,
+               "Block: Timeout naming rank 1");
         expect(std::chrono::steady_clock::now() - t0 < 2s, "timeout bounded");
       }
       barrier();  // the consumer is done with channels 3 and 4
@@ -213,18 +239,23 @@ int main(int argc, char** argv) {
       barrier();
       if (c) {
         auto bad = (*c)->receive(10s);
-        expect(is(bad, Errc::Malformed) && bad.error().cause().find("magic") != std::string::npos, "bad trailer: Malformed");
+        expect(is(bad, Errc::Malformed) && bad.error().cause().find("magic") != std::string::npos,
+               "bad trailer: Malformed");
         auto seq = (*c)->receive(10s);
         expect(is(seq, Errc::Malformed) && seq.error().cause().find("sequence mismatch") != std::string::npos,
                "wrong sequence: Malformed (" + (seq ? std::string("ok") : seq.error().message()) + ")");
         auto big = (*c)->receive(10s);
-        expect(is(big, Errc::Malformed), "oversize message: Malformed (" + (big ? std::string("ok") : big.error().message()) + ")");
+        expect(is(big, Errc::Malformed),
+               "oversize message: Malformed (" + (big ? std::string("ok") : big.error().message()) + ")");
         auto short_seq = (*c)->receive(10s);
-        expect(is(short_seq, Errc::Malformed) && short_seq.error().cause().find("sequence mismatch") != std::string::npos,
-               "wrong sequence in a short trailer: Malformed (" + (short_seq ? std::string("ok") : short_seq.error().message()) + ")");
+        expect(
+            is(short_seq, Errc::Malformed) && short_seq.error().cause().find("sequence mismatch") != std::string::npos,
+            "wrong sequence in a short trailer: Malformed (" +
+                (short_seq ? std::string("ok") : short_seq.error().message()) + ")");
         auto long_short = (*c)->receive(10s);
         expect(is(long_short, Errc::Malformed) && long_short.error().cause().find("short trailer") != std::string::npos,
-               "100 bytes before a short trailer: Malformed (" + (long_short ? std::string("ok") : long_short.error().message()) + ")");
+               "100 bytes before a short trailer: Malformed (" +
+                   (long_short ? std::string("ok") : long_short.error().message()) + ")");
         const auto t0 = std::chrono::steady_clock::now();
         expect(is((*c)->receive(100ms), Errc::Timeout), "nothing sent: Timeout");
         expect(std::chrono::steady_clock::now() - t0 < 2s, "receive timeout bounded");
@@ -254,7 +285,8 @@ int main(int argc, char** argv) {
       barrier();
       if (c) {
         auto r = (*c)->receive(10s);
-        expect(is(r, Errc::Malformed), "oversize chunk: Malformed (" + (r ? std::string("ok") : r.error().message()) + ")");
+        expect(is(r, Errc::Malformed),
+               "oversize chunk: Malformed (" + (r ? std::string("ok") : r.error().message()) + ")");
         auto again = (*c)->receive(100ms);
         expect(is(again, Errc::Malformed) && again.error().cause().find("lost its place") != std::string::npos,
                "after a bad chunk the channel says it is out of step");
@@ -272,7 +304,9 @@ int main(int argc, char** argv) {
         if (me == 0) std::printf("LAVAFLOW-SKIP: GPU staging part: no Vulkan device on both ranks\n");
       } else {
         const std::uint64_t size = (5u << 20) + 4321;  // 5 chunks of 1 MiB and a partial one
-        auto pattern = [](std::uint64_t i, int k) { return static_cast<std::byte>((i * 131 + static_cast<std::uint64_t>(k) * 7) >> 3); };
+        auto pattern = [](std::uint64_t i, int k) {
+          return static_cast<std::byte>((i * 131 + static_cast<std::uint64_t>(k) * 7) >> 3);
+        };
         const mpi::RemoteOptions o{.slots = 2, .slot_size = size, .channel = 11, .vulkan = &*vk, .chunk = 1 << 20};
         if (me == 0) {
           auto src = GpuBuffer::allocate(*vk, {.size = size, .memory = GpuMemory::DeviceLocal});
@@ -292,7 +326,9 @@ int main(int argc, char** argv) {
           // Misuse: a range outside the buffer is refused before anything is sent.
           if (p && src) {
             auto loan = (*p)->loan(10s);
-            if (loan) expect(is((*p)->publish_gpu(std::move(*loan), *src, 16, size, {}), Errc::InvalidArgument), "GPU staging: range checked");
+            if (loan)
+              expect(is((*p)->publish_gpu(std::move(*loan), *src, 16, size, {}), Errc::InvalidArgument),
+                     "GPU staging: range checked");
           }
         } else {
           auto dst = GpuBuffer::allocate(*vk, {.size = size + 100, .memory = GpuMemory::DeviceLocal});
@@ -327,14 +363,18 @@ int main(int argc, char** argv) {
         const auto want = forced[k].value_or(want_auto);
         const std::string label =
             "rank channel (" + std::string(forced[k] ? "" : "auto: ") + std::string(to_string(want)) + "): ";
-        const mpi::RankChannelOptions o{.slots = 4, .slot_size = 4096, .channel = 20 + k, .transport = forced[k], .connect_timeout = 10s};
+        const mpi::RankChannelOptions o{
+            .slots = 4, .slot_size = 4096, .channel = 20 + k, .transport = forced[k], .connect_timeout = 10s};
         const std::uint64_t count = 3000;
         if (me == 0) {
           auto p = mpi::RankProducer::create(*comm, 1, o);
           expect(bool(p), label + "create " + (p ? std::string() : p.error().message()));
           if (p) {
-            expect((*p)->route().transport == want && !(*p)->route().reason.empty(), label + "producer's route is " + std::string(to_string(want)));
-            expect(((*p)->remote() != nullptr) == (want == TransportKind::Mpi) && ((*p)->local() != nullptr) == (want != TransportKind::Mpi), label + "the route's channel");
+            expect((*p)->route().transport == want && !(*p)->route().reason.empty(),
+                   label + "producer's route is " + std::string(to_string(want)));
+            expect(((*p)->remote() != nullptr) == (want == TransportKind::Mpi) &&
+                       ((*p)->local() != nullptr) == (want != TransportKind::Mpi),
+                   label + "the route's channel");
             expect(is((*p)->try_loan(), Errc::WouldBlock), label + "try_loan before the consumer opens: WouldBlock");
           }
           barrier();
@@ -342,13 +382,17 @@ int main(int argc, char** argv) {
           std::optional<Stager> stager;  // a device-local Vulkan ring (a discrete GPU) has no bytes()
           for (std::uint64_t i = 0; p && i < count; ++i) {
             auto loan = (*p)->loan(10s);
-            if (!loan) { expect(false, label + "loan: " + loan.error().message()); break; }
+            if (!loan) {
+              expect(false, label + "loan: " + loan.error().message());
+              break;
+            }
             msg.resize(1 + (i * 131) % 4096);
             lfapp::fill_message(msg, i);
             if (!loan->bytes().empty()) {
               std::memcpy(loan->bytes().data(), msg.data(), msg.size());
-            } else if (auto ok = staged(stager, (*p)->local()->vulkan(), 4096) ? stager->upload(dynamic_cast<GpuBuffer&>(loan->local()->buffer()), msg)
-                                                                              : Status(fail(Errc::Unsupported, "test", "no Vulkan context"));
+            } else if (auto ok = staged(stager, (*p)->local()->vulkan(), 4096)
+                                     ? stager->upload(dynamic_cast<GpuBuffer&>(loan->local()->buffer()), msg)
+                                     : Status(fail(Errc::Unsupported, "test", "no Vulkan context"));
                        !ok) {
               expect(false, label + "upload: " + ok.error().message());
               break;
@@ -361,12 +405,17 @@ int main(int argc, char** argv) {
           barrier();
           auto c = mpi::RankConsumer::open(*comm, 0, o);
           expect(bool(c), label + "open " + (c ? std::string() : c.error().message()));
-          if (c) expect((*c)->route().transport == want && (*c)->slots() == 4 && (*c)->slot_size() == 4096, label + "consumer's route and ring");
+          if (c)
+            expect((*c)->route().transport == want && (*c)->slots() == 4 && (*c)->slot_size() == 4096,
+                   label + "consumer's route and ring");
           std::optional<Stager> stager;
           std::vector<std::byte> down;
           for (std::uint64_t i = 0; c && i < count; ++i) {
             auto r = (*c)->receive(10s);
-            if (!r) { expect(false, label + "receive: " + r.error().message()); break; }
+            if (!r) {
+              expect(false, label + "receive: " + r.error().message());
+              break;
+            }
             std::span<const std::byte> got = r->bytes();
             if (got.empty() && r->local() && staged(stager, (*c)->local()->vulkan(), 4096)) {  // device-local ring
               down.resize(r->info().size);
@@ -383,17 +432,21 @@ int main(int argc, char** argv) {
       // Refusals name their cause: an unknown transport; DropOldest over MPI. A local consumer
       // that goes away is PeerLost for the producer, not a silent drop.
       if (me == 0) {
-        expect(is(mpi::RankProducer::create(*comm, 1, {.policy = FullPolicy::DropOldest, .channel = 25, .transport = TransportKind::Mpi}), Errc::Unsupported),
+        expect(is(mpi::RankProducer::create(
+                      *comm, 1, {.policy = FullPolicy::DropOldest, .channel = 25, .transport = TransportKind::Mpi}),
+                  Errc::Unsupported),
                "rank channel: DropOldest over MPI refused");
         expect(is(mpi::RankProducer::create(*comm, 0, {}), Errc::InvalidArgument), "rank channel: to itself refused");
       }
-      const mpi::RankChannelOptions o{.slots = 2, .slot_size = 64, .channel = 26, .transport = TransportKind::Shm, .connect_timeout = 10s};
+      const mpi::RankChannelOptions o{
+          .slots = 2, .slot_size = 64, .channel = 26, .transport = TransportKind::Shm, .connect_timeout = 10s};
       if (me == 0) {
         auto p = mpi::RankProducer::create(*comm, 1, o);
         expect(bool(p), "rank channel, consumer leaves: create");
         if (p) {
           auto loan = (*p)->loan(10s);
-          expect(loan && bool((*p)->publish(std::move(*loan), {.size = 8})), "rank channel, consumer leaves: first message");
+          expect(loan && bool((*p)->publish(std::move(*loan), {.size = 8})),
+                 "rank channel, consumer leaves: first message");
         }
         barrier();  // the consumer has taken it and closed
         // The producer learns of the hang-up on its own thread, soon after: until then loans go
@@ -424,7 +477,8 @@ int main(int argc, char** argv) {
     // 4. A channel nobody announces: open times out naming the rank.
     if (me == 1) {
       auto c = mpi::RemoteConsumer::open(*comm, 0, {.channel = 9, .connect_timeout = 200ms});
-      expect(is(c, Errc::Timeout) && c.error().cause().find("rank 0") != std::string::npos, "unannounced channel: Timeout");
+      expect(is(c, Errc::Timeout) && c.error().cause().find("rank 0") != std::string::npos,
+             "unannounced channel: Timeout");
     }
 
     int all = 0;

@@ -44,7 +44,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "mpi-peer-exit needs exactly 2 ranks\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
-  const mpi::RemoteOptions out{.slots = 4, .slot_size = 64, .channel = 3}, back{.slots = 4, .slot_size = 64, .channel = 4};
+  const mpi::RemoteOptions out{.slots = 4, .slot_size = 64, .channel = 3},
+      back{.slots = 4, .slot_size = 64, .channel = 4};
   if (comm->rank() == 1) {
     auto q = mpi::RemoteConsumer::open(*comm, 0, out);
     auto p = mpi::RemoteProducer::create(*comm, 0, back);

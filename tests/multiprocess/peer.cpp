@@ -14,8 +14,8 @@
 #include <cstdio>
 #include <string>
 
-#include "payload.hpp"
 #include "lavaflow/transports/local.hpp"
+#include "payload.hpp"
 #include "vk_helpers.hpp"
 
 using namespace lavaflow;
@@ -92,7 +92,8 @@ int main(int argc, char** argv) {
     if (mode == "cpu-import") {
       auto b = CpuBuffer::import(*d, std::move(m->fds[0]));
       if (!b) return reply(sock, b.error().message());
-      if (auto i = lftest::first_mismatch(b->bytes(), 1); i >= 0) return reply(sock, "byte " + std::to_string(i) + " differs");
+      if (auto i = lftest::first_mismatch(b->bytes(), 1); i >= 0)
+        return reply(sock, "byte " + std::to_string(i) + " differs");
       lftest::fill(b->bytes(), 2);
       return reply(sock, "ok");
     }

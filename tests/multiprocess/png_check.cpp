@@ -45,7 +45,8 @@ int main(int argc, char** argv) {
     const std::uint8_t* data = &f[pos + 8];
     if (crc32(0, &f[pos + 4], len + 4) != be32(&f[pos + 8 + len])) return fail("bad CRC in chunk " + type);
     if (type == "IHDR") {
-      if (len != 13 || data[8] != 8 || data[9] != 6 || data[12] != 0) return fail("expected an 8-bit RGBA non-interlaced image");
+      if (len != 13 || data[8] != 8 || data[9] != 6 || data[12] != 0)
+        return fail("expected an 8-bit RGBA non-interlaced image");
       w = be32(data);
       h = be32(data + 4);
     } else if (type == "IDAT") {
@@ -69,20 +70,24 @@ int main(int argc, char** argv) {
   const auto frame = static_cast<unsigned>(std::stoul(text["lavaflow-frame"]));
   std::set<std::uint32_t> colours;
   for (std::uint32_t y = 0; y < h; ++y) {
-    if (raw[y * (row + 1)] != 0) return fail("row " + std::to_string(y) + " uses a PNG filter this checker does not undo");
+    if (raw[y * (row + 1)] != 0)
+      return fail("row " + std::to_string(y) + " uses a PNG filter this checker does not undo");
     for (std::uint32_t x = 0; x < w; ++x) {
       const std::uint8_t* p = &raw[y * (row + 1) + 1 + x * 4];
       const std::uint32_t px = p[0] | (p[1] << 8) | (p[2] << 16) | (std::uint32_t{p[3]} << 24);
       colours.insert(px);
       if (px != lf_pattern(x, y, w, h, frame)) {
         char msg[160];
-        std::snprintf(msg, sizeof msg, "pixel (%u, %u) is %#010x; frame %u has %#010x", x, y, px, frame, lf_pattern(x, y, w, h, frame));
+        std::snprintf(msg, sizeof msg, "pixel (%u, %u) is %#010x; frame %u has %#010x", x, y, px, frame,
+                      lf_pattern(x, y, w, h, frame));
         return fail(msg);
       }
     }
   }
-  if (colours.size() < 256) return fail("only " + std::to_string(colours.size()) + " distinct colours: not the producer's image");
-  std::printf("png_check: OK: %ux%u, frame %u, %zu distinct colours, every pixel as the producer computes it (route: %s)\n", w, h,
-              frame, colours.size(), text["lavaflow-route"].c_str());
+  if (colours.size() < 256)
+    return fail("only " + std::to_string(colours.size()) + " distinct colours: not the producer's image");
+  std::printf(
+      "png_check: OK: %ux%u, frame %u, %zu distinct colours, every pixel as the producer computes it (route: %s)\n", w,
+      h, frame, colours.size(), text["lavaflow-route"].c_str());
   return 0;
 }

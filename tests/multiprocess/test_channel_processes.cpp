@@ -27,7 +27,9 @@ Peer peer(const std::string& mode, const std::string& name, const std::filesyste
   return {std::move(mine), pid};
 }
 
-std::string text(const SocketMessage& m) { return std::string(reinterpret_cast<const char*>(m.payload.data()), m.payload.size()); }
+std::string text(const SocketMessage& m) {
+  return std::string(reinterpret_cast<const char*>(m.payload.data()), m.payload.size());
+}
 
 void stream(const std::string& transport, int consumers, std::uint64_t count, std::uint64_t size) {
   if (transport == "vulkan" && !VulkanContext::create()) lftest::skip("no Vulkan device for the vulkan transport");
@@ -36,20 +38,27 @@ void stream(const std::string& transport, int consumers, std::uint64_t count, st
   std::vector<pid_t> cs;
   // Consumers first: start order does not matter.
   for (int i = 0; i < consumers; ++i)
-    cs.push_back(run({LAVAFLOW_DEMO, "consume", "--channel", name, "--count", std::to_string(count), "--dir", dir.string()}));
+    cs.push_back(
+        run({LAVAFLOW_DEMO, "consume", "--channel", name, "--count", std::to_string(count), "--dir", dir.string()}));
   pid_t p = run({LAVAFLOW_DEMO, "produce", "--channel", name, "--count", std::to_string(count), "--size",
-                 std::to_string(size), "--transport", transport, "--consumers", std::to_string(consumers), "--slots", "32",
-                 "--dir", dir.string()});
+                 std::to_string(size), "--transport", transport, "--consumers", std::to_string(consumers), "--slots",
+                 "32", "--dir", dir.string()});
   CHECK(lftest::wait_exit(p) == 0);
   for (pid_t c : cs) CHECK(lftest::wait_exit(c) == 0);  // each verified sequence + checksum of every message
 }
 
 }  // namespace
 
-TEST_CASE("1,000,000 messages through shm: none lost, duplicated, reordered or corrupt") { stream("shm", 1, 1'000'000, 64); }
-TEST_CASE("1,000,000 messages through Vulkan IPC: none lost, duplicated, reordered or corrupt") { stream("vulkan", 1, 1'000'000, 64); }
+TEST_CASE("1,000,000 messages through shm: none lost, duplicated, reordered or corrupt") {
+  stream("shm", 1, 1'000'000, 64);
+}
+TEST_CASE("1,000,000 messages through Vulkan IPC: none lost, duplicated, reordered or corrupt") {
+  stream("vulkan", 1, 1'000'000, 64);
+}
 TEST_CASE("1,000,000 messages fanned out to 3 consumer processes through shm") { stream("shm", 3, 1'000'000, 64); }
-TEST_CASE("1,000,000 messages fanned out to 3 consumer processes through Vulkan IPC") { stream("vulkan", 3, 1'000'000, 64); }
+TEST_CASE("1,000,000 messages fanned out to 3 consumer processes through Vulkan IPC") {
+  stream("vulkan", 3, 1'000'000, 64);
+}
 TEST_CASE("large messages (4 MiB) through both transports") {
   stream("shm", 1, 300, 4 << 20);
   stream("vulkan", 1, 300, 4 << 20);
@@ -77,8 +86,7 @@ TEST_CASE("producer killed with SIGKILL: published messages arrive first, then p
 TEST_CASE("a consumer blocked in receive() learns of the producer's death within 100 ms") {
   auto dir = lftest::channel_dir();
   auto prod = peer("chan-produce", "blocked", dir, "0");
-  auto c = lftest::ok(Consumer::open("blocked", {.wait = WaitMode::Block, .connect_timeout = 10s,
-                                                 .directory = dir}));
+  auto c = lftest::ok(Consumer::open("blocked", {.wait = WaitMode::Block, .connect_timeout = 10s, .directory = dir}));
   CHECK(text(lftest::ok(recv_message(prod.sock.get(), 30s))) == "published");
   Clock::time_point returned;
   Result<Received> got = fail(Errc::Internal, "t", "not run");
@@ -100,8 +108,8 @@ TEST_CASE("a consumer blocked in receive() learns of the producer's death within
 
 TEST_CASE("consumer killed with SIGKILL while holding a slot: its slots come back to the producer") {
   auto dir = lftest::channel_dir();
-  auto p = lftest::ok(Producer::create("held", {.slots = 4, .slot_size = 4096, .transport = TransportKind::Shm,
-                                                .directory = dir}));
+  auto p = lftest::ok(
+      Producer::create("held", {.slots = 4, .slot_size = 4096, .transport = TransportKind::Shm, .directory = dir}));
   auto cons = peer("chan-hold", "held", dir, "-");
   lftest::ok(p->wait_for_consumers(1, 10s));
   for (int i = 0; i < 4; ++i) {
@@ -125,13 +133,12 @@ TEST_CASE("a new producer takes over the name of a killed one and consumers reco
   auto c = lftest::ok(Consumer::open("phoenix", {.connect_timeout = 10s, .directory = dir}));
   CHECK(text(lftest::ok(recv_message(prod.sock.get(), 30s))) == "published");
   // While it lives, the name is taken.
-  CHECK(lftest::err(Producer::create("phoenix", {.directory = dir})).code() ==
-        Errc::PermissionDenied);
+  CHECK(lftest::err(Producer::create("phoenix", {.directory = dir})).code() == Errc::PermissionDenied);
   ::kill(prod.pid, SIGKILL);
   lftest::wait_exit(prod.pid);
   CHECK(std::filesystem::exists(dir / "phoenix.sock"));  // stale file left by the crash
-  auto p2 = lftest::ok(Producer::create("phoenix", {.slots = 4, .slot_size = 64, .transport = TransportKind::Shm,
-                                                    .directory = dir}));
+  auto p2 = lftest::ok(
+      Producer::create("phoenix", {.slots = 4, .slot_size = 64, .transport = TransportKind::Shm, .directory = dir}));
   CHECK(lftest::ok(c->receive(1s)).info().sequence == 0);  // the old stream's last message
   CHECK(lftest::err(c->receive(1s)).code() == Errc::PeerLost);
   auto c2 = lftest::ok(Consumer::open("phoenix", {.connect_timeout = 5s, .directory = dir}));

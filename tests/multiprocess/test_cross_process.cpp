@@ -7,7 +7,9 @@ using namespace std::chrono_literals;
 
 namespace {
 
-std::string text(const SocketMessage& m) { return std::string(reinterpret_cast<const char*>(m.payload.data()), m.payload.size()); }
+std::string text(const SocketMessage& m) {
+  return std::string(reinterpret_cast<const char*>(m.payload.data()), m.payload.size());
+}
 
 struct Peer {
   UniqueFd sock;

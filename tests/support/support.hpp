@@ -4,15 +4,14 @@
 // byte patterns, spawning helper processes, and a Vulkan buffer copy for GPU-side checks.
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
-#include <sys/stat.h>
-
 #include <cstdio>
-#include <filesystem>
 #include <cstdlib>
+#include <filesystem>
 #include <span>
 #include <string>
 #include <vector>
@@ -75,7 +74,8 @@ inline lavaflow::VulkanContext context_or_skip(const lavaflow::VulkanContextOpti
 /// A fresh private (0700) rendezvous directory for this test; removed with its contents at exit.
 inline std::filesystem::path channel_dir() {
   static int n = 0;
-  auto dir = std::filesystem::temp_directory_path() / ("lavaflow-test-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
+  auto dir = std::filesystem::temp_directory_path() /
+             ("lavaflow-test-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
   std::filesystem::remove_all(dir);
   REQUIRE(::mkdir(dir.c_str(), 0700) == 0);
   made_channel_dirs().push_back(dir);

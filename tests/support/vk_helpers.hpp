@@ -3,8 +3,8 @@
 // Catch-free helpers shared by tests and helper processes: byte patterns and GPU-side
 // write/check of a GpuBuffer (through the mapping, or a staging copy when not host-visible).
 #include <cstdint>
-#include <span>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -62,8 +62,9 @@ struct PendingCopy {
   vk::raii::Fence fence{nullptr};
 };
 
-inline PendingCopy submit_copy(const lavaflow::VulkanContext& ctx, vk::Buffer src, std::uint64_t src_off, vk::Buffer dst,
-                               std::uint64_t dst_off, std::uint64_t bytes, std::optional<lavaflow::GpuSync> wait = {},
+inline PendingCopy submit_copy(const lavaflow::VulkanContext& ctx, vk::Buffer src, std::uint64_t src_off,
+                               vk::Buffer dst, std::uint64_t dst_off, std::uint64_t bytes,
+                               std::optional<lavaflow::GpuSync> wait = {},
                                std::optional<lavaflow::GpuSync> signal = {}) {
   const auto& dev = ctx.device();
   PendingCopy p;

@@ -3,9 +3,9 @@
 // futexes are real; cross-process runs are in tests/multiprocess).
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include <sys/un.h>
 
 #include <atomic>
 #include <fstream>
@@ -22,15 +22,15 @@ namespace {
 ProducerOptions popts(const std::filesystem::path& dir, TransportKind transport = TransportKind::Shm) {
   return {.slots = 4, .slot_size = 256, .transport = transport, .directory = dir};
 }
-ConsumerOptions copts(const std::filesystem::path& dir) {
-  return {.connect_timeout = 5s, .directory = dir};
-}
+ConsumerOptions copts(const std::filesystem::path& dir) { return {.connect_timeout = 5s, .directory = dir}; }
 
 void publish(Producer& p, std::uint64_t tag, std::uint64_t size = 16) {
   auto loan = lftest::ok(p.loan(5s));
   std::vector<std::byte> data(size, static_cast<std::byte>(tag & 0xff));
-  if (!loan.bytes().empty()) std::memcpy(loan.bytes().data(), data.data(), size);
-  else lftest::ok(upload(*p.vulkan(), dynamic_cast<GpuBuffer&>(loan.buffer()), data));  // device-local, unmapped
+  if (!loan.bytes().empty())
+    std::memcpy(loan.bytes().data(), data.data(), size);
+  else
+    lftest::ok(upload(*p.vulkan(), dynamic_cast<GpuBuffer&>(loan.buffer()), data));  // device-local, unmapped
   lftest::ok(p.publish(std::move(loan), {.size = size, .user_tag = tag}));
 }
 
@@ -340,7 +340,8 @@ void gpu_written_stream(bool use_timeline) {
     auto loan = lftest::ok(p->loan(5s));
     auto& dst = dynamic_cast<GpuBuffer&>(loan.buffer());
     if (use_timeline) {
-      auto copy = lftest::submit_copy(ctx, staging.buffer(), 0, dst.buffer(), dst.offset(), n, std::nullopt, loan.gpu_signal());
+      auto copy =
+          lftest::submit_copy(ctx, staging.buffer(), 0, dst.buffer(), dst.offset(), n, std::nullopt, loan.gpu_signal());
       lftest::ok(p->publish(std::move(loan), {.size = n}));  // no CPU wait: the consumer's wait orders it
       auto r = lftest::ok(c->receive(5s));
       CHECK(lftest::gpu_check(*c->vulkan(), dynamic_cast<GpuBuffer&>(r.buffer()), i).empty());
@@ -356,7 +357,9 @@ void gpu_written_stream(bool use_timeline) {
 
 }  // namespace
 
-TEST_CASE("Vulkan transport: GPU writes are finished by a fence wait before the hand-off") { gpu_written_stream(false); }
+TEST_CASE("Vulkan transport: GPU writes are finished by a fence wait before the hand-off") {
+  gpu_written_stream(false);
+}
 
 TEST_CASE("Vulkan transport: GPU writes are ordered by the shared timeline semaphore, no CPU wait") {
   gpu_written_stream(true);
@@ -382,7 +385,8 @@ TEST_CASE("Vulkan transport: a consumer's GPU work waits on the shared timeline"
     lftest::fill(src.bytes(), 100 + i);
     auto loan = lftest::ok(p->loan(5s));
     auto& dst = dynamic_cast<GpuBuffer&>(loan.buffer());
-    auto w = lftest::submit_copy(ctx, src.buffer(), 0, dst.buffer(), dst.offset(), 4096, std::nullopt, loan.gpu_signal());
+    auto w =
+        lftest::submit_copy(ctx, src.buffer(), 0, dst.buffer(), dst.offset(), 4096, std::nullopt, loan.gpu_signal());
     lftest::ok(p->publish(std::move(loan), {.size = 4096}));
     auto r = lftest::ok(c->receive(5s));
     auto& in = dynamic_cast<GpuBuffer&>(r.buffer());

@@ -49,7 +49,8 @@ TEST_CASE("strategy choice states its reason and falls back where the machine la
 }
 
 TEST_CASE("strict mode turns a fallback into an Unsupported error") {
-  auto e = lftest::err(CpuBuffer::allocate({.size = 4096, .strategy = CpuStrategy::NumaBound, .strict = true}, one_node()));
+  auto e =
+      lftest::err(CpuBuffer::allocate({.size = 4096, .strategy = CpuStrategy::NumaBound, .strict = true}, one_node()));
   CHECK(e.code() == Errc::Unsupported);
   CHECK(e.cause().find("NUMA") != std::string::npos);
 }
@@ -86,7 +87,8 @@ TEST_CASE("the machine's own topology: NUMA and huge pages fall back or work, ne
 TEST_CASE("huge pages for real, when the machine reserves them") {
   const auto topo = CpuTopology::detect();
   if (topo.huge_pages_free == 0) lftest::skip("no huge pages reserved on this machine (vm.nr_hugepages=0)");
-  auto b = lftest::ok(CpuBuffer::allocate({.size = topo.huge_page_size, .strategy = CpuStrategy::HugePages, .strict = true}, topo));
+  auto b = lftest::ok(
+      CpuBuffer::allocate({.size = topo.huge_page_size, .strategy = CpuStrategy::HugePages, .strict = true}, topo));
   CHECK(b.kind() == BufferKind::CpuHugePages);
   lftest::fill(b.bytes(), 2);
   CHECK(lftest::first_mismatch(b.bytes(), 2) == -1);
@@ -95,7 +97,8 @@ TEST_CASE("huge pages for real, when the machine reserves them") {
 TEST_CASE("NUMA binding for real, when the machine has several nodes") {
   const auto topo = CpuTopology::detect();
   if (topo.numa_nodes < 2) lftest::skip("this machine has " + std::to_string(topo.numa_nodes) + " NUMA node(s)");
-  auto b = lftest::ok(CpuBuffer::allocate({.size = 1 << 20, .strategy = CpuStrategy::NumaBound, .numa_node = 1, .strict = true}, topo));
+  auto b = lftest::ok(
+      CpuBuffer::allocate({.size = 1 << 20, .strategy = CpuStrategy::NumaBound, .numa_node = 1, .strict = true}, topo));
   CHECK(b.kind() == BufferKind::CpuNuma);
 }
 

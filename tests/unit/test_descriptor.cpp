@@ -62,7 +62,8 @@ TEST_CASE("ExportDescriptor: truncated, wrong version, bad fields are clear erro
   CHECK_FALSE(ExportDescriptor::deserialize(d.serialize()));
   d = sample();
   d.kind = static_cast<BufferKind>(42);
-  CHECK(lftest::err(ExportDescriptor::deserialize(d.serialize())).cause().find("unknown buffer kind") != std::string::npos);
+  CHECK(lftest::err(ExportDescriptor::deserialize(d.serialize())).cause().find("unknown buffer kind") !=
+        std::string::npos);
   auto flag = sample().serialize();
   flag[7] = std::byte{5};
   CHECK_FALSE(ExportDescriptor::deserialize(flag));

@@ -1,6 +1,5 @@
 // SPDX-License-Identifier: MIT
 #include "lavaflow/core/detail/format.hpp"
-
 #include "support.hpp"
 
 TEST_CASE("format substitutes in order and honours the small spec set") {

@@ -23,7 +23,7 @@ TEST_CASE("exportable GPU buffers: both memory kinds, export, import into anothe
       CHECK(ex.descriptor.dedicated);
       CHECK(ex.descriptor.allocation_size >= size + kGpuTailPadding);
       auto dst = lftest::ok(GpuBuffer::import(b, ex.descriptor, std::move(ex.fd)));
-      CHECK_FALSE(ex.fd.valid());  // consumed on success
+      CHECK_FALSE(ex.fd.valid());                        // consumed on success
       if (!src.host_ptr() || !dst.host_ptr()) continue;  // device-local without host mapping
       lftest::fill(src.bytes(), size);
       CHECK(lftest::first_mismatch(dst.bytes(), size) == -1);
@@ -174,7 +174,10 @@ TEST_CASE("open-fd count is unchanged after 10,000 export/import/destroy cycles"
   auto b = lftest::ok(VulkanContext::create({.device = a.capabilities().identity.device_uuid}));
   auto src = lftest::ok(GpuBuffer::allocate(a, {.size = 4096, .memory = GpuMemory::HostVisible}));
   // Warm up driver-internal fds (lavapipe opens some lazily).
-  { auto ex = lftest::ok(src.export_handle()); auto i = lftest::ok(GpuBuffer::import(b, ex.descriptor, std::move(ex.fd))); }
+  {
+    auto ex = lftest::ok(src.export_handle());
+    auto i = lftest::ok(GpuBuffer::import(b, ex.descriptor, std::move(ex.fd)));
+  }
   const int before = lftest::open_fds();
   for (int i = 0; i < 10000; ++i) {
     auto ex = src.export_handle();

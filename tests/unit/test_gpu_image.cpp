@@ -51,8 +51,7 @@ TEST_CASE("image import refuses other devices, malformed descriptors and wrong s
   CHECK(e.code() == Errc::Malformed);
   CHECK(e.cause().find("does not match the allocation") != std::string::npos);
   auto bytes = ex.descriptor.serialize();
-  for (std::size_t n = 0; n < bytes.size(); ++n)
-    CHECK_FALSE(ImageDescriptor::deserialize(std::span(bytes).first(n)));
+  for (std::size_t n = 0; n < bytes.size(); ++n) CHECK_FALSE(ImageDescriptor::deserialize(std::span(bytes).first(n)));
   bytes[6] = std::byte{9};  // unknown pixel format
   CHECK(lftest::err(ImageDescriptor::deserialize(bytes)).code() == Errc::Malformed);
   std::vector<std::byte> wrong(100);

@@ -1,6 +1,5 @@
 // SPDX-License-Identifier: MIT
 #include "handshake.hpp"
-
 #include "support.hpp"
 
 using namespace lavaflow;

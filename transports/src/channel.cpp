@@ -1,8 +1,6 @@
 // SPDX-License-Identifier: MIT
 #include "lavaflow/transports/channel.hpp"
 
-#include "lavaflow/transports/local.hpp"
-
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <poll.h>
@@ -27,9 +25,10 @@
 #include "handshake.hpp"
 #include "lavaflow/core/cpu_buffer.hpp"
 #include "lavaflow/core/detail/format.hpp"
+#include "lavaflow/core/detail/vk_call.hpp"
 #include "lavaflow/core/unix_socket.hpp"
 #include "lavaflow/core/vulkan_context.hpp"
-#include "lavaflow/core/detail/vk_call.hpp"
+#include "lavaflow/transports/local.hpp"
 
 namespace lavaflow {
 namespace {
@@ -156,7 +155,8 @@ Status check_name(const std::string& name) {
     return fail(Errc::InvalidArgument, "channel name", str_format("\"{}\": must be 1 to 64 characters", name));
   for (char c : name)
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.'))
-      return fail(Errc::InvalidArgument, "channel name", str_format("\"{}\": only letters, digits, '-', '_', '.'", name));
+      return fail(Errc::InvalidArgument, "channel name",
+                  str_format("\"{}\": only letters, digits, '-', '_', '.'", name));
   if (name[0] == '.') return fail(Errc::InvalidArgument, "channel name", "must not start with '.'");
   return {};
 }
@@ -170,13 +170,15 @@ Status private_directory(const std::filesystem::path& dir, bool create) {
   }
   struct stat st {};
   if (::lstat(dir.c_str(), &st) != 0) return std::unexpected(from_errno(errno, "lstat", dir.string()));
-  if (!S_ISDIR(st.st_mode)) return fail(Errc::PermissionDenied, "channel directory", dir.string() + " is not a directory");
+  if (!S_ISDIR(st.st_mode))
+    return fail(Errc::PermissionDenied, "channel directory", dir.string() + " is not a directory");
   if (st.st_uid != ::getuid())
     return fail(Errc::PermissionDenied, "channel directory",
                 str_format("{} belongs to uid {}, not to this user (uid {})", dir.string(), st.st_uid, ::getuid()));
   if (st.st_mode & 077)
-    return fail(Errc::PermissionDenied, "channel directory",
-                str_format("{} is reachable by other users (mode {:04o}); it must be 0700", dir.string(), st.st_mode & 0777));
+    return fail(
+        Errc::PermissionDenied, "channel directory",
+        str_format("{} is reachable by other users (mode {:04o}); it must be 0700", dir.string(), st.st_mode & 0777));
   return {};
 }
 
@@ -192,7 +194,8 @@ Result<UniqueFd> lock_name(const std::filesystem::path& path, bool create) {
       if (errno == EWOULDBLOCK) return UniqueFd();
       return std::unexpected(from_errno(errno, "flock", path.string()));
     }
-    struct stat held {}, named {};
+    struct stat held {
+    }, named{};
     if (::fstat(fd.get(), &held) != 0) return std::unexpected(from_errno(errno, "fstat", path.string()));
     if (::lstat(path.c_str(), &named) == 0 && named.st_dev == held.st_dev && named.st_ino == held.st_ino) return fd;
     if (!create) return UniqueFd();  // gone or replaced: nothing stale left to reclaim here
@@ -226,7 +229,8 @@ Result<sockaddr_un> address(const std::filesystem::path& p) {
   sockaddr_un a{};
   a.sun_family = AF_UNIX;
   if (p.native().size() >= sizeof a.sun_path)
-    return fail(Errc::InvalidArgument, "channel socket", str_format("path {} is too long for a Unix socket", p.string()));
+    return fail(Errc::InvalidArgument, "channel socket",
+                str_format("path {} is too long for a Unix socket", p.string()));
   std::memcpy(a.sun_path, p.c_str(), p.native().size());
   return a;
 }
@@ -281,11 +285,11 @@ struct detail::ProducerState {
   std::vector<std::unique_ptr<Buffer>> ring;
   std::filesystem::path socket_path, lock_path;
   UniqueFd lock_fd, listen_fd, stop_fd;
-  std::uint64_t write_seq = 0;  // mirror of control->write_seq; the producer is its only writer
-  std::uint64_t min_released = 0;  // cached lower bound of every active consumer's `released`
-  std::uint32_t write_slot = 0;     // write_seq % slots, kept incrementally (no division per message)
+  std::uint64_t write_seq = 0;               // mirror of control->write_seq; the producer is its only writer
+  std::uint64_t min_released = 0;            // cached lower bound of every active consumer's `released`
+  std::uint32_t write_slot = 0;              // write_seq % slots, kept incrementally (no division per message)
   std::atomic<std::uint32_t> slots_used{0};  // consumer entries ever handed out (service thread raises it)
-  std::optional<GpuSemaphore> timeline;  // value n + 1: message n's GPU writes are done
+  std::optional<GpuSemaphore> timeline;      // value n + 1: message n's GPU writes are done
   bool loan_out = false;
   std::thread service;
 
@@ -401,7 +405,7 @@ void detail::ProducerState::accept_all() {
 
 void detail::ProducerState::admit(UniqueFd sock) {
   auto msg = recv_message(sock.get(), 0ms);  // readable: a frame, junk or a hang-up is there
-  if (!msg) {  // dead clients get a hang-up; confused ones are told why first
+  if (!msg) {                                // dead clients get a hang-up; confused ones are told why first
     if (msg.error().code() == Errc::Malformed) (void)send_refuse(sock.get(), msg.error().message());
     return;
   }
@@ -414,7 +418,7 @@ void detail::ProducerState::admit(UniqueFd sock) {
   auto probe = transport->can_connect(me, peer, env);
   if (!probe.ok) {
     (void)send_refuse(sock.get(), str_format("this channel uses the {} transport, which cannot reach you: {}",
-                                         transport->name(), probe.reason));
+                                             transport->name(), probe.reason));
     return;
   }
   std::uint32_t index = options.max_consumers;
@@ -527,7 +531,8 @@ Result<std::unique_ptr<Producer>> Producer::create(const std::string& name, Prod
   if (o.slot_size == 0 || o.slot_size > detail::kMaxSlotSize)
     return fail(Errc::InvalidArgument, call, str_format("slot size {} out of range", o.slot_size));
   if (o.max_consumers == 0 || o.max_consumers > kMaxConsumers)
-    return fail(Errc::InvalidArgument, call, str_format("max_consumers {}: must be 1 to {}", o.max_consumers, kMaxConsumers));
+    return fail(Errc::InvalidArgument, call,
+                str_format("max_consumers {}: must be 1 to {}", o.max_consumers, kMaxConsumers));
   if (o.transports.empty()) o.transports = local_transports();
 
   auto impl = std::make_unique<detail::ProducerState>();
@@ -540,7 +545,8 @@ Result<std::unique_ptr<Producer>> Producer::create(const std::string& name, Prod
   reclaim_stale_names(dir);
   auto lock = lock_name(impl->lock_path, true);
   if (!lock) return std::unexpected(lock.error().within(call));
-  if (!*lock) return fail(Errc::PermissionDenied, call, str_format("channel \"{}\" is in use by a live producer", name));
+  if (!*lock)
+    return fail(Errc::PermissionDenied, call, str_format("channel \"{}\" is in use by a live producer", name));
   impl->lock_fd = std::move(*lock);
 
   // Route.
@@ -618,7 +624,8 @@ Result<Loan> Producer::loan(Duration timeout) {
     if (m.options.policy == FullPolicy::FailFast)
       return fail(Errc::WouldBlock, call, "ring full: a consumer has not released its oldest message");
     auto never = [] { return std::optional<Error>(); };
-    auto ok = wait_until(ready, never, m.control->space_futex, m.control->producer_waiting, m.options.wait, timeout, call);
+    auto ok =
+        wait_until(ready, never, m.control->space_futex, m.control->producer_waiting, m.options.wait, timeout, call);
     if (!ok) {
       if (ok.error().code() == Errc::Timeout)
         return fail(Errc::Timeout, call, "ring full: no consumer released a slot in time");
@@ -643,7 +650,8 @@ Result<MessageInfo> Producer::publish(Loan&& loan, MessageInfo info) {
     return fail(Errc::InvalidArgument, call, "loan does not belong to this producer's current slot");
   if (info.size == 0) info.size = m.options.slot_size;
   if (info.size > m.options.slot_size)
-    return fail(Errc::InvalidArgument, call, str_format("size {} exceeds the slot size {}", info.size, m.options.slot_size));
+    return fail(Errc::InvalidArgument, call,
+                str_format("size {} exceeds the slot size {}", info.size, m.options.slot_size));
   info.sequence = loan.seq_;
   info.timestamp_ns = m.options.timestamps ? now_ns() : 0;
   auto& slot = m.control->ring[loan.slot_];
@@ -688,7 +696,6 @@ std::optional<GpuSync> Loan::gpu_signal() {
   return GpuSync{m.timeline->semaphore(), seq_ + 1};
 }
 
-
 const ChannelRoute& Producer::route() const { return impl_->route; }
 const std::string& Producer::name() const { return impl_->name; }
 std::uint32_t Producer::slots() const { return impl_->options.slots; }
@@ -716,14 +723,16 @@ Status Producer::flush(Duration timeout) {
   auto never = [] { return std::optional<Error>(); };
   // A busy-polling producer never sleeps (its consumers do not wake it): it polls here too.
   return wait_until(drained, never, m.control->space_futex, m.control->producer_waiting,
-                    m.options.wait == WaitMode::BusyPoll ? WaitMode::BusyPoll : WaitMode::Block, timeout, "Producer::flush");
+                    m.options.wait == WaitMode::BusyPoll ? WaitMode::BusyPoll : WaitMode::Block, timeout,
+                    "Producer::flush");
 }
 
 Status Producer::wait_for_consumers(std::uint32_t n, Duration timeout) {
   const Deadline dl(timeout);
   while (consumer_count() < n) {
     if (dl.passed())
-      return fail(Errc::Timeout, "Producer::wait_for_consumers", str_format("{} of {} consumers connected", consumer_count(), n));
+      return fail(Errc::Timeout, "Producer::wait_for_consumers",
+                  str_format("{} of {} consumers connected", consumer_count(), n));
     std::this_thread::sleep_for(1ms);
   }
   return {};
@@ -763,7 +772,7 @@ struct detail::ConsumerState {
   std::uint32_t slots = 0;
   std::uint64_t slot_size = 0;
   std::int32_t producer_pid = 0;
-  bool contended_next = false;  // DropOldest: the producer may move `next` too, so claim by CAS
+  bool contended_next = false;           // DropOldest: the producer may move `next` too, so claim by CAS
   std::optional<GpuSemaphore> timeline;  // imported shared timeline (Vulkan transport)
   std::vector<std::unique_ptr<Buffer>> ring;
   UniqueFd sock, stop_fd;
@@ -779,7 +788,7 @@ struct detail::ConsumerState {
   std::uint32_t cursor_slot = 0;    // … namely this one
   std::uint32_t held = 0;
   std::vector<std::uint8_t> done;  // by slot
-  bool orphaned = false;  // the Consumer is gone; the last outstanding Received deletes this
+  bool orphaned = false;           // the Consumer is gone; the last outstanding Received deletes this
 
   void release(std::uint32_t slot);
 
@@ -827,7 +836,8 @@ struct detail::ConsumerState {
   std::optional<Error> gone() const {
     if (lost.load(std::memory_order_seq_cst)) return Error(Errc::PeerLost, "Consumer::receive", lost_reason);
     if (control->closed.load(std::memory_order_seq_cst))
-      return Error(Errc::PeerLost, "Consumer::receive", str_format("producer (pid {}) closed the channel", producer_pid));
+      return Error(Errc::PeerLost, "Consumer::receive",
+                   str_format("producer (pid {}) closed the channel", producer_pid));
     return std::nullopt;
   }
 };
@@ -863,22 +873,26 @@ Result<std::unique_ptr<Consumer>> Consumer::open(const std::string& name, Consum
     if (err != ENOENT && err != ECONNREFUSED && err != EAGAIN)
       return std::unexpected(from_errno(err, "connect", path.string()).within(call));
     if (dl.passed())
-      return fail(Errc::Timeout, call, str_format("no producer for channel \"{}\" appeared at {}", name, path.string()));
+      return fail(Errc::Timeout, call,
+                  str_format("no producer for channel \"{}\" appeared at {}", name, path.string()));
     std::this_thread::sleep_for(5ms);
   }
   LF_TRY(auto cred, peer_credentials(impl->sock.get()));
   if (cred.uid != ::getuid())
     return fail(Errc::PermissionDenied, call,
-                str_format("the producer of \"{}\" runs as uid {}, this process as uid {}: refused", name, cred.uid, ::getuid()));
+                str_format("the producer of \"{}\" runs as uid {}, this process as uid {}: refused", name, cred.uid,
+                           ::getuid()));
 
   LF_TRY(auto me, my_location(o.host, o.vulkan, true));
   if (auto s = send_message(impl->sock.get(), detail::encode(detail::Hello{me})); !s)
     return std::unexpected(s.error().within(call));
-  auto msg = recv_message(impl->sock.get(), std::chrono::duration_cast<std::chrono::milliseconds>(std::max(dl.left(), Duration(5s))));
+  auto msg = recv_message(impl->sock.get(),
+                          std::chrono::duration_cast<std::chrono::milliseconds>(std::max(dl.left(), Duration(5s))));
   if (!msg) return std::unexpected(msg.error().within(call));
   auto hs = detail::decode(msg->payload, msg->fds.size());
   if (!hs) return std::unexpected(hs.error().within(call));
-  if (auto* r = std::get_if<detail::Refuse>(&*hs)) return fail(Errc::PermissionDenied, call, "producer refused: " + r->reason);
+  if (auto* r = std::get_if<detail::Refuse>(&*hs))
+    return fail(Errc::PermissionDenied, call, "producer refused: " + r->reason);
   if (!std::holds_alternative<detail::Welcome>(*hs)) return fail(Errc::Malformed, call, "expected a Welcome message");
   auto& w = std::get<detail::Welcome>(*hs);
 
@@ -887,21 +901,24 @@ Result<std::unique_ptr<Consumer>> Consumer::open(const std::string& name, Consum
   for (const auto& t : o.transports)
     if (t->kind() == *kind) impl->transport = t;
   if (!impl->transport)
-    return fail(Errc::Unsupported, call, str_format("channel uses transport {}, which this consumer was not given", w.transport));
+    return fail(Errc::Unsupported, call,
+                str_format("channel uses transport {}, which this consumer was not given", w.transport));
   impl->route = {*kind, w.route_reason};
   impl->slots = w.slots;
   impl->slot_size = w.slot_size;
   impl->producer_pid = w.producer_pid;
 
   if (w.control.size < sizeof(ControlBlock))
-    return fail(Errc::Malformed, call, str_format("control block of {} bytes, need {}", w.control.size, sizeof(ControlBlock)));
+    return fail(Errc::Malformed, call,
+                str_format("control block of {} bytes, need {}", w.control.size, sizeof(ControlBlock)));
   auto control = CpuBuffer::import(w.control, std::move(msg->fds[0]));
   if (!control) return std::unexpected(control.error().within(call));
   impl->control_mem.emplace(std::move(*control));
   impl->control = reinterpret_cast<ControlBlock*>(impl->control_mem->host_ptr());
   const auto& cb = *impl->control;
-  if (cb.magic != kControlMagic || cb.version != kControlVersion || cb.slots != w.slots || cb.slot_size != w.slot_size ||
-      cb.max_consumers > kMaxConsumers || w.consumer_index >= cb.max_consumers || cb.drop_oldest > 1 || cb.producer_blocks > 1)
+  if (cb.magic != kControlMagic || cb.version != kControlVersion || cb.slots != w.slots ||
+      cb.slot_size != w.slot_size || cb.max_consumers > kMaxConsumers || w.consumer_index >= cb.max_consumers ||
+      cb.drop_oldest > 1 || cb.producer_blocks > 1)
     return fail(Errc::Malformed, call, "control block does not match the handshake");
   impl->self = &impl->control->consumers[w.consumer_index];
   impl->contended_next = cb.drop_oldest == 1;
@@ -933,7 +950,7 @@ Result<std::unique_ptr<Consumer>> Consumer::open(const std::string& name, Consum
     if (!caps.timeline_semaphore || !caps.semaphore_fd_import)
       return fail(Errc::Unsupported, call,
                   str_format("the channel orders GPU work with a timeline semaphore, which device {} cannot import",
-                         caps.identity.name));
+                             caps.identity.name));
     auto sem = GpuSemaphore::import(*impl->env.vulkan, SemaphoreKind::Timeline, std::move(msg->fds[1 + w.slots]));
     if (!sem) return std::unexpected(sem.error().within(call));
     impl->timeline.emplace(std::move(*sem));
@@ -983,7 +1000,8 @@ Result<Received> Consumer::receive(Duration timeout) {
     m.cursor = n + 1;
     m.cursor_slot = k + 1 == m.slots ? 0 : k + 1;
     ++m.held;
-    MessageInfo info{size, slot.tag.load(std::memory_order_relaxed), slot.timestamp_ns.load(std::memory_order_relaxed), n};
+    MessageInfo info{size, slot.tag.load(std::memory_order_relaxed), slot.timestamp_ns.load(std::memory_order_relaxed),
+                     n};
     const bool gpu_ordered = (slot.flags.load(std::memory_order_relaxed) & kGpuOrdered) && m.timeline;
     if (gpu_ordered && m.options.host_wait_for_gpu) {
       if (auto ok = m.timeline->wait(n + 1, timeout); !ok) {
@@ -1039,7 +1057,10 @@ std::optional<GpuSync> Received::gpu_wait() const {
 }
 
 Received::Received(Received&& o) noexcept
-    : impl_(std::exchange(o.impl_, nullptr)), info_(o.info_), missed_(o.missed_), slot_(o.slot_),
+    : impl_(std::exchange(o.impl_, nullptr)),
+      info_(o.info_),
+      missed_(o.missed_),
+      slot_(o.slot_),
       gpu_ordered_(o.gpu_ordered_) {}
 Received& Received::operator=(Received&& o) noexcept {
   if (this != &o) {

@@ -25,7 +25,8 @@ void put_blob(wire::Writer& w, const std::vector<std::byte>& b) {
 Result<std::vector<std::byte>> get_blob(wire::Reader& r, std::size_t max) {
   LF_TRY(auto n, r.get<std::uint32_t>());
   if (n > max || n > r.remaining())
-    return fail(Errc::Malformed, "handshake", str_format("blob of {} bytes (limit {}, {} left)", n, max, r.remaining()));
+    return fail(Errc::Malformed, "handshake",
+                str_format("blob of {} bytes (limit {}, {} left)", n, max, r.remaining()));
   std::vector<std::byte> out(n);
   for (auto& b : out) {
     LF_TRY(auto v, r.get<std::uint8_t>());
@@ -66,13 +67,16 @@ Result<Handshake> decode(std::span<const std::byte> bytes, std::size_t fd_count)
   constexpr const char* call = "channel handshake";
   wire::Reader r(bytes, call);
   LF_TRY(auto magic, r.get<std::uint32_t>());
-  if (magic != kHandshakeMagic) return fail(Errc::Malformed, call, str_format("bad magic {:#x}: not a lava-flow channel", magic));
+  if (magic != kHandshakeMagic)
+    return fail(Errc::Malformed, call, str_format("bad magic {:#x}: not a lava-flow channel", magic));
   LF_TRY(auto version, r.get<std::uint16_t>());
   if (version != kHandshakeVersion)
-    return fail(Errc::VersionMismatch, call, str_format("peer speaks handshake version {}, this build {}", version, kHandshakeVersion));
+    return fail(Errc::VersionMismatch, call,
+                str_format("peer speaks handshake version {}, this build {}", version, kHandshakeVersion));
   LF_TRY(auto type, r.get<std::uint8_t>());
   auto expect_fds = [&](std::size_t n) -> Status {
-    if (fd_count != n) return fail(Errc::Malformed, call, str_format("message carries {} fds, expected {}", fd_count, n));
+    if (fd_count != n)
+      return fail(Errc::Malformed, call, str_format("message carries {} fds, expected {}", fd_count, n));
     return {};
   };
   switch (static_cast<MessageType>(type)) {
@@ -91,7 +95,8 @@ Result<Handshake> decode(std::span<const std::byte> bytes, std::size_t fd_count)
       LF_TRY(m.producer_pid, r.get<std::int32_t>());
       if (m.consumer_index >= kMaxConsumers)
         return fail(Errc::Malformed, call, str_format("consumer index {} out of range", m.consumer_index));
-      if (m.slots == 0 || m.slots > kMaxSlots) return fail(Errc::Malformed, call, str_format("{} slots out of range", m.slots));
+      if (m.slots == 0 || m.slots > kMaxSlots)
+        return fail(Errc::Malformed, call, str_format("{} slots out of range", m.slots));
       if (m.slot_size == 0 || m.slot_size > kMaxSlotSize)
         return fail(Errc::Malformed, call, str_format("slot size {} out of range", m.slot_size));
       LF_TRY(m.transport, r.get_string(64));
@@ -107,7 +112,8 @@ Result<Handshake> decode(std::span<const std::byte> bytes, std::size_t fd_count)
         LF_TRY(auto blob, get_blob(r, ExportDescriptor::kSerializedSize));
         LF_TRY(auto d, ExportDescriptor::deserialize(blob));
         if (d.size < m.slot_size)
-          return fail(Errc::Malformed, call, str_format("ring buffer {} has {} bytes, slots are {}", i, d.size, m.slot_size));
+          return fail(Errc::Malformed, call,
+                      str_format("ring buffer {} has {} bytes, slots are {}", i, d.size, m.slot_size));
         m.ring.push_back(d);
       }
       LF_TRY_STATUS(r.expect_end());

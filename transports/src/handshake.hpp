@@ -18,7 +18,7 @@ namespace lavaflow::detail {
 
 inline constexpr std::uint32_t kHandshakeMagic = 0x48434c46;  // "FLCH"
 inline constexpr std::uint16_t kHandshakeVersion = 1;
-inline constexpr std::uint32_t kMaxSlots = 62;      // + control + semaphore ≤ 64 fds per frame
+inline constexpr std::uint32_t kMaxSlots = 62;  // + control + semaphore ≤ 64 fds per frame
 inline constexpr std::uint32_t kMaxConsumers = 16;
 inline constexpr std::uint64_t kMaxSlotSize = std::uint64_t{1} << 40;
 

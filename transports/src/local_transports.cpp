@@ -1,9 +1,8 @@
 // SPDX-License-Identifier: MIT
-#include "lavaflow/transports/local.hpp"
-
 #include "lavaflow/core/cpu_buffer.hpp"
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/gpu_buffer.hpp"
+#include "lavaflow/transports/local.hpp"
 
 namespace lavaflow {
 namespace {
@@ -50,19 +49,22 @@ class VulkanTransport final : public Transport {
       return {false, str_format("{}, but no Vulkan device in common", local.reason)};
     }
     const auto& caps = env.vulkan->capabilities();
-    if (!caps.memory_fd_export) return {false, str_format("device {} cannot export opaque-fd memory", caps.identity.name)};
+    if (!caps.memory_fd_export)
+      return {false, str_format("device {} cannot export opaque-fd memory", caps.identity.name)};
     if (!peer) return {true, str_format("Vulkan IPC on {}: {}", caps.identity.name, local.reason)};
     for (const auto& d : peer->devices)
-      if (d == caps.identity) return {true, str_format("Vulkan IPC: {} and the peer share device {}", local.reason, caps.identity.name)};
-    return {false, str_format("{}, but the peer has no Vulkan device matching {} (device and driver UUID)", local.reason,
-                          caps.identity.name)};
+      if (d == caps.identity)
+        return {true, str_format("Vulkan IPC: {} and the peer share device {}", local.reason, caps.identity.name)};
+    return {false, str_format("{}, but the peer has no Vulkan device matching {} (device and driver UUID)",
+                              local.reason, caps.identity.name)};
   }
   Result<std::unique_ptr<Buffer>> allocate(const TransportEnv& env, std::uint64_t size) const override {
     if (!env.vulkan) return fail(Errc::Unsupported, "vulkan transport", "no Vulkan context");
     LF_TRY(auto b, GpuBuffer::allocate(*env.vulkan, {.size = size, .memory = GpuMemory::DeviceLocal}));
     return std::unique_ptr<Buffer>(std::make_unique<GpuBuffer>(std::move(b)));
   }
-  Result<std::unique_ptr<Buffer>> import(const TransportEnv& env, const ExportDescriptor& d, UniqueFd&& fd) const override {
+  Result<std::unique_ptr<Buffer>> import(const TransportEnv& env, const ExportDescriptor& d,
+                                         UniqueFd&& fd) const override {
     if (!env.vulkan) return fail(Errc::Unsupported, "vulkan transport", "no Vulkan context to import into");
     LF_TRY(auto b, GpuBuffer::import(*env.vulkan, d, std::move(fd)));
     return std::unique_ptr<Buffer>(std::make_unique<GpuBuffer>(std::move(b)));

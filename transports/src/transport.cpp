@@ -7,9 +7,12 @@ namespace lavaflow {
 
 std::string_view to_string(TransportKind kind) noexcept {
   switch (kind) {
-    case TransportKind::Shm: return "shm";
-    case TransportKind::Vulkan: return "vulkan";
-    case TransportKind::Mpi: return "mpi";
+    case TransportKind::Shm:
+      return "shm";
+    case TransportKind::Vulkan:
+      return "vulkan";
+    case TransportKind::Mpi:
+      return "mpi";
   }
   return "unknown";
 }
@@ -31,7 +34,7 @@ Result<RouteDecision> choose_route(const TransportSet& set, const ProcessLocatio
     if (!any_remote)
       return fail(Errc::Unreachable, call,
                   str_format("peer is remote ({}) and the remote (MPI) transport is not built or not given",
-                         detect_scope(me, *peer).reason));
+                             detect_scope(me, *peer).reason));
   }
   std::string refusals;
   for (const auto& t : set) {
@@ -47,7 +50,8 @@ Result<RouteDecision> choose_route(const TransportSet& set, const ProcessLocatio
                   str_format("transport {} was forced but cannot connect: {}", to_string(*forced), probe.reason));
     refusals += str_format("{}{}: {}", refusals.empty() ? "" : "; ", t->name(), probe.reason);
   }
-  if (forced) return fail(Errc::NotFound, call, str_format("transport {} was forced but not given", to_string(*forced)));
+  if (forced)
+    return fail(Errc::NotFound, call, str_format("transport {} was forced but not given", to_string(*forced)));
   return fail(Errc::Unsupported, call, str_format("no transport can connect: {}", refusals));
 }
 

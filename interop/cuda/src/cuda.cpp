@@ -10,10 +10,10 @@
 namespace lavaflow::cuda {
 
 Error to_error(cudaError_t e, std::string call) {
-  const Errc code = e == cudaErrorMemoryAllocation ? Errc::OutOfMemory
+  const Errc code = e == cudaErrorMemoryAllocation                               ? Errc::OutOfMemory
                     : e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver ? Errc::Unsupported
-                    : e == cudaErrorInvalidValue ? Errc::InvalidArgument
-                                                 : Errc::Driver;
+                    : e == cudaErrorInvalidValue                                 ? Errc::InvalidArgument
+                                                                                 : Errc::Driver;
   return Error(code, std::move(call), str_format("{}: {}", cudaGetErrorName(e), cudaGetErrorString(e)));
 }
 
@@ -44,7 +44,8 @@ struct ExportableAllocation::Driver {
     CUdevice dev = 0;
     int v = 0;
     return device_get(&dev, ordinal) == CUDA_SUCCESS &&
-           attribute(&v, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev) == CUDA_SUCCESS && v != 0;
+           attribute(&v, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev) == CUDA_SUCCESS &&
+           v != 0;
   }
 
   [[nodiscard]] Status check(CUresult r, const char* call) const {
@@ -75,18 +76,24 @@ std::shared_ptr<const ExportableAllocation::Driver> load_driver() {
                   entry("cuMemRelease", d->release) && entry("cuMemAddressReserve", d->reserve) &&
                   entry("cuMemAddressFree", d->address_free) && entry("cuMemMap", d->map) &&
                   entry("cuMemUnmap", d->unmap) && entry("cuMemSetAccess", d->set_access) &&
-                  entry("cuMemExportToShareableHandle", d->export_handle) && entry("cuGetErrorString", d->error_string) &&
-                  entry("cuDeviceGet", d->device_get) && entry("cuDeviceGetAttribute", d->attribute);
+                  entry("cuMemExportToShareableHandle", d->export_handle) &&
+                  entry("cuGetErrorString", d->error_string) && entry("cuDeviceGet", d->device_get) &&
+                  entry("cuDeviceGetAttribute", d->attribute);
   return ok ? d : nullptr;
 }
 
 Result<cudaChannelFormatDesc> channel_format(PixelFormat f) {
   switch (f) {
-    case PixelFormat::Rgba8: return cudaCreateChannelDesc(8, 8, 8, 8, cudaChannelFormatKindUnsigned);
-    case PixelFormat::R8: return cudaCreateChannelDesc(8, 0, 0, 0, cudaChannelFormatKindUnsigned);
-    case PixelFormat::R32f: return cudaCreateChannelDesc(32, 0, 0, 0, cudaChannelFormatKindFloat);
-    case PixelFormat::Rgba32f: return cudaCreateChannelDesc(32, 32, 32, 32, cudaChannelFormatKindFloat);
-    case PixelFormat::Rgba16f: return cudaCreateChannelDesc(16, 16, 16, 16, cudaChannelFormatKindFloat);
+    case PixelFormat::Rgba8:
+      return cudaCreateChannelDesc(8, 8, 8, 8, cudaChannelFormatKindUnsigned);
+    case PixelFormat::R8:
+      return cudaCreateChannelDesc(8, 0, 0, 0, cudaChannelFormatKindUnsigned);
+    case PixelFormat::R32f:
+      return cudaCreateChannelDesc(32, 0, 0, 0, cudaChannelFormatKindFloat);
+    case PixelFormat::Rgba32f:
+      return cudaCreateChannelDesc(32, 32, 32, 32, cudaChannelFormatKindFloat);
+    case PixelFormat::Rgba16f:
+      return cudaCreateChannelDesc(16, 16, 16, 16, cudaChannelFormatKindFloat);
   }
   return fail(Errc::InvalidArgument, "cuda::channel_format", "unknown pixel format");
 }
@@ -111,7 +118,7 @@ Result<cudaExternalMemory_t> import_memory(const DeviceInfo& info, std::uint64_t
   cudaExternalMemory_t mem = nullptr;
   if (auto ok = check(cudaImportExternalMemory(&mem, &desc), "cudaImportExternalMemory"); !ok)
     return std::unexpected(ok.error().within(call));  // the caller keeps its fd
-  (void)fd.release();  // CUDA owns it now
+  (void)fd.release();                                 // CUDA owns it now
   return mem;
 }
 
@@ -160,7 +167,9 @@ Result<Interop> Interop::create(const Uuid& device_uuid) {
                          seen.empty() ? std::string("no device") : seen));
 }
 
-Result<Interop> Interop::create(const VulkanContext& vulkan) { return create(vulkan.capabilities().identity.device_uuid); }
+Result<Interop> Interop::create(const VulkanContext& vulkan) {
+  return create(vulkan.capabilities().identity.device_uuid);
+}
 
 Status Interop::make_current() const { return check(cudaSetDevice(info_.ordinal), "cudaSetDevice"); }
 
@@ -168,8 +177,9 @@ Result<ExternalBuffer> Interop::import_buffer(const ExportDescriptor& d, UniqueF
   constexpr const char* call = "cuda::Interop::import_buffer";
   if (auto ok = d.validate(); !ok) return std::unexpected(ok.error().within(call));
   if (!is_gpu(d.kind))
-    return fail(Errc::Unsupported, call,
-                str_format("{} memory is not Vulkan memory: use cudaHostRegister on its mapping instead", to_string(d.kind)));
+    return fail(
+        Errc::Unsupported, call,
+        str_format("{} memory is not Vulkan memory: use cudaHostRegister on its mapping instead", to_string(d.kind)));
   LF_TRY_STATUS(check_device(info_, d.device_uuid, call));
   LF_TRY(cudaExternalMemory_t mem, import_memory(info_, d.allocation_size, d.dedicated, fd, call));
   // Mapped from the allocation's start: CUDA rejects offsets that are not suitably aligned
@@ -194,7 +204,8 @@ Result<ExternalArray> Interop::import_image(const ImageDescriptor& d, UniqueFd&&
   constexpr const char* call = "cuda::Interop::import_image";
   if (auto ok = d.validate(); !ok) return std::unexpected(ok.error().within(call));
   if (d.tiling != ImageTiling::Optimal)
-    return fail(Errc::Unsupported, call, "CUDA imports optimally tiled Vulkan images only; import linear ones as buffers");
+    return fail(Errc::Unsupported, call,
+                "CUDA imports optimally tiled Vulkan images only; import linear ones as buffers");
   LF_TRY_STATUS(check_device(info_, d.device_uuid, call));
   LF_TRY(auto format, channel_format(d.format));
   LF_TRY(cudaExternalMemory_t mem, import_memory(info_, d.allocation_size, d.dedicated, fd, call));
@@ -205,7 +216,8 @@ Result<ExternalArray> Interop::import_image(const ImageDescriptor& d, UniqueFd&&
   ad.flags = cudaArraySurfaceLoadStore;
   ad.numLevels = 1;
   cudaMipmappedArray_t array = nullptr;
-  if (auto ok = check(cudaExternalMemoryGetMappedMipmappedArray(&array, mem, &ad), "cudaExternalMemoryGetMappedMipmappedArray");
+  if (auto ok = check(cudaExternalMemoryGetMappedMipmappedArray(&array, mem, &ad),
+                      "cudaExternalMemoryGetMappedMipmappedArray");
       !ok) {
     cudaDestroyExternalMemory(mem);
     return std::unexpected(ok.error().within(call));
@@ -259,7 +271,8 @@ Result<ExportableAllocation> Interop::allocate_exportable(std::uint64_t size) co
   prop.location.id = info_.ordinal;
   prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   std::size_t granularity = 0;
-  LF_TRY_STATUS(d.check(d.granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED), "cuMemGetAllocationGranularity"));
+  LF_TRY_STATUS(d.check(d.granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED),
+                        "cuMemGetAllocationGranularity"));
   // Vulkan importers see a buffer over the whole allocation; keep lava-flow's tail padding too.
   const std::uint64_t padded = size + kGpuTailPadding;
   const std::uint64_t alloc = (padded + granularity - 1) / granularity * granularity;
@@ -293,7 +306,10 @@ Result<ExportableAllocation> Interop::allocate_exportable(std::uint64_t size) co
 // ----- owners
 
 ExternalBuffer::ExternalBuffer(ExternalBuffer&& o) noexcept
-    : memory_(std::exchange(o.memory_, nullptr)), base_(std::exchange(o.base_, nullptr)), offset_(o.offset_), size_(o.size_) {}
+    : memory_(std::exchange(o.memory_, nullptr)),
+      base_(std::exchange(o.base_, nullptr)),
+      offset_(o.offset_),
+      size_(o.size_) {}
 ExternalBuffer& ExternalBuffer::operator=(ExternalBuffer&& o) noexcept {
   std::swap(memory_, o.memory_);
   std::swap(base_, o.base_);
@@ -370,9 +386,10 @@ ExportableAllocation::~ExportableAllocation() {
 Result<Export> ExportableAllocation::export_for(const VulkanContext& ctx) const {
   constexpr const char* call = "cuda::ExportableAllocation::export_for";
   if (ctx.capabilities().identity.device_uuid != device_)
-    return fail(Errc::DeviceMismatch, call,
-                str_format("allocation lives on CUDA device {}, the Vulkan context's device {} is {}", to_string(device_),
-                           ctx.capabilities().identity.name, to_string(ctx.capabilities().identity.device_uuid)));
+    return fail(
+        Errc::DeviceMismatch, call,
+        str_format("allocation lives on CUDA device {}, the Vulkan context's device {} is {}", to_string(device_),
+                   ctx.capabilities().identity.name, to_string(ctx.capabilities().identity.device_uuid)));
   LF_TRY(auto desc, GpuBuffer::describe_foreign(ctx, allocation_size_, size_));
   int raw = -1;
   LF_TRY_STATUS(driver_->check(driver_->export_handle(&raw, handle_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
@@ -397,7 +414,9 @@ Status ChannelImports::wait(const Consumer& consumer, const Received& message, c
   if (!sync) return {};
   if (!timeline_) {
     const GpuSemaphore* t = consumer.gpu_timeline();
-    if (t == nullptr) return fail(Errc::Internal, "cuda::ChannelImports::wait", "message is GPU-ordered but the channel has no timeline");
+    if (t == nullptr)
+      return fail(Errc::Internal, "cuda::ChannelImports::wait",
+                  "message is GPU-ordered but the channel has no timeline");
     LF_TRY(auto sem, cuda_->import_semaphore(*t));
     timeline_.emplace(std::move(sem));
   }

@@ -9,7 +9,9 @@ namespace lavaflow::cl {
 
 std::string_view error_name(cl_int code) noexcept {
   switch (code) {
-#define LF_CL_CASE(x) case x: return #x;
+#define LF_CL_CASE(x) \
+  case x:             \
+    return #x;
     LF_CL_CASE(CL_SUCCESS)
     LF_CL_CASE(CL_DEVICE_NOT_FOUND)
     LF_CL_CASE(CL_OUT_OF_RESOURCES)
@@ -26,16 +28,18 @@ std::string_view error_name(cl_int code) noexcept {
     LF_CL_CASE(CL_INVALID_PROPERTY)
     LF_CL_CASE(CL_PLATFORM_NOT_FOUND_KHR)
 #undef LF_CL_CASE
-    default: return "OpenCL error";
+    default:
+      return "OpenCL error";
   }
 }
 
 namespace {
 
 std::unexpected<Error> cl_fail(cl_int code, std::string call, std::string_view what) {
-  const Errc e = code == CL_OUT_OF_HOST_MEMORY || code == CL_OUT_OF_RESOURCES || code == CL_MEM_OBJECT_ALLOCATION_FAILURE
-                     ? Errc::OutOfMemory
-                     : Errc::Driver;
+  const Errc e =
+      code == CL_OUT_OF_HOST_MEMORY || code == CL_OUT_OF_RESOURCES || code == CL_MEM_OBJECT_ALLOCATION_FAILURE
+          ? Errc::OutOfMemory
+          : Errc::Driver;
   return fail(e, std::move(call), str_format("{} ({}) while {}", error_name(code), code, what));
 }
 
@@ -106,12 +110,12 @@ Result<DeviceInfo> describe(cl_device_id device) {
       info.uuid_known = true;
     }
   }
-  info.external_memory_fd = has_word(ext, "cl_khr_external_memory_opaque_fd") &&
-                            lists_handle(device, CL_DEVICE_EXTERNAL_MEMORY_IMPORT_HANDLE_TYPES_KHR,
-                                         CL_EXTERNAL_MEMORY_HANDLE_OPAQUE_FD_KHR);
-  info.external_semaphore_fd = has_word(ext, "cl_khr_external_semaphore_opaque_fd") &&
-                               lists_handle(device, CL_DEVICE_SEMAPHORE_IMPORT_HANDLE_TYPES_KHR,
-                                            CL_SEMAPHORE_HANDLE_OPAQUE_FD_KHR);
+  info.external_memory_fd =
+      has_word(ext, "cl_khr_external_memory_opaque_fd") &&
+      lists_handle(device, CL_DEVICE_EXTERNAL_MEMORY_IMPORT_HANDLE_TYPES_KHR, CL_EXTERNAL_MEMORY_HANDLE_OPAQUE_FD_KHR);
+  info.external_semaphore_fd =
+      has_word(ext, "cl_khr_external_semaphore_opaque_fd") &&
+      lists_handle(device, CL_DEVICE_SEMAPHORE_IMPORT_HANDLE_TYPES_KHR, CL_SEMAPHORE_HANDLE_OPAQUE_FD_KHR);
   info.host_pointer_path = info.cpu;
   return info;
 }
@@ -184,19 +188,23 @@ Result<Interop> Interop::create(cl_context context, cl_device_id device) {
   auto fns = std::make_shared<Fns>();
   auto load = [&](const char* name) { return clGetExtensionFunctionAddressForPlatform(info->platform, name); };
   if (info->external_memory_fd) {
-    fns->acquire = reinterpret_cast<clEnqueueAcquireExternalMemObjectsKHR_fn>(load("clEnqueueAcquireExternalMemObjectsKHR"));
-    fns->release = reinterpret_cast<clEnqueueReleaseExternalMemObjectsKHR_fn>(load("clEnqueueReleaseExternalMemObjectsKHR"));
+    fns->acquire =
+        reinterpret_cast<clEnqueueAcquireExternalMemObjectsKHR_fn>(load("clEnqueueAcquireExternalMemObjectsKHR"));
+    fns->release =
+        reinterpret_cast<clEnqueueReleaseExternalMemObjectsKHR_fn>(load("clEnqueueReleaseExternalMemObjectsKHR"));
     if (!fns->acquire || !fns->release) info->external_memory_fd = false;
   }
   if (info->external_semaphore_fd) {
-    fns->create_semaphore = reinterpret_cast<clCreateSemaphoreWithPropertiesKHR_fn>(load("clCreateSemaphoreWithPropertiesKHR"));
+    fns->create_semaphore =
+        reinterpret_cast<clCreateSemaphoreWithPropertiesKHR_fn>(load("clCreateSemaphoreWithPropertiesKHR"));
     fns->wait = reinterpret_cast<clEnqueueWaitSemaphoresKHR_fn>(load("clEnqueueWaitSemaphoresKHR"));
     fns->signal = reinterpret_cast<clEnqueueSignalSemaphoresKHR_fn>(load("clEnqueueSignalSemaphoresKHR"));
     fns->release_semaphore = reinterpret_cast<clReleaseSemaphoreKHR_fn>(load("clReleaseSemaphoreKHR"));
     if (!fns->create_semaphore || !fns->wait || !fns->signal || !fns->release_semaphore)
       info->external_semaphore_fd = false;
   }
-  if (cl_int r = clRetainContext(context); r != CL_SUCCESS) return cl_fail(r, "clRetainContext", "wrapping the context");
+  if (cl_int r = clRetainContext(context); r != CL_SUCCESS)
+    return cl_fail(r, "clRetainContext", "wrapping the context");
   if (cl_int r = clRetainDevice(device); r != CL_SUCCESS) {
     clReleaseContext(context);
     return cl_fail(r, "clRetainDevice", "wrapping the device");
@@ -208,8 +216,9 @@ Result<Memory> Interop::import_buffer(const ExportDescriptor& d, UniqueFd&& fd, 
   constexpr const char* call = "cl::Interop::import_buffer";
   if (auto ok = d.validate(); !ok) return std::unexpected(ok.error().within(call));
   if (!info_.external_memory_fd)
-    return fail(Errc::Unsupported, call,
-                str_format("OpenCL device {} ({}) lacks cl_khr_external_memory_opaque_fd", info_.name, info_.platform_name));
+    return fail(
+        Errc::Unsupported, call,
+        str_format("OpenCL device {} ({}) lacks cl_khr_external_memory_opaque_fd", info_.name, info_.platform_name));
   if (!is_gpu(d.kind))
     return fail(Errc::Unsupported, call, str_format("{} memory is not Vulkan memory", to_string(d.kind)));
   if (!info_.uuid_known)
@@ -229,10 +238,12 @@ Result<Memory> Interop::import_buffer(const ExportDescriptor& d, UniqueFd&& fd, 
                 str_format("range starts at offset {}: OpenCL imports whole allocations; import the whole buffer and "
                            "use clCreateSubBuffer",
                            d.offset));
-  const cl_mem_properties props[] = {
-      static_cast<cl_mem_properties>(CL_EXTERNAL_MEMORY_HANDLE_OPAQUE_FD_KHR), static_cast<cl_mem_properties>(fd.get()),
-      static_cast<cl_mem_properties>(CL_DEVICE_HANDLE_LIST_KHR), reinterpret_cast<cl_mem_properties>(device_),
-      CL_DEVICE_HANDLE_LIST_END_KHR, 0};
+  const cl_mem_properties props[] = {static_cast<cl_mem_properties>(CL_EXTERNAL_MEMORY_HANDLE_OPAQUE_FD_KHR),
+                                     static_cast<cl_mem_properties>(fd.get()),
+                                     static_cast<cl_mem_properties>(CL_DEVICE_HANDLE_LIST_KHR),
+                                     reinterpret_cast<cl_mem_properties>(device_),
+                                     CL_DEVICE_HANDLE_LIST_END_KHR,
+                                     0};
   cl_int err = CL_SUCCESS;
   cl_mem m = clCreateBufferWithProperties(context_, props, flags, d.size, nullptr, &err);
   if (err != CL_SUCCESS || m == nullptr)
@@ -248,17 +259,19 @@ Result<Memory> Interop::import_buffer(const lavaflow::Buffer& buffer, cl_mem_fla
     return import_buffer(ex.descriptor, std::move(ex.fd), flags);
   }
   if (!info_.host_pointer_path)
-    return fail(Errc::Unsupported, call,
-                str_format("OpenCL device {} has no cl_khr_external_memory_opaque_fd and is not a CPU device: {} memory "
-                           "cannot be shared without a copy",
-                           info_.name, to_string(buffer.kind())));
+    return fail(
+        Errc::Unsupported, call,
+        str_format("OpenCL device {} has no cl_khr_external_memory_opaque_fd and is not a CPU device: {} memory "
+                   "cannot be shared without a copy",
+                   info_.name, to_string(buffer.kind())));
   if (buffer.kind() == BufferKind::GpuDeviceLocal)
     return fail(Errc::Unsupported, call,
                 str_format("device-local Vulkan memory cannot be used by CPU OpenCL device {} (no "
                            "cl_khr_external_memory_opaque_fd); allocate it host-visible or in CPU memory",
                            info_.name));
   if (buffer.host_ptr() == nullptr)
-    return fail(Errc::Unsupported, call, str_format("{} memory is not mapped in this process", to_string(buffer.kind())));
+    return fail(Errc::Unsupported, call,
+                str_format("{} memory is not mapped in this process", to_string(buffer.kind())));
   cl_int err = CL_SUCCESS;
   cl_mem m = clCreateBuffer(context_, flags | CL_MEM_USE_HOST_PTR, buffer.size(), buffer.host_ptr(), &err);
   if (err != CL_SUCCESS || m == nullptr)
@@ -277,9 +290,9 @@ Result<Semaphore> Interop::import_semaphore(UniqueFd&& fd) const {
   // No device list: the semaphore then belongs to every device of the context. (The list's
   // property id changed between the provisional and final extension — 0x2051 vs 0x2053 — and
   // NVIDIA's driver 580 rejects the provisional one that Debian's headers name.)
-  const cl_semaphore_properties_khr props[] = {
-      CL_SEMAPHORE_TYPE_KHR, CL_SEMAPHORE_TYPE_BINARY_KHR,
-      CL_SEMAPHORE_HANDLE_OPAQUE_FD_KHR, static_cast<cl_semaphore_properties_khr>(fd.get()), 0};
+  const cl_semaphore_properties_khr props[] = {CL_SEMAPHORE_TYPE_KHR, CL_SEMAPHORE_TYPE_BINARY_KHR,
+                                               CL_SEMAPHORE_HANDLE_OPAQUE_FD_KHR,
+                                               static_cast<cl_semaphore_properties_khr>(fd.get()), 0};
   cl_int err = CL_SUCCESS;
   cl_semaphore_khr s = fns_->create_semaphore(context_, props, &err);
   if (err != CL_SUCCESS || s == nullptr)
@@ -316,14 +329,12 @@ Result<Access> Interop::acquire(cl_command_queue queue, std::span<const Memory* 
 
 // ----- owners
 
-Access::Access(Access&& o) noexcept
-    : release_(o.release_), queue_(o.queue_), objects_(std::exchange(o.objects_, {})) {}
+Access::Access(Access&& o) noexcept : release_(o.release_), queue_(o.queue_), objects_(std::exchange(o.objects_, {})) {}
 Access::~Access() { (void)release(); }
 Status Access::release() {
   if (objects_.empty()) return {};
   auto objs = std::exchange(objects_, {});
-  if (cl_int r = release_(queue_, static_cast<cl_uint>(objs.size()), objs.data(), 0, nullptr, nullptr);
-      r != CL_SUCCESS)
+  if (cl_int r = release_(queue_, static_cast<cl_uint>(objs.size()), objs.data(), 0, nullptr, nullptr); r != CL_SUCCESS)
     return cl_fail(r, "clEnqueueReleaseExternalMemObjectsKHR", str_format("releasing {} buffers", objs.size()));
   return {};
 }
@@ -341,8 +352,7 @@ Memory::~Memory() {
   if (mem_) clReleaseMemObject(mem_);
 }
 
-Semaphore::Semaphore(Semaphore&& o) noexcept
-    : sem_(std::exchange(o.sem_, nullptr)), release_(o.release_) {}
+Semaphore::Semaphore(Semaphore&& o) noexcept : sem_(std::exchange(o.sem_, nullptr)), release_(o.release_) {}
 Semaphore& Semaphore::operator=(Semaphore&& o) noexcept {
   if (this != &o) {
     std::swap(sem_, o.sem_);

@@ -69,8 +69,9 @@ Result<EglHeadless> EglHeadless::create(std::optional<Uuid> device_uuid) {
       tried += str_format("; {}: no desktop OpenGL", desc);
       continue;
     }
-    const EGLint attrs[] = {EGL_CONTEXT_MAJOR_VERSION, 4, EGL_CONTEXT_MINOR_VERSION, 5,
-                            EGL_CONTEXT_OPENGL_PROFILE_MASK, EGL_CONTEXT_OPENGL_CORE_PROFILE_BIT, EGL_NONE};
+    const EGLint attrs[] = {
+        EGL_CONTEXT_MAJOR_VERSION,           4,       EGL_CONTEXT_MINOR_VERSION, 5, EGL_CONTEXT_OPENGL_PROFILE_MASK,
+        EGL_CONTEXT_OPENGL_CORE_PROFILE_BIT, EGL_NONE};
     impl->context = eglCreateContext(impl->display, EGL_NO_CONFIG_KHR, EGL_NO_CONTEXT, attrs);
     if (impl->context == EGL_NO_CONTEXT) {
       tried += str_format("; {}: no GL 4.5 core context ({})", desc, egl_error(eglGetError()));
@@ -91,9 +92,10 @@ Result<EglHeadless> EglHeadless::create(std::optional<Uuid> device_uuid) {
     if (caps) {
       for (const auto& u : caps->device_uuids)
         if (u == *device_uuid) return ctx;
-      tried += str_format("; {}: GL runs on {} ({})", desc,
-                          caps->device_uuids.empty() ? std::string("no reported device") : to_string(caps->device_uuids[0]),
-                          caps->renderer);
+      tried +=
+          str_format("; {}: GL runs on {} ({})", desc,
+                     caps->device_uuids.empty() ? std::string("no reported device") : to_string(caps->device_uuids[0]),
+                     caps->renderer);
     }
   }
   return fail(device_uuid ? Errc::DeviceMismatch : Errc::NotFound, call,

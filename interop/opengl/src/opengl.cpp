@@ -12,12 +12,18 @@ namespace {
 
 std::string_view gl_error_name(GLenum e) {
   switch (e) {
-    case GL_INVALID_ENUM: return "GL_INVALID_ENUM";
-    case GL_INVALID_VALUE: return "GL_INVALID_VALUE";
-    case GL_INVALID_OPERATION: return "GL_INVALID_OPERATION";
-    case GL_OUT_OF_MEMORY: return "GL_OUT_OF_MEMORY";
-    case GL_INVALID_FRAMEBUFFER_OPERATION: return "GL_INVALID_FRAMEBUFFER_OPERATION";
-    default: return "GL error";
+    case GL_INVALID_ENUM:
+      return "GL_INVALID_ENUM";
+    case GL_INVALID_VALUE:
+      return "GL_INVALID_VALUE";
+    case GL_INVALID_OPERATION:
+      return "GL_INVALID_OPERATION";
+    case GL_OUT_OF_MEMORY:
+      return "GL_OUT_OF_MEMORY";
+    case GL_INVALID_FRAMEBUFFER_OPERATION:
+      return "GL_INVALID_FRAMEBUFFER_OPERATION";
+    default:
+      return "GL error";
   }
 }
 
@@ -100,7 +106,8 @@ Result<Capabilities> query_current() {
     GLint n = 0;
     glGetIntegerv(GL_NUM_DEVICE_UUIDS_EXT, &n);
     for (GLint i = 0; i < n && i < 8; ++i)
-      c.device_uuids.push_back(read_uuid([&](GLubyte* out) { glGetUnsignedBytei_vEXT(GL_DEVICE_UUID_EXT, static_cast<GLuint>(i), out); }));
+      c.device_uuids.push_back(
+          read_uuid([&](GLubyte* out) { glGetUnsignedBytei_vEXT(GL_DEVICE_UUID_EXT, static_cast<GLuint>(i), out); }));
     c.driver_uuid = read_uuid([](GLubyte* out) { glGetUnsignedBytevEXT(GL_DRIVER_UUID_EXT, out); });
   }
   clear_gl_errors();
@@ -109,11 +116,16 @@ Result<Capabilities> query_current() {
 
 Result<GLenum> internal_format(PixelFormat f) {
   switch (f) {
-    case PixelFormat::Rgba8: return GLenum{GL_RGBA8};
-    case PixelFormat::R8: return GLenum{GL_R8};
-    case PixelFormat::R32f: return GLenum{GL_R32F};
-    case PixelFormat::Rgba32f: return GLenum{GL_RGBA32F};
-    case PixelFormat::Rgba16f: return GLenum{GL_RGBA16F};
+    case PixelFormat::Rgba8:
+      return GLenum{GL_RGBA8};
+    case PixelFormat::R8:
+      return GLenum{GL_R8};
+    case PixelFormat::R32f:
+      return GLenum{GL_R32F};
+    case PixelFormat::Rgba32f:
+      return GLenum{GL_RGBA32F};
+    case PixelFormat::Rgba16f:
+      return GLenum{GL_RGBA16F};
   }
   return fail(Errc::InvalidArgument, "gl::internal_format", "unknown pixel format");
 }
@@ -134,10 +146,11 @@ Status Interop::check_device(const Uuid& device_uuid, const Uuid& driver_uuid, c
   bool device_ok = false;
   for (const auto& u : caps_.device_uuids) device_ok = device_ok || u == device_uuid;
   if (!device_ok)
-    return fail(Errc::DeviceMismatch, call,
-                str_format("memory comes from device {}, but the GL context ({}) runs on {}", to_string(device_uuid),
-                           caps_.renderer,
-                           caps_.device_uuids.empty() ? std::string("no reported device") : to_string(caps_.device_uuids[0])));
+    return fail(
+        Errc::DeviceMismatch, call,
+        str_format("memory comes from device {}, but the GL context ({}) runs on {}", to_string(device_uuid),
+                   caps_.renderer,
+                   caps_.device_uuids.empty() ? std::string("no reported device") : to_string(caps_.device_uuids[0])));
   if (driver_uuid != caps_.driver_uuid)
     return fail(Errc::DeviceMismatch, call,
                 str_format("memory comes from driver {}, the GL context's driver is {}", to_string(driver_uuid),
@@ -339,7 +352,8 @@ Result<const Texture*> ChannelImports::texture(const Received& message, GLenum i
   glCreateTextures(GL_TEXTURE_BUFFER, 1, &tex);
   glTextureBufferRange(tex, internal_format, buf->name(), static_cast<GLintptr>(buf->offset()),
                        static_cast<GLsizeiptr>(buf->size()));
-  if (auto ok = check_gl("glTextureBufferRange", str_format("making a buffer texture over {} bytes", buf->size())); !ok) {
+  if (auto ok = check_gl("glTextureBufferRange", str_format("making a buffer texture over {} bytes", buf->size()));
+      !ok) {
     glDeleteTextures(1, &tex);
     return std::unexpected(ok.error().within(call));
   }

@@ -1,27 +1,25 @@
 // SPDX-License-Identifier: MIT
-#include "lavaflow/mpi/mpi.hpp"
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <span>
 
 #include "checks.hpp"
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/vulkan_context.hpp"
+#include "lavaflow/mpi/mpi.hpp"
 #include "lavaflow/transports/local.hpp"
 #include "ring.hpp"
 #include "wait.hpp"
 #include "wire.hpp"
-
-#include <sys/stat.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
-#include <fstream>
 
 namespace lavaflow::mpi {
 
@@ -83,20 +81,24 @@ Result<Communicator> Communicator::create(MPI_Comm user, CommunicatorOptions o) 
   const auto mine = me.serialize();
   int len = static_cast<int>(mine.size());
   std::vector<int> lens(static_cast<std::size_t>(size)), offsets(static_cast<std::size_t>(size));
-  LF_TRY_STATUS(check(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, c.comm_), "MPI_Allgather(location sizes)"));
+  LF_TRY_STATUS(
+      check(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, c.comm_), "MPI_Allgather(location sizes)"));
   int total = 0;
   for (int i = 0; i < size; ++i) {
     if (lens[static_cast<std::size_t>(i)] <= 0 || lens[static_cast<std::size_t>(i)] > 1 << 20)
-      return fail(Errc::Malformed, call, str_format("rank {} announced a {}-byte location", i, lens[static_cast<std::size_t>(i)]));
+      return fail(Errc::Malformed, call,
+                  str_format("rank {} announced a {}-byte location", i, lens[static_cast<std::size_t>(i)]));
     offsets[static_cast<std::size_t>(i)] = total;
     total += lens[static_cast<std::size_t>(i)];
   }
   std::vector<std::byte> all(static_cast<std::size_t>(total));
-  LF_TRY_STATUS(check(MPI_Allgatherv(mine.data(), len, MPI_BYTE, all.data(), lens.data(), offsets.data(), MPI_BYTE, c.comm_),
-                      "MPI_Allgatherv(locations)"));
+  LF_TRY_STATUS(
+      check(MPI_Allgatherv(mine.data(), len, MPI_BYTE, all.data(), lens.data(), offsets.data(), MPI_BYTE, c.comm_),
+            "MPI_Allgatherv(locations)"));
   for (int i = 0; i < size; ++i) {
     auto loc = ProcessLocation::deserialize(
-        std::span(all).subspan(static_cast<std::size_t>(offsets[static_cast<std::size_t>(i)]), static_cast<std::size_t>(lens[static_cast<std::size_t>(i)])));
+        std::span(all).subspan(static_cast<std::size_t>(offsets[static_cast<std::size_t>(i)]),
+                               static_cast<std::size_t>(lens[static_cast<std::size_t>(i)])));
     if (!loc) return std::unexpected(loc.error().within(str_format("{}: location of rank {}", call, i)));
     loc->mpi_rank = i;
     c.locations_.push_back(std::move(*loc));
@@ -137,7 +139,7 @@ ProcessKey own_key() {
   // The real host, not CommunicatorOptions::host (which tests set to simulate hosts).
   if (auto host = HostIdentity::detect())
     std::memcpy(k.boot_id, host->boot_id.data(), std::min(host->boot_id.size(), sizeof k.boot_id - 1));
-  struct stat st{};
+  struct stat st {};
   if (::stat("/proc/self/ns/pid", &st) == 0) k.pid_ns = st.st_ino;
   k.start = start_time("/proc/self/stat");
   return k;
@@ -148,7 +150,8 @@ ProcessKey own_key() {
 Status Communicator::open_watches() {
   const ProcessKey mine = own_key();
   std::vector<ProcessKey> keys(locations_.size());
-  LF_TRY_STATUS(check(MPI_Allgather(&mine, sizeof mine, MPI_BYTE, keys.data(), sizeof mine, MPI_BYTE, comm_), "MPI_Allgather(process keys)"));
+  LF_TRY_STATUS(check(MPI_Allgather(&mine, sizeof mine, MPI_BYTE, keys.data(), sizeof mine, MPI_BYTE, comm_),
+                      "MPI_Allgather(process keys)"));
   exits_.clear();
   exits_.resize(locations_.size());
   for (std::size_t r = 0; r < keys.size(); ++r) {
@@ -164,11 +167,14 @@ Status Communicator::open_watches() {
   return {};
 }
 
-bool Communicator::watches(int r) const { return r >= 0 && r < static_cast<int>(exits_.size()) && exits_[static_cast<std::size_t>(r)].valid(); }
+bool Communicator::watches(int r) const {
+  return r >= 0 && r < static_cast<int>(exits_.size()) && exits_[static_cast<std::size_t>(r)].valid();
+}
 
 Status Communicator::check_alive(int r) const {
   if (watches(r) && exited(exits_[static_cast<std::size_t>(r)]))
-    return fail(Errc::PeerLost, "mpi::Communicator::check_alive", str_format("rank {} (pid {}) has exited", r, location(r).pid));
+    return fail(Errc::PeerLost, "mpi::Communicator::check_alive",
+                str_format("rank {} (pid {}) has exited", r, location(r).pid));
   return {};
 }
 
@@ -180,7 +186,8 @@ UniqueFd Communicator::watch(int r) const {
 
 Result<PairRoute> Communicator::route(int from, int to) const {
   if (from < 0 || to < 0 || from >= size() || to >= size() || from == to)
-    return fail(Errc::InvalidArgument, "mpi::Communicator::route", str_format("pair {} -> {} of {} ranks", from, to, size()));
+    return fail(Errc::InvalidArgument, "mpi::Communicator::route",
+                str_format("pair {} -> {} of {} ranks", from, to, size()));
   // The channel layer's one routing function, over every transport a rank pair can take.
   static const TransportSet all = {vulkan_transport(), shm_transport(), mpi_transport()};
   LF_TRY(auto decision, choose_route(all, location(from), location(to), {}));

@@ -39,7 +39,8 @@ Status detail::check_channel(int channel, const char* call) {
 
 Status detail::check_peer(const Communicator& comm, int peer, const char* call) {
   if (peer < 0 || peer >= comm.size() || peer == comm.rank())
-    return fail(Errc::InvalidArgument, call, str_format("peer rank {} (this is rank {} of {})", peer, comm.rank(), comm.size()));
+    return fail(Errc::InvalidArgument, call,
+                str_format("peer rank {} (this is rank {} of {})", peer, comm.rank(), comm.size()));
   return {};
 }
 
@@ -49,11 +50,12 @@ Error to_error(int code, std::string call) {
   MPI_Error_string(code, text, &len);
   int cls = MPI_ERR_UNKNOWN;
   MPI_Error_class(code, &cls);
-  const Errc e = cls == MPI_ERR_TRUNCATE ? Errc::Malformed
+  const Errc e = cls == MPI_ERR_TRUNCATE                                             ? Errc::Malformed
                  : cls == MPI_ERR_RANK || cls == MPI_ERR_TAG || cls == MPI_ERR_COUNT ? Errc::InvalidArgument
-                 : cls == MPI_ERR_NO_MEM ? Errc::OutOfMemory
-                                          : Errc::System;
-  return Error(e, std::move(call), str_format("MPI error class {}: {}", cls, std::string(text, static_cast<std::size_t>(len))));
+                 : cls == MPI_ERR_NO_MEM                                             ? Errc::OutOfMemory
+                                                                                     : Errc::System;
+  return Error(e, std::move(call),
+               str_format("MPI error class {}: {}", cls, std::string(text, static_cast<std::size_t>(len))));
 }
 
 std::shared_ptr<const Transport> mpi_transport() { return std::make_shared<MpiTransport>(); }
@@ -66,7 +68,8 @@ GpuAwareness gpu_awareness() {
   return {false, "Open MPI built without CUDA support (MPIX_CUDA_AWARE_SUPPORT = 0)"};
 #elif defined(MPIX_GPU_SUPPORT_CUDA)
   int yes = 0;
-  if (MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA, &yes) != MPI_SUCCESS) return {false, "MPIX_GPU_query_support(CUDA) failed"};
+  if (MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA, &yes) != MPI_SUCCESS)
+    return {false, "MPIX_GPU_query_support(CUDA) failed"};
   return {yes != 0, str_format("MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA) = {}", yes)};
 #else
   return {false, "this MPI library has no query for GPU support"};

@@ -6,10 +6,10 @@
 #include <chrono>
 #include <utility>
 
+#include "checks.hpp"
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/mpi/mpi.hpp"
 #include "lavaflow/transports/local.hpp"
-#include "checks.hpp"
 
 namespace lavaflow::mpi {
 
@@ -22,7 +22,8 @@ std::string local_name(const Communicator& comm, int from, int to, int channel) 
 }
 
 /// The route both ends take: the Communicator's, unless the options force a transport.
-Result<PairRoute> pick_route(const Communicator& comm, int from, int to, const RankChannelOptions& o, const char* call) {
+Result<PairRoute> pick_route(const Communicator& comm, int from, int to, const RankChannelOptions& o,
+                             const char* call) {
   LF_TRY_STATUS(detail::check_channel(o.channel, call));
   LF_TRY(PairRoute r, comm.route(from, to));
   if (!o.transport || *o.transport == r.transport) return r;
@@ -30,13 +31,21 @@ Result<PairRoute> pick_route(const Communicator& comm, int from, int to, const R
     return fail(Errc::InvalidArgument, call,
                 str_format("transport {} forced, but ranks {} and {} are not on one host ({})", to_string(*o.transport),
                            from, to, r.reason));
-  return PairRoute{from, to, *o.transport,
-                   str_format("forced by the application (the route would be {}: {})", to_string(r.transport), r.reason)};
+  return PairRoute{
+      from, to, *o.transport,
+      str_format("forced by the application (the route would be {}: {})", to_string(r.transport), r.reason)};
 }
 
 RemoteOptions remote_options(const RankChannelOptions& o) {
-  return {.slots = o.slots, .slot_size = o.slot_size, .policy = o.policy, .wait = o.wait, .timestamps = o.timestamps,
-          .channel = o.channel, .connect_timeout = o.connect_timeout, .vulkan = o.vulkan, .huge_pages = o.huge_pages};
+  return {.slots = o.slots,
+          .slot_size = o.slot_size,
+          .policy = o.policy,
+          .wait = o.wait,
+          .timestamps = o.timestamps,
+          .channel = o.channel,
+          .connect_timeout = o.connect_timeout,
+          .vulkan = o.vulkan,
+          .huge_pages = o.huge_pages};
 }
 
 }  // namespace
@@ -66,7 +75,8 @@ Status RankReceived::release() {
 
 RankProducer::~RankProducer() = default;
 
-Result<std::unique_ptr<RankProducer>> RankProducer::create(const Communicator& comm, int consumer_rank, RankChannelOptions o) {
+Result<std::unique_ptr<RankProducer>> RankProducer::create(const Communicator& comm, int consumer_rank,
+                                                           RankChannelOptions o) {
   constexpr const char* call = "mpi::RankProducer::create";
   LF_TRY_STATUS(detail::check_peer(comm, consumer_rank, call));
   auto p = std::unique_ptr<RankProducer>(new RankProducer);
@@ -76,10 +86,18 @@ Result<std::unique_ptr<RankProducer>> RankProducer::create(const Communicator& c
     return p;
   }
   auto made = Producer::create(local_name(comm, comm.rank(), consumer_rank, o.channel),
-                               {.slots = o.slots, .slot_size = o.slot_size, .max_consumers = 1, .policy = o.policy, .wait = o.wait,
-                                .timestamps = o.timestamps, .transport = p->route_.transport,
-                                .vulkan = o.vulkan, .peer = comm.location(consumer_rank), .host = comm.location(comm.rank()).host});
-  if (!made) return std::unexpected(made.error().within(str_format("{}: local channel to rank {}", call, consumer_rank)));
+                               {.slots = o.slots,
+                                .slot_size = o.slot_size,
+                                .max_consumers = 1,
+                                .policy = o.policy,
+                                .wait = o.wait,
+                                .timestamps = o.timestamps,
+                                .transport = p->route_.transport,
+                                .vulkan = o.vulkan,
+                                .peer = comm.location(consumer_rank),
+                                .host = comm.location(comm.rank()).host});
+  if (!made)
+    return std::unexpected(made.error().within(str_format("{}: local channel to rank {}", call, consumer_rank)));
   p->local_ = std::move(*made);
   return p;
 }
@@ -91,7 +109,8 @@ Status RankProducer::wait_for_consumer(Duration timeout) {
     return {};
   }
   if (consumer_seen_)
-    return fail(Errc::PeerLost, "mpi::RankProducer", str_format("rank {} closed channel {} (or died)", route_.to, local_->name()));
+    return fail(Errc::PeerLost, "mpi::RankProducer",
+                str_format("rank {} closed channel {} (or died)", route_.to, local_->name()));
   auto ok = local_->wait_for_consumers(1, timeout);
   if (!ok) {
     if (ok.error().code() != Errc::Timeout) return ok;
@@ -130,11 +149,13 @@ Result<RankLoan> RankProducer::try_loan() {
 Result<MessageInfo> RankProducer::publish(RankLoan&& loan, MessageInfo info) {
   if (remote_) {
     auto* l = loan.remote();
-    if (!l) return fail(Errc::InvalidArgument, "mpi::RankProducer::publish", "a local channel's loan on a channel over MPI");
+    if (!l)
+      return fail(Errc::InvalidArgument, "mpi::RankProducer::publish", "a local channel's loan on a channel over MPI");
     return remote_->publish(std::move(*l), info);
   }
   auto* l = loan.local();
-  if (!l) return fail(Errc::InvalidArgument, "mpi::RankProducer::publish", "a remote channel's loan on a local channel");
+  if (!l)
+    return fail(Errc::InvalidArgument, "mpi::RankProducer::publish", "a remote channel's loan on a local channel");
   return local_->publish(std::move(*l), info);
 }
 
@@ -146,7 +167,8 @@ std::uint64_t RankProducer::slot_size() const { return remote_ ? remote_->slot_s
 
 RankConsumer::~RankConsumer() = default;
 
-Result<std::unique_ptr<RankConsumer>> RankConsumer::open(const Communicator& comm, int producer_rank, RankChannelOptions o) {
+Result<std::unique_ptr<RankConsumer>> RankConsumer::open(const Communicator& comm, int producer_rank,
+                                                         RankChannelOptions o) {
   constexpr const char* call = "mpi::RankConsumer::open";
   LF_TRY_STATUS(detail::check_peer(comm, producer_rank, call));
   auto c = std::unique_ptr<RankConsumer>(new RankConsumer);
@@ -156,11 +178,17 @@ Result<std::unique_ptr<RankConsumer>> RankConsumer::open(const Communicator& com
     return c;
   }
   const auto name = local_name(comm, producer_rank, comm.rank(), o.channel);
-  auto made = Consumer::open(name, {.wait = o.wait, .connect_timeout = o.connect_timeout, .vulkan = o.vulkan, .host = comm.location(comm.rank()).host});
-  if (!made) return std::unexpected(made.error().within(str_format("{}: local channel {} from rank {}", call, name, producer_rank)));
+  auto made = Consumer::open(name, {.wait = o.wait,
+                                    .connect_timeout = o.connect_timeout,
+                                    .vulkan = o.vulkan,
+                                    .host = comm.location(comm.rank()).host});
+  if (!made)
+    return std::unexpected(
+        made.error().within(str_format("{}: local channel {} from rank {}", call, name, producer_rank)));
   c->local_ = std::move(*made);
   if (c->local_->route().transport != c->route_.transport)  // the producer forced another transport
-    c->route_ = PairRoute{producer_rank, comm.rank(), c->local_->route().transport, "the producer's choice: " + c->local_->route().reason};
+    c->route_ = PairRoute{producer_rank, comm.rank(), c->local_->route().transport,
+                          "the producer's choice: " + c->local_->route().reason};
   return c;
 }
 

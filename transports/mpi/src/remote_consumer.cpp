@@ -1,6 +1,4 @@
 // SPDX-License-Identifier: MIT
-#include "lavaflow/mpi/mpi.hpp"
-
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -12,6 +10,7 @@
 #include "checks.hpp"
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/vulkan_context.hpp"
+#include "lavaflow/mpi/mpi.hpp"
 #include "ring.hpp"
 #include "wait.hpp"
 #include "wire.hpp"
@@ -74,7 +73,8 @@ struct RemoteConsumer::Impl {
     credited = released;
     auto value = std::make_unique<std::uint64_t>(released);
     MPI_Request r = MPI_REQUEST_NULL;
-    LF_TRY_STATUS(check(MPI_Isend(value.get(), 1, MPI_UINT64_T, peer, credit_tag(o.channel), comm, &r), "MPI_Isend(credit)"));
+    LF_TRY_STATUS(
+        check(MPI_Isend(value.get(), 1, MPI_UINT64_T, peer, credit_tag(o.channel), comm, &r), "MPI_Isend(credit)"));
     credits.emplace_back(std::move(value), r);
     return {};
   }
@@ -93,7 +93,8 @@ RemoteConsumer::Impl::~Impl() {
     if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
 }
 
-Result<std::unique_ptr<RemoteConsumer>> RemoteConsumer::open(const Communicator& comm, int producer_rank, RemoteOptions o) {
+Result<std::unique_ptr<RemoteConsumer>> RemoteConsumer::open(const Communicator& comm, int producer_rank,
+                                                             RemoteOptions o) {
   constexpr const char* call = "mpi::RemoteConsumer::open";
   LF_TRY_STATUS(detail::check_peer(comm, producer_rank, call));
   LF_TRY_STATUS(detail::check_channel(o.channel, call));
@@ -103,10 +104,12 @@ Result<std::unique_ptr<RemoteConsumer>> RemoteConsumer::open(const Communicator&
   m->watch = PeerWatch(comm, producer_rank, o.channel);
   Hello hello{};
   MPI_Request r = MPI_REQUEST_NULL;
-  LF_TRY_STATUS(check(MPI_Irecv(&hello, sizeof hello, MPI_BYTE, producer_rank, hello_tag(o.channel), m->comm, &r), "MPI_Irecv(announce)"));
+  LF_TRY_STATUS(check(MPI_Irecv(&hello, sizeof hello, MPI_BYTE, producer_rank, hello_tag(o.channel), m->comm, &r),
+                      "MPI_Irecv(announce)"));
   MPI_Status st;
-  auto got = poll_until([&] { return test(r, &st, "MPI_Test(announce)"); }, o.connect_timeout, o.wait,
-                        Errc::Timeout, [&] { return str_format("rank {} did not announce channel {} in time", producer_rank, o.channel); }, &m->watch);
+  auto got = poll_until(
+      [&] { return test(r, &st, "MPI_Test(announce)"); }, o.connect_timeout, o.wait, Errc::Timeout,
+      [&] { return str_format("rank {} did not announce channel {} in time", producer_rank, o.channel); }, &m->watch);
   if (!got) {
     cancel(r);
     return std::unexpected(got.error().within(call));
@@ -114,11 +117,14 @@ Result<std::unique_ptr<RemoteConsumer>> RemoteConsumer::open(const Communicator&
   int count = 0;
   MPI_Get_count(&st, MPI_BYTE, &count);
   if (count != static_cast<int>(sizeof hello) || hello.magic != kHelloMagic)
-    return fail(Errc::Malformed, call, str_format("rank {} sent {} bytes that are not a channel announcement", producer_rank, count));
+    return fail(Errc::Malformed, call,
+                str_format("rank {} sent {} bytes that are not a channel announcement", producer_rank, count));
   if (hello.version != kVersion)
-    return fail(Errc::VersionMismatch, call, str_format("announcement version {}, this build speaks {}", hello.version, kVersion));
+    return fail(Errc::VersionMismatch, call,
+                str_format("announcement version {}, this build speaks {}", hello.version, kVersion));
   if (hello.channel != o.channel)
-    return fail(Errc::Malformed, call, str_format("announcement for channel {} on channel {}'s tag", hello.channel, o.channel));
+    return fail(Errc::Malformed, call,
+                str_format("announcement for channel {} on channel {}'s tag", hello.channel, o.channel));
   RemoteOptions theirs = o;
   theirs.slots = hello.slots;
   theirs.slot_size = hello.slot_size;
@@ -129,13 +135,14 @@ Result<std::unique_ptr<RemoteConsumer>> RemoteConsumer::open(const Communicator&
   LF_TRY(m->ring, make_ring(theirs.slots, theirs.slot_size, o.vulkan, o.huge_pages));
   m->recvs.assign(theirs.slots, MPI_REQUEST_NULL);
   for (std::uint32_t k = 0; k < theirs.slots; ++k) {
-    LF_TRY_STATUS(check(MPI_Recv_init(m->ring.host_ptr(k), static_cast<int>(theirs.slot_size + kMaxTrailer), MPI_BYTE, producer_rank,
-                                      data_tag(o.channel), m->comm, &m->recvs[k]),
+    LF_TRY_STATUS(check(MPI_Recv_init(m->ring.host_ptr(k), static_cast<int>(theirs.slot_size + kMaxTrailer), MPI_BYTE,
+                                      producer_rank, data_tag(o.channel), m->comm, &m->recvs[k]),
                         "MPI_Recv_init(message)"));
     LF_TRY_STATUS(m->post(k));
   }
   std::uint32_t answer = kHelloMagic;
-  LF_TRY_STATUS(check(MPI_Send(&answer, 1, MPI_UINT32_T, producer_rank, ack_tag(o.channel), m->comm), "MPI_Send(answer)"));
+  LF_TRY_STATUS(
+      check(MPI_Send(&answer, 1, MPI_UINT32_T, producer_rank, ack_tag(o.channel), m->comm), "MPI_Send(answer)"));
   return std::unique_ptr<RemoteConsumer>(new RemoteConsumer(std::move(m)));
 }
 
@@ -144,37 +151,41 @@ Result<std::unique_ptr<RemoteConsumer>> RemoteConsumer::open(const Communicator&
 /// payload as it is in — the GPU path uploads it then. Returns the slot and the trailer. A channel
 /// that loses its place inside a chunked message is marked broken, and that ring buffer is not
 /// posted again (a GPU copy may still be reading it; the channel refuses every later call anyway).
-Result<std::pair<std::uint32_t, MessageInfo>> RemoteConsumer::Impl::take_next(Duration timeout, const PartFn& on_part, const char* call) {
+Result<std::pair<std::uint32_t, MessageInfo>> RemoteConsumer::Impl::take_next(Duration timeout, const PartFn& on_part,
+                                                                              const char* call) {
   auto& m = *this;
-  if (m.broken) return fail(Errc::Malformed, call, "the channel lost its place in a chunked message earlier: " + m.broken_reason);
+  if (m.broken)
+    return fail(Errc::Malformed, call, "the channel lost its place in a chunked message earlier: " + m.broken_reason);
   if (m.posted.empty())
     return fail(Errc::WouldBlock, call, "every ring buffer is held by the application: release one first");
   const std::uint32_t slot = m.posted.front();
   MPI_Status st;
   {
-  // Leftover credits go out once this wait lasts (the producer may be waiting for room); a short
-  // wait — the next message already on its way — costs no extra message and no clock read.
-  std::uint32_t misses = 0;
-  Clock::time_point wait_start{};
-  auto got = poll_until(
-      [&]() -> Result<bool> {
-        LF_TRY(bool arrived, test(m.recvs[slot], &st, "MPI_Test(message)"));
-        if (!arrived && m.released != m.credited && ++misses % 16 == 0) {
-          const auto now = Clock::now();
-          if (misses == 16) wait_start = now;
-          else if (now - wait_start > std::chrono::microseconds(20)) LF_TRY_STATUS(m.send_credit());
-        }
-        return arrived;
-      },
-      timeout, m.o.wait,
-                        Errc::Timeout, [&] { return str_format("no message from rank {} on channel {} in time", m.peer, m.o.channel); }, &m.watch);
-  if (!got) {
-    if (got.error().code() != Errc::Timeout) {  // e.g. MPI_ERR_TRUNCATE: the receive is over; re-post it
-      m.posted.pop_front();
-      (void)m.post(slot);
+    // Leftover credits go out once this wait lasts (the producer may be waiting for room); a short
+    // wait — the next message already on its way — costs no extra message and no clock read.
+    std::uint32_t misses = 0;
+    Clock::time_point wait_start{};
+    auto got = poll_until(
+        [&]() -> Result<bool> {
+          LF_TRY(bool arrived, test(m.recvs[slot], &st, "MPI_Test(message)"));
+          if (!arrived && m.released != m.credited && ++misses % 16 == 0) {
+            const auto now = Clock::now();
+            if (misses == 16)
+              wait_start = now;
+            else if (now - wait_start > std::chrono::microseconds(20))
+              LF_TRY_STATUS(m.send_credit());
+          }
+          return arrived;
+        },
+        timeout, m.o.wait, Errc::Timeout,
+        [&] { return str_format("no message from rank {} on channel {} in time", m.peer, m.o.channel); }, &m.watch);
+    if (!got) {
+      if (got.error().code() != Errc::Timeout) {  // e.g. MPI_ERR_TRUNCATE: the receive is over; re-post it
+        m.posted.pop_front();
+        (void)m.post(slot);
+      }
+      return std::unexpected(got.error().within(call));
     }
-    return std::unexpected(got.error().within(call));
-  }
   }
   m.posted.pop_front();
   int count = 0;
@@ -182,14 +193,19 @@ Result<std::pair<std::uint32_t, MessageInfo>> RemoteConsumer::Impl::take_next(Du
   std::byte* const base = m.ring.host_ptr(slot);
   auto t = Trailer::read({base, static_cast<std::size_t>(std::max(count, 0))});
   const bool chunked = t && (t->flags & kChunked) != 0;
-  const std::uint64_t arrived = t ? static_cast<std::uint64_t>(count) - t->length() : 0;  // payload bytes in this message
+  const std::uint64_t arrived =
+      t ? static_cast<std::uint64_t>(count) - t->length() : 0;  // payload bytes in this message
   std::string bad;
-  if (!t) bad = t.error();
+  if (!t)
+    bad = t.error();
   else if (!t->is_sequence(m.expected))
-    bad = str_format("sequence mismatch: message {} (low {} bits) arrived where {} was expected", t->seq, t->is_short ? 14 : 32, m.expected);
-  else if (!chunked && arrived > m.o.slot_size) bad = str_format("{} payload bytes; the ring buffer holds {}", arrived, m.o.slot_size);
+    bad = str_format("sequence mismatch: message {} (low {} bits) arrived where {} was expected", t->seq,
+                     t->is_short ? 14 : 32, m.expected);
+  else if (!chunked && arrived > m.o.slot_size)
+    bad = str_format("{} payload bytes; the ring buffer holds {}", arrived, m.o.slot_size);
   else if (chunked && (arrived != 0 || t->total == 0 || t->total > m.o.slot_size))
-    bad = str_format("chunked message of {} bytes with {} bytes before its trailer; the ring buffer holds {}", t->total, arrived, m.o.slot_size);
+    bad = str_format("chunked message of {} bytes with {} bytes before its trailer; the ring buffer holds {}", t->total,
+                     arrived, m.o.slot_size);
   if (!bad.empty()) {
     (void)m.post(slot);
     return fail(Errc::Malformed, call, str_format("rank {}, channel {}: {}", m.peer, m.o.channel, bad));
@@ -216,19 +232,24 @@ Result<std::pair<std::uint32_t, MessageInfo>> RemoteConsumer::Impl::take_next(Du
     // Each receive takes exactly its chunk's bytes: a longer chunk is MPI_ERR_TRUNCATE, never a
     // write past the slot.
     for (std::uint64_t k = 0; status && k < n; ++k)
-      status = check(MPI_Irecv(base + k * chunk, static_cast<int>(std::min(chunk, size - k * chunk)), MPI_BYTE, m.peer, chunk_tag(m.o.channel),
-                               m.comm, &parts[k]),
+      status = check(MPI_Irecv(base + k * chunk, static_cast<int>(std::min(chunk, size - k * chunk)), MPI_BYTE, m.peer,
+                               chunk_tag(m.o.channel), m.comm, &parts[k]),
                      "MPI_Irecv(chunk)");
     for (std::uint64_t k = 0; status && k < n; ++k) {
       MPI_Status cst;
       status = poll_until([&] { return test(parts[k], &cst, "MPI_Test(chunk)"); }, timeout, m.o.wait, Errc::Timeout,
-                          [&] { return str_format("chunk {} of {} of message {} from rank {} did not arrive in time", k, n, seq, m.peer); }, &m.watch);
+                          [&] {
+                            return str_format("chunk {} of {} of message {} from rank {} did not arrive in time", k, n,
+                                              seq, m.peer);
+                          },
+                          &m.watch);
       if (!status) break;
       int c = 0;
       MPI_Get_count(&cst, MPI_BYTE, &c);
       const std::uint64_t want = std::min(chunk, size - k * chunk);
       if (static_cast<std::uint64_t>(c) != want)
-        status = fail(Errc::Malformed, call, str_format("chunk {} of message {} holds {} bytes, expected {}", k, seq, c, want));
+        status = fail(Errc::Malformed, call,
+                      str_format("chunk {} of message {} holds {} bytes, expected {}", k, seq, c, want));
       else if (on_part)
         status = on_part({slot, seq, k * chunk, want, size});
     }
@@ -256,11 +277,12 @@ Result<MessageInfo> RemoteConsumer::receive_gpu(const GpuBuffer& dst, std::uint6
   }
   // Each part is uploaded as it lands. The whole message must fit at `offset`; its size is known
   // only from its trailer, so the first part checks it (the message is then consumed and reported).
-  std::vector<std::size_t> tickets;  // every copy is waited for: fences of separate submissions
+  std::vector<std::size_t> tickets;                      // every copy is waited for: fences of separate submissions
   auto upload = [&](const Impl::Part& part) -> Status {  // may signal out of order
     if (part.offset == 0 && offset + part.total > dst.size())
-      return fail(Errc::InvalidArgument, call, str_format("message {} of {} bytes does not fit at offset {} of a {}-byte GPU buffer",
-                                                          part.sequence, part.total, offset, dst.size()));
+      return fail(Errc::InvalidArgument, call,
+                  str_format("message {} of {} bytes does not fit at offset {} of a {}-byte GPU buffer", part.sequence,
+                             part.total, offset, dst.size()));
     if (part.bytes == 0) return {};
     LF_TRY(auto t, m.copier->copy(m.ring.pinned[part.slot].gpu_buffer(), part.offset, dst.buffer(),
                                   dst.offset() + offset + part.offset, part.bytes));

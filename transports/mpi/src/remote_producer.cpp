@@ -1,6 +1,4 @@
 // SPDX-License-Identifier: MIT
-#include "lavaflow/mpi/mpi.hpp"
-
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -12,6 +10,7 @@
 #include "checks.hpp"
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/vulkan_context.hpp"
+#include "lavaflow/mpi/mpi.hpp"
 #include "ring.hpp"
 #include "wait.hpp"
 #include "wire.hpp"
@@ -35,7 +34,7 @@ struct RemoteProducer::Impl {
   std::vector<MPI_Request> sends;
   std::vector<std::vector<MPI_Request>> chunk_sends;  // per slot: chunks 1… of a chunked message
   std::unique_ptr<ChunkCopier> copier;                // GPU staging, made on first use
-  std::vector<int> completed;  // MPI_Testsome's indices
+  std::vector<int> completed;                         // MPI_Testsome's indices
   std::vector<bool> loaned;
   std::uint32_t loans = 0, cursor = 0;
   std::uint64_t next_seq = 0, released = 0;
@@ -48,7 +47,8 @@ struct RemoteProducer::Impl {
   bool connected = false;
 
   Status post_credit() {
-    return check(MPI_Irecv(&credit, 1, MPI_UINT64_T, peer, credit_tag(o.channel), comm, &credit_req), "MPI_Irecv(credit)");
+    return check(MPI_Irecv(&credit, 1, MPI_UINT64_T, peer, credit_tag(o.channel), comm, &credit_req),
+                 "MPI_Irecv(credit)");
   }
 
   /// Takes in whatever the consumer has said (answer, credits) without waiting.
@@ -58,7 +58,8 @@ struct RemoteProducer::Impl {
       LF_TRY(bool got, test(ack_req, &st, "MPI_Test(answer)"));
       if (!got) return {};
       if (ack != kHelloMagic)
-        return fail(Errc::Malformed, "mpi::RemoteProducer", str_format("rank {} answered channel {} with {:#x}", peer, o.channel, ack));
+        return fail(Errc::Malformed, "mpi::RemoteProducer",
+                    str_format("rank {} answered channel {} with {:#x}", peer, o.channel, ack));
       connected = true;
       LF_TRY_STATUS(post_credit());
     }
@@ -68,8 +69,9 @@ struct RemoteProducer::Impl {
       LF_TRY(bool got, test(credit_req, &st, "MPI_Test(credit)"));
       if (!got) break;
       if (credit > next_seq || credit < released)
-        return fail(Errc::Malformed, "mpi::RemoteProducer",
-                    str_format("rank {} released {} messages of {} sent (before: {})", peer, credit, next_seq, released));
+        return fail(
+            Errc::Malformed, "mpi::RemoteProducer",
+            str_format("rank {} released {} messages of {} sent (before: {})", peer, credit, next_seq, released));
       released = credit;
       credited = true;
       LF_TRY_STATUS(post_credit());
@@ -79,8 +81,9 @@ struct RemoteProducer::Impl {
     if (credited) {
       int done = 0;
       completed.resize(sends.size());
-      LF_TRY_STATUS(check(MPI_Testsome(static_cast<int>(sends.size()), sends.data(), &done, completed.data(), MPI_STATUSES_IGNORE),
-                          "MPI_Testsome(sends)"));
+      LF_TRY_STATUS(check(
+          MPI_Testsome(static_cast<int>(sends.size()), sends.data(), &done, completed.data(), MPI_STATUSES_IGNORE),
+          "MPI_Testsome(sends)"));
     }
     return {};
   }
@@ -92,7 +95,8 @@ struct RemoteProducer::Impl {
     info.timestamp_ns = o.timestamps ? now_ns() : 0;
     if (info.user_tag != 0) flags |= kHasTag;
     if (o.timestamps) flags |= kHasTime;
-    const Trailer t{flags, Trailer::short_fits(info.size, flags), info.sequence, info.size, info.user_tag, info.timestamp_ns};
+    const Trailer t{
+        flags, Trailer::short_fits(info.size, flags), info.sequence, info.size, info.user_tag, info.timestamp_ns};
     t.write(ring.host_ptr(slot) + at);
     return t.length();
   }
@@ -109,9 +113,10 @@ struct RemoteProducer::Impl {
   /// sent from the spare bytes after the slot. The loan is spent; the chunks follow with send_chunk.
   Status send_trailer_alone(RemoteLoan& loan, MessageInfo& info, unsigned chunk_log2) {
     const std::uint32_t slot = loan.slot_;
-    const std::size_t trailer = write_trailer(slot, o.slot_size, info, static_cast<std::uint16_t>(kChunked | (chunk_log2 << 8)));
-    LF_TRY_STATUS(check(MPI_Isend(ring.host_ptr(slot) + o.slot_size, static_cast<int>(trailer), MPI_BYTE, peer, data_tag(o.channel), comm,
-                                  &sends[slot]),
+    const std::size_t trailer =
+        write_trailer(slot, o.slot_size, info, static_cast<std::uint16_t>(kChunked | (chunk_log2 << 8)));
+    LF_TRY_STATUS(check(MPI_Isend(ring.host_ptr(slot) + o.slot_size, static_cast<int>(trailer), MPI_BYTE, peer,
+                                  data_tag(o.channel), comm, &sends[slot]),
                         "MPI_Isend(trailer)"));
     sent(loan);
     return {};
@@ -120,8 +125,9 @@ struct RemoteProducer::Impl {
   /// Bytes [at, at + len) of `slot`'s ring buffer as the next chunk of its message.
   Status send_chunk(std::uint32_t slot, std::uint64_t at, std::uint64_t len) {
     MPI_Request r = MPI_REQUEST_NULL;
-    LF_TRY_STATUS(check(MPI_Isend(ring.host_ptr(slot) + at, static_cast<int>(len), MPI_BYTE, peer, chunk_tag(o.channel), comm, &r),
-                        "MPI_Isend(chunk)"));
+    LF_TRY_STATUS(check(
+        MPI_Isend(ring.host_ptr(slot) + at, static_cast<int>(len), MPI_BYTE, peer, chunk_tag(o.channel), comm, &r),
+        "MPI_Isend(chunk)"));
     chunk_sends[slot].push_back(r);
     return {};
   }
@@ -138,8 +144,9 @@ struct RemoteProducer::Impl {
       if (loaned[s]) continue;
       if (!chunk_sends[s].empty()) {
         int all = 0;
-        LF_TRY_STATUS(check(MPI_Testall(static_cast<int>(chunk_sends[s].size()), chunk_sends[s].data(), &all, MPI_STATUSES_IGNORE),
-                            "MPI_Testall(chunks)"));
+        LF_TRY_STATUS(check(
+            MPI_Testall(static_cast<int>(chunk_sends[s].size()), chunk_sends[s].data(), &all, MPI_STATUSES_IGNORE),
+            "MPI_Testall(chunks)"));
         if (!all) continue;
         chunk_sends[s].clear();
       }
@@ -165,7 +172,8 @@ RemoteProducer::Impl::~Impl() {
   cancel(credit_req);
 }
 
-Result<std::unique_ptr<RemoteProducer>> RemoteProducer::create(const Communicator& comm, int consumer_rank, RemoteOptions o) {
+Result<std::unique_ptr<RemoteProducer>> RemoteProducer::create(const Communicator& comm, int consumer_rank,
+                                                               RemoteOptions o) {
   constexpr const char* call = "mpi::RemoteProducer::create";
   LF_TRY_STATUS(check_options(o, call));
   LF_TRY_STATUS(detail::check_peer(comm, consumer_rank, call));
@@ -179,9 +187,11 @@ Result<std::unique_ptr<RemoteProducer>> RemoteProducer::create(const Communicato
   m->chunk_sends.resize(o.slots);
   m->loaned.assign(o.slots, false);
   m->hello = Hello{kHelloMagic, kVersion, 0, o.slots, o.channel, o.slot_size};
-  LF_TRY_STATUS(check(MPI_Irecv(&m->ack, 1, MPI_UINT32_T, consumer_rank, ack_tag(o.channel), m->comm, &m->ack_req), "MPI_Irecv(answer)"));
-  LF_TRY_STATUS(check(MPI_Isend(&m->hello, sizeof(Hello), MPI_BYTE, consumer_rank, hello_tag(o.channel), m->comm, &m->hello_req),
-                      "MPI_Isend(announce)"));
+  LF_TRY_STATUS(check(MPI_Irecv(&m->ack, 1, MPI_UINT32_T, consumer_rank, ack_tag(o.channel), m->comm, &m->ack_req),
+                      "MPI_Irecv(answer)"));
+  LF_TRY_STATUS(
+      check(MPI_Isend(&m->hello, sizeof(Hello), MPI_BYTE, consumer_rank, hello_tag(o.channel), m->comm, &m->hello_req),
+            "MPI_Isend(announce)"));
   return std::unique_ptr<RemoteProducer>(new RemoteProducer(std::move(m)));
 }
 
@@ -193,7 +203,8 @@ Result<RemoteLoan> RemoteProducer::loan(Duration timeout) {
           if (auto ok = m.progress(); !ok) return std::unexpected(ok.error());
           return m.connected;
         },
-        timeout, m.o.wait, Errc::Timeout, [&] { return str_format("rank {} did not open channel {} in time", m.peer, m.o.channel); }, &m.watch));
+        timeout, m.o.wait, Errc::Timeout,
+        [&] { return str_format("rank {} did not open channel {} in time", m.peer, m.o.channel); }, &m.watch));
     return try_loan();
   }
   std::optional<std::uint32_t> slot;
@@ -202,8 +213,13 @@ Result<RemoteLoan> RemoteProducer::loan(Duration timeout) {
         LF_TRY(slot, m.free_slot());
         return slot.has_value();
       },
-      timeout, m.o.wait, Errc::Timeout, [&] { return m.connected ? str_format("ring full: rank {} released no buffer of channel {} in time", m.peer, m.o.channel)
-                  : str_format("rank {} did not open channel {} in time", m.peer, m.o.channel); }, &m.watch));
+      timeout, m.o.wait, Errc::Timeout,
+      [&] {
+        return m.connected
+                   ? str_format("ring full: rank {} released no buffer of channel {} in time", m.peer, m.o.channel)
+                   : str_format("rank {} did not open channel {} in time", m.peer, m.o.channel);
+      },
+      &m.watch));
   return take(*slot);
 }
 
@@ -212,7 +228,8 @@ Result<RemoteLoan> RemoteProducer::try_loan() {
   LF_TRY(auto slot, m.free_slot());
   if (!slot)
     return fail(Errc::WouldBlock, "mpi::RemoteProducer::try_loan",
-                m.connected ? "ring full: the consumer has not released a buffer" : "the consumer has not opened the channel yet");
+                m.connected ? "ring full: the consumer has not released a buffer"
+                            : "the consumer has not opened the channel yet");
   return take(*slot);
 }
 
@@ -223,7 +240,8 @@ Result<MessageInfo> RemoteProducer::publish(RemoteLoan&& loan, MessageInfo info)
   const std::uint32_t slot = loan.slot_;
   if (info.size == 0) info.size = m.o.slot_size;
   if (info.size > m.o.slot_size)
-    return fail(Errc::InvalidArgument, call, str_format("{} bytes do not fit a {}-byte ring buffer", info.size, m.o.slot_size));
+    return fail(Errc::InvalidArgument, call,
+                str_format("{} bytes do not fit a {}-byte ring buffer", info.size, m.o.slot_size));
   if (info.size >= kSeparateTrailer) {
     // A large message goes in the chunked format: the trailer alone first, then the payload as it
     // is (1 GiB chunks), so MPI moves a payload of the application's size. Measured (design note
@@ -233,7 +251,8 @@ Result<MessageInfo> RemoteProducer::publish(RemoteLoan&& loan, MessageInfo info)
     // trailer is in; the payload's rendezvous waits for it without buffering anything.
     LF_TRY_STATUS(m.send_trailer_alone(loan, info, kMaxChunkLog2));
     const std::uint64_t chunk = 1ull << kMaxChunkLog2;
-    for (std::uint64_t at = 0; at < info.size; at += chunk) LF_TRY_STATUS(m.send_chunk(slot, at, std::min(chunk, info.size - at)));
+    for (std::uint64_t at = 0; at < info.size; at += chunk)
+      LF_TRY_STATUS(m.send_chunk(slot, at, std::min(chunk, info.size - at)));
     return info;
   }
   const std::size_t trailer = m.write_trailer(slot, info.size, info, 0);
@@ -242,23 +261,26 @@ Result<MessageInfo> RemoteProducer::publish(RemoteLoan&& loan, MessageInfo info)
     // Small: a blocking send. Its receive is posted already (every credit stands for one), and a
     // message this small goes eagerly in every MPI: MPI_Send returns once it is copied out,
     // without waiting for the consumer — and costs MPI less than MPI_Isend + a later completion.
-    LF_TRY_STATUS(check(MPI_Send(m.ring.host_ptr(slot), bytes, MPI_BYTE, m.peer, data_tag(m.o.channel), m.comm), "MPI_Send(message)"));
+    LF_TRY_STATUS(check(MPI_Send(m.ring.host_ptr(slot), bytes, MPI_BYTE, m.peer, data_tag(m.o.channel), m.comm),
+                        "MPI_Send(message)"));
   } else {
-    LF_TRY_STATUS(check(MPI_Isend(m.ring.host_ptr(slot), bytes, MPI_BYTE, m.peer, data_tag(m.o.channel), m.comm, &m.sends[slot]),
-                        "MPI_Isend(message)"));
+    LF_TRY_STATUS(
+        check(MPI_Isend(m.ring.host_ptr(slot), bytes, MPI_BYTE, m.peer, data_tag(m.o.channel), m.comm, &m.sends[slot]),
+              "MPI_Isend(message)"));
   }
   m.sent(loan);
   return info;
 }
 
-Result<MessageInfo> RemoteProducer::publish_gpu(RemoteLoan&& loan, const GpuBuffer& src, std::uint64_t offset, std::uint64_t size,
-                                                MessageInfo info) {
+Result<MessageInfo> RemoteProducer::publish_gpu(RemoteLoan&& loan, const GpuBuffer& src, std::uint64_t offset,
+                                                std::uint64_t size, MessageInfo info) {
   constexpr const char* call = "mpi::RemoteProducer::publish_gpu";
   auto& m = *impl_;
   if (loan.producer_ != this) return fail(Errc::InvalidArgument, call, "loan belongs to another channel");
   LF_TRY_STATUS(check_staging(m.o, src, offset, size, call));
   if (size == 0 || size > m.o.slot_size)
-    return fail(Errc::InvalidArgument, call, str_format("{} bytes: outside 1..{} (the ring buffer)", size, m.o.slot_size));
+    return fail(Errc::InvalidArgument, call,
+                str_format("{} bytes: outside 1..{} (the ring buffer)", size, m.o.slot_size));
   if (!m.copier) {
     LF_TRY(m.copier, ChunkCopier::create(*m.o.vulkan));
   }
@@ -269,7 +291,8 @@ Result<MessageInfo> RemoteProducer::publish_gpu(RemoteLoan&& loan, const GpuBuff
   std::vector<std::size_t> done(n);
   for (std::uint64_t k = 0; k < n; ++k) {
     const std::uint64_t len = std::min(chunk, size - k * chunk);
-    LF_TRY(done[k], m.copier->copy(src.buffer(), src.offset() + offset + k * chunk, m.ring.pinned[slot].gpu_buffer(), k * chunk, len));
+    LF_TRY(done[k], m.copier->copy(src.buffer(), src.offset() + offset + k * chunk, m.ring.pinned[slot].gpu_buffer(),
+                                   k * chunk, len));
   }
   // The trailer goes first, on its own (from the spare bytes after the slot): the consumer learns
   // the message's size and posts its chunk receives while the copies run.
@@ -296,7 +319,11 @@ Status RemoteProducer::flush(Duration timeout) {
         }
         return true;
       },
-      timeout, m.o.wait, Errc::Timeout, [&] { return str_format("rank {} released {} of {} messages of channel {} in time", m.peer, m.released, m.next_seq, m.o.channel); },
+      timeout, m.o.wait, Errc::Timeout,
+      [&] {
+        return str_format("rank {} released {} of {} messages of channel {} in time", m.peer, m.released, m.next_seq,
+                          m.o.channel);
+      },
       &m.watch);
 }
 
@@ -315,7 +342,8 @@ void RemoteProducer::give_back(std::uint32_t slot) {
 std::uint64_t RemoteProducer::slot_size() const { return impl_->o.slot_size; }
 std::uint32_t RemoteProducer::slots() const { return impl_->o.slots; }
 
-RemoteLoan::RemoteLoan(RemoteLoan&& o) noexcept : producer_(std::exchange(o.producer_, nullptr)), slot_(o.slot_), seq_(o.seq_) {}
+RemoteLoan::RemoteLoan(RemoteLoan&& o) noexcept
+    : producer_(std::exchange(o.producer_, nullptr)), slot_(o.slot_), seq_(o.seq_) {}
 RemoteLoan::~RemoteLoan() {
   if (producer_) producer_->give_back(slot_);
 }

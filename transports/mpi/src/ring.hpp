@@ -8,11 +8,11 @@
 #include <memory>
 #include <vector>
 
+#include "checks.hpp"
 #include "lavaflow/core/cpu_buffer.hpp"
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/vulkan_context.hpp"
 #include "lavaflow/mpi/mpi.hpp"
-#include "checks.hpp"
 #include "wire.hpp"
 
 namespace lavaflow::mpi::detail {
@@ -57,7 +57,8 @@ inline std::byte* map_aligned(std::uint64_t total, std::uint64_t align) {
   return base + head;
 }
 
-inline Result<Ring> make_ring(std::uint32_t slots, std::uint64_t slot_size, const VulkanContext* vulkan, bool huge_pages) {
+inline Result<Ring> make_ring(std::uint32_t slots, std::uint64_t slot_size, const VulkanContext* vulkan,
+                              bool huge_pages) {
   Ring r;
   r.slot_bytes = slot_size + kMaxTrailer;
   const std::uint64_t stride = (r.slot_bytes + 4095) / 4096 * 4096;
@@ -78,7 +79,9 @@ inline Result<Ring> make_ring(std::uint32_t slots, std::uint64_t slot_size, cons
     total = (total + kHugePage - 1) / kHugePage * kHugePage;
   }
   std::byte* p = map_aligned(total, align);
-  if (p == nullptr) return fail(Errc::OutOfMemory, "mpi ring", str_format("{} slots of {} bytes: {}", slots, stride, std::strerror(errno)));
+  if (p == nullptr)
+    return fail(Errc::OutOfMemory, "mpi ring",
+                str_format("{} slots of {} bytes: {}", slots, stride, std::strerror(errno)));
   r.block = std::unique_ptr<std::byte, Unmap>(p, Unmap{total});
   if (huge) (void)::madvise(p, total, MADV_HUGEPAGE);  // advice: without THP the ring still works
   std::memset(p, 0, total);  // faulted in now (in huge pages where granted), not on the message path
@@ -94,7 +97,8 @@ class ChunkCopier {
   static Result<std::unique_ptr<ChunkCopier>> create(const VulkanContext& vk) {
     try {
       auto c = std::unique_ptr<ChunkCopier>(new ChunkCopier(vk));
-      c->pool_ = vk::raii::CommandPool(vk.device(), {vk::CommandPoolCreateFlagBits::eResetCommandBuffer, vk.queue_family()});
+      c->pool_ =
+          vk::raii::CommandPool(vk.device(), {vk::CommandPoolCreateFlagBits::eResetCommandBuffer, vk.queue_family()});
       return c;
     } catch (const vk::SystemError& e) {
       return fail(Errc::Driver, "vkCreateCommandPool", e.what());
@@ -106,21 +110,25 @@ class ChunkCopier {
   }
 
   /// Queues a copy; returns a ticket for wait().
-  Result<std::size_t> copy(vk::Buffer src, std::uint64_t src_offset, vk::Buffer dst, std::uint64_t dst_offset, std::uint64_t bytes) {
+  Result<std::size_t> copy(vk::Buffer src, std::uint64_t src_offset, vk::Buffer dst, std::uint64_t dst_offset,
+                           std::uint64_t bytes) {
     try {
       std::size_t i = 0;  // a command buffer whose last copy is done, else a new one
       while (i < copies_.size() && copies_[i].busy && copies_[i].fence.getStatus() != vk::Result::eSuccess) ++i;
       if (i == copies_.size())
-        copies_.push_back({std::move(vk::raii::CommandBuffers(vk_.device(), {*pool_, vk::CommandBufferLevel::ePrimary, 1})[0]),
-                           vk::raii::Fence(vk_.device(), vk::FenceCreateInfo{}), false});
+        copies_.push_back(
+            {std::move(vk::raii::CommandBuffers(vk_.device(), {*pool_, vk::CommandBufferLevel::ePrimary, 1})[0]),
+             vk::raii::Fence(vk_.device(), vk::FenceCreateInfo{}), false});
       auto& c = copies_[i];
       if (c.busy) vk_.device().resetFences(*c.fence);
       c.cb.reset();
       c.cb.begin({vk::CommandBufferUsageFlagBits::eOneTimeSubmit});
       c.cb.copyBuffer(src, dst, vk::BufferCopy(src_offset, dst_offset, bytes));
-      vk::MemoryBarrier visible(vk::AccessFlagBits::eTransferWrite, vk::AccessFlagBits::eHostRead | vk::AccessFlagBits::eMemoryRead);
-      c.cb.pipelineBarrier(vk::PipelineStageFlagBits::eTransfer, vk::PipelineStageFlagBits::eHost | vk::PipelineStageFlagBits::eAllCommands,
-                           {}, visible, {}, {});
+      vk::MemoryBarrier visible(vk::AccessFlagBits::eTransferWrite,
+                                vk::AccessFlagBits::eHostRead | vk::AccessFlagBits::eMemoryRead);
+      c.cb.pipelineBarrier(vk::PipelineStageFlagBits::eTransfer,
+                           vk::PipelineStageFlagBits::eHost | vk::PipelineStageFlagBits::eAllCommands, {}, visible, {},
+                           {});
       c.cb.end();
       vk::CommandBuffer raw = *c.cb;
       vk_.queue().submit(vk::SubmitInfo({}, {}, raw), *c.fence);
@@ -131,7 +139,8 @@ class ChunkCopier {
     }
   }
   Status wait(std::size_t ticket, Duration timeout) {
-    const auto ns = timeout == kForever ? UINT64_MAX : static_cast<std::uint64_t>(std::chrono::nanoseconds(timeout).count());
+    const auto ns =
+        timeout == kForever ? UINT64_MAX : static_cast<std::uint64_t>(std::chrono::nanoseconds(timeout).count());
     if (vk_.device().waitForFences(*copies_.at(ticket).fence, VK_TRUE, ns) != vk::Result::eSuccess)
       return fail(Errc::Timeout, "vkWaitForFences(chunk copy)", "the GPU did not finish a chunk copy in time");
     return {};
@@ -149,10 +158,13 @@ class ChunkCopier {
   std::vector<Copy> copies_;  // destroyed before the pool
 };
 
-inline Status check_staging(const RemoteOptions& o, const GpuBuffer& gpu, std::uint64_t offset, std::uint64_t size, const char* call) {
-  if (!o.vulkan) return fail(Errc::InvalidArgument, call, "GPU staging needs RemoteOptions::vulkan (the GPU buffer's device)");
+inline Status check_staging(const RemoteOptions& o, const GpuBuffer& gpu, std::uint64_t offset, std::uint64_t size,
+                            const char* call) {
+  if (!o.vulkan)
+    return fail(Errc::InvalidArgument, call, "GPU staging needs RemoteOptions::vulkan (the GPU buffer's device)");
   if (offset > gpu.size() || size > gpu.size() - offset)
-    return fail(Errc::InvalidArgument, call, str_format("range [{}, +{}) outside the {}-byte GPU buffer", offset, size, gpu.size()));
+    return fail(Errc::InvalidArgument, call,
+                str_format("range [{}, +{}) outside the {}-byte GPU buffer", offset, size, gpu.size()));
   return {};
 }
 
@@ -160,7 +172,8 @@ inline Status check_options(const RemoteOptions& o, const char* call) {
   LF_TRY_STATUS(detail::check_channel(o.channel, call));
   if (o.policy == FullPolicy::DropOldest)
     return fail(Errc::Unsupported, call, "DropOldest is not available over MPI: a sent message cannot be taken back");
-  if (o.slots == 0 || o.slots > 1024) return fail(Errc::InvalidArgument, call, str_format("{} slots, allowed 1..1024", o.slots));
+  if (o.slots == 0 || o.slots > 1024)
+    return fail(Errc::InvalidArgument, call, str_format("{} slots, allowed 1..1024", o.slots));
   if (o.slot_size == 0 || o.slot_size > (1ull << 31) - kMaxTrailer)
     return fail(Errc::InvalidArgument, call, str_format("slot size {} outside 1..2 GiB", o.slot_size));
   if (!std::has_single_bit(o.chunk) || o.chunk < (1u << kMinChunkLog2) || o.chunk > (1u << kMaxChunkLog2))

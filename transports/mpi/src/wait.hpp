@@ -27,7 +27,8 @@ struct PeerWatch {
   int rank = -1, channel = 0;
   std::int32_t pid = 0;
   PeerWatch() = default;
-  PeerWatch(const Communicator& comm, int peer, int ch) : exit(comm.watch(peer)), rank(peer), channel(ch), pid(comm.location(peer).pid) {}
+  PeerWatch(const Communicator& comm, int peer, int ch)
+      : exit(comm.watch(peer)), rank(peer), channel(ch), pid(comm.location(peer).pid) {}
 };
 
 /// Polls `done` (returns Result<bool>) until true or `timeout`: spinning, then (unless
@@ -40,7 +41,8 @@ struct PeerWatch {
 /// exited: then what it sent before is taken in (a few more tests), and if that is not enough the
 /// wait ends in Errc::PeerLost instead of running into its timeout.
 template <class F, class W>
-inline Status poll_until(F&& done, Duration timeout, WaitMode mode, Errc on_timeout, W&& what, const PeerWatch* watch = nullptr) {
+inline Status poll_until(F&& done, Duration timeout, WaitMode mode, Errc on_timeout, W&& what,
+                         const PeerWatch* watch = nullptr) {
   LF_TRY(bool first, done());
   if (first) return {};
   if (timeout <= Duration::zero()) return fail(on_timeout, "lavaflow::mpi", what());
@@ -62,7 +64,8 @@ inline Status poll_until(F&& done, Duration timeout, WaitMode mode, Errc on_time
           if (late) return {};
         }
         return fail(Errc::PeerLost, "lavaflow::mpi",
-                    str_format("rank {} (pid {}) has exited: channel {} gets no answer from it", watch->rank, watch->pid, watch->channel));
+                    str_format("rank {} (pid {}) has exited: channel {} gets no answer from it", watch->rank,
+                               watch->pid, watch->channel));
       }
     }
     if (now >= deadline) return fail(on_timeout, "lavaflow::mpi", what());

@@ -39,7 +39,7 @@ constexpr int kBlockingSendMax = 256;
 constexpr std::uint64_t kShortMax = 64;
 constexpr std::uint16_t kShortMarker = 0xC000, kShortSeqMask = 0x3FFF;
 
-struct TrailerEnd {  // the last 8 bytes of every full trailer
+struct TrailerEnd {   // the last 8 bytes of every full trailer
   std::uint32_t seq;  // low 32 bits of the sequence number
   std::uint16_t flags;
   std::uint16_t magic;
@@ -69,7 +69,10 @@ struct Trailer {
       std::memcpy(at, &v, 2);
       return;
     }
-    auto put = [&](std::uint64_t v) { std::memcpy(at, &v, 8); at += 8; };
+    auto put = [&](std::uint64_t v) {
+      std::memcpy(at, &v, 8);
+      at += 8;
+    };
     if (flags & kChunked) put(total);
     if (flags & kHasTag) put(tag);
     if (flags & kHasTime) put(timestamp_ns);
@@ -86,11 +89,13 @@ struct Trailer {
       t.is_short = true;
       t.seq = last & kShortSeqMask;
       if (msg.size() - 2 > kShortMax)
-        return std::unexpected(str_format("{} payload bytes before a short trailer (at most {})", msg.size() - 2, kShortMax));
+        return std::unexpected(
+            str_format("{} payload bytes before a short trailer (at most {})", msg.size() - 2, kShortMax));
       return t;
     }
     if ((last & 0xff00) != (kDataMagic & 0xff00)) return std::unexpected(str_format("bad trailer magic {:#x}", last));
-    if (msg.size() < sizeof(TrailerEnd)) return std::unexpected(str_format("{} bytes: shorter than a message trailer", msg.size()));
+    if (msg.size() < sizeof(TrailerEnd))
+      return std::unexpected(str_format("{} bytes: shorter than a message trailer", msg.size()));
     TrailerEnd e{};
     std::memcpy(&e, msg.data() + msg.size() - sizeof e, sizeof e);
     if (e.magic != kDataMagic)
@@ -102,9 +107,15 @@ struct Trailer {
     Trailer t;
     t.flags = e.flags;
     t.seq = e.seq;
-    if (msg.size() < t.length()) return std::unexpected(str_format("{} bytes: shorter than their {}-byte trailer", msg.size(), t.length()));
+    if (msg.size() < t.length())
+      return std::unexpected(str_format("{} bytes: shorter than their {}-byte trailer", msg.size(), t.length()));
     const std::byte* at = msg.data() + msg.size() - t.length();
-    auto get = [&] { std::uint64_t v; std::memcpy(&v, at, 8); at += 8; return v; };
+    auto get = [&] {
+      std::uint64_t v;
+      std::memcpy(&v, at, 8);
+      at += 8;
+      return v;
+    };
     if (t.flags & kChunked) t.total = get();
     if (t.flags & kHasTag) t.tag = get();
     if (t.flags & kHasTime) t.timestamp_ns = get();

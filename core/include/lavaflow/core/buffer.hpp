@@ -38,16 +38,16 @@ struct ExportDescriptor {
 
   std::uint16_t version = kVersion;
   BufferKind kind = BufferKind::CpuShared;
-  bool dedicated = false;              ///< Vulkan dedicated allocation (GPU kinds)
-  std::uint64_t allocation_size = 0;   ///< bytes of the memory object behind the fd
-  std::uint64_t buffer_size = 0;       ///< VkBuffer creation size (GPU kinds), equals allocation for CPU
-  std::uint64_t offset = 0;            ///< start of the user's range inside the buffer
-  std::uint64_t size = 0;              ///< length of the user's range
-  std::uint32_t memory_type_index = 0; ///< exporter's Vulkan memory type (GPU kinds)
-  std::uint32_t usage = 0;             ///< VkBufferUsageFlags the buffer was created with
-  std::uint32_t memory_flags = 0;      ///< VkMemoryPropertyFlags of that memory type
-  Uuid device_uuid{};                  ///< exporter's device (zero for CPU kinds)
-  Uuid driver_uuid{};                  ///< exporter's driver (zero for CPU kinds)
+  bool dedicated = false;               ///< Vulkan dedicated allocation (GPU kinds)
+  std::uint64_t allocation_size = 0;    ///< bytes of the memory object behind the fd
+  std::uint64_t buffer_size = 0;        ///< VkBuffer creation size (GPU kinds), equals allocation for CPU
+  std::uint64_t offset = 0;             ///< start of the user's range inside the buffer
+  std::uint64_t size = 0;               ///< length of the user's range
+  std::uint32_t memory_type_index = 0;  ///< exporter's Vulkan memory type (GPU kinds)
+  std::uint32_t usage = 0;              ///< VkBufferUsageFlags the buffer was created with
+  std::uint32_t memory_flags = 0;       ///< VkMemoryPropertyFlags of that memory type
+  Uuid device_uuid{};                   ///< exporter's device (zero for CPU kinds)
+  Uuid driver_uuid{};                   ///< exporter's driver (zero for CPU kinds)
 
   [[nodiscard]] std::vector<std::byte> serialize() const;
   [[nodiscard]] static Result<ExportDescriptor> deserialize(std::span<const std::byte> bytes);

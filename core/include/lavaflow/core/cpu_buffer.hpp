@@ -7,7 +7,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-
 #include <vulkan/vulkan.hpp>
 
 #include "lavaflow/core/buffer.hpp"
@@ -28,9 +27,9 @@ enum class CpuStrategy : std::uint8_t {
 
 /// What this machine offers to the CPU strategies.
 struct CpuTopology {
-  bool numa_library = false;      ///< built with libnuma and numa_available() succeeded
+  bool numa_library = false;  ///< built with libnuma and numa_available() succeeded
   int numa_nodes = 1;
-  std::uint64_t huge_page_size = 0;   ///< default huge page size in bytes (0: none)
+  std::uint64_t huge_page_size = 0;  ///< default huge page size in bytes (0: none)
   std::uint64_t huge_pages_total = 0;
   std::uint64_t huge_pages_free = 0;
   int cpus = 1;
@@ -83,7 +82,7 @@ class CpuBuffer final : public Buffer {
   /// For GpuPinned: the Vulkan buffer over the same pages; null handle otherwise.
   [[nodiscard]] vk::Buffer gpu_buffer() const;
 
- struct Impl;  ///< internal
+  struct Impl;  ///< internal
 
  private:
   explicit CpuBuffer(std::unique_ptr<Impl> impl);

@@ -15,21 +15,21 @@ namespace lavaflow {
 
 /// Broad class of a failure, stable enough to branch on.
 enum class Errc : std::uint8_t {
-  InvalidArgument,    ///< caller passed a bad value (size, index, option)
-  Malformed,          ///< bytes from outside (socket, shared memory, file) failed validation
-  VersionMismatch,    ///< descriptor / wire format of another version
-  DeviceMismatch,     ///< handle comes from another device or driver than the importer
-  Unsupported,        ///< the driver, device or machine lacks what is needed
-  OutOfMemory,        ///< host or device memory exhausted
-  NotFound,           ///< no such device, name, peer
-  Timeout,            ///< a bounded wait ran out
-  WouldBlock,         ///< a non-blocking call could not proceed
-  PeerLost,           ///< the other process died or hung up
-  PermissionDenied,   ///< peer of another uid, or OS refused
-  Unreachable,        ///< peer is on another host for a node-local mechanism
-  System,             ///< an OS call failed (see message for errno)
-  Driver,             ///< a graphics/compute driver call failed
-  Internal,           ///< a bug in lava-flow
+  InvalidArgument,   ///< caller passed a bad value (size, index, option)
+  Malformed,         ///< bytes from outside (socket, shared memory, file) failed validation
+  VersionMismatch,   ///< descriptor / wire format of another version
+  DeviceMismatch,    ///< handle comes from another device or driver than the importer
+  Unsupported,       ///< the driver, device or machine lacks what is needed
+  OutOfMemory,       ///< host or device memory exhausted
+  NotFound,          ///< no such device, name, peer
+  Timeout,           ///< a bounded wait ran out
+  WouldBlock,        ///< a non-blocking call could not proceed
+  PeerLost,          ///< the other process died or hung up
+  PermissionDenied,  ///< peer of another uid, or OS refused
+  Unreachable,       ///< peer is on another host for a node-local mechanism
+  System,            ///< an OS call failed (see message for errno)
+  Driver,            ///< a graphics/compute driver call failed
+  Internal,          ///< a bug in lava-flow
 };
 
 /// Human-readable name of an error class.
@@ -79,12 +79,12 @@ using Status = std::expected<void, Error>;
 #define LF_CONCAT_INNER(a, b) a##b
 #define LF_CONCAT(a, b) LF_CONCAT_INNER(a, b)
 #define LF_TRY(decl, expr) LF_TRY_IMPL(LF_CONCAT(lf_try_, __LINE__), decl, expr)
-#define LF_TRY_IMPL(tmp, decl, expr)                          \
-  auto tmp = (expr);                                          \
-  if (!tmp) return std::unexpected(std::move(tmp).error());   \
+#define LF_TRY_IMPL(tmp, decl, expr)                        \
+  auto tmp = (expr);                                        \
+  if (!tmp) return std::unexpected(std::move(tmp).error()); \
   decl = std::move(*tmp)
-#define LF_TRY_STATUS(expr)                                                          \
-  do {                                                                               \
-    auto lf_try_status_ = (expr);                                                    \
+#define LF_TRY_STATUS(expr)                                                         \
+  do {                                                                              \
+    auto lf_try_status_ = (expr);                                                   \
     if (!lf_try_status_) return std::unexpected(std::move(lf_try_status_).error()); \
   } while (0)

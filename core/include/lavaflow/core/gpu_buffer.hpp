@@ -37,8 +37,8 @@ class GpuBuffer final : public Buffer {
   /// exported as an opaque fd (e.g. CUDA's cuMemCreate): not dedicated, a device-local memory
   /// type this device allows for buffers, the buffer spanning the whole allocation and the user's
   /// range its first `size` bytes.
-  [[nodiscard]] static Result<ExportDescriptor> describe_foreign(const VulkanContext& ctx, std::uint64_t allocation_size,
-                                                                 std::uint64_t size);
+  [[nodiscard]] static Result<ExportDescriptor> describe_foreign(const VulkanContext& ctx,
+                                                                 std::uint64_t allocation_size, std::uint64_t size);
 
   GpuBuffer(GpuBuffer&&) noexcept;
   GpuBuffer& operator=(GpuBuffer&&) noexcept;

@@ -36,9 +36,9 @@ struct ImageDescriptor {
   bool dedicated = true;
   std::uint32_t width = 0;
   std::uint32_t height = 0;
-  std::uint32_t usage = 0;              ///< VkImageUsageFlags the image was created with
+  std::uint32_t usage = 0;  ///< VkImageUsageFlags the image was created with
   std::uint32_t memory_type_index = 0;
-  std::uint32_t memory_flags = 0;       ///< VkMemoryPropertyFlags of that memory type
+  std::uint32_t memory_flags = 0;  ///< VkMemoryPropertyFlags of that memory type
   std::uint64_t allocation_size = 0;
   Uuid device_uuid{};
   Uuid driver_uuid{};
@@ -47,9 +47,7 @@ struct ImageDescriptor {
   [[nodiscard]] static Result<ImageDescriptor> deserialize(std::span<const std::byte> bytes);
   [[nodiscard]] Status validate() const;
   /// Tightly packed bytes of one copy of the pixels (width × height × bytes per pixel).
-  [[nodiscard]] std::uint64_t packed_size() const {
-    return std::uint64_t{width} * height * bytes_per_pixel(format);
-  }
+  [[nodiscard]] std::uint64_t packed_size() const { return std::uint64_t{width} * height * bytes_per_pixel(format); }
 };
 
 struct ImageExport {

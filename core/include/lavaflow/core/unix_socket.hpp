@@ -21,7 +21,7 @@ struct SocketMessage {
   std::vector<UniqueFd> fds;
 };
 
-inline constexpr std::size_t kMaxMessageFds = 64;     ///< per frame
+inline constexpr std::size_t kMaxMessageFds = 64;  ///< per frame
 inline constexpr std::size_t kMaxMessagePayload = 64 * 1024;
 
 /// A connected pair of SOCK_SEQPACKET sockets (close-on-exec).

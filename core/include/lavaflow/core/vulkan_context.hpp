@@ -11,7 +11,6 @@
 #include <string>
 #include <variant>
 #include <vector>
-
 #include <vulkan/vulkan_raii.hpp>
 
 #include "lavaflow/core/error.hpp"
@@ -28,14 +27,14 @@ struct DeviceCapabilities {
   std::string driver_info;
   std::uint32_t api_version = 0;
   std::uint64_t device_local_bytes = 0;
-  bool memory_fd_export = false;      ///< opaque-fd export of buffer memory
-  bool memory_fd_import = false;      ///< opaque-fd import of buffer memory
-  bool memory_host_import = false;    ///< VK_EXT_external_memory_host
+  bool memory_fd_export = false;    ///< opaque-fd export of buffer memory
+  bool memory_fd_import = false;    ///< opaque-fd import of buffer memory
+  bool memory_host_import = false;  ///< VK_EXT_external_memory_host
   std::uint64_t host_import_alignment = 0;
-  bool semaphore_fd_export = false;   ///< binary semaphore, opaque fd
+  bool semaphore_fd_export = false;  ///< binary semaphore, opaque fd
   bool semaphore_fd_import = false;
-  bool timeline_semaphore = false;    ///< feature present
-  bool timeline_fd_export = false;    ///< timeline semaphore exportable as opaque fd
+  bool timeline_semaphore = false;  ///< feature present
+  bool timeline_fd_export = false;  ///< timeline semaphore exportable as opaque fd
   bool fence_fd_export = false;
   std::vector<std::string> extensions;  ///< lava-flow-relevant extensions the device has
 };
@@ -89,8 +88,7 @@ class VulkanContext {
   [[nodiscard]] bool has_extension(std::string_view name) const;
 
   /// First memory type in `type_bits` that has all of `required` flags.
-  [[nodiscard]] Result<std::uint32_t> find_memory_type(std::uint32_t type_bits,
-                                                       vk::MemoryPropertyFlags required) const;
+  [[nodiscard]] Result<std::uint32_t> find_memory_type(std::uint32_t type_bits, vk::MemoryPropertyFlags required) const;
 
   /// Shared state that buffers keep alive; not for users.
   [[nodiscard]] const std::shared_ptr<const detail::VulkanState>& state() const { return state_; }

@@ -19,7 +19,6 @@
 #include <span>
 #include <string>
 #include <type_traits>
-
 #include <vulkan/vulkan.hpp>
 
 #include "lavaflow/core/duration.hpp"
@@ -40,11 +39,10 @@ enum class FullPolicy : std::uint8_t {
   FailFast,    ///< loan() reports WouldBlock at once
 };
 
-
 struct ProducerOptions {
-  std::uint32_t slots = 8;                 ///< ring length N (1..62)
-  std::uint64_t slot_size = 1 << 20;       ///< bytes per ring buffer
-  std::uint32_t max_consumers = 16;        ///< 1..16
+  std::uint32_t slots = 8;            ///< ring length N (1..62)
+  std::uint64_t slot_size = 1 << 20;  ///< bytes per ring buffer
+  std::uint32_t max_consumers = 16;   ///< 1..16
   FullPolicy policy = FullPolicy::Block;
   WaitMode wait = WaitMode::SpinThenBlock;
   /// Stamp each message with CLOCK_MONOTONIC at publish (MessageInfo::timestamp_ns). Costs about
@@ -66,14 +64,14 @@ struct ConsumerOptions {
   bool host_wait_for_gpu = true;
   Duration connect_timeout = std::chrono::seconds(10);  ///< wait this long for the producer to appear
   TransportSet transports;  ///< must contain the producer's transport; empty: lavaflow::local_transports()
-  const VulkanContext* vulkan = nullptr;   ///< for importing Vulkan rings; null = make one when needed
+  const VulkanContext* vulkan = nullptr;  ///< for importing Vulkan rings; null = make one when needed
   std::optional<HostIdentity> host;
   std::filesystem::path directory;
 };
 
 /// Optional per-message header.
 struct MessageInfo {
-  std::uint64_t size = 0;          ///< bytes used (≤ slot size); publish(): 0 means the whole slot
+  std::uint64_t size = 0;  ///< bytes used (≤ slot size); publish(): 0 means the whole slot
   std::uint64_t user_tag = 0;
   std::uint64_t timestamp_ns = 0;  ///< CLOCK_MONOTONIC at publish, when the producer stamps (else 0)
   std::uint64_t sequence = 0;      ///< 0, 1, 2, … per channel (set by publish)
@@ -202,7 +200,6 @@ class Producer {
   /// Waits until at least `n` consumers are connected.
   [[nodiscard]] Status wait_for_consumers(std::uint32_t n, Duration timeout);
 
-
  private:
   explicit Producer(std::unique_ptr<detail::ProducerState> state);
   std::unique_ptr<detail::ProducerState> impl_;
@@ -229,7 +226,6 @@ class Consumer {
   /// The shared timeline itself (null without one): export_fd() hands it to CUDA or another API.
   [[nodiscard]] const GpuSemaphore* gpu_timeline() const;
 
-
  private:
   explicit Consumer(std::unique_ptr<detail::ConsumerState> state);
   std::unique_ptr<detail::ConsumerState> impl_;
@@ -239,12 +235,13 @@ class Consumer {
 /// `producer->name()`.
 struct Channel {
   [[nodiscard]] static Result<std::unique_ptr<Producer>> create(const VulkanContext* vulkan, const ProcessLocation& me,
-                                                                const ProcessLocation& peer, ProducerOptions options = {});
+                                                                const ProcessLocation& peer,
+                                                                ProducerOptions options = {});
 };
 
 /// Typed channels for trivially copyable T: one T per message.
 template <class T>
-  requires std::is_trivially_copyable_v<T>
+requires std::is_trivially_copyable_v<T>
 class TypedProducer {
  public:
   explicit TypedProducer(std::unique_ptr<Producer> p) : p_(std::move(p)) {}
@@ -252,7 +249,8 @@ class TypedProducer {
     LF_TRY(Loan loan, p_->loan(timeout));
     auto b = loan.bytes();
     if (b.empty() && p_->slot_size() >= sizeof(T))
-      return fail(Errc::Unsupported, "TypedProducer::send", "ring buffers are device-local GPU memory without a host mapping");
+      return fail(Errc::Unsupported, "TypedProducer::send",
+                  "ring buffers are device-local GPU memory without a host mapping");
     if (b.size() < sizeof(T)) return fail(Errc::InvalidArgument, "TypedProducer::send", "slot smaller than T");
     std::memcpy(b.data(), &value, sizeof(T));
     return p_->publish(std::move(loan), {.size = sizeof(T)});
@@ -264,7 +262,7 @@ class TypedProducer {
 };
 
 template <class T>
-  requires std::is_trivially_copyable_v<T>
+requires std::is_trivially_copyable_v<T>
 class TypedConsumer {
  public:
   explicit TypedConsumer(std::unique_ptr<Consumer> c) : c_(std::move(c)) {}

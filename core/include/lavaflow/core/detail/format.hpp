@@ -20,9 +20,19 @@ inline void format_one(std::ostringstream& os, std::string_view spec, const auto
   std::ostringstream tmp;
   bool left = false;
   std::size_t i = 0;
-  if (i < spec.size() && spec[i] == '<') { left = true; ++i; }
-  if (i < spec.size() && spec[i] == '#') { tmp << std::showbase; ++i; }
-  if (i < spec.size() && spec[i] == '0') { tmp << std::setfill('0'); left = false; ++i; }
+  if (i < spec.size() && spec[i] == '<') {
+    left = true;
+    ++i;
+  }
+  if (i < spec.size() && spec[i] == '#') {
+    tmp << std::showbase;
+    ++i;
+  }
+  if (i < spec.size() && spec[i] == '0') {
+    tmp << std::setfill('0');
+    left = false;
+    ++i;
+  }
   int width = 0;
   while (i < spec.size() && spec[i] >= '0' && spec[i] <= '9') width = width * 10 + (spec[i++] - '0');
   int precision = -1;
@@ -43,7 +53,8 @@ inline void format_one(std::ostringstream& os, std::string_view spec, const auto
   }
   std::string s = tmp.str();
   if (static_cast<int>(s.size()) < width) {
-    const std::string pad(static_cast<std::size_t>(width) - s.size(), spec.find('0') == 0 || (spec.size() > 1 && spec[spec[0] == '#'] == '0') ? '0' : ' ');
+    const std::string pad(static_cast<std::size_t>(width) - s.size(),
+                          spec.find('0') == 0 || (spec.size() > 1 && spec[spec[0] == '#'] == '0') ? '0' : ' ');
     s = left ? s + pad : (pad[0] == '0' && s.rfind("0x", 0) == 0 ? "0x" + pad + s.substr(2) : pad + s);
   }
   os << s;

@@ -4,7 +4,6 @@
 // crosses the public API.
 #include <exception>
 #include <type_traits>
-
 #include <vulkan/vulkan_raii.hpp>
 
 #include "lavaflow/core/error.hpp"
@@ -12,9 +11,13 @@
 namespace lavaflow::detail {
 
 template <class T>
-struct as_result { using type = Result<T>; };
+struct as_result {
+  using type = Result<T>;
+};
 template <class T>
-struct as_result<Result<T>> { using type = Result<T>; };
+struct as_result<Result<T>> {
+  using type = Result<T>;
+};
 
 /// Result<R> for a callable returning R; a callable that already returns Result<T> keeps it.
 template <class F>

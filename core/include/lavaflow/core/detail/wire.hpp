@@ -23,10 +23,8 @@ static_assert(std::endian::native == std::endian::little, "lava-flow wire format
 class Writer {
  public:
   template <class T>
-    requires std::is_integral_v<T> || std::is_enum_v<T>
-  void put(T v) {
-    append(&v, sizeof v);
-  }
+  requires std::is_integral_v<T> || std::is_enum_v<T>
+  void put(T v) { append(&v, sizeof v); }
   template <std::size_t N>
   void put(const std::array<std::uint8_t, N>& a) {
     append(a.data(), N);
@@ -55,7 +53,7 @@ class Reader {
   Reader(std::span<const std::byte> bytes, std::string what) : bytes_(bytes), what_(std::move(what)) {}
 
   template <class T>
-    requires std::is_integral_v<T> || std::is_enum_v<T>
+  requires std::is_integral_v<T> || std::is_enum_v<T>
   [[nodiscard]] Result<T> get() {
     if (remaining() < sizeof(T)) return short_read(sizeof(T));
     T v;
@@ -74,8 +72,8 @@ class Reader {
     auto len = get<std::uint16_t>();
     if (!len) return std::unexpected(len.error());
     if (*len > max_len)
-      return fail(Errc::Malformed, what_, "string length " + std::to_string(*len) + " exceeds limit " +
-                                              std::to_string(max_len));
+      return fail(Errc::Malformed, what_,
+                  "string length " + std::to_string(*len) + " exceeds limit " + std::to_string(max_len));
     if (remaining() < *len) return short_read(*len);
     std::string s(reinterpret_cast<const char*>(bytes_.data() + pos_), *len);
     pos_ += *len;
@@ -84,8 +82,7 @@ class Reader {
   [[nodiscard]] std::size_t remaining() const { return bytes_.size() - pos_; }
   /// Fails when bytes are left over (a strict format has no trailing garbage).
   [[nodiscard]] Status expect_end() const {
-    if (remaining() != 0)
-      return fail(Errc::Malformed, what_, std::to_string(remaining()) + " trailing bytes");
+    if (remaining() != 0) return fail(Errc::Malformed, what_, std::to_string(remaining()) + " trailing bytes");
     return {};
   }
 

@@ -20,13 +20,13 @@
 #include <vector>
 
 #include "lavaflow/core/buffer.hpp"
-#include "lavaflow/transports/channel.hpp"
 #include "lavaflow/core/error.hpp"
 #include "lavaflow/core/gpu_buffer.hpp"
 #include "lavaflow/core/gpu_image.hpp"
 #include "lavaflow/core/gpu_semaphore.hpp"
 #include "lavaflow/core/location.hpp"
 #include "lavaflow/core/unique_fd.hpp"
+#include "lavaflow/transports/channel.hpp"
 
 namespace lavaflow::cuda {
 
@@ -127,7 +127,12 @@ class ExportableAllocation {
   friend class Interop;
   ExportableAllocation(std::shared_ptr<const Driver> d, unsigned long long handle, unsigned long long ptr,
                        std::uint64_t size, std::uint64_t allocation_size, Uuid device)
-      : driver_(std::move(d)), handle_(handle), ptr_(ptr), size_(size), allocation_size_(allocation_size), device_(device) {}
+      : driver_(std::move(d)),
+        handle_(handle),
+        ptr_(ptr),
+        size_(size),
+        allocation_size_(allocation_size),
+        device_(device) {}
   std::shared_ptr<const Driver> driver_;
   unsigned long long handle_ = 0;  // CUmemGenericAllocationHandle
   unsigned long long ptr_ = 0;     // CUdeviceptr

@@ -24,10 +24,10 @@
 #include <vector>
 
 #include "lavaflow/core/buffer.hpp"
-#include "lavaflow/transports/channel.hpp"
 #include "lavaflow/core/error.hpp"
 #include "lavaflow/core/location.hpp"
 #include "lavaflow/core/unique_fd.hpp"
+#include "lavaflow/transports/channel.hpp"
 
 namespace lavaflow::cl {
 
@@ -39,12 +39,12 @@ struct DeviceInfo {
   cl_platform_id platform = nullptr;
   cl_device_id device = nullptr;
   std::string platform_name, name, version, driver_version;
-  bool cpu = false;                 ///< CL_DEVICE_TYPE_CPU
-  bool uuid_known = false;          ///< cl_khr_device_uuid
+  bool cpu = false;         ///< CL_DEVICE_TYPE_CPU
+  bool uuid_known = false;  ///< cl_khr_device_uuid
   Uuid device_uuid{}, driver_uuid{};
   bool external_memory_fd = false;  ///< cl_khr_external_memory_opaque_fd
   bool external_semaphore_fd = false;
-  bool host_pointer_path = false;   ///< CPU device: mapped lava-flow memory usable in place
+  bool host_pointer_path = false;  ///< CPU device: mapped lava-flow memory usable in place
 };
 
 /// Every OpenCL device of every platform (empty when there is no ICD).
@@ -124,7 +124,8 @@ class Interop {
   /// Imports a lava-flow buffer by the best path this device has: external memory for Vulkan
   /// memory from the same device, else the host pointer on a CPU device. Unsupported, naming why,
   /// when neither applies (device-local memory on a device without the extension, …).
-  [[nodiscard]] Result<Memory> import_buffer(const lavaflow::Buffer& buffer, cl_mem_flags flags = CL_MEM_READ_WRITE) const;
+  [[nodiscard]] Result<Memory> import_buffer(const lavaflow::Buffer& buffer,
+                                             cl_mem_flags flags = CL_MEM_READ_WRITE) const;
   /// External-memory import of an exported range. Consumes `fd` on success only.
   [[nodiscard]] Result<Memory> import_buffer(const ExportDescriptor& desc, UniqueFd&& fd,
                                              cl_mem_flags flags = CL_MEM_READ_WRITE) const;

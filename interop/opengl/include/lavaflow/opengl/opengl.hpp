@@ -18,12 +18,12 @@
 #include <vector>
 
 #include "lavaflow/core/buffer.hpp"
-#include "lavaflow/transports/channel.hpp"
 #include "lavaflow/core/error.hpp"
 #include "lavaflow/core/gpu_image.hpp"
 #include "lavaflow/core/gpu_semaphore.hpp"
 #include "lavaflow/core/location.hpp"
 #include "lavaflow/core/unique_fd.hpp"
+#include "lavaflow/transports/channel.hpp"
 
 namespace lavaflow::gl {
 
@@ -34,12 +34,12 @@ namespace lavaflow::gl {
 /// What the current GL context offers for sharing.
 struct Capabilities {
   std::string vendor, renderer, version;
-  bool memory_object = false;     ///< GL_EXT_memory_object
-  bool memory_object_fd = false;  ///< GL_EXT_memory_object_fd
-  bool semaphore = false;         ///< GL_EXT_semaphore
-  bool semaphore_fd = false;      ///< GL_EXT_semaphore_fd
-  std::vector<Uuid> device_uuids; ///< GL_DEVICE_UUID_EXT, one per device of the context
-  Uuid driver_uuid{};             ///< GL_DRIVER_UUID_EXT
+  bool memory_object = false;      ///< GL_EXT_memory_object
+  bool memory_object_fd = false;   ///< GL_EXT_memory_object_fd
+  bool semaphore = false;          ///< GL_EXT_semaphore
+  bool semaphore_fd = false;       ///< GL_EXT_semaphore_fd
+  std::vector<Uuid> device_uuids;  ///< GL_DEVICE_UUID_EXT, one per device of the context
+  Uuid driver_uuid{};              ///< GL_DRIVER_UUID_EXT
 };
 
 /// Reads the current context's capabilities (load_functions() first).

@@ -27,14 +27,14 @@
 #include <variant>
 #include <vector>
 
-#include "lavaflow/transports/channel.hpp"
-#include "lavaflow/core/gpu_buffer.hpp"
 #include "lavaflow/core/cpu_buffer.hpp"
 #include "lavaflow/core/duration.hpp"
 #include "lavaflow/core/error.hpp"
+#include "lavaflow/core/gpu_buffer.hpp"
 #include "lavaflow/core/location.hpp"
-#include "lavaflow/transports/transport.hpp"
 #include "lavaflow/core/unique_fd.hpp"
+#include "lavaflow/transports/channel.hpp"
+#include "lavaflow/transports/transport.hpp"
 
 namespace lavaflow::mpi {
 
@@ -55,8 +55,8 @@ struct GpuAwareness {
 [[nodiscard]] GpuAwareness gpu_awareness();
 
 struct CommunicatorOptions {
-  std::optional<HostIdentity> host;       ///< override of this host's identity (tests, containers)
-  const VulkanContext* vulkan = nullptr;  ///< devices this rank has (for Vulkan IPC routing); null: enumerate
+  std::optional<HostIdentity> host;             ///< override of this host's identity (tests, containers)
+  const VulkanContext* vulkan = nullptr;        ///< devices this rank has (for Vulkan IPC routing); null: enumerate
   Duration timeout = std::chrono::seconds(30);  ///< for the location exchange
   /// Also set MPI_ERRORS_RETURN on MPI_COMM_WORLD: MPICH 4.0.2 raises request-completion errors
   /// (a truncated message from a misbehaving peer) there, and would otherwise abort the job.
@@ -83,7 +83,9 @@ class Communicator {
   [[nodiscard]] int size() const { return static_cast<int>(locations_.size()); }
   /// The private duplicate lava-flow communicates on (MPI_ERRORS_RETURN).
   [[nodiscard]] MPI_Comm comm() const { return comm_; }
-  [[nodiscard]] const ProcessLocation& location(int rank) const { return locations_.at(static_cast<std::size_t>(rank)); }
+  [[nodiscard]] const ProcessLocation& location(int rank) const {
+    return locations_.at(static_cast<std::size_t>(rank));
+  }
   /// How a channel from `from` to `to` goes, and why.
   [[nodiscard]] Result<PairRoute> route(int from, int to) const;
   /// Every ordered pair of distinct ranks.
@@ -115,8 +117,8 @@ class Communicator {
 inline constexpr int kMaxChannel = 4094;
 
 struct RemoteOptions {
-  std::uint32_t slots = 8;             ///< ring length (producer's choice; the consumer takes it)
-  std::uint64_t slot_size = 1 << 20;   ///< payload bytes per ring buffer
+  std::uint32_t slots = 8;            ///< ring length (producer's choice; the consumer takes it)
+  std::uint64_t slot_size = 1 << 20;  ///< payload bytes per ring buffer
   FullPolicy policy = FullPolicy::Block;
   WaitMode wait = WaitMode::SpinThenBlock;
   bool timestamps = false;
@@ -222,7 +224,8 @@ class RemoteConsumer {
   /// The next message, straight on into `dst` at `offset`: each chunk is uploaded by the GPU as
   /// soon as it arrives (overlapping the arrival of the next); returns when the data is in `dst`,
   /// the ring buffer already released. Needs RemoteOptions::vulkan (the device of `dst`).
-  [[nodiscard]] Result<MessageInfo> receive_gpu(const GpuBuffer& dst, std::uint64_t offset, Duration timeout = kForever);
+  [[nodiscard]] Result<MessageInfo> receive_gpu(const GpuBuffer& dst, std::uint64_t offset,
+                                                Duration timeout = kForever);
   [[nodiscard]] Result<RemoteReceived> try_receive();
   [[nodiscard]] std::uint64_t slot_size() const;
   [[nodiscard]] std::uint32_t slots() const;
@@ -241,8 +244,8 @@ class RemoteConsumer {
 /// A channel from this rank to another, or from another to this one. Both sides name the channel
 /// by (producer rank, consumer rank, `channel`); neither says how it goes.
 struct RankChannelOptions {
-  std::uint32_t slots = 8;            ///< ring length (the producer's choice; local routes: 1..62)
-  std::uint64_t slot_size = 1 << 20;  ///< payload bytes per ring buffer (the producer's choice)
+  std::uint32_t slots = 8;                ///< ring length (the producer's choice; local routes: 1..62)
+  std::uint64_t slot_size = 1 << 20;      ///< payload bytes per ring buffer (the producer's choice)
   FullPolicy policy = FullPolicy::Block;  ///< DropOldest: local routes only (refused over MPI)
   WaitMode wait = WaitMode::SpinThenBlock;
   bool timestamps = false;
@@ -255,7 +258,7 @@ struct RankChannelOptions {
   /// device for GPU staging (remote()->publish_gpu / receive_gpu).
   const VulkanContext* vulkan = nullptr;
   Duration connect_timeout = std::chrono::seconds(30);  ///< consumer: wait this long for the producer
-  bool huge_pages = true;  ///< MPI route: RemoteOptions::huge_pages
+  bool huge_pages = true;                               ///< MPI route: RemoteOptions::huge_pages
 };
 
 class RankProducer;
