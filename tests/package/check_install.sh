@@ -15,10 +15,12 @@ for c in core transports cuda opencl opengl mpi; do
     transports) dir=$inc/transports ;;
     *) dir=$inc/$c ;;
   esac
+  # Headers count, not directories: a copy of the tree may carry an empty folder.
+  headers=$(find "$dir" -type f 2>/dev/null | wc -l)
   if [[ $built == *" $c "* ]]; then
-    [ -n "$(ls -A "$dir" 2>/dev/null)" ] || { echo "FAILED: component $c was built but $dir is missing"; exit 1; }
-  elif [ -e "$dir" ]; then
-    echo "FAILED: component $c was not built but $dir is installed"; exit 1
+    [ "$headers" -gt 0 ] || { echo "FAILED: component $c was built but $dir has no header"; exit 1; }
+  elif [ "$headers" -gt 0 ]; then
+    echo "FAILED: component $c was not built but $dir holds $headers installed header(s)"; exit 1
   fi
 done
 for exe in "$prefix"/bin/*; do
