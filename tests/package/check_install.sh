@@ -16,7 +16,7 @@ for c in core transports cuda opencl opengl mpi; do
     *) dir=$inc/$c ;;
   esac
   # Headers count, not directories: a copy of the tree may carry an empty folder.
-  headers=$(find "$dir" -type f 2>/dev/null | wc -l)
+  headers=$( (find "$dir" -type f 2>/dev/null || true) | wc -l)
   if [[ $built == *" $c "* ]]; then
     [ "$headers" -gt 0 ] || { echo "FAILED: component $c was built but $dir has no header"; exit 1; }
   elif [ "$headers" -gt 0 ]; then
