@@ -3,6 +3,7 @@
 # program carries a path of the build tree.
 #   check_install.sh PREFIX BUILD_DIR COMPONENT...
 set -euo pipefail
+shopt -s nullglob
 prefix=$1 build=$2
 shift 2
 all="$*"
