@@ -101,6 +101,9 @@ void futex_wake_all(std::atomic<std::uint32_t>& word) {
 
 inline void cpu_relax() { __builtin_ia32_pause(); }
 
+/// BusyPoll waits test this many times before they start pausing between tests.
+constexpr std::uint64_t kSpinsWithoutPause = 4096;
+
 /// Waits until `ready()`; `aborted()` returns an error to stop with. Spins first (per mode), then
 /// sleeps on `word` announcing itself in `waiters` (Dekker-style with the waker: both seq_cst).
 template <class Ready, class Aborted>
@@ -121,10 +124,11 @@ Status wait_until(Ready ready, Aborted aborted, std::atomic<std::uint32_t>& word
           if (dl.passed()) return fail(Errc::Timeout, call, "timed out");
         }
       }
-      // BusyPoll is the caller's choice to spend a core on latency: its first tests run without a
-      // pause (on Intel cores since Skylake a pause is ~140 cycles, longer than the hand-off it
-      // waits for); a longer wait pauses, so as not to flood the writer's cache line.
-      if (mode != WaitMode::BusyPoll || i >= 32) cpu_relax();
+      // BusyPoll is the caller's choice to spend a core on latency: it tests without a pause for
+      // as long as a message is typically on its way (a pause takes longer than the hand-off on
+      // Intel cores since Skylake, so pausing sooner adds a pause to most hand-offs); only a wait
+      // past that pauses, so as not to flood the writer's cache line.
+      if (mode != WaitMode::BusyPoll || i >= kSpinsWithoutPause) cpu_relax();
     }
   }
   for (;;) {
