@@ -150,33 +150,21 @@ Status open_one_way(const mpi::Communicator& c, const mpi::RemoteOptions& o, std
 /// transparent huge pages before the first touch, as the channel's ring is from 256 KiB (memory
 /// from the malloc heap may already be in 4 KiB pages, which the advice does not change).
 struct PageBuffer {
-  struct Mapping {
-    void* base = MAP_FAILED;
-    std::size_t bytes = 0;
-    ~Mapping() {
-      if (base != MAP_FAILED) ::munmap(base, bytes);
-    }
-  };
-  Mapping map;  // the whole mapping; `mem` is its first `align`-aligned byte
+  UniqueMapping map;  // the whole mapping; `mem` is its first `align`-aligned byte
   char* mem = nullptr;
   explicit PageBuffer(std::uint64_t size, bool huge = false) {
     const std::uint64_t align = huge ? 2u << 20 : 4096u, bytes = (size + align - 1) / align * align;
-    map.bytes = bytes + align;
-    map.base = ::mmap(nullptr, map.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (map.base == MAP_FAILED) {
+    void* base = ::mmap(nullptr, bytes + align, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED) {
       std::perror("lavaflow-bench remote: mmap");
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
-    const auto at = reinterpret_cast<std::uintptr_t>(map.base);
-    mem = static_cast<char*>(map.base) + (align - at % align) % align;
+    map.reset({static_cast<std::byte*>(base), bytes + align});
+    const auto at = reinterpret_cast<std::uintptr_t>(base);
+    mem = static_cast<char*>(base) + (align - at % align) % align;
     if (huge) (void)::madvise(mem, bytes, MADV_HUGEPAGE);
     std::memset(mem, 1, bytes);
   }
-  PageBuffer(PageBuffer&& o) noexcept
-      : map{std::exchange(o.map.base, MAP_FAILED), o.map.bytes}, mem(std::exchange(o.mem, nullptr)) {}
-  PageBuffer(const PageBuffer&) = delete;
-  PageBuffer& operator=(const PageBuffer&) = delete;
-  PageBuffer& operator=(PageBuffer&&) = delete;
 };
 
 /// One window of raw MPI bandwidth (osu_bw): 64 MPI_Isend / MPI_Irecv, then a 1-byte ack; the k-th

@@ -132,21 +132,18 @@ StrategyChoice choose_cpu_strategy(const CpuTopology& t, const CpuBufferOptions&
 
 struct CpuBuffer::Impl {
   UniqueFd fd;
-  std::byte* base = nullptr;
-  std::uint64_t mapped_size = 0;
+  UniqueMapping mapping;
   ExportDescriptor desc;
   CpuStrategy strategy = CpuStrategy::SharedMemory;
   std::string reason;
-  // GpuPinned: Vulkan objects over the same pages; released before the pages are unmapped.
+  // GpuPinned: Vulkan objects over the same pages; declared after the mapping, so released before
+  // the pages are unmapped.
   std::shared_ptr<const detail::VulkanState> vk_state;
   vk::raii::Buffer vk_buffer{nullptr};
   vk::raii::DeviceMemory vk_memory{nullptr};
 
-  ~Impl() {
-    vk_buffer.clear();
-    vk_memory.clear();
-    if (base) ::munmap(base, mapped_size);
-  }
+  [[nodiscard]] std::byte* base() const { return mapping.get().data(); }
+  [[nodiscard]] std::uint64_t mapped_size() const { return mapping.get().size(); }
 };
 
 CpuBuffer::CpuBuffer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -162,21 +159,21 @@ Status pin_for_gpu(CpuBuffer::Impl& b, const VulkanContext& ctx) {
   const auto& dev = ctx.device();
   constexpr auto handle = vk::ExternalMemoryHandleTypeFlagBits::eHostAllocationEXT;
   LF_TRY(auto props, detail::vk_call("vkGetMemoryHostPointerPropertiesEXT",
-                                     [&] { return dev.getMemoryHostPointerPropertiesEXT(handle, b.base); }));
+                                     [&] { return dev.getMemoryHostPointerPropertiesEXT(handle, b.base()); }));
   LF_TRY(const std::uint32_t type,
          ctx.find_memory_type(props.memoryTypeBits, vk::MemoryPropertyFlagBits::eHostVisible));
   vk::ExternalMemoryBufferCreateInfo ext(handle);
-  vk::BufferCreateInfo info({}, b.mapped_size,
+  vk::BufferCreateInfo info({}, b.mapped_size(),
                             vk::BufferUsageFlagBits::eStorageBuffer | vk::BufferUsageFlagBits::eTransferSrc |
                                 vk::BufferUsageFlagBits::eTransferDst,
                             vk::SharingMode::eExclusive, {}, &ext);
   LF_TRY(b.vk_buffer, detail::vk_call("vkCreateBuffer", [&] { return vk::raii::Buffer(dev, info); }));
-  vk::ImportMemoryHostPointerInfoEXT import(handle, b.base);
-  vk::MemoryAllocateInfo alloc(b.mapped_size, type, &import);
+  vk::ImportMemoryHostPointerInfoEXT import(handle, b.base());
+  vk::MemoryAllocateInfo alloc(b.mapped_size(), type, &import);
   LF_TRY(b.vk_memory,
          detail::vk_call("vkAllocateMemory(host pointer)", [&] { return vk::raii::DeviceMemory(dev, alloc); }));
   LF_TRY_STATUS(detail::vk_call("vkBindBufferMemory", [&] { b.vk_buffer.bindMemory(*b.vk_memory, 0); }));
-  b.vk_state = ctx.state();
+  b.vk_state = detail::state_of(ctx);
   return {};
 }
 
@@ -194,25 +191,25 @@ Result<std::unique_ptr<CpuBuffer::Impl>> map_new(const CpuBufferOptions& o, cons
   } else if (b->strategy == CpuStrategy::GpuPinned) {
     align = std::max<std::uint64_t>(align, o.gpu->capabilities().host_import_alignment);
   }
-  b->mapped_size = round_up(o.size, align);
+  const std::uint64_t mapped_size = round_up(o.size, align);
   int raw = ::memfd_create("lavaflow-cpu", flags);
   if (raw < 0 && b->strategy == CpuStrategy::HugePages)
     raw = ::memfd_create("lavaflow-cpu", flags & ~MFD_ALLOW_SEALING);
   if (raw < 0) return std::unexpected(from_errno(errno, "memfd_create").within(call));
   b->fd.reset(raw);
-  if (::ftruncate(b->fd.get(), static_cast<off_t>(b->mapped_size)) != 0)
-    return std::unexpected(from_errno(errno, "ftruncate", str_format("{} bytes", b->mapped_size)).within(call));
+  if (::ftruncate(b->fd.get(), static_cast<off_t>(mapped_size)) != 0)
+    return std::unexpected(from_errno(errno, "ftruncate", str_format("{} bytes", mapped_size)).within(call));
   (void)::fcntl(b->fd.get(), F_ADD_SEALS, kSeals);  // hugetlbfs may not support seals; import checks
   int mflags = MAP_SHARED;
   if (b->strategy == CpuStrategy::HugePages) mflags |= MAP_POPULATE;  // fail now, not with SIGBUS later
-  void* p = ::mmap(nullptr, b->mapped_size, PROT_READ | PROT_WRITE, mflags, b->fd.get(), 0);
+  void* p = ::mmap(nullptr, mapped_size, PROT_READ | PROT_WRITE, mflags, b->fd.get(), 0);
   if (p == MAP_FAILED)
-    return std::unexpected(from_errno(errno, "mmap", str_format("{} bytes", b->mapped_size)).within(call));
-  b->base = static_cast<std::byte*>(p);
+    return std::unexpected(from_errno(errno, "mmap", str_format("{} bytes", mapped_size)).within(call));
+  b->mapping.reset({static_cast<std::byte*>(p), mapped_size});
 #if LAVAFLOW_HAVE_NUMA
   if (b->strategy == CpuStrategy::NumaBound) {
     int node = o.numa_node >= 0 ? o.numa_node : numa_node_of_cpu(sched_getcpu());
-    numa_tonode_memory(b->base, b->mapped_size, std::max(node, 0));
+    numa_tonode_memory(b->base(), mapped_size, std::max(node, 0));
     b->reason += str_format(" (node {})", std::max(node, 0));
   }
 #endif
@@ -221,7 +218,7 @@ Result<std::unique_ptr<CpuBuffer::Impl>> map_new(const CpuBufferOptions& o, cons
   }
   auto& d = b->desc;
   d.kind = kind_of(b->strategy);
-  d.allocation_size = d.buffer_size = b->mapped_size;
+  d.allocation_size = d.buffer_size = mapped_size;
   d.size = o.size;
   return b;
 }
@@ -260,10 +257,9 @@ Result<CpuBuffer> CpuBuffer::import(const ExportDescriptor& d, UniqueFd&& fd) {
   // hugetlbfs files take no seals; their size is still checked.
   LF_TRY_STATUS(check_memory_fd(fd, d.allocation_size, call, d.kind != BufferKind::CpuHugePages));
   auto b = std::make_unique<Impl>();
-  b->mapped_size = d.allocation_size;
-  void* p = ::mmap(nullptr, b->mapped_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  void* p = ::mmap(nullptr, d.allocation_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (p == MAP_FAILED) return std::unexpected(from_errno(errno, "mmap").within(call));
-  b->base = static_cast<std::byte*>(p);
+  b->mapping.reset({static_cast<std::byte*>(p), d.allocation_size});
   b->desc = d;
   b->strategy = d.kind == BufferKind::CpuNuma        ? CpuStrategy::NumaBound
                 : d.kind == BufferKind::CpuHugePages ? CpuStrategy::HugePages
@@ -276,7 +272,7 @@ Result<CpuBuffer> CpuBuffer::import(const ExportDescriptor& d, UniqueFd&& fd) {
 
 std::uint64_t CpuBuffer::size() const { return impl_->desc.size; }
 BufferKind CpuBuffer::kind() const { return impl_->desc.kind; }
-std::byte* CpuBuffer::host_ptr() const { return impl_->base + impl_->desc.offset; }
+std::byte* CpuBuffer::host_ptr() const { return impl_->base() + impl_->desc.offset; }
 CpuStrategy CpuBuffer::strategy() const { return impl_->strategy; }
 const std::string& CpuBuffer::reason() const { return impl_->reason; }
 vk::Buffer CpuBuffer::gpu_buffer() const { return *impl_->vk_buffer; }

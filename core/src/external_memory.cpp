@@ -38,7 +38,7 @@ Status check_exporter(const VulkanContext& ctx, const Uuid& device_uuid, const U
 }
 
 Status check_memory_type(const VulkanContext& ctx, std::uint32_t index, std::uint32_t allowed_bits, const char* call) {
-  const auto& props = ctx.state()->memory;
+  const auto& props = detail::state_of(ctx)->memory;
   if (index >= props.memoryTypeCount)
     return fail(Errc::DeviceMismatch, call,
                 str_format("memory type {} does not exist on this device ({} types)", index, props.memoryTypeCount));

@@ -52,7 +52,7 @@ Result<GpuBuffer> GpuBuffer::allocate(const VulkanContext& ctx, const GpuBufferO
   LF_TRY_STATUS(detail::require_fd_memory(ctx, call, false));
   const auto& dev = ctx.device();
   auto impl = std::make_unique<Impl>();
-  impl->state = ctx.state();
+  impl->state = detail::state_of(ctx);
   impl->kind = o.memory == GpuMemory::DeviceLocal ? BufferKind::GpuDeviceLocal : BufferKind::GpuHostVisible;
   const std::uint64_t buffer_size = round_up(o.size + kGpuTailPadding, 256);
 
@@ -98,12 +98,12 @@ Result<GpuBuffer> GpuBuffer::import(const VulkanContext& ctx, const ExportDescri
   LF_TRY_STATUS(detail::check_exporter(ctx, d.device_uuid, d.driver_uuid, call));
   LF_TRY_STATUS(check_memory_fd(fd, d.allocation_size, call));
   LF_TRY_STATUS(detail::require_fd_memory(ctx, call, true));
-  const auto& mem_props = ctx.state()->memory;
+  const auto& mem_props = detail::state_of(ctx)->memory;
   LF_TRY_STATUS(detail::check_memory_type(ctx, d.memory_type_index, ~0u, call));
 
   const auto& dev = ctx.device();
   auto impl = std::make_unique<Impl>();
-  impl->state = ctx.state();
+  impl->state = detail::state_of(ctx);
   impl->kind = d.kind;
   impl->desc = d;
   const auto usage = vk::BufferUsageFlags(d.usage);

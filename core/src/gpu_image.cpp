@@ -189,7 +189,7 @@ Result<GpuImage> GpuImage::allocate(const VulkanContext& ctx, const GpuImageOpti
   constexpr const char* call = "GpuImage::allocate";
   LF_TRY_STATUS(detail::require_fd_memory(ctx, call, false));
   auto impl = std::make_unique<Impl>();
-  impl->state = ctx.state();
+  impl->state = detail::state_of(ctx);
   auto& d = impl->desc;
   d.format = o.format;
   d.tiling = o.tiling;
@@ -225,7 +225,7 @@ Result<GpuImage> GpuImage::import(const VulkanContext& ctx, const ImageDescripto
   LF_TRY_STATUS(check_format(ctx, d, call));
   const auto& dev = ctx.device();
   auto impl = std::make_unique<Impl>();
-  impl->state = ctx.state();
+  impl->state = detail::state_of(ctx);
   impl->desc = d;
   LF_TRY(impl->image, detail::vk_call("vkCreateImage", [&] { return make_image(dev, d); }));
   const auto req = impl->image.getMemoryRequirements();

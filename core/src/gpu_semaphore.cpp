@@ -78,7 +78,7 @@ Result<GpuSemaphore> GpuSemaphore::create(const VulkanContext& ctx, SemaphoreKin
   constexpr const char* call = "GpuSemaphore::create";
   if (auto ok = supported(ctx, kind, false); !ok) return std::unexpected(ok.error().within(call));
   auto impl = std::make_unique<Impl>();
-  impl->state = ctx.state();
+  impl->state = detail::state_of(ctx);
   impl->kind = kind;
   LF_TRY(impl->semaphore, make_semaphore(ctx, kind, initial, true));
   return GpuSemaphore(std::move(impl));
@@ -89,7 +89,7 @@ Result<GpuSemaphore> GpuSemaphore::import(const VulkanContext& ctx, SemaphoreKin
   if (auto ok = supported(ctx, kind, true); !ok) return std::unexpected(ok.error().within(call));
   LF_TRY_STATUS(check_handle_fd(fd, call));
   auto impl = std::make_unique<Impl>();
-  impl->state = ctx.state();
+  impl->state = detail::state_of(ctx);
   impl->kind = kind;
   LF_TRY(impl->semaphore, make_semaphore(ctx, kind, 0, false));
   LF_TRY(UniqueFd copy, fd.dup());  // the driver takes it on success only

@@ -12,20 +12,15 @@
 
 namespace lavaflow {
 
-void UniqueFd::reset(int fd) noexcept {
-  if (fd_ >= 0 && fd_ != fd) ::close(fd_);  // close errors are not actionable: the fd is gone
-  fd_ = fd;
-}
-
 Result<UniqueFd> UniqueFd::dup() const {
-  if (fd_ < 0) return fail(Errc::InvalidArgument, "UniqueFd::dup", "no file descriptor owned");
-  int copy = ::fcntl(fd_, F_DUPFD_CLOEXEC, 0);
+  if (!valid()) return fail(Errc::InvalidArgument, "UniqueFd::dup", "no file descriptor owned");
+  int copy = ::fcntl(get(), F_DUPFD_CLOEXEC, 0);
   if (copy < 0) return std::unexpected(from_errno(errno, "fcntl(F_DUPFD_CLOEXEC)"));
   return UniqueFd(copy);
 }
 
 Status UniqueFd::set_cloexec() const {
-  if (::fcntl(fd_, F_SETFD, FD_CLOEXEC) < 0) return std::unexpected(from_errno(errno, "fcntl(FD_CLOEXEC)"));
+  if (::fcntl(get(), F_SETFD, FD_CLOEXEC) < 0) return std::unexpected(from_errno(errno, "fcntl(FD_CLOEXEC)"));
   return {};
 }
 

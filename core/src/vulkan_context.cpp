@@ -9,6 +9,8 @@
 #include "vulkan_state.hpp"
 
 namespace lavaflow {
+
+const std::shared_ptr<const detail::VulkanState>& detail::state_of(const VulkanContext& ctx) { return ctx.state_; }
 namespace {
 
 constexpr const char* kWantedExtensions[] = {

@@ -29,12 +29,8 @@ namespace lavaflow::mpi::detail {
 /// reused from the heap moved 9k MB/s, one in huge pages 13–18k). With GPU staging each slot is
 /// pinned host memory instead (a CpuBuffer imported into Vulkan), which the GPU's copy engine reaches.
 constexpr std::uint64_t kHugeRing = 256u << 10, kHugePage = 2u << 20;
-struct Unmap {
-  std::size_t bytes = 0;
-  void operator()(std::byte* p) const { ::munmap(p, bytes); }
-};
 struct Ring {
-  std::unique_ptr<std::byte, Unmap> block;
+  UniqueMapping block;
   std::vector<CpuBuffer> pinned;  // GPU staging: one per slot
   std::vector<std::byte*> at;     // where each slot starts
   std::uint64_t slot_bytes = 0;   // slot_size + kMaxTrailer
@@ -82,7 +78,7 @@ inline Result<Ring> make_ring(std::uint32_t slots, std::uint64_t slot_size, cons
   if (p == nullptr)
     return fail(Errc::OutOfMemory, "mpi ring",
                 str_format("{} slots of {} bytes: {}", slots, stride, std::strerror(errno)));
-  r.block = std::unique_ptr<std::byte, Unmap>(p, Unmap{total});
+  r.block.reset({p, total});
   if (huge) (void)::madvise(p, total, MADV_HUGEPAGE);  // advice: without THP the ring still works
   std::memset(p, 0, total);  // faulted in now (in huge pages where granted), not on the message path
   for (std::uint32_t k = 0; k < slots; ++k) r.at.push_back(p + k * stride);

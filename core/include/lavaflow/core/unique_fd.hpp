@@ -1,47 +1,22 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 /// @file
-/// Move-only owner of a POSIX file descriptor. Every exported fd in lava-flow lives in exactly
-/// one UniqueFd; handing it to an API that takes ownership is spelled `release()`.
+/// Move-only owner of a POSIX file descriptor (UniqueHandle). Every exported fd in lava-flow lives
+/// in exactly one UniqueFd; handing it to an API that takes ownership is spelled `release()`.
 
 #include "lavaflow/core/error.hpp"
+#include "lavaflow/core/unique_handle.hpp"
 
 namespace lavaflow {
 
-class UniqueFd {
+class UniqueFd : public UniqueHandle<detail::FdTraits> {
  public:
-  UniqueFd() noexcept = default;
-  /// Takes ownership of `fd` (may be -1).
-  explicit UniqueFd(int fd) noexcept : fd_(fd) {}
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-  UniqueFd(UniqueFd&& other) noexcept : fd_(other.release()) {}
-  UniqueFd& operator=(UniqueFd&& other) noexcept {
-    if (this != &other) reset(other.release());
-    return *this;
-  }
-  ~UniqueFd() { reset(); }
-
-  [[nodiscard]] int get() const noexcept { return fd_; }
-  [[nodiscard]] bool valid() const noexcept { return fd_ >= 0; }
-  explicit operator bool() const noexcept { return valid(); }
-
-  /// Gives up ownership without closing; the caller now owns the returned fd.
-  [[nodiscard]] int release() noexcept {
-    int fd = fd_;
-    fd_ = -1;
-    return fd;
-  }
-  /// Closes the owned fd (if any) and takes ownership of `fd`.
-  void reset(int fd = -1) noexcept;
+  using UniqueHandle::UniqueHandle;
 
   /// A new owner of a duplicate (close-on-exec) of this fd.
   [[nodiscard]] Result<UniqueFd> dup() const;
   /// Keeps the fd out of exec'd children (fds that APIs hand out are often inheritable).
   [[nodiscard]] Status set_cloexec() const;
-
- private:
-  int fd_ = -1;
 };
 
 /// InvalidArgument unless `fd` is open and could be a memory or semaphore handle: pipes, sockets
@@ -49,7 +24,7 @@ class UniqueFd {
 [[nodiscard]] Status check_handle_fd(const UniqueFd& fd, const char* call);
 
 /// check_handle_fd, and where `fd` is a file (a memfd, as CPU buffers and some drivers' exported
-/// memory are): InvalidArgument unless it holds at least `size` bytes, and PermissionDenied unless
+/// memory are): Malformed unless it holds at least `size` bytes, and PermissionDenied unless
 /// it is sealed against shrinking — sealed here when the file allows it — so that the peer that
 /// sent it cannot truncate the memory under a mapping (a later access would be SIGBUS). Other
 /// handles (NVIDIA's opaque fds are not files) carry no size to check: their driver validates

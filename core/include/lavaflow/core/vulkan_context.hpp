@@ -66,9 +66,12 @@ struct BorrowedVulkan {
   bool timeline_semaphore_enabled = false;
 };
 
+class VulkanContext;
 namespace detail {
 struct VulkanState;
-}
+/// The shared state that buffers keep alive (core's own sources only: vulkan_state.hpp).
+const std::shared_ptr<const VulkanState>& state_of(const VulkanContext& ctx);
+}  // namespace detail
 
 class VulkanContext {
  public:
@@ -90,10 +93,8 @@ class VulkanContext {
   /// First memory type in `type_bits` that has all of `required` flags.
   [[nodiscard]] Result<std::uint32_t> find_memory_type(std::uint32_t type_bits, vk::MemoryPropertyFlags required) const;
 
-  /// Shared state that buffers keep alive; not for users.
-  [[nodiscard]] const std::shared_ptr<const detail::VulkanState>& state() const { return state_; }
-
  private:
+  friend const std::shared_ptr<const detail::VulkanState>& detail::state_of(const VulkanContext& ctx);
   explicit VulkanContext(std::shared_ptr<const detail::VulkanState> s) : state_(std::move(s)) {}
   std::shared_ptr<const detail::VulkanState> state_;
 };
