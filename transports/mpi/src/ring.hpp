@@ -23,11 +23,11 @@ namespace lavaflow::mpi::detail {
 /// block: slot_size + kMaxTrailer bytes, page-aligned. A ring of at least kHugeRing bytes is
 /// backed by transparent huge pages (2 MiB-aligned, MADV_HUGEPAGE before its first touch) unless
 /// RemoteOptions::huge_pages is off: MPI's single-copy path pins the pages of every large message
-/// (CMA), and a 2 MiB page costs it what a 4 KiB page does — 128 KiB messages move ~1.4× faster
-/// here. The mapping is the ring's own so that its pages are fresh: memory from the malloc heap may
-/// have been touched before in 4 KiB pages, which the advice does not change (seen: a 1 MiB ring
-/// reused from the heap moved 9k MB/s, one in huge pages 13–18k). With GPU staging each slot is
-/// pinned host memory instead (a CpuBuffer imported into Vulkan), which the GPU's copy engine reaches.
+/// (CMA), and a 2 MiB page costs it what a 4 KiB page does. The mapping is the ring's own so that
+/// its pages are fresh: memory from the malloc heap may have been touched before in 4 KiB pages,
+/// which the advice does not change (design note 0010 has the measurements). With GPU staging each
+/// slot is pinned host memory instead (a CpuBuffer imported into Vulkan), which the GPU's copy
+/// engine reaches.
 constexpr std::uint64_t kHugeRing = 256u << 10, kHugePage = 2u << 20;
 struct Ring {
   UniqueMapping block;

@@ -20,8 +20,7 @@ namespace lavaflow::mpi::detail {
 // has. A small message without user tag or timestamp (≤ kShortMax bytes) ends in a 2-byte short
 // trailer instead: two marker bits and the low 14 bits of the sequence. Small messages stay
 // small because MPI's fastest paths are narrow: Open MPI's shared-memory path takes ≤ 10 bytes
-// (an 8-byte payload with a 2-byte trailer; with 8 more bytes a round trip costs ~25 % more),
-// MPICH over UCX ≤ 24 bytes.
+// (an 8-byte payload with a 2-byte trailer), MPICH over UCX ≤ 24 bytes (design note 0010).
 constexpr std::uint16_t kVersion = 4;
 constexpr std::uint16_t kDataMagic = 0x4c00 | kVersion;  // 'L', wire version
 constexpr std::uint32_t kHelloMagic = 0x484d4c46;        // "FLMH"

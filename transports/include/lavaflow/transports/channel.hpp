@@ -45,8 +45,8 @@ struct ProducerOptions {
   std::uint32_t max_consumers = 16;   ///< 1..16
   FullPolicy policy = FullPolicy::Block;
   WaitMode wait = WaitMode::SpinThenBlock;
-  /// Stamp each message with CLOCK_MONOTONIC at publish (MessageInfo::timestamp_ns). Costs about
-  /// 25 ns per message (a vDSO clock read on the hand-off path), so it is opt-in.
+  /// Stamp each message with CLOCK_MONOTONIC at publish (MessageInfo::timestamp_ns). It costs a
+  /// vDSO clock read on the hand-off path, a large share of a busy-polled message, so it is opt-in.
   bool timestamps = false;
   std::optional<TransportKind> transport;  ///< unset: route automatically; else force this one
   TransportSet transports;                 ///< in preference order; empty: lavaflow::local_transports()
