@@ -43,9 +43,8 @@ class VulkanTransport final : public Transport {
       // Deciding from the two locations alone (e.g. an MPI communicator's routes): the producer
       // makes its context on the device they share.
       if (!peer) return {false, "no Vulkan context on the producer side"};
-      for (const auto& mine : me.devices)
-        for (const auto& theirs : peer->devices)
-          if (mine == theirs) return {true, str_format("Vulkan IPC: {}; both have device {}", local.reason, mine.name)};
+      if (auto d = common_device(me, *peer))
+        return {true, str_format("Vulkan IPC: {}; both have device {}", local.reason, d->name)};
       return {false, str_format("{}, but no Vulkan device in common", local.reason)};
     }
     const auto& caps = env.vulkan->capabilities();
