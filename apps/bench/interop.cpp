@@ -2,17 +2,9 @@
 // lavaflow-bench interop (GPU machine): in one run
 //  1. a CUDA copy kernel over Vulkan-imported memory vs over cudaMalloc memory, same size;
 //  2. the cost of importing one Vulkan buffer into CUDA;
-//  3. cross-process frame hand-off — one process writes a frame on the GPU and hands it over, the
-//     other process's GPU reads it — through a lava-flow channel with the shared timeline
-//     semaphore, next to the same hand-off with CUDA IPC memory and IPC events (notification over a
-//     socket). Measured as ping-pong: hand-off latency = round trip / 2.
+//  3. GPU-resident hand-off between two processes (gpu_handoff.cpp): gpu-pingpong and gpu-stream,
+//     each next to its baselines.
 #include "interop.hpp"
-
-#include <fcntl.h>
-#include <spawn.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -23,12 +15,11 @@
 #include <vector>
 
 #include "cuda_kernels.hpp"
+#include "gpu_handoff.hpp"
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/cuda/cuda.hpp"
 #include "lavaflow/lavaflow.hpp"
 #include "lavaflow/transports/local.hpp"
-
-extern char** environ;
 
 namespace lfbench {
 
@@ -46,11 +37,6 @@ double percentile(std::vector<double> v, double q) {
   std::sort(v.begin(), v.end());
   return v[static_cast<std::size_t>(q * double(v.size() - 1))];
 }
-
-struct Result3 {
-  std::string name;
-  double p50_us = 0, p99_us = 0, avg_us = 0;
-};
 
 // ----- 1. copy kernel bandwidth
 
@@ -109,319 +95,133 @@ Result<double> import_cost_us(const VulkanContext& vk, const cuda::Interop& cu, 
   return percentile(t, 0.5);
 }
 
-// ----- 3. hand-off: lava-flow channel
-
-pid_t spawn_self(std::vector<std::string> args, int keep_fd = -1) {
-  if (keep_fd >= 0) ::fcntl(keep_fd, F_SETFD, 0);
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  if (::posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), environ) != 0) return -1;
-  return pid;
-}
-
-int wait_child(pid_t pid) {
-  int st = 0;
-  while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-  }
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-/// One side of the lava-flow ping-pong: writes (producer) on `out`, reads (consumer) on `in`.
-struct LfSide {
-  std::unique_ptr<Producer> out;
-  std::unique_ptr<Consumer> in;
-  std::optional<cuda::ExternalSemaphore> out_timeline;
-  std::optional<cuda::ChannelImports> in_imports;
-  std::unordered_map<const Buffer*, cuda::ExternalBuffer> out_imports;
-};
-
-Result<const cuda::ExternalBuffer*> loan_target(const cuda::Interop& cu, LfSide& s, Loan& loan) {
-  auto it = s.out_imports.find(&loan.buffer());
-  if (it == s.out_imports.end()) {
-    LF_TRY(auto m, cu.import_buffer(loan.buffer()));
-    it = s.out_imports.emplace(&loan.buffer(), std::move(m)).first;
-  }
-  return &it->second;
-}
-
-/// Writes a frame on the GPU into a loaned ring buffer and publishes it, ordered by the timeline.
-Status gpu_publish(const cuda::Interop& cu, LfSide& s, const void* frame, std::uint64_t n, unsigned char key,
-                   cudaStream_t stream) {
-  LF_TRY(auto loan, s.out->loan(std::chrono::seconds(10)));
-  LF_TRY(const auto* target, loan_target(cu, s, loan));
-  if (cudaError_t e = lf_kernel_xor(target->data(), frame, key, n, stream); e != cudaSuccess)
-    return std::unexpected(cuda::to_error(e, "copy kernel"));
-  const auto sig = loan.gpu_signal();
-  if (!sig) return fail(Errc::Unsupported, "hand-off", "channel has no shared timeline semaphore");
-  if (!s.out_timeline) {
-    LF_TRY(auto sem, cu.import_semaphore(*s.out->gpu_timeline()));
-    s.out_timeline.emplace(std::move(sem));
-  }
-  LF_TRY_STATUS(s.out_timeline->signal(stream, sig->value));
-  LF_TRY(auto info, s.out->publish(std::move(loan), {.size = n}));
-  (void)info;
-  return {};
-}
-
-/// Receives a frame and has the GPU read it (after the producer's GPU work, through the timeline).
-Status gpu_receive(LfSide& s, void* scratch, cudaStream_t stream) {
-  LF_TRY(auto r, s.in->receive(std::chrono::seconds(10)));
-  LF_TRY(const auto* src, s.in_imports->buffer(r));
-  LF_TRY_STATUS(s.in_imports->wait(*s.in, r, stream));
-  if (cudaError_t e = lf_kernel_xor(scratch, src->data(), 0, r.info().size, stream); e != cudaSuccess)
-    return std::unexpected(cuda::to_error(e, "read kernel"));
-  return {};  // released when r ends: the next write to this slot is ordered after the pong
-}
-
-Result<LfSide> open_side(const VulkanContext& vk, const cuda::Interop& cu, const std::string& dir,
-                         const std::string& out, const std::string& in, std::uint64_t frame) {
-  LfSide s;
-  LF_TRY(
-      s.out,
-      Producer::create(
-          out, {.slots = 4, .slot_size = frame, .transport = TransportKind::Vulkan, .vulkan = &vk, .directory = dir}));
-  LF_TRY(s.in, Consumer::open(in, {.wait = WaitMode::BusyPoll,
-                                   .host_wait_for_gpu = false,
-                                   .connect_timeout = std::chrono::seconds(30),
-                                   .vulkan = &vk,
-                                   .directory = dir}));
-  s.in_imports.emplace(cu);
-  LF_TRY_STATUS(s.out->wait_for_consumers(1, std::chrono::seconds(30)));
-  return s;
-}
-
-Result<Result3> handoff_lavaflow(const VulkanContext& vk, const cuda::Interop& cu, std::uint64_t frame, int rounds) {
-  char tmpl[] = "/tmp/lavaflow-bench-XXXXXX";
-  if (!::mkdtemp(tmpl)) return std::unexpected(from_errno(errno, "mkdtemp"));
-  const std::string dir = tmpl;
-  const pid_t child =
-      spawn_self({"lavaflow-bench", "interop-peer", "lavaflow", dir, std::to_string(frame), std::to_string(rounds)});
-  if (child < 0) return fail(Errc::System, "posix_spawn", "cannot start the peer process");
-  auto side = open_side(vk, cu, dir, "ping", "pong", frame);
-  if (!side) {
-    ::kill(child, SIGKILL);
-    wait_child(child);
-    return std::unexpected(side.error());
-  }
-  void *src = nullptr, *scratch = nullptr;
-  BENCH_CUDA(cudaMalloc(&src, frame));
-  BENCH_CUDA(cudaMalloc(&scratch, frame));
-  cudaStream_t stream;
-  BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  std::vector<double> half;
-  for (int i = 0; i < rounds + 50; ++i) {
-    const auto t0 = Clock::now();
-    LF_TRY_STATUS(gpu_publish(cu, *side, src, frame, static_cast<unsigned char>(i), stream));
-    LF_TRY_STATUS(gpu_receive(*side, scratch, stream));
-    BENCH_CUDA(cudaStreamSynchronize(stream));
-    if (i >= 50) half.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / 2);
-  }
-  cudaStreamDestroy(stream);
-  cudaFree(src);
-  cudaFree(scratch);
-  side->out.reset();
-  side->in.reset();
-  const int rc = wait_child(child);
-  std::filesystem::remove_all(dir);
-  if (rc != 0) return fail(Errc::PeerLost, "hand-off", str_format("peer exited with {}", rc));
-  double avg = 0;
-  for (double h : half) avg += h / double(half.size());
-  return Result3{"lavaflow-channel", percentile(half, 0.5), percentile(half, 0.99), avg};
-}
-
-// ----- 3b. hand-off: CUDA IPC memory + IPC events, notified over a socket
-
-struct IpcHandles {
-  cudaIpcMemHandle_t mem;
-  cudaIpcEventHandle_t written, read;
-};
-
-Status send_byte(int fd) {
-  const char c = 1;
-  if (::send(fd, &c, 1, MSG_NOSIGNAL) != 1) return std::unexpected(from_errno(errno, "send"));
-  return {};
-}
-Status recv_byte(int fd) {
-  char c = 0;
-  if (::recv(fd, &c, 1, MSG_WAITALL) != 1) return fail(Errc::PeerLost, "recv", "peer closed the socket");
-  return {};
-}
-
-Result<Result3> handoff_cuda_ipc(std::uint64_t frame, int rounds) {
-  int sv[2];
-  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
-    return std::unexpected(from_errno(errno, "socketpair"));
-  UniqueFd mine(sv[0]), theirs(sv[1]);
-  void *buf = nullptr, *src = nullptr, *scratch = nullptr;
-  BENCH_CUDA(cudaMalloc(&buf, frame));
-  BENCH_CUDA(cudaMalloc(&src, frame));
-  BENCH_CUDA(cudaMalloc(&scratch, frame));
-  cudaEvent_t written, read;
-  BENCH_CUDA(cudaEventCreateWithFlags(&written, cudaEventDisableTiming | cudaEventInterprocess));
-  BENCH_CUDA(cudaEventCreateWithFlags(&read, cudaEventDisableTiming | cudaEventInterprocess));
-  IpcHandles h{};
-  BENCH_CUDA(cudaIpcGetMemHandle(&h.mem, buf));
-  BENCH_CUDA(cudaIpcGetEventHandle(&h.written, written));
-  BENCH_CUDA(cudaIpcGetEventHandle(&h.read, read));
-  const pid_t child = spawn_self({"lavaflow-bench", "interop-peer", "cuda-ipc", std::to_string(theirs.get()),
-                                  std::to_string(frame), std::to_string(rounds)},
-                                 theirs.get());
-  theirs.reset();
-  if (child < 0) return fail(Errc::System, "posix_spawn", "cannot start the peer process");
-  if (::send(mine.get(), &h, sizeof h, MSG_NOSIGNAL) != sizeof h) return std::unexpected(from_errno(errno, "send"));
-  LF_TRY_STATUS(recv_byte(mine.get()));  // peer opened the handles
-  cudaStream_t stream;
-  BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  std::vector<double> half;
-  for (int i = 0; i < rounds + 50; ++i) {
-    const auto t0 = Clock::now();
-    BENCH_CUDA(lf_kernel_xor(buf, src, static_cast<unsigned char>(i), frame, stream));
-    BENCH_CUDA(cudaEventRecord(written, stream));
-    LF_TRY_STATUS(send_byte(mine.get()));
-    LF_TRY_STATUS(recv_byte(mine.get()));  // the peer has queued its read and recorded `read`
-    BENCH_CUDA(cudaStreamWaitEvent(stream, read, 0));
-    BENCH_CUDA(lf_kernel_xor(scratch, buf, 0, 16, stream));  // the pong: a tiny dependent read
-    BENCH_CUDA(cudaStreamSynchronize(stream));
-    if (i >= 50) half.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / 2);
-  }
-  mine.reset();
-  const int rc = wait_child(child);
-  cudaStreamDestroy(stream);
-  cudaEventDestroy(written);
-  cudaEventDestroy(read);
-  cudaFree(buf);
-  cudaFree(src);
-  cudaFree(scratch);
-  if (rc != 0) return fail(Errc::PeerLost, "hand-off", str_format("CUDA IPC peer exited with {}", rc));
-  double avg = 0;
-  for (double x : half) avg += x / double(half.size());
-  return Result3{"cuda-ipc", percentile(half, 0.5), percentile(half, 0.99), avg};
-}
-
 }  // namespace
 
-int bench_interop_peer(int argc, char** argv) {
-  if (argc != 6) return 2;
-  const std::string mode = argv[2];
-  const std::uint64_t frame = std::stoull(argv[4]);
-  const int rounds = std::stoi(argv[5]);
-  auto run = [&]() -> Status {
-    if (mode == "lavaflow") {
-      LF_TRY(auto vk, VulkanContext::create());
-      LF_TRY(auto cu, cuda::Interop::create(vk));
-      // Open in the opposite order to the parent: its ping producer exists, our pong producer
-      // is what the parent's consumer waits for.
-      LfSide s;
-      LF_TRY(s.in, Consumer::open("ping", {.wait = WaitMode::BusyPoll,
-                                           .host_wait_for_gpu = false,
-                                           .connect_timeout = std::chrono::seconds(30),
-                                           .vulkan = &vk,
-                                           .directory = argv[3]}));
-      LF_TRY(s.out, Producer::create("pong", {.slots = 4,
-                                              .slot_size = frame,
-                                              .transport = TransportKind::Vulkan,
-                                              .vulkan = &vk,
-                                              .directory = argv[3]}));
-      s.in_imports.emplace(cu);
-      LF_TRY_STATUS(s.out->wait_for_consumers(1, std::chrono::seconds(30)));
-      void *scratch = nullptr, *pong = nullptr;
-      BENCH_CUDA(cudaMalloc(&scratch, frame));
-      BENCH_CUDA(cudaMalloc(&pong, 64));
-      cudaStream_t stream;
-      BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-      for (int i = 0; i < rounds + 50; ++i) {
-        LF_TRY_STATUS(gpu_receive(s, scratch, stream));
-        LF_TRY_STATUS(gpu_publish(cu, s, pong, 16, 0, stream));  // ordered after the read on the stream
-      }
-      BENCH_CUDA(cudaStreamSynchronize(stream));
-      return s.out->flush(std::chrono::seconds(10));
-    }
-    if (mode == "cuda-ipc") {
-      const int fd = std::stoi(argv[3]);
-      IpcHandles h{};
-      if (::recv(fd, &h, sizeof h, MSG_WAITALL) != sizeof h) return fail(Errc::PeerLost, "recv", "no handles");
-      void* buf = nullptr;
-      BENCH_CUDA(cudaIpcOpenMemHandle(&buf, h.mem, cudaIpcMemLazyEnablePeerAccess));
-      cudaEvent_t written, read;
-      BENCH_CUDA(cudaIpcOpenEventHandle(&written, h.written));
-      BENCH_CUDA(cudaIpcOpenEventHandle(&read, h.read));
-      void* scratch = nullptr;
-      BENCH_CUDA(cudaMalloc(&scratch, frame));
-      cudaStream_t stream;
-      BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-      LF_TRY_STATUS(send_byte(fd));
-      for (int i = 0; i < rounds + 50; ++i) {
-        LF_TRY_STATUS(recv_byte(fd));
-        BENCH_CUDA(cudaStreamWaitEvent(stream, written, 0));
-        BENCH_CUDA(lf_kernel_xor(scratch, buf, 0, frame, stream));
-        BENCH_CUDA(cudaEventRecord(read, stream));
-        LF_TRY_STATUS(send_byte(fd));
-      }
-      BENCH_CUDA(cudaStreamSynchronize(stream));
-      cudaIpcCloseMemHandle(buf);
-      return {};
-    }
-    return fail(Errc::InvalidArgument, "interop-peer", "unknown mode " + mode);
-  };
-  if (auto ok = run(); !ok) {
-    std::fprintf(stderr, "interop-peer %s: %s\n", mode.c_str(), ok.error().message().c_str());
-    return 1;
-  }
-  return 0;
-}
-
 int bench_interop(const InteropOptions& o) {
-  const bool json = o.json;
-  const std::uint64_t size = o.size, frame = o.frame;
-  const int rounds = o.rounds;
   auto devs = cuda::devices();
   if (!devs || devs->empty()) {
     std::printf("lavaflow-bench interop: skipped, no CUDA device (%s)\n",
                 devs ? "none found" : devs.error().message().c_str());
     return 77;
   }
-  auto vk = VulkanContext::create({.device = devs->front().uuid});
+  const auto& dev = devs->front();
+  auto vk = VulkanContext::create({.device = dev.uuid});
   if (!vk) return std::fprintf(stderr, "interop: %s\n", vk.error().message().c_str()), 1;
   auto cu = cuda::Interop::create(*vk);
   if (!cu) return std::fprintf(stderr, "interop: %s\n", cu.error().message().c_str()), 1;
-  auto copy = copy_bandwidth(*vk, *cu, size, 20);
+  auto progress = [&](const char* what) {
+    if (!o.json) std::fprintf(stderr, "interop: %s...\n", what);
+  };
+  progress("copy kernel");
+  auto copy = copy_bandwidth(*vk, *cu, o.size, 20);
+  progress("import cost");
   auto imp = import_cost_us(*vk, *cu, 64 << 20, 200);
-  auto lf = handoff_lavaflow(*vk, *cu, frame, rounds);
-  auto ipc = handoff_cuda_ipc(frame, rounds);
-  for (auto* e : {copy ? nullptr : &copy.error(), imp ? nullptr : &imp.error(), lf ? nullptr : &lf.error(),
-                  ipc ? nullptr : &ipc.error()})
-    if (e) std::fprintf(stderr, "interop: %s\n", e->message().c_str());
-  if (!copy || !imp || !lf || !ipc) return 1;
-  if (json) {
-    nlohmann::ordered_json j{{"device", devs->front().name},
-                             {"copy_kernel",
-                              {{"bytes", size},
-                               {"imported_gb_s", copy->imported_gbs},
-                               {"cudamalloc_gb_s", copy->malloc_gbs},
-                               {"ratio", copy->imported_gbs / copy->malloc_gbs}}},
-                             {"import_us_64MiB", *imp},
-                             {"handoff", nlohmann::ordered_json::array()}};
-    for (const auto* r : {&*lf, &*ipc})
-      j["handoff"].push_back(
-          {{"name", r->name}, {"frame", frame}, {"p50_us", r->p50_us}, {"p99_us", r->p99_us}, {"avg_us", r->avg_us}});
-    j["handoff_p50_ratio"] = lf->p50_us / ipc->p50_us;
-    std::puts(j.dump().c_str());
-    return 0;
+  std::vector<GpuRow> rows;
+  std::vector<std::string> errors;
+  for (auto* e : {copy ? nullptr : &copy.error(), imp ? nullptr : &imp.error()})
+    if (e) errors.push_back(e->message());
+  for (std::uint64_t size : {std::uint64_t{64}, std::uint64_t{1} << 20, std::uint64_t{16} << 20}) {
+    progress(str_format("gpu-pingpong {} B", size).c_str());
+    auto r = gpu_pingpong(*vk, *cu, size, o.rounds, dev.mps);
+    if (!r)
+      errors.push_back(r.error().message());
+    else
+      rows.insert(rows.end(), r->begin(), r->end());
   }
-  std::printf("lavaflow-bench interop on %s\n", devs->front().name.c_str());
-  std::printf(
-      "copy kernel, %s each way: Vulkan-imported %.1f GB/s, cudaMalloc %.1f GB/s -> ratio %.3f (target >= 0.97)\n",
-      str_format("{} MiB", size >> 20).c_str(), copy->imported_gbs, copy->malloc_gbs,
-      copy->imported_gbs / copy->malloc_gbs);
-  std::printf("import of one 64 MiB Vulkan buffer into CUDA: %.1f us (median of 200)\n", *imp);
-  std::printf("cross-process GPU frame hand-off, %llu-byte frames, %d rounds (round trip / 2):\n",
-              static_cast<unsigned long long>(frame), rounds);
-  for (const auto* r : {&*lf, &*ipc})
-    std::printf("  %-18s p50 %7.1f us  p99 %7.1f us  avg %7.1f us\n", r->name.c_str(), r->p50_us, r->p99_us, r->avg_us);
-  std::printf("  lava-flow / CUDA IPC at p50: %.2f (target <= 1.2)\n", lf->p50_us / ipc->p50_us);
-  return 0;
+  for (std::uint64_t size : {std::uint64_t{1} << 20, std::uint64_t{16} << 20}) {
+    progress(str_format("gpu-stream {} B", size).c_str());
+    const int frames = size > (1u << 20) ? std::max(o.frames / 4, 16) : o.frames;
+    auto r = gpu_stream(*vk, *cu, size, frames, o.slots, dev.mps);
+    if (!r)
+      errors.push_back(r.error().message());
+    else
+      rows.insert(rows.end(), r->begin(), r->end());
+  }
+  for (const auto& e : errors) std::fprintf(stderr, "interop: %s\n", e.c_str());
+
+  auto find = [&](std::string_view name, std::uint64_t size) -> const GpuRow* {
+    for (const auto& r : rows)
+      if (r.name == name && r.size == size) return &r;
+    return nullptr;
+  };
+  struct Target {
+    std::string what;
+    double ratio = 0, limit = 0;
+    bool at_most = true;
+  };
+  std::vector<Target> targets;
+  if (copy)
+    targets.push_back({"copy kernel: imported / cudaMalloc", copy->imported_gbs / copy->malloc_gbs, 0.97, false});
+  if (auto* lf = find("gpu-pingpong-lavaflow", 64), *same = find("gpu-pingpong-same-process", 64),
+      *ipc = find("gpu-pingpong-cuda-ipc", 64);
+      lf && same && ipc) {
+    if (dev.mps) {
+      targets.push_back({"gpu-pingpong 64 B p50: lavaflow / same-process", lf->p50_ns / same->p50_ns, 1.2, true});
+      targets.push_back({"gpu-pingpong 64 B p50: lavaflow / cuda-ipc", lf->p50_ns / ipc->p50_ns, 0.8, true});
+    } else {
+      targets.push_back({"gpu-pingpong 64 B p50: lavaflow / cuda-ipc", lf->p50_ns / ipc->p50_ns, 1.0, true});
+    }
+  }
+  for (std::uint64_t size : {std::uint64_t{1} << 20, std::uint64_t{16} << 20}) {
+    const auto *lf = find("gpu-stream-lavaflow", size), *same = find("gpu-stream-same-process", size);
+    if (!lf || !same) continue;
+    const double limit = dev.mps ? (size > (1u << 20) ? 0.9 : 0.8) : 0.5;
+    if (!dev.mps && size == (1u << 20)) continue;  // no target without MPS at 1 MiB
+    targets.push_back({str_format("gpu-stream {} MiB GB/s: lavaflow / same-process", size >> 20), lf->gbps / same->gbps,
+                       limit, false});
+  }
+
+  if (o.json) {
+    nlohmann::ordered_json j{{"device", dev.name},
+                             {"mps", dev.mps},
+                             {"results", nlohmann::ordered_json::array()},
+                             {"targets", nlohmann::ordered_json::array()}};
+    if (copy)
+      j["results"].push_back({{"name", "copy-kernel"},
+                              {"size", o.size},
+                              {"imported_gbps", copy->imported_gbs},
+                              {"cudamalloc_gbps", copy->malloc_gbs},
+                              {"mps", dev.mps}});
+    if (imp)
+      j["results"].push_back({{"name", "import-cuda"}, {"size", 64 << 20}, {"p50_ns", *imp * 1e3}, {"mps", dev.mps}});
+    for (const auto& r : rows) {
+      nlohmann::ordered_json row{{"name", r.name},       {"variant", r.variant}, {"size", r.size},
+                                 {"samples", r.samples}, {"p50_ns", r.p50_ns},   {"p99_ns", r.p99_ns}};
+      if (r.name.starts_with("gpu-stream")) {
+        row["gbps"] = r.gbps;
+        row["frames_per_s"] = r.frames_per_s;
+        row["errors"] = r.errors;
+      }
+      row["mps"] = r.mps;
+      j["results"].push_back(row);
+    }
+    for (const auto& t : targets)
+      j["targets"].push_back({{"what", t.what},
+                              {"ratio", t.ratio},
+                              {"limit", t.limit},
+                              {"at_most", t.at_most},
+                              {"met", t.at_most ? t.ratio <= t.limit : t.ratio >= t.limit}});
+    std::puts(j.dump().c_str());
+  } else {
+    std::printf("lavaflow-bench interop on %s (%s)\n", dev.name.c_str(),
+                dev.mps ? "MPS active" : "no MPS: processes' GPU work is time-sliced");
+    if (copy)
+      std::printf("copy kernel, %s each way: Vulkan-imported %.1f GB/s, cudaMalloc %.1f GB/s\n",
+                  str_format("{} MiB", o.size >> 20).c_str(), copy->imported_gbs, copy->malloc_gbs);
+    if (imp) std::printf("import of one 64 MiB Vulkan buffer into CUDA: %.1f us (median of 200)\n", *imp);
+    std::printf("%-26s %-10s %10s %12s %12s %10s %12s\n", "row", "variant", "size", "p50 ns", "p99 ns", "GB/s",
+                "frames/s");
+    for (const auto& r : rows)
+      std::printf("%-26s %-10s %10llu %12.0f %12.0f %10.2f %12.0f%s\n", r.name.c_str(), r.variant.c_str(),
+                  static_cast<unsigned long long>(r.size), r.p50_ns, r.p99_ns, r.gbps, r.frames_per_s,
+                  r.errors ? str_format("  {} WRONG WORDS", r.errors).c_str() : "");
+    for (const auto& t : targets)
+      std::printf("target %-52s %.3f %s %.2f  %s\n", t.what.c_str(), t.ratio, t.at_most ? "<=" : ">=", t.limit,
+                  (t.at_most ? t.ratio <= t.limit : t.ratio >= t.limit) ? "met" : "NOT MET");
+  }
+  bool wrong = false;
+  for (const auto& r : rows) wrong |= r.errors != 0;
+  return errors.empty() && !wrong ? 0 : 1;
 }
 
 }  // namespace lfbench

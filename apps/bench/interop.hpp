@@ -2,14 +2,14 @@
 #pragma once
 #include <cstdint>
 namespace lfbench {
-/// `lavaflow-bench interop [--json] [--size BYTES] [--frame BYTES] [--rounds N]` (needs a CUDA GPU).
+/// `lavaflow-bench interop [--json] [--size BYTES] [--rounds N] [--frames N] [--slots N]` (needs a
+/// CUDA GPU).
 struct InteropOptions {
   std::uint64_t size = 1ull << 30;  ///< bytes the copy kernel moves
-  std::uint64_t frame = 1 << 20;    ///< bytes per handed-off frame
-  int rounds = 2000;                ///< hand-off round trips
+  int rounds = 2000;                ///< gpu-pingpong round trips per row
+  int frames = 2000;                ///< gpu-stream frames at 1 MiB (a quarter of that at 16 MiB)
+  std::uint32_t slots = 8;          ///< gpu-stream ring buffers (the channel's default)
   bool json = false;
 };
 int bench_interop(const InteropOptions& options);
-/// The second process of the hand-off measurements.
-int bench_interop_peer(int argc, char** argv);
 }  // namespace lfbench

@@ -19,6 +19,9 @@
 
 #include "cli.hpp"
 #include "interop.hpp"
+#if LAVAFLOW_BENCH_INTEROP
+#include "gpu_handoff.hpp"
+#endif
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/lavaflow.hpp"
 #include "local.hpp"
@@ -301,7 +304,7 @@ int main(int argc, char** argv) {
   // Internal: the second process of `local` and `interop`, started by this program.
   if (argc > 1 && !std::strcmp(argv[1], "_echo")) return lfbench::echo_main(argc, argv);
 #if LAVAFLOW_BENCH_INTEROP
-  if (argc > 1 && !std::strcmp(argv[1], "interop-peer")) return lfbench::bench_interop_peer(argc, argv);
+  if (argc > 1 && !std::strcmp(argv[1], "interop-peer")) return lfbench::gpu_handoff_peer(argc, argv);
 #endif
 
   CLI::App app{"lavaflow-bench: lava-flow's benchmarks, each next to a baseline measured in the same run.",
@@ -345,8 +348,9 @@ int main(int argc, char** argv) {
   auto* interop =
       app.add_subcommand("interop", "(CUDA GPU) kernels on imported memory and GPU frame hand-off vs CUDA IPC");
   lfapp::add_whole(*interop, "--size", io.size, "bytes the copy kernel moves", 1 << 20, 1ull << 36);
-  lfapp::add_whole(*interop, "--frame", io.frame, "bytes per frame", 4, 1 << 30);
-  lfapp::add_whole(*interop, "--rounds", io.rounds, "hand-off round trips", 10, 10'000'000);
+  lfapp::add_whole(*interop, "--rounds", io.rounds, "gpu-pingpong round trips per row", 10, 10'000'000);
+  lfapp::add_whole(*interop, "--frames", io.frames, "gpu-stream frames at 1 MiB (a quarter at 16 MiB)", 16, 1'000'000);
+  lfapp::add_whole(*interop, "--slots", io.slots, "gpu-stream ring buffers", 1, 62);
   interop->add_flag("--json", io.json, "JSON rows");
   if (auto rc = lfapp::parse(app, argc, argv)) return *rc;
 

@@ -75,3 +75,79 @@ cudaError_t lf_kernel_pattern(void* pixels, unsigned width, unsigned height, uns
                                                                                       width, height, frame);
   return cudaGetLastError();
 }
+
+// Frames whose every word depends on the frame's sequence number and the word's index, so that a
+// verifier catches a frame from another sequence, a torn frame or a single corrupted byte.
+namespace {
+__device__ __host__ inline unsigned frame_word(unsigned long long seq, unsigned long long i) {
+  unsigned x = static_cast<unsigned>(seq * 0x9E3779B1ull) ^ static_cast<unsigned>(i * 0x85EBCA77ull);
+  x ^= x >> 15;
+  x *= 0x2C1B3C6Du;
+  return x ^ (x >> 12);
+}
+
+__global__ void fill_frame_kernel(unsigned* dst, unsigned long long words, unsigned long long seq) {
+  for (unsigned long long i = blockIdx.x * 256ull + threadIdx.x; i < words; i += 256ull * gridDim.x)
+    dst[i] = frame_word(seq, i);
+}
+
+__global__ void check_frame_kernel(const unsigned* src, unsigned long long words, unsigned long long seq,
+                                   unsigned delay_ns, unsigned long long* errors, unsigned long long* stamp) {
+  if (stamp != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    *stamp = t;
+  }
+  if (delay_ns != 0) __nanosleep(delay_ns);
+  unsigned long long bad = 0;
+  for (unsigned long long i = blockIdx.x * 256ull + threadIdx.x; i < words; i += 256ull * gridDim.x)
+    bad += src[i] != frame_word(seq, i);
+  if (bad != 0) atomicAdd(errors, bad);
+}
+
+__global__ void stamp_kernel(unsigned long long* at) {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  *at = t;
+}
+
+// One hop of a GPU ping-pong: stamps the time it starts (it starts once its stream's waits are
+// met), then copies the frame it received into the frame it sends.
+__global__ void relay_kernel(uint4* dst, const uint4* src, unsigned long long n, unsigned long long* stamp) {
+  if (stamp != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    *stamp = t;
+  }
+  for (unsigned long long i = blockIdx.x * 256ull + threadIdx.x; i < n; i += 256ull * gridDim.x) dst[i] = src[i];
+}
+}  // namespace
+
+unsigned lf_frame_word(unsigned long long seq, unsigned long long index) { return frame_word(seq, index); }
+
+cudaError_t lf_kernel_fill_frame(void* dst, unsigned long long bytes, unsigned long long seq, cudaStream_t s) {
+  const unsigned long long words = bytes / 4;
+  fill_frame_kernel<<<blocks(words), 256, 0, s>>>(static_cast<unsigned*>(dst), words, seq);
+  return cudaGetLastError();
+}
+
+cudaError_t lf_kernel_check_frame(const void* src, unsigned long long bytes, unsigned long long seq, unsigned delay_ns,
+                                  unsigned long long* errors, unsigned long long* stamp, cudaStream_t s) {
+  const unsigned long long words = bytes / 4;
+  check_frame_kernel<<<blocks(words), 256, 0, s>>>(static_cast<const unsigned*>(src), words, seq, delay_ns, errors,
+                                                   stamp);
+  return cudaGetLastError();
+}
+
+cudaError_t lf_kernel_stamp(unsigned long long* at, cudaStream_t s) {
+  stamp_kernel<<<1, 1, 0, s>>>(at);
+  return cudaGetLastError();
+}
+
+cudaError_t lf_kernel_relay(void* dst, const void* src, unsigned long long bytes, unsigned long long* stamp,
+                            cudaStream_t s) {
+  const unsigned long long n = bytes / 16;
+  relay_kernel<<<blocks(n) < 132 * 16 ? blocks(n) : 132 * 16, 256, 0, s>>>(static_cast<uint4*>(dst),
+                                                                           static_cast<const uint4*>(src), n, stamp);
+  return cudaGetLastError();
+}

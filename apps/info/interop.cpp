@@ -62,9 +62,14 @@ void cuda_rows(const std::vector<lavaflow::DeviceCapabilities>& vk, InteropRepor
     const std::string name = str_format("CUDA [{}] {}", c.ordinal, c.name);
     r.devices.push_back(
         {"CUDA", name,
-         str_format("UUID {}, compute {}.{}, timeline semaphore interop {}, POSIX-fd allocations {}",
+         str_format("UUID {}, compute {}.{}, timeline semaphore interop {}, POSIX-fd allocations {}; {}",
                     lavaflow::to_string(c.uuid), c.compute_major, c.compute_minor,
-                    c.timeline_semaphore_interop ? "yes" : "no", c.posix_fd_allocations ? "yes" : "no")});
+                    c.timeline_semaphore_interop ? "yes" : "no", c.posix_fd_allocations ? "yes" : "no",
+                    c.mps ? "MPS active: CUDA kernels of several processes run side by side, a GPU-ordered "
+                            "hand-off between them costs microseconds"
+                          : "no MPS: the GPU time-slices between processes, so a hand-off between two "
+                            "processes' kernels waits for a context switch (about a hundred microseconds); "
+                            "start nvidia-cuda-mps-control -d to share the GPU")});
     for (const auto& e : vk) {
       MatrixRow row{vk_name(e), name};
       const bool match = e.identity.device_uuid == c.uuid;

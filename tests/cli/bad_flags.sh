@@ -94,7 +94,8 @@ check_whole --max-size 8 4194304 "$bench" remote
 check_whole --ring-bytes 8 1073741824 "$bench" remote
 check_unknown "$bench" interop
 check_whole --size 1048576 68719476736 "$bench" interop
-check_whole --frame 4 1073741824 "$bench" interop
+check_whole --frames 16 1000000 "$bench" interop
+check_whole --slots 1 62 "$bench" interop
 check_whole --rounds 10 10000000 "$bench" interop
 if [ -x "$bin/bench/lavaflow-bench-remote" ]; then
   check_whole --max-size 8 4194304 "$bin/bench/lavaflow-bench-remote"

@@ -11,14 +11,15 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
-  const auto fds = static_cast<std::size_t>(data[0] % 66);
+  const auto fds = static_cast<std::size_t>(data[0] % 67);
   const auto bytes = std::as_bytes(std::span(data + 1, size - 1));
   auto hs = lavaflow::detail::decode(bytes, fds);
   if (hs) {
     if (auto* w = std::get_if<lavaflow::detail::Welcome>(&*hs)) {
       // Accepted welcomes are internally consistent.
       if (w->ring.size() != w->slots || w->slots == 0 || w->slots > lavaflow::detail::kMaxSlots ||
-          fds != 1 + w->slots + (w->timeline ? 1u : 0u))
+          fds != 1 + w->slots + (w->timeline ? 1u : 0u) + (w->release_timeline ? 1u : 0u) ||
+          (w->release_timeline && !w->timeline))
         std::abort();
       for (const auto& d : w->ring)
         if (!d.validate() || d.size < w->slot_size) std::abort();

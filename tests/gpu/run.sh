@@ -44,7 +44,26 @@ if [ "$quick" != 1 ]; then
 "$build/apps/bench/lavaflow-bench" alloc > "$out/bench-alloc.txt" 2>&1
 "$build/apps/bench/lavaflow-bench" local > "$out/bench-local.txt" 2>&1
 fi
+# The GPU hand-off benches both ways: as a new user runs them (the GPU time-slices between the two
+# processes), and with the CUDA MPS server started for this run only (its pipe and log
+# directories private to it, the server quit before the command ends).
 "$build/apps/bench/lavaflow-bench" interop > "$out/bench-interop.txt" 2>&1 || rc=1
+"$build/apps/bench/lavaflow-bench" interop --json > "$out/bench-interop.json" 2> "$out/bench-interop.err" || rc=1
+if command -v nvidia-cuda-mps-control > /dev/null; then
+  mps=$(mktemp -d /tmp/lavaflow-mps-XXXXXX)
+  mkdir -p "$mps/pipe" "$mps/log"
+  export CUDA_MPS_PIPE_DIRECTORY=$mps/pipe CUDA_MPS_LOG_DIRECTORY=$mps/log
+  if nvidia-cuda-mps-control -d; then
+    "$build/apps/info/lavaflow-info" > "$out/info-mps.txt" 2>&1
+    "$build/apps/bench/lavaflow-bench" interop > "$out/bench-interop-mps.txt" 2>&1 || rc=1
+    "$build/apps/bench/lavaflow-bench" interop --json > "$out/bench-interop-mps.json" 2> "$out/bench-interop-mps.err" || rc=1
+    echo quit | nvidia-cuda-mps-control
+  else
+    echo "MPS: nvidia-cuda-mps-control -d failed" > "$out/bench-interop-mps.txt"
+  fi
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  rm -rf "$mps"
+fi
 "$build/apps/bench/lavaflow-bench" remote > "$out/bench-remote.txt" 2>&1 || rc=1  # no gnuplot there
 # The viewer headless (EGL on the GPU; no X server there): Vulkan compute and CUDA producers, paced
 # and flat out; every screenshot checked pixel by pixel, by the viewer and by the PNG checker.

@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
     auto buf = imports.buffer(*r);
     if (!buf) return std::fprintf(stderr, "cuda_peer: %s\n", buf.error().message().c_str()), 1;
     gpu_ordered += r->gpu_wait().has_value();
-    if (auto ok = imports.wait(**c, *r, stream); !ok)
+    if (auto ok = imports.wait(stream, *r); !ok)
       return std::fprintf(stderr, "cuda_peer: %s\n", ok.error().message().c_str()), 1;
     seen.resize(r->info().size);
     if (cudaMemcpyAsync(seen.data(), (*buf)->data(), seen.size(), cudaMemcpyDeviceToHost, stream) != cudaSuccess ||

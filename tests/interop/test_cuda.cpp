@@ -222,7 +222,7 @@ TEST_CASE("a CUDA stream waits on a channel's timeline and reads each received r
     lftest::ok(prod->publish(std::move(loan)));  // no CPU wait: the timeline orders the GPU work
     auto r = lftest::ok(con->receive(std::chrono::seconds(10)));
     const auto* in = lftest::ok(imports.buffer(r));
-    lftest::ok(imports.wait(*con, r, stream));
+    lftest::ok(imports.wait(stream, r));
     CU_OK(cudaMemcpyAsync(seen.data(), in->data(), n, cudaMemcpyDeviceToHost, stream));
     CU_OK(cudaStreamSynchronize(stream));
     REQUIRE(lftest::first_mismatch(seen, i) == -1);
@@ -264,4 +264,59 @@ TEST_CASE("a consumer process reads every channel message with CUDA, ordered by 
     lftest::ok(prod->publish(std::move(loan), {.size = n}));  // no CPU wait when the channel has a timeline
   }
   CHECK(lftest::wait_exit(pid) == 0);
+}
+
+TEST_CASE("CUDA writes and reads every message ordered on the GPU both ways: a slot is rewritten only after the read") {
+  auto f = setup();
+  const auto dir = lftest::channel_dir();
+  constexpr std::uint32_t kSlots = 2;
+  constexpr std::uint64_t kBytes = 1 << 20;
+  auto prod = lftest::ok(Producer::create("cuda-both", {.slots = kSlots,
+                                                        .slot_size = kBytes,
+                                                        .host_wait_for_gpu_release = false,
+                                                        .transport = TransportKind::Vulkan,
+                                                        .vulkan = &f.vk,
+                                                        .directory = dir}));
+  if (!prod->has_gpu_timeline()) lftest::skip("the channel has no shared timeline semaphore on this device");
+  auto con = lftest::ok(Consumer::open("cuda-both", {.host_wait_for_gpu = false, .vulkan = &f.vk, .directory = dir}));
+  REQUIRE(con->gpu_release_timeline() != nullptr);
+  cuda::ChannelImports out(f.cu), in(f.cu);
+  cudaStream_t ps, cs;
+  CU_OK(cudaStreamCreateWithFlags(&ps, cudaStreamNonBlocking));
+  CU_OK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+  unsigned long long* errors = nullptr;
+  CU_OK(cudaMalloc(reinterpret_cast<void**>(&errors), sizeof *errors));
+  CU_OK(cudaMemset(errors, 0, sizeof *errors));
+  CU_OK(cudaDeviceSynchronize());
+  // The reader sleeps before reading, so a writer that did not wait for its release would
+  // overwrite the slot under it; nothing on the host waits for either stream in the loop.
+  constexpr std::uint64_t kCount = 300;
+  std::uint64_t loans_with_waits = 0;
+  for (std::uint64_t i = 0; i < kCount; ++i) {
+    auto loan = lftest::ok(prod->loan(std::chrono::seconds(20)));
+    loans_with_waits += !loan.gpu_waits().empty();
+    const auto* dst = lftest::ok(out.buffer(loan));
+    lftest::ok(out.wait(ps, loan));
+    CU_OK(lf_kernel_fill_frame(dst->data(), kBytes, i, ps));
+    lftest::ok(out.signal(ps, loan));
+    lftest::ok(prod->publish(std::move(loan)));
+    auto r = lftest::ok(con->receive(std::chrono::seconds(20)));
+    REQUIRE(r.info().sequence == i);
+    REQUIRE(r.gpu_wait().has_value());
+    const auto* src = lftest::ok(in.buffer(r));
+    lftest::ok(in.wait(cs, r));
+    CU_OK(lf_kernel_check_frame(src->data(), kBytes, i, 20'000, errors, nullptr, cs));
+    lftest::ok(in.release(cs, r));
+  }
+  CU_OK(cudaStreamSynchronize(ps));
+  CU_OK(cudaStreamSynchronize(cs));
+  unsigned long long bad = 1;
+  CU_OK(cudaMemcpy(&bad, errors, sizeof bad, cudaMemcpyDeviceToHost));
+  CHECK(bad == 0);
+  CHECK(loans_with_waits == kCount - kSlots);  // every reuse of a slot waited for the GPU read
+  CHECK(in.imported() == kSlots);
+  CHECK(out.imported() == kSlots);
+  CU_OK(cudaFree(errors));
+  CU_OK(cudaStreamDestroy(ps));
+  CU_OK(cudaStreamDestroy(cs));
 }

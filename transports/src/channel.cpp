@@ -13,10 +13,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <new>
@@ -46,7 +48,7 @@ constexpr std::size_t kMaxPending = 64;
 // before it is used as a size or an index.
 
 constexpr std::uint32_t kControlMagic = 0x52434c46;  // "FLCR"
-constexpr std::uint32_t kControlVersion = 2;
+constexpr std::uint32_t kControlVersion = 3;
 
 struct alignas(64) SharedConsumer {
   std::atomic<std::uint32_t> state;  // 0 free, 1 active; written by the producer's service thread only
@@ -54,6 +56,12 @@ struct alignas(64) SharedConsumer {
   // Read by the producer when the ring looks full: its own cache line, so that the consumer's
   // per-message store to `next` never waits for the line to come back from the producer.
   alignas(64) std::atomic<std::uint64_t> released;  // every sequence below this is released
+  // By slot: sequence + 1 of the last message in that slot that this consumer released on its GPU
+  // (its release timeline reaches that value when the read is done). Written before `released`
+  // moves past the message. The producer only waits on the value it expects for the slot, so a
+  // scribbled entry can skip a wait (harming only its writer) but never make the producer wait
+  // on a value nobody will signal.
+  alignas(64) std::atomic<std::uint64_t> gpu_release[kMaxSlots];
 };
 
 struct alignas(64) SharedSlot {
@@ -247,6 +255,26 @@ Result<ucred> peer_credentials(int sock) {
   return cred;
 }
 
+/// What a hand-off between two processes' GPU work costs on this device, for the route reason:
+/// nobody should have to find the context switch per hop by measuring.
+std::string gpu_sharing_note(const DeviceCapabilities& caps) {
+  if (caps.type == vk::PhysicalDeviceType::eCpu) return {};
+  std::string note = str_format(
+      "; {} time-slices between processes, so a hand-off between two processes' GPU work waits for a context "
+      "switch",
+      caps.identity.name);
+  if (caps.driver_name.find("NVIDIA") == std::string::npos) return note;
+  // CUDA clients find the MPS server through this pipe directory.
+  const char* dir = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
+  const std::filesystem::path control = std::filesystem::path(dir && *dir ? dir : "/tmp/nvidia-mps") / "control";
+  std::error_code ec;
+  return note + (std::filesystem::exists(control, ec)
+                     ? "; CUDA work of processes under the MPS server found at " + control.parent_path().string() +
+                           " runs side by side instead"
+                     : "; no MPS server: start nvidia-cuda-mps-control -d to run CUDA work of several processes side "
+                       "by side");
+}
+
 Status send_refuse(int sock, const std::string& reason) {
   return send_message(sock, detail::encode(detail::Refuse{reason}));
 }
@@ -294,6 +322,10 @@ struct detail::ProducerState {
   std::uint32_t write_slot = 0;              // write_seq % slots, kept incrementally (no division per message)
   std::atomic<std::uint32_t> slots_used{0};  // consumer entries ever handed out (service thread raises it)
   std::optional<GpuSemaphore> timeline;      // value n + 1: message n's GPU writes are done
+  // By consumer index (created at its first admission, reused by later consumers there): value
+  // n + 1 when that consumer's GPU is done reading message n. Set before the index's state turns
+  // active and never replaced, so the producer thread reads it without a lock.
+  std::array<std::unique_ptr<GpuSemaphore>, kMaxConsumers> release;
   bool loan_out = false;
   std::thread service;
 
@@ -378,12 +410,45 @@ struct detail::ProducerState {
     return slot_free(seq);
   }
 
+  /// A consumer that went away may owe release signals the producer's GPU waits on (it died with
+  /// GPU work in flight): the producer signals them itself. Only values the consumer announced,
+  /// and only up to what was published, so a later consumer at this index (which starts at the
+  /// head) still signals above them.
+  void release_gpu_waits(std::uint32_t index) {
+    if (!release[index]) return;
+    const auto& c = control->consumers[index];
+    const std::uint64_t published = control->write_seq.load(std::memory_order_acquire);
+    std::uint64_t owed = 0;
+    for (std::uint32_t k = 0; k < options.slots; ++k) {
+      const std::uint64_t v = c.gpu_release[k].load(std::memory_order_acquire);
+      if (v <= published) owed = std::max(owed, v);
+    }
+    auto now = release[index]->value();
+    if (now && *now < owed) (void)release[index]->signal(owed);
+  }
+
+  /// The GPU releases that writing message `seq` into slot `slot` must wait for: those of active
+  /// consumers that released the slot's previous message on their GPU.
+  [[nodiscard]] std::vector<GpuSync> release_waits(std::uint64_t seq, std::uint32_t slot) {
+    std::vector<GpuSync> waits;
+    if (!timeline || seq < options.slots) return waits;
+    const std::uint64_t expect = seq - options.slots + 1;
+    for (std::uint32_t i = 0; i < slots_used; ++i) {
+      const auto& c = control->consumers[i];
+      if (c.state.load(std::memory_order_acquire) != 1 || !release[i]) continue;
+      if (c.gpu_release[slot].load(std::memory_order_acquire) == expect)
+        waits.push_back({release[i]->semaphore(), expect, release[i].get()});
+    }
+    return waits;
+  }
+
   void service_loop();
   void accept_all();
   void admit(UniqueFd sock);
   void drop_connection(std::size_t i) {
     auto& c = control->consumers[connections[i].index];
     c.state.store(0, std::memory_order_seq_cst);
+    release_gpu_waits(connections[i].index);
     futex_wake_all(control->space_futex);  // a producer waiting on this consumer's slots goes on
     connections.erase(connections.begin() + static_cast<long>(i));
   }
@@ -458,16 +523,27 @@ void detail::ProducerState::admit(UniqueFd sock) {
   }
   std::vector<int> fds;
   for (const auto& e : exports) fds.push_back(e.fd.get());
-  UniqueFd sem_fd;
+  UniqueFd sem_fd, release_fd;
   if (timeline) {
     auto exported = timeline->export_fd();
     if (!exported) return (void)send_refuse(sock.get(), exported.error().message());
     sem_fd = std::move(*exported);
     fds.push_back(sem_fd.get());
     w.timeline = true;
+    if (!release[index]) {
+      auto sem = GpuSemaphore::create(*env.vulkan, SemaphoreKind::Timeline);
+      if (!sem) return (void)send_refuse(sock.get(), sem.error().message());
+      release[index] = std::make_unique<GpuSemaphore>(std::move(*sem));
+    }
+    auto rex = release[index]->export_fd();
+    if (!rex) return (void)send_refuse(sock.get(), rex.error().message());
+    release_fd = std::move(*rex);
+    fds.push_back(release_fd.get());
+    w.release_timeline = true;
   }
   // Start the consumer at the current head: it sees every message published from now on.
   auto& c = control->consumers[index];
+  for (auto& v : c.gpu_release) v.store(0, std::memory_order_relaxed);
   const std::uint64_t head = control->write_seq.load(std::memory_order_seq_cst);
   c.next.store(head, std::memory_order_seq_cst);
   c.released.store(head, std::memory_order_seq_cst);
@@ -596,6 +672,7 @@ Result<std::unique_ptr<Producer>> Producer::create(const std::string& name, Prod
       if (!sem) return std::unexpected(sem.error().within(call));
       impl->timeline.emplace(std::move(*sem));
       impl->route.reason += "; GPU work ordered by a shared timeline semaphore";
+      impl->route.reason += gpu_sharing_note(caps);
     } else {
       impl->route.reason += "; no exportable timeline semaphore here: GPU writes are finished with a CPU fence wait";
     }
@@ -636,8 +713,18 @@ Result<Loan> Producer::loan(Duration timeout) {
       return std::unexpected(ok.error());
     }
   }
+  auto waits = m.release_waits(seq, m.write_slot);
+  if (!waits.empty() && m.options.host_wait_for_gpu_release) {
+    for (const auto& w : waits)
+      if (auto ok = w.source->wait(w.value, timeout); !ok) {
+        if (ok.error().code() == Errc::Timeout)
+          return fail(Errc::Timeout, call, "a consumer's GPU did not finish reading the slot in time");
+        return std::unexpected(ok.error());
+      }
+    waits.clear();
+  }
   m.loan_out = true;
-  return Result<Loan>(std::in_place, Loan(&m, seq, m.write_slot));
+  return Result<Loan>(std::in_place, Loan(&m, seq, m.write_slot, std::move(waits)));
 }
 
 Result<Loan> Producer::try_loan() {
@@ -697,7 +784,7 @@ std::optional<GpuSync> Loan::gpu_signal() {
   auto& m = *impl_;
   if (!m.timeline) return std::nullopt;
   gpu_signaled_ = true;
-  return GpuSync{m.timeline->semaphore(), seq_ + 1};
+  return GpuSync{m.timeline->semaphore(), seq_ + 1, &*m.timeline};
 }
 
 const ChannelRoute& Producer::route() const { return impl_->route; }
@@ -743,7 +830,11 @@ Status Producer::wait_for_consumers(std::uint32_t n, Duration timeout) {
 }
 
 Loan::Loan(Loan&& o) noexcept
-    : impl_(std::exchange(o.impl_, nullptr)), seq_(o.seq_), slot_(o.slot_), gpu_signaled_(o.gpu_signaled_) {}
+    : impl_(std::exchange(o.impl_, nullptr)),
+      seq_(o.seq_),
+      slot_(o.slot_),
+      gpu_signaled_(o.gpu_signaled_),
+      waits_(std::move(o.waits_)) {}
 Loan& Loan::operator=(Loan&& o) noexcept {
   if (this != &o) {
     if (impl_) impl_->abandon(seq_);
@@ -751,6 +842,7 @@ Loan& Loan::operator=(Loan&& o) noexcept {
     seq_ = o.seq_;
     slot_ = o.slot_;
     gpu_signaled_ = o.gpu_signaled_;
+    waits_ = std::move(o.waits_);
   }
   return *this;
 }
@@ -776,8 +868,13 @@ struct detail::ConsumerState {
   std::uint32_t slots = 0;
   std::uint64_t slot_size = 0;
   std::int32_t producer_pid = 0;
-  bool contended_next = false;           // DropOldest: the producer may move `next` too, so claim by CAS
-  std::optional<GpuSemaphore> timeline;  // imported shared timeline (Vulkan transport)
+  bool contended_next = false;                   // DropOldest: the producer may move `next` too, so claim by CAS
+  std::optional<GpuSemaphore> timeline;          // imported shared timeline (Vulkan transport)
+  std::optional<GpuSemaphore> release_timeline;  // ours, owned by the producer: value n + 1 = read of n done
+  std::uint64_t last_gpu_release = 0;            // the highest value handed out by gpu_release()
+  // The highest timeline value a GPU wait of ours may be blocked on (message n: n + 1). Should
+  // the producer die before its GPU signals it, the watcher signals it so no queue of ours hangs.
+  std::atomic<std::uint64_t> gpu_wait_high{0};
   std::vector<std::unique_ptr<Buffer>> ring;
   UniqueFd sock, stop_fd;
   std::atomic<bool> lost{false};
@@ -794,7 +891,8 @@ struct detail::ConsumerState {
   std::vector<std::uint8_t> done;  // by slot
   bool orphaned = false;           // the Consumer is gone; the last outstanding Received deletes this
 
-  void release(std::uint32_t slot);
+  /// `gpu_release`: n + 1 when message n (in `slot`) was released on the GPU, else 0.
+  void release(std::uint32_t slot, std::uint64_t gpu_release = 0);
 
   [[nodiscard]] std::uint32_t slot_of(std::uint64_t seq) {
     if (seq != cursor) {  // only after DropOldest skipped messages
@@ -823,6 +921,11 @@ struct detail::ConsumerState {
       if (p[0].revents) return;
       if (p[1].revents) {
         lost_reason = str_format("producer (pid {}) hung up: it exited or was killed", producer_pid);
+        // GPU work of ours waiting for writes the dead producer's GPU will never signal goes on.
+        if (timeline) {
+          const std::uint64_t owed = gpu_wait_high.load(std::memory_order_acquire);
+          if (auto now = timeline->value(); now && *now < owed) (void)timeline->signal(owed);
+        }
         lost.store(true, std::memory_order_seq_cst);
         futex_wake_all(control->data_futex);
         return;
@@ -958,6 +1061,14 @@ Result<std::unique_ptr<Consumer>> Consumer::open(const std::string& name, Consum
     auto sem = GpuSemaphore::import(*impl->env.vulkan, SemaphoreKind::Timeline, std::move(msg->fds[1 + w.slots]));
     if (!sem) return std::unexpected(sem.error().within(call));
     impl->timeline.emplace(std::move(*sem));
+    if (w.release_timeline) {
+      auto rel = GpuSemaphore::import(*impl->env.vulkan, SemaphoreKind::Timeline, std::move(msg->fds[2 + w.slots]));
+      if (!rel) return std::unexpected(rel.error().within(call));
+      impl->release_timeline.emplace(std::move(*rel));
+      auto v = impl->release_timeline->value();
+      if (!v) return std::unexpected(v.error().within(call));
+      impl->last_gpu_release = *v;
+    }
   }
   impl->done.assign(w.slots, 0);
   impl->options = std::move(o);
@@ -1007,6 +1118,7 @@ Result<Received> Consumer::receive(Duration timeout) {
     MessageInfo info{size, slot.tag.load(std::memory_order_relaxed), slot.timestamp_ns.load(std::memory_order_relaxed),
                      n};
     const bool gpu_ordered = (slot.flags.load(std::memory_order_relaxed) & kGpuOrdered) && m.timeline;
+    if (gpu_ordered) m.gpu_wait_high.store(n + 1, std::memory_order_release);
     if (gpu_ordered && m.options.host_wait_for_gpu) {
       if (auto ok = m.timeline->wait(n + 1, timeout); !ok) {
         m.release(k);  // the message is taken but not handed out: give its slot back
@@ -1027,8 +1139,9 @@ Result<Received> Consumer::try_receive() {
   return receive(Duration(0));
 }
 
-void detail::ConsumerState::release(std::uint32_t slot) {
+void detail::ConsumerState::release(std::uint32_t slot, std::uint64_t gpu_release) {
   auto& m = *this;
+  if (gpu_release != 0) m.self->gpu_release[slot].store(gpu_release, std::memory_order_relaxed);
   m.done[slot] = 1;
   --m.held;
   while (m.released < m.expected && m.done[m.released_slot]) {
@@ -1054,10 +1167,47 @@ bool Consumer::has_gpu_timeline() const { return impl_->timeline.has_value(); }
 
 const GpuSemaphore* Producer::gpu_timeline() const { return impl_->timeline ? &*impl_->timeline : nullptr; }
 const GpuSemaphore* Consumer::gpu_timeline() const { return impl_->timeline ? &*impl_->timeline : nullptr; }
+std::uint64_t Consumer::next_sequence() const { return impl_->expected; }
+
+Result<Consumer::Upcoming> Consumer::upcoming(std::uint64_t sequence) const {
+  constexpr const char* call = "Consumer::upcoming";
+  const auto& m = *impl_;
+  if (!m.timeline)
+    return fail(Errc::Unsupported, call, "the channel has no shared timeline semaphore to order GPU work ahead");
+  if (m.contended_next)
+    return fail(Errc::Unsupported, call, "under the DropOldest policy the producer may skip any message");
+  if (sequence < m.expected)
+    return fail(Errc::InvalidArgument, call,
+                str_format("message {} was already received (next is {})", sequence, m.expected));
+  const auto slot = static_cast<std::uint32_t>(sequence % m.slots);
+  return Upcoming{sequence, m.ring[slot].get(), GpuSync{m.timeline->semaphore(), sequence + 1, &*m.timeline}};
+}
+
+const GpuSemaphore* Consumer::gpu_release_timeline() const {
+  return impl_->release_timeline ? &*impl_->release_timeline : nullptr;
+}
 
 std::optional<GpuSync> Received::gpu_wait() const {
   if (!impl_ || !gpu_ordered_) return std::nullopt;
-  return GpuSync{impl_->timeline->semaphore(), info_.sequence + 1};
+  return GpuSync{impl_->timeline->semaphore(), info_.sequence + 1, &*impl_->timeline};
+}
+
+Result<GpuSync> Received::gpu_release() {
+  constexpr const char* call = "Received::gpu_release";
+  if (!impl_) return fail(Errc::InvalidArgument, call, "the message is already released");
+  auto& m = *impl_;
+  if (!m.release_timeline)
+    return fail(Errc::Unsupported, call,
+                "this channel has no shared timeline semaphore: finish the GPU read (fence) before releasing");
+  const std::uint64_t value = info_.sequence + 1;
+  if (gpu_released_) return GpuSync{m.release_timeline->semaphore(), value, &*m.release_timeline};
+  if (value <= m.last_gpu_release)
+    return fail(Errc::InvalidArgument, call,
+                str_format("message {} is older than one already released on the GPU: release in receive order",
+                           info_.sequence));
+  m.last_gpu_release = value;
+  gpu_released_ = true;
+  return GpuSync{m.release_timeline->semaphore(), value, &*m.release_timeline};
 }
 
 Received::Received(Received&& o) noexcept
@@ -1065,7 +1215,8 @@ Received::Received(Received&& o) noexcept
       info_(o.info_),
       missed_(o.missed_),
       slot_(o.slot_),
-      gpu_ordered_(o.gpu_ordered_) {}
+      gpu_ordered_(o.gpu_ordered_),
+      gpu_released_(o.gpu_released_) {}
 Received& Received::operator=(Received&& o) noexcept {
   if (this != &o) {
     release();
@@ -1074,12 +1225,13 @@ Received& Received::operator=(Received&& o) noexcept {
     missed_ = o.missed_;
     slot_ = o.slot_;
     gpu_ordered_ = o.gpu_ordered_;
+    gpu_released_ = o.gpu_released_;
   }
   return *this;
 }
 Received::~Received() { release(); }
 void Received::release() {
-  if (impl_) std::exchange(impl_, nullptr)->release(slot_);
+  if (impl_) std::exchange(impl_, nullptr)->release(slot_, gpu_released_ ? info_.sequence + 1 : 0);
 }
 std::span<const std::byte> Received::bytes() const {
   if (!impl_) return {};

@@ -8,6 +8,9 @@ namespace lavaflow::detail {
 namespace {
 
 constexpr std::size_t kMaxText = 1024;
+// The Welcome's semaphore byte: which semaphore fds follow the ring buffers.
+constexpr std::uint8_t kHasTimeline = 1;
+constexpr std::uint8_t kHasReleaseTimeline = 2;
 
 wire::Writer start(MessageType t) {
   wire::Writer w;
@@ -51,7 +54,7 @@ std::vector<std::byte> encode(const Welcome& m) {
   w.put(m.producer_pid);
   w.put_string(m.transport.substr(0, 64));
   w.put_string(m.route_reason.substr(0, kMaxText));
-  w.put(static_cast<std::uint8_t>(m.timeline));
+  w.put(static_cast<std::uint8_t>((m.timeline ? kHasTimeline : 0) | (m.release_timeline ? kHasReleaseTimeline : 0)));
   put_blob(w, m.control.serialize());
   for (const auto& d : m.ring) put_blob(w, d.serialize());
   return std::move(w).take();
@@ -101,10 +104,14 @@ Result<Handshake> decode(std::span<const std::byte> bytes, std::size_t fd_count)
         return fail(Errc::Malformed, call, str_format("slot size {} out of range", m.slot_size));
       LF_TRY(m.transport, r.get_string(64));
       LF_TRY(m.route_reason, r.get_string(kMaxText));
-      LF_TRY(auto timeline, r.get<std::uint8_t>());
-      if (timeline > 1) return fail(Errc::Malformed, call, "timeline flag is neither 0 nor 1");
-      m.timeline = timeline == 1;
-      LF_TRY_STATUS(expect_fds(1 + m.slots + (m.timeline ? 1 : 0)));
+      LF_TRY(auto sems, r.get<std::uint8_t>());
+      if ((sems & ~(kHasTimeline | kHasReleaseTimeline)) != 0)
+        return fail(Errc::Malformed, call, str_format("unknown semaphore flags {:#x}", sems));
+      m.timeline = (sems & kHasTimeline) != 0;
+      m.release_timeline = (sems & kHasReleaseTimeline) != 0;
+      if (m.release_timeline && !m.timeline)
+        return fail(Errc::Malformed, call, "a release timeline without the channel's timeline");
+      LF_TRY_STATUS(expect_fds(1 + m.slots + (m.timeline ? 1 : 0) + (m.release_timeline ? 1 : 0)));
       LF_TRY(auto cblob, get_blob(r, ExportDescriptor::kSerializedSize));
       LF_TRY(m.control, ExportDescriptor::deserialize(cblob));
       if (is_gpu(m.control.kind)) return fail(Errc::Malformed, call, "control block is not CPU shared memory");

@@ -4,6 +4,7 @@
 // tests/fuzz/fuzz_handshake.cpp).
 //   consumer → producer: Hello   {ProcessLocation}
 //   producer → consumer: Welcome {consumer index, ring geometry, route, descriptors} + fds
+//                        (control block, ring buffers, timeline, release timeline)
 //                        Refuse  {reason}
 #include <cstdint>
 #include <span>
@@ -17,8 +18,8 @@
 namespace lavaflow::detail {
 
 inline constexpr std::uint32_t kHandshakeMagic = 0x48434c46;  // "FLCH"
-inline constexpr std::uint16_t kHandshakeVersion = 1;
-inline constexpr std::uint32_t kMaxSlots = 62;  // + control + semaphore ≤ 64 fds per frame
+inline constexpr std::uint16_t kHandshakeVersion = 2;
+inline constexpr std::uint32_t kMaxSlots = 62;  // + control + two semaphores: one frame of fds
 inline constexpr std::uint32_t kMaxConsumers = 16;
 inline constexpr std::uint64_t kMaxSlotSize = std::uint64_t{1} << 40;
 
@@ -38,6 +39,9 @@ struct Welcome {
   ExportDescriptor control;
   std::vector<ExportDescriptor> ring;  ///< `slots` entries
   bool timeline = false;               ///< one more fd: the shared timeline semaphore
+  /// One more fd (after the timeline): this consumer's release timeline, which its GPU signals when
+  /// it is done reading a message and the producer's GPU waits on before reusing the slot.
+  bool release_timeline = false;
 };
 
 struct Refuse {

@@ -145,6 +145,7 @@ Result<std::vector<DeviceInfo>> devices() {
     int v = 0;
     if (cudaDeviceGetAttribute(&v, cudaDevAttrTimelineSemaphoreInteropSupported, i) == cudaSuccess)
       d.timeline_semaphore_interop = v != 0;
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMpsEnabled, i) == cudaSuccess) d.mps = v != 0;
     d.posix_fd_allocations = driver && driver->posix_fd_supported(i);
     out.push_back(std::move(d));
   }
@@ -401,26 +402,61 @@ Result<Export> ExportableAllocation::export_for(const VulkanContext& ctx) const 
 
 // ----- channel imports
 
-Result<const ExternalBuffer*> ChannelImports::buffer(const Received& message) {
-  const lavaflow::Buffer* key = &message.buffer();
-  if (auto it = cache_.find(key); it != cache_.end()) return &it->second;
-  auto imported = cuda_->import_buffer(*key);
+Result<const ExternalBuffer*> ChannelImports::import(const lavaflow::Buffer& buffer) {
+  if (auto it = cache_.find(&buffer); it != cache_.end()) return &it->second;
+  auto imported = cuda_->import_buffer(buffer);
   if (!imported) return std::unexpected(imported.error().within("cuda::ChannelImports::buffer"));
-  return &cache_.emplace(key, std::move(*imported)).first->second;
+  return &cache_.emplace(&buffer, std::move(*imported)).first->second;
 }
 
-Status ChannelImports::wait(const Consumer& consumer, const Received& message, cudaStream_t stream) {
+Result<const ExternalBuffer*> ChannelImports::buffer(const Received& message) { return import(message.buffer()); }
+Result<const ExternalBuffer*> ChannelImports::buffer(const Loan& loan) { return import(loan.buffer()); }
+Result<const ExternalBuffer*> ChannelImports::buffer(const Consumer::Upcoming& message) {
+  return import(*message.buffer);
+}
+
+Status ChannelImports::wait(cudaStream_t stream, const Consumer::Upcoming& message) {
+  LF_TRY(const auto* sem, semaphore(message.gpu_wait));
+  return sem->wait(stream, message.gpu_wait.value);
+}
+
+Result<const ExternalSemaphore*> ChannelImports::semaphore(const GpuSync& sync) {
+  if (sync.source == nullptr)
+    return fail(Errc::InvalidArgument, "cuda::ChannelImports", "GPU sync point without its semaphore");
+  if (auto it = semaphores_.find(sync.source); it != semaphores_.end()) return &it->second;
+  auto sem = cuda_->import_semaphore(*sync.source);
+  if (!sem) return std::unexpected(sem.error().within("cuda::ChannelImports"));
+  return &semaphores_.emplace(sync.source, std::move(*sem)).first->second;
+}
+
+Status ChannelImports::wait(cudaStream_t stream, const Received& message) {
   const auto sync = message.gpu_wait();
   if (!sync) return {};
-  if (!timeline_) {
-    const GpuSemaphore* t = consumer.gpu_timeline();
-    if (t == nullptr)
-      return fail(Errc::Internal, "cuda::ChannelImports::wait",
-                  "message is GPU-ordered but the channel has no timeline");
-    LF_TRY(auto sem, cuda_->import_semaphore(*t));
-    timeline_.emplace(std::move(sem));
+  LF_TRY(const auto* sem, semaphore(*sync));
+  return sem->wait(stream, sync->value);
+}
+
+Status ChannelImports::wait(cudaStream_t stream, const Loan& loan) {
+  for (const auto& sync : loan.gpu_waits()) {
+    LF_TRY(const auto* sem, semaphore(sync));
+    LF_TRY_STATUS(sem->wait(stream, sync.value));
   }
-  return timeline_->wait(stream, sync->value);
+  return {};
+}
+
+Status ChannelImports::signal(cudaStream_t stream, Loan& loan) {
+  const auto sync = loan.gpu_signal();
+  if (!sync)
+    return fail(Errc::Unsupported, "cuda::ChannelImports::signal",
+                "the channel has no shared timeline semaphore: synchronise the stream before publishing");
+  LF_TRY(const auto* sem, semaphore(*sync));
+  return sem->signal(stream, sync->value);
+}
+
+Status ChannelImports::release(cudaStream_t stream, Received& message) {
+  LF_TRY(auto sync, message.gpu_release());
+  LF_TRY(const auto* sem, semaphore(sync));
+  return sem->signal(stream, sync.value);
 }
 
 }  // namespace lavaflow::cuda

@@ -21,7 +21,7 @@ struct SocketMessage {
   std::vector<UniqueFd> fds;
 };
 
-inline constexpr std::size_t kMaxMessageFds = 64;  ///< per frame
+inline constexpr std::size_t kMaxMessageFds = 128;  ///< per frame (the kernel allows 253)
 inline constexpr std::size_t kMaxMessagePayload = 64 * 1024;
 
 /// A connected pair of SOCK_SEQPACKET sockets (close-on-exec).

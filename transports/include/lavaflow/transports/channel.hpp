@@ -19,6 +19,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <vector>
 #include <vulkan/vulkan.hpp>
 
 #include "lavaflow/core/duration.hpp"
@@ -48,6 +49,11 @@ struct ProducerOptions {
   /// Stamp each message with CLOCK_MONOTONIC at publish (MessageInfo::timestamp_ns). It costs a
   /// vDSO clock read on the hand-off path, a large share of a busy-polled message, so it is opt-in.
   bool timestamps = false;
+  /// Channels whose consumers release messages on the GPU (Received::gpu_release): loan() waits on
+  /// the host until the consumers' GPU work on the slot's previous message is done, so bytes() may
+  /// be written at once. Producers that write on the GPU set this false and put Loan::gpu_waits()
+  /// in their own queue submission instead: then no CPU waits for any GPU.
+  bool host_wait_for_gpu_release = true;
   std::optional<TransportKind> transport;  ///< unset: route automatically; else force this one
   TransportSet transports;                 ///< in preference order; empty: lavaflow::local_transports()
   const VulkanContext* vulkan = nullptr;   ///< for the Vulkan transport; null = make one when needed
@@ -82,6 +88,8 @@ struct MessageInfo {
 struct GpuSync {
   vk::Semaphore semaphore;
   std::uint64_t value = 0;
+  /// The semaphore's owner, from which other APIs import it (GpuSemaphore::export_fd, once).
+  const GpuSemaphore* source = nullptr;
 };
 
 /// The route a channel took, and why.
@@ -123,14 +131,21 @@ class Loan {
   /// Empty when the channel has no shared timeline semaphore (e.g. lavapipe): then finish the GPU
   /// work with a fence and call publish(loan, fence).
   [[nodiscard]] std::optional<GpuSync> gpu_signal();
+  /// What the GPU work writing this buffer must wait on first: the release signals of consumers
+  /// whose GPU was still reading the slot's previous message when it was loaned. Empty when the
+  /// producer waits for them on the host (ProducerOptions::host_wait_for_gpu_release, the default)
+  /// or no consumer released that message on its GPU.
+  [[nodiscard]] const std::vector<GpuSync>& gpu_waits() const { return waits_; }
 
  private:
   friend class Producer;
-  Loan(detail::ProducerState* state, std::uint64_t seq, std::uint32_t slot) : impl_(state), seq_(seq), slot_(slot) {}
+  Loan(detail::ProducerState* state, std::uint64_t seq, std::uint32_t slot, std::vector<GpuSync> waits)
+      : impl_(state), seq_(seq), slot_(slot), waits_(std::move(waits)) {}
   detail::ProducerState* impl_ = nullptr;
   std::uint64_t seq_ = 0;
   std::uint32_t slot_ = 0;
   bool gpu_signaled_ = false;
+  std::vector<GpuSync> waits_;
 };
 
 /// A received message; released (slot returned) when destroyed.
@@ -154,6 +169,13 @@ class Received {
   /// ConsumerOptions::host_wait_for_gpu); empty when the producer did not order this message
   /// through the timeline (CPU-written or fence-finished: nothing to wait for).
   [[nodiscard]] std::optional<GpuSync> gpu_wait() const;
+  /// The signal that ends this consumer's GPU work on the message (add it to the submission that
+  /// reads the buffer last). The message may then be released at once: the producer's GPU (or its
+  /// loan(), see ProducerOptions::host_wait_for_gpu_release) waits for the signal before the slot
+  /// is written again, so no CPU waits for the read. Values only increase with the sequence:
+  /// release in receive order, on one queue. Unsupported when the channel has no shared timeline
+  /// (then finish the read before releasing); InvalidArgument when out of order or released.
+  [[nodiscard]] Result<GpuSync> gpu_release();
 
  private:
   friend class Consumer;
@@ -164,6 +186,7 @@ class Received {
   std::uint64_t missed_ = 0;
   std::uint32_t slot_ = 0;
   bool gpu_ordered_ = false;
+  bool gpu_released_ = false;
 };
 
 class Producer {
@@ -225,6 +248,27 @@ class Consumer {
   [[nodiscard]] bool has_gpu_timeline() const;
   /// The shared timeline itself (null without one): export_fd() hands it to CUDA or another API.
   [[nodiscard]] const GpuSemaphore* gpu_timeline() const;
+  /// This consumer's release timeline (Received::gpu_release signals it), null without one.
+  [[nodiscard]] const GpuSemaphore* gpu_release_timeline() const;
+
+  /// A message that has not arrived yet, for GPU work queued ahead of it.
+  struct Upcoming {
+    std::uint64_t sequence = 0;
+    Buffer* buffer = nullptr;  ///< the ring buffer it will be written into
+    GpuSync gpu_wait;          ///< met once the producer's GPU has written it
+  };
+  /// GPU-resident consumers: where message `sequence` (not received yet) will be and what its
+  /// producer's GPU signals once it is written, so that GPU work reading it can be queued before
+  /// the producer has even published it; no CPU takes part in the hand-off itself. receive()
+  /// still hands the message over later (its CPU release frees the slot; release it on the GPU,
+  /// Received::gpu_release, as the queued work ends). For channels whose producer orders every
+  /// message on the GPU (Loan::gpu_signal): ahead of a message published otherwise the queued
+  /// work waits for the next GPU-ordered one. Unsupported without a shared timeline and under
+  /// FullPolicy::DropOldest (the producer may skip the slot); InvalidArgument for a message
+  /// already received.
+  [[nodiscard]] Result<Upcoming> upcoming(std::uint64_t sequence) const;
+  /// The sequence the next receive() returns (when nothing is dropped).
+  [[nodiscard]] std::uint64_t next_sequence() const;
 
  private:
   explicit Consumer(std::unique_ptr<detail::ConsumerState> state);

@@ -43,6 +43,10 @@ struct DeviceInfo {
   std::uint64_t memory_bytes = 0;
   bool timeline_semaphore_interop = false;  ///< cudaDevAttrTimelineSemaphoreInteropSupported
   bool posix_fd_allocations = false;        ///< cuMemCreate with POSIX fd handles
+  /// This process's CUDA work on the device goes through the MPS server: kernels of several
+  /// processes run side by side. Without it the GPU time-slices between processes' contexts, so
+  /// every hand-off between two processes' kernels waits for a context switch.
+  bool mps = false;
 };
 
 /// The CUDA devices of this machine; Unsupported (with the runtime's reason) when there is no
@@ -172,21 +176,47 @@ class Interop {
   std::shared_ptr<const ExportableAllocation::Driver> driver_;
 };
 
-/// A channel consumer's CUDA view: each ring buffer is imported once and reused; the channel's
-/// timeline (when it has one) is imported once too, so CUDA work waits on the producer's GPU.
+/// A channel's CUDA view, for its producer or a consumer: each ring buffer is imported once and
+/// reused, and so is each of the channel's semaphores, so that CUDA streams order the hand-off
+/// on the GPU with no CPU waiting for either GPU:
+///
+///   producer: loan → wait(stream, loan) → kernels write buffer(loan) → signal(stream, loan) → publish
+///   consumer: receive → wait(stream, msg) → kernels read buffer(msg) → release(stream, msg) → drop msg
+///
+/// A GPU-resident consumer queues its reads ahead (Consumer::upcoming: wait(stream, upcoming),
+/// kernels read buffer(upcoming)), then receives each message later and releases it on the GPU.
+///
+/// (Producers set ProducerOptions::host_wait_for_gpu_release = false and consumers
+/// ConsumerOptions::host_wait_for_gpu = false, or the channel waits on the host for them.)
+/// Without a shared timeline (a driver that cannot export one) wait() has nothing to wait for,
+/// and signal() and release() are Unsupported: then synchronise the stream before publishing or
+/// releasing. One ChannelImports serves one channel object; it must not outlive it.
 class ChannelImports {
  public:
   explicit ChannelImports(const Interop& cuda) : cuda_(&cuda) {}
   [[nodiscard]] Result<const ExternalBuffer*> buffer(const Received& message);
+  [[nodiscard]] Result<const ExternalBuffer*> buffer(const Loan& loan);
+  [[nodiscard]] Result<const ExternalBuffer*> buffer(const Consumer::Upcoming& message);
+  /// Makes `stream` wait until an upcoming message is written (Consumer::upcoming).
+  [[nodiscard]] Status wait(cudaStream_t stream, const Consumer::Upcoming& message);
   /// Makes `stream` wait until the message's producer-side GPU work is done (no-op when the
   /// message was not ordered through the channel's timeline).
-  [[nodiscard]] Status wait(const Consumer& consumer, const Received& message, cudaStream_t stream);
+  [[nodiscard]] Status wait(cudaStream_t stream, const Received& message);
+  /// Makes `stream` wait until every consumer's GPU is done with the slot's previous message.
+  [[nodiscard]] Status wait(cudaStream_t stream, const Loan& loan);
+  /// The message is written once the work queued in `stream` so far is done (Loan::gpu_signal).
+  [[nodiscard]] Status signal(cudaStream_t stream, Loan& loan);
+  /// The message's slot may be written again once the work queued in `stream` so far is done
+  /// (Received::gpu_release); the message can then be dropped at once.
+  [[nodiscard]] Status release(cudaStream_t stream, Received& message);
   [[nodiscard]] std::size_t imported() const { return cache_.size(); }
 
  private:
+  Result<const ExternalBuffer*> import(const lavaflow::Buffer& buffer);
+  Result<const ExternalSemaphore*> semaphore(const GpuSync& sync);
   const Interop* cuda_;
   std::unordered_map<const lavaflow::Buffer*, ExternalBuffer> cache_;
-  std::optional<ExternalSemaphore> timeline_;
+  std::unordered_map<const GpuSemaphore*, ExternalSemaphore> semaphores_;
 };
 
 }  // namespace lavaflow::cuda
