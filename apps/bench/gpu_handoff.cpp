@@ -7,6 +7,9 @@
 //   a round trip is the distance between two stamps; the rows give round trip / 2.
 //     lavaflow      two channels (A→B, B→A); every wait and signal on the channels' timelines,
 //                   reads queued ahead of publication (Consumer::upcoming), slots released on the GPU
+//                   (variant "timeline"); or the same protocol with flags in lava-flow memory that
+//                   the streams write and wait on (cuStreamWriteValue64 / cuStreamWaitValue64,
+//                   variant "flag"), to choose between them
 //     cuda-ipc      CUDA IPC memory and IPC events; an IPC event wait only sees records already
 //                   made, so each host tells the other over a socket when it has recorded
 //     same-process  the same ping-pong on two streams of one process, ordered by events (the floor)
@@ -14,6 +17,7 @@
 //   interval between B's checks, against the same fill + verify on two streams of one process.
 #include "gpu_handoff.hpp"
 
+#include <cuda.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -246,6 +250,53 @@ Status gpu_release(Consumer& in, cuda::ChannelImports& imports, cudaStream_t s, 
   return imports.release(s, r);
 }
 
+/// Stream memory operations, looked up in the driver (the runtime API has none).
+struct MemOps {
+  using Wait = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned);
+  using Write = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned);
+  Wait wait = nullptr;
+  Write write = nullptr;
+};
+
+Result<MemOps> mem_ops() {
+  MemOps m;
+  cudaDriverEntryPointQueryResult st{};
+  void* p = nullptr;
+  if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue64", &p, 12000, cudaEnableDefault, &st) != cudaSuccess ||
+      st != cudaDriverEntryPointSuccess || !p)
+    return fail(Errc::Unsupported, "gpu-pingpong flag", "the driver has no cuStreamWaitValue64");
+  m.wait = reinterpret_cast<MemOps::Wait>(p);
+  if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue64", &p, 12000, cudaEnableDefault, &st) != cudaSuccess ||
+      st != cudaDriverEntryPointSuccess || !p)
+    return fail(Errc::Unsupported, "gpu-pingpong flag", "the driver has no cuStreamWriteValue64");
+  m.write = reinterpret_cast<MemOps::Write>(p);
+  return m;
+}
+
+#define DRV_OK(expr)                                                                              \
+  do {                                                                                            \
+    if (CUresult r_ = (expr); r_ != CUDA_SUCCESS)                                                 \
+      return fail(Errc::System, #expr, str_format("CUDA driver error {}", static_cast<int>(r_))); \
+  } while (0)
+
+/// The flag words of the "flag" variant, in one ring buffer of a one-slot channel of their own
+/// (lava-flow memory imported by both processes): each side's "written" and "released" counters.
+enum FlagWord : unsigned { kPingWritten = 0, kPongWritten = 8, kPingReleased = 16, kPongReleased = 24 };
+
+struct Flags {
+  MemOps ops;
+  CUdeviceptr base = 0;
+  Status wait(cudaStream_t s, FlagWord w, std::uint64_t value) const {
+    if (value == 0) return {};
+    DRV_OK(ops.wait(reinterpret_cast<CUstream>(s), base + w, value, CU_STREAM_WAIT_VALUE_GEQ));
+    return {};
+  }
+  Status write(cudaStream_t s, FlagWord w, std::uint64_t value) const {
+    DRV_OK(ops.write(reinterpret_cast<CUstream>(s), base + w, value, CU_STREAM_WRITE_VALUE_DEFAULT));
+    return {};
+  }
+};
+
 /// The device of this process's Vulkan context, for the peer (same GPU as the parent's).
 Result<VulkanContext> peer_context() {
   auto devs = cuda::devices();
@@ -257,50 +308,96 @@ Result<VulkanContext> peer_context() {
 // ----- gpu-pingpong
 
 Result<GpuRow> pingpong_lavaflow(const VulkanContext& vk, const cuda::Interop& cu, std::uint64_t size, int rounds,
-                                 bool mps) {
+                                 bool mps, bool flag) {
   constexpr const char* call = "gpu-pingpong lavaflow";
   TempDir dir;
   if (dir.path().empty()) return std::unexpected(from_errno(errno, "mkdtemp"));
   const int total = rounds + kWarmup;
-  Peer peer(spawn_self({"lavaflow-bench", "interop-peer", "pingpong-lavaflow", dir.path(), std::to_string(size),
-                        std::to_string(total)}));
+  Peer peer(spawn_self({"lavaflow-bench", "interop-peer", flag ? "pingpong-flag" : "pingpong-lavaflow", dir.path(),
+                        std::to_string(size), std::to_string(total)}));
   if (!peer.started()) return fail(Errc::System, "posix_spawn", "cannot start the peer process");
   LF_TRY(auto ping, Producer::create("ping", gpu_producer(vk, dir.path(), size, kPingPongSlots)));
   if (!ping->has_gpu_timeline()) return fail(Errc::Unsupported, call, "the channel has no shared timeline semaphore");
   LF_TRY(auto pong, Consumer::open("pong", gpu_consumer(vk, dir.path())));
   LF_TRY_STATUS(ping->wait_for_consumers(1, 30s));
   cuda::ChannelImports out(cu), in(cu);
+  std::unique_ptr<Producer> flag_channel;
+  std::optional<Flags> flags;
+  if (flag) {
+    LF_TRY(flag_channel, Producer::create("flags", gpu_producer(vk, dir.path(), 4096, 1)));
+    LF_TRY_STATUS(flag_channel->wait_for_consumers(1, 30s));
+    LF_TRY(auto loan, flag_channel->loan(1s));
+    LF_TRY(const auto* mem, out.buffer(loan));
+    GPU_OK(cudaMemset(mem->data(), 0, 4096));
+    GPU_OK(cudaDeviceSynchronize());
+    LF_TRY(auto info, flag_channel->publish(std::move(loan)));
+    (void)info;
+    LF_TRY(auto ops, mem_ops());
+    flags = Flags{ops, reinterpret_cast<CUdeviceptr>(mem->data())};
+  }
   StreamOwner s;
   LF_TRY_STATUS(create(s));
   LF_TRY_STATUS(load_kernels(s.s));
   DeviceMemory seed, stamps;
   LF_TRY_STATUS(allocate(seed, size));
   LF_TRY_STATUS(allocate(stamps, (total + 1) * sizeof(unsigned long long)));
+  // Each round: the slot's release first (met long ago, normally), then the reply, so that once
+  // the reply arrives only the kernel stands between it and the next frame.
   for (int i = 0; i < total; ++i) {
+    LF_TRY(auto loan, ping->loan(10s));
+    LF_TRY(const auto* dst, out.buffer(loan));
+    if (flags) {
+      if (i >= int(kPingPongSlots))
+        LF_TRY_STATUS(flags->wait(s.s, kPingReleased, std::uint64_t(i) - kPingPongSlots + 1));
+    } else {
+      LF_TRY_STATUS(out.wait(s.s, loan));
+    }
     const void* src = seed.p;
     if (i > 0) {  // the reply to round i - 1, queued before it exists
       LF_TRY(auto up, pong->upcoming(std::uint64_t(i - 1)));
       LF_TRY(const auto* b, in.buffer(up));
-      LF_TRY_STATUS(in.wait(s.s, up));
+      if (flags)
+        LF_TRY_STATUS(flags->wait(s.s, kPongWritten, std::uint64_t(i)));
+      else
+        LF_TRY_STATUS(in.wait(s.s, up));
       src = b->data();
     }
-    LF_TRY_STATUS(gpu_publish(*ping, out, s.s, size,
-                              [&](void* dst) { return lf_kernel_relay(dst, src, size, stamps.words() + i, s.s); }));
-    if (i > 0) LF_TRY_STATUS(gpu_release(*pong, in, s.s, std::uint64_t(i - 1)));
+    GPU_OK(lf_kernel_relay(dst->data(), src, size, stamps.words() + i, s.s));
+    if (flags)
+      LF_TRY_STATUS(flags->write(s.s, kPingWritten, std::uint64_t(i) + 1));
+    else
+      LF_TRY_STATUS(out.signal(s.s, loan));
+    LF_TRY(auto info, ping->publish(std::move(loan), {.size = size}));
+    (void)info;
+    if (i == 0) continue;
+    if (flags) {
+      LF_TRY(auto r, pong->receive(10s));
+      LF_TRY_STATUS(flags->write(s.s, kPongReleased, std::uint64_t(i)));
+    } else {
+      LF_TRY_STATUS(gpu_release(*pong, in, s.s, std::uint64_t(i - 1)));
+    }
   }
   LF_TRY(auto last, pong->upcoming(std::uint64_t(total - 1)));
-  LF_TRY_STATUS(in.wait(s.s, last));
-  GPU_OK(lf_kernel_stamp(stamps.words() + total, s.s));
-  LF_TRY_STATUS(gpu_release(*pong, in, s.s, std::uint64_t(total - 1)));
+  if (flags) {
+    LF_TRY_STATUS(flags->wait(s.s, kPongWritten, std::uint64_t(total)));
+    GPU_OK(lf_kernel_stamp(stamps.words() + total, s.s));
+    LF_TRY(auto r, pong->receive(10s));
+    LF_TRY_STATUS(flags->write(s.s, kPongReleased, std::uint64_t(total)));
+  } else {
+    LF_TRY_STATUS(in.wait(s.s, last));
+    GPU_OK(lf_kernel_stamp(stamps.words() + total, s.s));
+    LF_TRY_STATUS(gpu_release(*pong, in, s.s, std::uint64_t(total - 1)));
+  }
   LF_TRY_STATUS(finish(s.s, 60s, call));
   LF_TRY(auto t, read_words(stamps, std::size_t(total) + 1));
   ping.reset();
   pong.reset();
+  flag_channel.reset();
   LF_TRY_STATUS(peer.join(call));
-  return pingpong_row("gpu-pingpong-lavaflow", "timeline", size, mps, half_round_trips(t));
+  return pingpong_row("gpu-pingpong-lavaflow", flag ? "flag" : "timeline", size, mps, half_round_trips(t));
 }
 
-Status pingpong_lavaflow_peer(const std::string& dir, std::uint64_t size, int total) {
+Status pingpong_lavaflow_peer(const std::string& dir, std::uint64_t size, int total, bool flag) {
   LF_TRY(auto vk, peer_context());
   LF_TRY(auto cu, cuda::Interop::create(vk));
   // Opened in the opposite order to the parent's: its ping exists (or comes), our pong is what
@@ -312,13 +409,45 @@ Status pingpong_lavaflow_peer(const std::string& dir, std::uint64_t size, int to
   StreamOwner s;
   LF_TRY_STATUS(create(s));
   LF_TRY_STATUS(load_kernels(s.s));
+  std::unique_ptr<Consumer> fc;
+  std::optional<Received> fm;
+  std::optional<Flags> flags;
+  if (flag) {
+    LF_TRY(fc, Consumer::open("flags", gpu_consumer(vk, dir)));
+    LF_TRY(auto got, fc->receive(30s));
+    fm.emplace(std::move(got));
+    LF_TRY(const auto* mem, in.buffer(*fm));
+    LF_TRY(auto ops, mem_ops());
+    flags.emplace(Flags{ops, reinterpret_cast<CUdeviceptr>(mem->data())});
+  }
   for (int i = 0; i < total; ++i) {
+    LF_TRY(auto loan, pong->loan(10s));
+    LF_TRY(const auto* dst, out.buffer(loan));
+    if (flags) {
+      if (i >= int(kPingPongSlots))
+        LF_TRY_STATUS(flags->wait(s.s, kPongReleased, std::uint64_t(i) - kPingPongSlots + 1));
+    } else {
+      LF_TRY_STATUS(out.wait(s.s, loan));
+    }
     LF_TRY(auto up, ping->upcoming(std::uint64_t(i)));
     LF_TRY(const auto* src, in.buffer(up));
-    LF_TRY_STATUS(in.wait(s.s, up));
-    LF_TRY_STATUS(gpu_publish(*pong, out, s.s, size,
-                              [&](void* dst) { return lf_kernel_relay(dst, src->data(), size, nullptr, s.s); }));
-    LF_TRY_STATUS(gpu_release(*ping, in, s.s, std::uint64_t(i)));
+    if (flags)
+      LF_TRY_STATUS(flags->wait(s.s, kPingWritten, std::uint64_t(i) + 1));
+    else
+      LF_TRY_STATUS(in.wait(s.s, up));
+    GPU_OK(lf_kernel_relay(dst->data(), src->data(), size, nullptr, s.s));
+    if (flags)
+      LF_TRY_STATUS(flags->write(s.s, kPongWritten, std::uint64_t(i) + 1));
+    else
+      LF_TRY_STATUS(out.signal(s.s, loan));
+    LF_TRY(auto info, pong->publish(std::move(loan), {.size = size}));
+    (void)info;
+    if (flags) {
+      LF_TRY(auto r, ping->receive(10s));
+      LF_TRY_STATUS(flags->write(s.s, kPingReleased, std::uint64_t(i) + 1));
+    } else {
+      LF_TRY_STATUS(gpu_release(*ping, in, s.s, std::uint64_t(i)));
+    }
   }
   LF_TRY_STATUS(finish(s.s, 60s, "gpu-pingpong peer"));
   return pong->flush(30s);
@@ -447,30 +576,35 @@ Result<GpuRow> pingpong_same_process(std::uint64_t size, int rounds, bool mps) {
 
 // ----- gpu-stream
 
-/// What the verifying side reports: words found wrong, the global timer at its end, and the
-/// interval between consecutive checks.
+/// What the verifying side reports: words found wrong (every frame), and over the frames after
+/// the warm-up (ring buffers imported, pipeline full): their count, the global timer at the
+/// start of the first one's check and at the end of the last, and the interval between checks.
 struct StreamReport {
   std::uint64_t errors = 0;
-  std::uint64_t end_ns = 0;
+  std::uint64_t frames = 0;
+  std::uint64_t start_ns = 0, end_ns = 0;
   double p50_ns = 0, p99_ns = 0;
 };
 
+/// `check_stamps`: the start of each frame's check; `end_ns`: when the last check ended.
 StreamReport report_from(std::uint64_t errors, const std::vector<unsigned long long>& check_stamps,
                          std::uint64_t end_ns) {
+  const std::size_t warm = std::min<std::size_t>(kWarmup, check_stamps.size() / 4);
   std::vector<double> gaps;
-  for (std::size_t i = 1; i < check_stamps.size(); ++i) gaps.push_back(double(check_stamps[i] - check_stamps[i - 1]));
-  return {errors, end_ns, percentile(gaps, 0.5), percentile(gaps, 0.99)};
+  for (std::size_t i = warm + 1; i < check_stamps.size(); ++i)
+    gaps.push_back(double(check_stamps[i] - check_stamps[i - 1]));
+  return {errors, check_stamps.size() - warm, check_stamps[warm],
+          end_ns, percentile(gaps, 0.5),      percentile(gaps, 0.99)};
 }
 
-GpuRow stream_row(std::string name, std::string variant, std::uint64_t size, int frames, bool mps,
-                  std::uint64_t start_ns, const StreamReport& r) {
+GpuRow stream_row(std::string name, std::string variant, std::uint64_t size, bool mps, const StreamReport& r) {
   GpuRow row{.name = std::move(name), .variant = std::move(variant), .size = size, .mps = mps};
-  const double ns = double(r.end_ns - start_ns);
-  row.samples = std::size_t(frames);
+  const double ns = double(r.end_ns - r.start_ns);
+  row.samples = r.frames;
   row.p50_ns = r.p50_ns;
   row.p99_ns = r.p99_ns;
-  row.gbps = double(size) * frames / ns;
-  row.frames_per_s = frames / ns * 1e9;
+  row.gbps = double(size) * double(r.frames) / ns;
+  row.frames_per_s = double(r.frames) / ns * 1e9;
   row.errors = r.errors;
   return row;
 }
@@ -489,18 +623,13 @@ Result<GpuRow> stream_lavaflow(const VulkanContext& vk, const cuda::Interop& cu,
                        theirs.get()));
   theirs.reset();
   if (!peer.started()) return fail(Errc::System, "posix_spawn", "cannot start the peer process");
-  auto po = gpu_producer(vk, dir.path(), size, slots);
-  po.wait = WaitMode::SpinThenBlock;
-  LF_TRY(auto out, Producer::create("frames", po));
+  LF_TRY(auto out, Producer::create("frames", gpu_producer(vk, dir.path(), size, slots)));
   if (!out->has_gpu_timeline()) return fail(Errc::Unsupported, call, "the channel has no shared timeline semaphore");
   LF_TRY_STATUS(out->wait_for_consumers(1, 30s));
   cuda::ChannelImports imports(cu);
   StreamOwner s;
   LF_TRY_STATUS(create(s));
   LF_TRY_STATUS(load_kernels(s.s));
-  DeviceMemory start;
-  LF_TRY_STATUS(allocate(start, sizeof(unsigned long long)));
-  GPU_OK(lf_kernel_stamp(start.words(), s.s));
   for (int i = 0; i < frames; ++i)
     LF_TRY_STATUS(gpu_publish(*out, imports, s.s, size,
                               [&](void* dst) { return lf_kernel_fill_frame(dst, size, std::uint64_t(i), s.s); }));
@@ -509,18 +638,15 @@ Result<GpuRow> stream_lavaflow(const VulkanContext& vk, const cuda::Interop& cu,
   StreamReport r;
   if (::recv(mine.get(), &r, sizeof r, MSG_WAITALL) != sizeof r)
     return fail(Errc::PeerLost, call, "the verifying process sent no report");
-  LF_TRY(auto t0, read_words(start, 1));
   out.reset();
   LF_TRY_STATUS(peer.join(call));
-  return stream_row("gpu-stream-lavaflow", "timeline", size, frames, mps, t0[0], r);
+  return stream_row("gpu-stream-lavaflow", "timeline", size, mps, r);
 }
 
 Status stream_lavaflow_peer(const std::string& dir, std::uint64_t size, int frames, int fd) {
   LF_TRY(auto vk, peer_context());
   LF_TRY(auto cu, cuda::Interop::create(vk));
-  auto co = gpu_consumer(vk, dir);
-  co.wait = WaitMode::SpinThenBlock;
-  LF_TRY(auto in, Consumer::open("frames", co));
+  LF_TRY(auto in, Consumer::open("frames", gpu_consumer(vk, dir)));
   cuda::ChannelImports imports(cu);
   StreamOwner s;
   LF_TRY_STATUS(create(s));
@@ -561,8 +687,7 @@ Result<GpuRow> stream_same_process(std::uint64_t size, int frames, std::uint32_t
   LF_TRY_STATUS(load_kernels(a.s));
   DeviceMemory errors, stamps;
   LF_TRY_STATUS(allocate(errors, sizeof(unsigned long long)));
-  LF_TRY_STATUS(allocate(stamps, (std::size_t(frames) + 2) * sizeof(unsigned long long)));
-  GPU_OK(lf_kernel_stamp(stamps.words() + frames + 1, a.s));  // the start
+  LF_TRY_STATUS(allocate(stamps, (std::size_t(frames) + 1) * sizeof(unsigned long long)));
   for (int i = 0; i < frames; ++i) {
     const std::uint32_t k = std::uint32_t(i) % slots;
     if (i >= int(slots)) GPU_OK(cudaStreamWaitEvent(a.s, checked[k].e, 0));
@@ -575,10 +700,10 @@ Result<GpuRow> stream_same_process(std::uint64_t size, int frames, std::uint32_t
   GPU_OK(lf_kernel_stamp(stamps.words() + frames, b.s));
   LF_TRY_STATUS(finish(b.s, 120s, "gpu-stream same-process"));
   LF_TRY(auto e, read_words(errors, 1));
-  LF_TRY(auto t, read_words(stamps, std::size_t(frames) + 2));
-  const std::uint64_t start = t.back(), end = t[std::size_t(frames)];
-  t.resize(std::size_t(frames));
-  return stream_row("gpu-stream-same-process", "event", size, frames, mps, start, report_from(e[0], t, end));
+  LF_TRY(auto t, read_words(stamps, std::size_t(frames) + 1));
+  const std::uint64_t end = t.back();
+  t.pop_back();
+  return stream_row("gpu-stream-same-process", "event", size, mps, report_from(e[0], t, end));
 }
 
 }  // namespace
@@ -588,8 +713,10 @@ Result<std::vector<GpuRow>> gpu_pingpong(const VulkanContext& vk, const cuda::In
   if (size == 0 || size % 16 != 0)
     return fail(Errc::InvalidArgument, "gpu-pingpong", str_format("frame size {} is not a multiple of 16", size));
   std::vector<GpuRow> rows;
-  LF_TRY(auto lf, pingpong_lavaflow(vk, cu, size, rounds, mps));
+  LF_TRY(auto lf, pingpong_lavaflow(vk, cu, size, rounds, mps, false));
   rows.push_back(std::move(lf));
+  LF_TRY(auto flag, pingpong_lavaflow(vk, cu, size, rounds, mps, true));
+  rows.push_back(std::move(flag));
   LF_TRY(auto ipc, pingpong_cuda_ipc(size, rounds, mps));
   rows.push_back(std::move(ipc));
   LF_TRY(auto same, pingpong_same_process(size, rounds, mps));
@@ -616,7 +743,8 @@ int gpu_handoff_peer(int argc, char** argv) {
   const std::uint64_t size = std::stoull(argv[4]);
   const int count = std::stoi(argv[5]);
   Status ok = fail(Errc::InvalidArgument, "interop-peer", "unknown mode " + mode);
-  if (mode == "pingpong-lavaflow") ok = pingpong_lavaflow_peer(argv[3], size, count);
+  if (mode == "pingpong-lavaflow" || mode == "pingpong-flag")
+    ok = pingpong_lavaflow_peer(argv[3], size, count, mode == "pingpong-flag");
   if (mode == "pingpong-cuda-ipc") ok = pingpong_cuda_ipc_peer(std::stoi(argv[3]), size, count);
   if (mode == "stream-lavaflow" && argc == 7) ok = stream_lavaflow_peer(argv[3], size, count, std::stoi(argv[6]));
   if (!ok) {
