@@ -113,7 +113,7 @@ Status load_kernels(cudaStream_t s) {
   LF_TRY_STATUS(allocate(c, 64));
   GPU_OK(lf_kernel_relay(a.p, b.p, 4096, c.words(), s));
   GPU_OK(lf_kernel_fill_frame(a.p, 4096, 1, s));
-  GPU_OK(lf_kernel_check_frame(a.p, 4096, 1, 0, c.words(), c.words() + 1, s));
+  GPU_OK(lf_kernel_check_frame(a.p, 4096, 1, 0, c.words(), nullptr, c.words() + 1, s));
   GPU_OK(lf_kernel_stamp(c.words(), s));
   GPU_OK(cudaStreamSynchronize(s));
   return {};
@@ -659,7 +659,8 @@ Status stream_lavaflow_peer(const std::string& dir, std::uint64_t size, int fram
     LF_TRY(auto up, in->upcoming(first + std::uint64_t(i)));
     LF_TRY(const auto* src, imports.buffer(up));
     LF_TRY_STATUS(imports.wait(s.s, up));
-    GPU_OK(lf_kernel_check_frame(src->data(), size, std::uint64_t(i), 0, errors.words(), stamps.words() + i, s.s));
+    GPU_OK(lf_kernel_check_frame(src->data(), size, std::uint64_t(i), 0, errors.words(), nullptr, stamps.words() + i,
+                                 s.s));
     LF_TRY_STATUS(gpu_release(*in, imports, s.s, first + std::uint64_t(i)));
   }
   GPU_OK(lf_kernel_stamp(stamps.words() + frames, s.s));
@@ -694,7 +695,8 @@ Result<GpuRow> stream_same_process(std::uint64_t size, int frames, std::uint32_t
     GPU_OK(lf_kernel_fill_frame(ring[k].p, size, std::uint64_t(i), a.s));
     GPU_OK(cudaEventRecord(filled[k].e, a.s));
     GPU_OK(cudaStreamWaitEvent(b.s, filled[k].e, 0));
-    GPU_OK(lf_kernel_check_frame(ring[k].p, size, std::uint64_t(i), 0, errors.words(), stamps.words() + i, b.s));
+    GPU_OK(
+        lf_kernel_check_frame(ring[k].p, size, std::uint64_t(i), 0, errors.words(), nullptr, stamps.words() + i, b.s));
     GPU_OK(cudaEventRecord(checked[k].e, b.s));
   }
   GPU_OK(lf_kernel_stamp(stamps.words() + frames, b.s));

@@ -8,7 +8,7 @@ struct InteropOptions {
   std::uint64_t size = 1ull << 30;  ///< bytes the copy kernel moves
   int rounds = 2000;                ///< gpu-pingpong round trips per row
   int frames = 2000;                ///< gpu-stream frames at 1 MiB (a quarter of that at 16 MiB)
-  std::uint32_t slots = 8;          ///< gpu-stream ring buffers (the channel's default)
+  std::uint32_t slots = 0;          ///< gpu-stream ring buffers (0: the channel's default)
   bool json = false;
 };
 int bench_interop(const InteropOptions& options);

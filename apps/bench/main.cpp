@@ -350,7 +350,7 @@ int main(int argc, char** argv) {
   lfapp::add_whole(*interop, "--size", io.size, "bytes the copy kernel moves", 1 << 20, 1ull << 36);
   lfapp::add_whole(*interop, "--rounds", io.rounds, "gpu-pingpong round trips per row", 10, 10'000'000);
   lfapp::add_whole(*interop, "--frames", io.frames, "gpu-stream frames at 1 MiB (a quarter at 16 MiB)", 16, 1'000'000);
-  lfapp::add_whole(*interop, "--slots", io.slots, "gpu-stream ring buffers", 1, 62);
+  lfapp::add_whole(*interop, "--slots", io.slots, "gpu-stream ring buffers (0: the channel's default)", 0, 62);
   interop->add_flag("--json", io.json, "JSON rows");
   if (auto rc = lfapp::parse(app, argc, argv)) return *rc;
 

@@ -76,33 +76,39 @@ cudaError_t lf_kernel_pattern(void* pixels, unsigned width, unsigned height, uns
   return cudaGetLastError();
 }
 
-// Frames whose every word depends on the frame's sequence number and the word's index, so that a
-// verifier catches a frame from another sequence, a torn frame or a single corrupted byte.
+// Messages in the pattern of pattern.h (lf_message_word), written and checked on the GPU.
 namespace {
-__device__ __host__ inline unsigned frame_word(unsigned long long seq, unsigned long long i) {
-  unsigned x = static_cast<unsigned>(seq * 0x9E3779B1ull) ^ static_cast<unsigned>(i * 0x85EBCA77ull);
-  x ^= x >> 15;
-  x *= 0x2C1B3C6Du;
-  return x ^ (x >> 12);
-}
-
-__global__ void fill_frame_kernel(unsigned* dst, unsigned long long words, unsigned long long seq) {
+__global__ void fill_frame_kernel(unsigned long long* dst, unsigned long long bytes, unsigned long long seq) {
+  const unsigned long long words = bytes / 8;
   for (unsigned long long i = blockIdx.x * 256ull + threadIdx.x; i < words; i += 256ull * gridDim.x)
-    dst[i] = frame_word(seq, i);
+    dst[i] = lf_message_word(seq, i);
+  if (blockIdx.x == 0 && threadIdx.x < bytes - words * 8) {
+    const unsigned long long j = words * 8 + threadIdx.x;
+    reinterpret_cast<unsigned char*>(dst)[j] = static_cast<unsigned char>(lf_message_word(seq, j) >> 56);
+  }
 }
 
-__global__ void check_frame_kernel(const unsigned* src, unsigned long long words, unsigned long long seq,
-                                   unsigned delay_ns, unsigned long long* errors, unsigned long long* stamp) {
+__global__ void check_frame_kernel(const unsigned long long* src, unsigned long long bytes, unsigned long long seq,
+                                   unsigned delay_ns, unsigned long long* errors, unsigned long long* first_bad,
+                                   unsigned long long* stamp) {
   if (stamp != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     *stamp = t;
   }
   if (delay_ns != 0) __nanosleep(delay_ns);
+  const unsigned long long words = bytes / 8;
   unsigned long long bad = 0;
   for (unsigned long long i = blockIdx.x * 256ull + threadIdx.x; i < words; i += 256ull * gridDim.x)
-    bad += src[i] != frame_word(seq, i);
-  if (bad != 0) atomicAdd(errors, bad);
+    bad += src[i] != lf_message_word(seq, i);
+  if (blockIdx.x == 0 && threadIdx.x < bytes - words * 8) {
+    const unsigned long long j = words * 8 + threadIdx.x;
+    bad += reinterpret_cast<const unsigned char*>(src)[j] != static_cast<unsigned char>(lf_message_word(seq, j) >> 56);
+  }
+  if (bad != 0) {
+    atomicAdd(errors, bad);
+    if (first_bad != nullptr) atomicMin(first_bad, seq);
+  }
 }
 
 __global__ void stamp_kernel(unsigned long long* at) {
@@ -123,19 +129,16 @@ __global__ void relay_kernel(uint4* dst, const uint4* src, unsigned long long n,
 }
 }  // namespace
 
-unsigned lf_frame_word(unsigned long long seq, unsigned long long index) { return frame_word(seq, index); }
-
 cudaError_t lf_kernel_fill_frame(void* dst, unsigned long long bytes, unsigned long long seq, cudaStream_t s) {
-  const unsigned long long words = bytes / 4;
-  fill_frame_kernel<<<blocks(words), 256, 0, s>>>(static_cast<unsigned*>(dst), words, seq);
+  fill_frame_kernel<<<blocks(bytes / 8), 256, 0, s>>>(static_cast<unsigned long long*>(dst), bytes, seq);
   return cudaGetLastError();
 }
 
 cudaError_t lf_kernel_check_frame(const void* src, unsigned long long bytes, unsigned long long seq, unsigned delay_ns,
-                                  unsigned long long* errors, unsigned long long* stamp, cudaStream_t s) {
-  const unsigned long long words = bytes / 4;
-  check_frame_kernel<<<blocks(words), 256, 0, s>>>(static_cast<const unsigned*>(src), words, seq, delay_ns, errors,
-                                                   stamp);
+                                  unsigned long long* errors, unsigned long long* first_bad, unsigned long long* stamp,
+                                  cudaStream_t s) {
+  check_frame_kernel<<<blocks(bytes / 8), 256, 0, s>>>(static_cast<const unsigned long long*>(src), bytes, seq,
+                                                       delay_ns, errors, first_bad, stamp);
   return cudaGetLastError();
 }
 
@@ -149,5 +152,18 @@ cudaError_t lf_kernel_relay(void* dst, const void* src, unsigned long long bytes
   const unsigned long long n = bytes / 16;
   relay_kernel<<<blocks(n) < 132 * 16 ? blocks(n) : 132 * 16, 256, 0, s>>>(static_cast<uint4*>(dst),
                                                                            static_cast<const uint4*>(src), n, stamp);
+  return cudaGetLastError();
+}
+
+namespace {
+__global__ void elapsed_kernel(const unsigned long long* since, unsigned long long* out) {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  *out = t - *since;
+}
+}  // namespace
+
+cudaError_t lf_kernel_elapsed(const unsigned long long* since, unsigned long long* out, cudaStream_t s) {
+  elapsed_kernel<<<1, 1, 0, s>>>(since, out);
   return cudaGetLastError();
 }

@@ -12,18 +12,20 @@ cudaError_t lf_kernel_copy16(void* dst, const void* src, unsigned long long byte
 cudaError_t lf_kernel_invert_rgba8(cudaSurfaceObject_t surface, unsigned width, unsigned height, cudaStream_t s);
 /// lavaflow-viewer's test image, frame `frame`, into `pixels` (width x height RGBA8, row-major).
 cudaError_t lf_kernel_pattern(void* pixels, unsigned width, unsigned height, unsigned frame, cudaStream_t s);
-/// Frame `seq`'s 32-bit word `index` (as the fill kernel writes it), for checks on the host.
-unsigned lf_frame_word(unsigned long long seq, unsigned long long index);
-/// Fills `bytes` (a multiple of 4) with frame `seq`.
+/// Writes message `seq` (pattern.h's lf_message_word; 8-byte aligned `dst`, any size).
 cudaError_t lf_kernel_fill_frame(void* dst, unsigned long long bytes, unsigned long long seq, cudaStream_t s);
-/// Adds to `*errors` the number of words of `src` that differ from frame `seq`, after sleeping
-/// about `delay_ns` in every thread (a slow reader, for tests of slot reuse); writes the global
-/// timer at its start to `*stamp` (when not null).
+/// Adds to `*errors` the number of words (and tail bytes) of `src` that differ from message `seq`
+/// and, when some do, lowers `*first_bad` (if not null) to `seq`; sleeps about `delay_ns` in every
+/// thread first (a slow reader, for tests of slot reuse); writes the global timer at its start to
+/// `*stamp` (if not null).
 cudaError_t lf_kernel_check_frame(const void* src, unsigned long long bytes, unsigned long long seq, unsigned delay_ns,
-                                  unsigned long long* errors, unsigned long long* stamp, cudaStream_t s);
+                                  unsigned long long* errors, unsigned long long* first_bad, unsigned long long* stamp,
+                                  cudaStream_t s);
 /// Writes the GPU's global timer (ns) to `*at` when the stream reaches it.
 cudaError_t lf_kernel_stamp(unsigned long long* at, cudaStream_t s);
 /// Copies `bytes` (a multiple of 16) from `src` to `dst`, first writing the global timer at its
 /// start to `*stamp` (when not null).
 cudaError_t lf_kernel_relay(void* dst, const void* src, unsigned long long bytes, unsigned long long* stamp,
                             cudaStream_t s);
+/// Writes the global timer (ns) minus `*since` to `*out` when the stream reaches it.
+cudaError_t lf_kernel_elapsed(const unsigned long long* since, unsigned long long* out, cudaStream_t s);

@@ -39,4 +39,14 @@ LF_FN LF_U32 lf_pattern(LF_U32 x, LF_U32 y, LF_U32 width, LF_U32 height, LF_U32 
   return r | (g << 8u) | (b << 16u) | (255u << 24u);
 }
 
+#if !defined(GL_core_profile) && !defined(GL_ES)
+/* 64-bit word `i` of message `seq` of the demo, the benchmarks and the tests (lfapp::fill_message):
+ * a message is these words, then as many tail bytes as its size needs, byte j being the top byte of
+ * word j. Every word depends on both numbers, so a verifier catches a message from another sequence,
+ * a torn message or a single corrupted byte. */
+LF_FN unsigned long long lf_message_word(unsigned long long seq, unsigned long long i) {
+  return (seq + 1ull) * 0x9E3779B97F4A7C15ull + i * 0xD1B54A32D192ED03ull;
+}
+#endif
+
 #endif

@@ -6,11 +6,11 @@
 #include <cstring>
 #include <span>
 
+#include "pattern.h"
+
 namespace lfapp {
 
-inline std::uint64_t pattern_word(std::uint64_t seq, std::uint64_t i) {
-  return (seq + 1) * 0x9E3779B97F4A7C15ull + i * 0xD1B54A32D192ED03ull;
-}
+inline std::uint64_t pattern_word(std::uint64_t seq, std::uint64_t i) { return lf_message_word(seq, i); }
 
 inline void fill_message(std::span<std::byte> b, std::uint64_t seq) {
   const std::size_t words = b.size() / 8;
@@ -32,6 +32,19 @@ inline std::uint64_t checksum(std::span<const std::byte> b) {
   }
   for (std::size_t i = words * 8; i < b.size(); ++i) h = (h ^ static_cast<std::uint64_t>(b[i])) * 0x100000001b3ull;
   return h;
+}
+
+/// The number of 64-bit words (and tail bytes) of `b` that differ from message `seq`'s pattern.
+inline std::uint64_t mismatches(std::span<const std::byte> b, std::uint64_t seq) {
+  const std::size_t words = b.size() / 8;
+  std::uint64_t bad = 0;
+  for (std::size_t i = 0; i < words; ++i) {
+    std::uint64_t w;
+    std::memcpy(&w, b.data() + i * 8, 8);
+    bad += w != pattern_word(seq, i);
+  }
+  for (std::size_t i = words * 8; i < b.size(); ++i) bad += b[i] != static_cast<std::byte>(pattern_word(seq, i) >> 56);
+  return bad;
 }
 
 /// True when `b` holds exactly the pattern of message `seq`.

@@ -8,6 +8,7 @@
 //   lavaflow-demo share [--size BYTES]
 //       one exportable Vulkan buffer handed to a second process by descriptor + fd.
 #include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -25,6 +26,9 @@
 #include "payload.hpp"
 #if LAVAFLOW_DEMO_MPI
 #include "mesh.hpp"
+#endif
+#if LAVAFLOW_DEMO_CUDA
+#include "gpu.hpp"
 #endif
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/lavaflow.hpp"
@@ -69,8 +73,10 @@ struct Options {
   std::optional<std::uint64_t> seconds;  ///< stream for this long
   std::optional<std::uint64_t> size;     ///< bytes per message; unset: the subcommand's default
   std::uint32_t consumers = 1;
-  std::uint32_t slots = 8;
+  std::uint32_t slots = 0;  ///< 0: the channel's default
   std::uint64_t interval_us = 0;
+  std::string verify = "auto";                 ///< where frames are written and verified: auto, gpu or cpu
+  std::optional<std::uint64_t> corrupt_frame;  ///< the producer flips one byte of this frame (tests)
   std::uint64_t timeout_s = 30;
   std::optional<TransportKind> transport;
   std::string dir;
@@ -89,10 +95,15 @@ int die(const std::string& who, const Error& e) {
 /// Writes message `seq` into the loaned buffer (in place, or through a staging copy when the ring
 /// buffer is device-local GPU memory without a host mapping). Returns its checksum.
 Result<std::uint64_t> write_message(const Producer& p, const Loan& loan, std::uint64_t seq, std::uint64_t size,
-                                    std::optional<Stager>& stager, std::vector<std::byte>& scratch) {
+                                    bool corrupt, std::optional<Stager>& stager, std::vector<std::byte>& scratch) {
+  // A consumer's GPU may still be reading the slot: the CPU writes only after its release.
+  for (const auto& w : loan.gpu_waits())
+    if (auto ok = w.source->wait(w.value, 30s); !ok) return std::unexpected(ok.error());
   if (auto bytes = loan.bytes(); !bytes.empty()) {
     lfapp::fill_message(bytes.first(size), seq);
-    return lfapp::checksum(bytes.first(size));
+    const auto sum = lfapp::checksum(bytes.first(size));
+    if (corrupt) bytes[size / 2] ^= std::byte{0x5a};  // after the checksum: damage in transit
+    return sum;
   }
   if (!stager) {
     LF_TRY(auto s, Stager::create(*p.vulkan(), p.slot_size()));
@@ -100,12 +111,16 @@ Result<std::uint64_t> write_message(const Producer& p, const Loan& loan, std::ui
   }
   scratch.resize(size);
   lfapp::fill_message(scratch, seq);
+  const auto sum = lfapp::checksum(scratch);
+  if (corrupt) scratch[size / 2] ^= std::byte{0x5a};
   LF_TRY_STATUS(stager->upload(dynamic_cast<GpuBuffer&>(loan.buffer()), scratch));
-  return lfapp::checksum(scratch);
+  return sum;
 }
 
 Status check_message(const Consumer& c, const Received& r, std::optional<Stager>& stager,
                      std::vector<std::byte>& scratch) {
+  if (auto w = r.gpu_wait())  // written by the producer's GPU: read once that write is done
+    if (auto ok = w->source->wait(w->value, 30s); !ok) return std::unexpected(ok.error());
   std::span<const std::byte> view = r.bytes();
   if (view.empty() && r.info().size > 0) {
     if (!stager) {
@@ -117,6 +132,13 @@ Status check_message(const Consumer& c, const Received& r, std::optional<Stager>
     view = scratch;
   }
   const auto seq = r.info().sequence;
+#if LAVAFLOW_DEMO_CUDA
+  if (r.info().user_tag == lfdemo::kGpuPatternTag) {  // written on a GPU: every word is the check
+    if (auto bad = lfapp::mismatches(view, seq))
+      return fail(Errc::Malformed, "verify", str_format("frame {} is corrupt ({} words differ)", seq, bad));
+    return {};
+  }
+#endif
   if (!lfapp::matches(view, seq) || lfapp::checksum(view) != r.info().user_tag)
     return fail(Errc::Malformed, "verify", str_format("message {} is corrupt (checksum mismatch)", seq));
   return {};
@@ -124,15 +146,26 @@ Status check_message(const Consumer& c, const Received& r, std::optional<Stager>
 
 /// What the producer half reports to run_both's summary.
 struct ProducerSummary {
-  std::string route, reason, ring;
+  std::string route, reason, ring, writer;
 };
 
 int produce(const Options& a, ProducerSummary* summary = nullptr) {
   const std::string& name = a.channel;
   const std::uint64_t count = *a.count, size = *a.size, seconds = *a.seconds, interval = a.interval_us;
   const std::uint32_t consumers = a.consumers;
-  ProducerOptions o{
-      .slots = a.slots, .slot_size = size, .timestamps = true, .transport = a.transport, .directory = a.dir};
+  const bool gpu_wanted = a.verify != "cpu";
+#if LAVAFLOW_DEMO_CUDA
+  // Room past each frame for the GPU time its write ended (the consumer's latency figure).
+  const std::uint64_t slot_size = gpu_wanted ? lfdemo::stamp_offset(size) + lfdemo::kStampBytes : size;
+#else
+  const std::uint64_t slot_size = size;
+#endif
+  ProducerOptions o{.slots = a.slots,
+                    .slot_size = slot_size,
+                    .timestamps = true,
+                    .host_wait_for_gpu_release = !gpu_wanted,
+                    .transport = a.transport,
+                    .directory = a.dir};
   auto p = Producer::create(name, o);
   if (!p) return die("producer", p.error());
   auto& prod = **p;
@@ -143,7 +176,25 @@ int produce(const Options& a, ProducerSummary* summary = nullptr) {
                                             describe(*prod.vulkan()))
                                : str_format("{} x {} in CPU shared memory", prod.slots(), human_bytes(double(size)));
   std::printf("[producer] ring of %s\n", ring.c_str());
-  if (summary) *summary = {std::string(to_string(prod.route().transport)), prod.route().reason, ring};
+  std::string writer = "the CPU";
+#if LAVAFLOW_DEMO_CUDA
+  std::unique_ptr<lfdemo::GpuWriter> gpu;
+  if (gpu_wanted) {
+    auto w = lfdemo::GpuWriter::create(prod);
+    if (w) {
+      gpu = std::move(*w);
+      writer = gpu->device() + " (CUDA kernel, GPU-ordered hand-off)";
+    } else if (a.verify == "gpu") {
+      return die("producer", w.error());
+    } else {
+      writer += str_format(" (no GPU writer: {})", w.error().message());
+    }
+  }
+#else
+  if (a.verify == "gpu") return die("producer", Error(Errc::Unsupported, "--verify gpu", "built without CUDA"));
+#endif
+  std::printf("[producer] frames written by %s\n", writer.c_str());
+  if (summary) *summary = {std::string(to_string(prod.route().transport)), prod.route().reason, ring, writer};
   std::printf("[producer] waiting for %llu consumer(s)…\n", static_cast<unsigned long long>(consumers));
   std::fflush(stdout);
   if (auto ok = prod.wait_for_consumers(static_cast<std::uint32_t>(consumers), 60s); !ok)
@@ -161,9 +212,21 @@ int produce(const Options& a, ProducerSummary* summary = nullptr) {
   for (std::uint64_t seq = 0; seq < limit && (!seconds || Clock::now() < deadline); ++seq, ++sent) {
     auto loan = prod.loan(30s);
     if (!loan) return die("producer", loan.error());
-    auto sum = write_message(prod, *loan, seq, size, stager, scratch);
-    if (!sum) return die("producer", sum.error());
-    if (auto pub = prod.publish(std::move(*loan), {.size = size, .user_tag = *sum}); !pub)
+    const bool corrupt = a.corrupt_frame == seq;
+    std::uint64_t tag = 0;
+#if LAVAFLOW_DEMO_CUDA
+    if (gpu) {
+      if (auto ok = gpu->write(*loan, seq, size, corrupt ? std::optional(size / 2) : std::nullopt); !ok)
+        return die("producer", ok.error());
+      tag = lfdemo::kGpuPatternTag;
+    }
+#endif
+    if (tag == 0) {
+      auto sum = write_message(prod, *loan, seq, size, corrupt, stager, scratch);
+      if (!sum) return die("producer", sum.error());
+      tag = *sum;
+    }
+    if (auto pub = prod.publish(std::move(*loan), {.size = size, .user_tag = tag}); !pub)
       return die("producer", pub.error());
     if (interval) std::this_thread::sleep_for(std::chrono::microseconds(interval));
     if (progress && Clock::now() - last_print > 1s) {
@@ -173,6 +236,10 @@ int produce(const Options& a, ProducerSummary* summary = nullptr) {
       std::fflush(stdout);
     }
   }
+#if LAVAFLOW_DEMO_CUDA
+  if (gpu)
+    if (auto ok = gpu->finish(60s); !ok) return die("producer", ok.error());
+#endif
   const double secs = ms_since(t0) / 1000;
   if (seconds) {  // tell the consumers where the stream ends
     auto loan = prod.loan(30s);
@@ -191,9 +258,28 @@ int produce(const Options& a, ProducerSummary* summary = nullptr) {
 int consume(const Options& a) {
   const std::string& name = a.channel;
   const std::uint64_t count = *a.count;
-  auto c = Consumer::open(name, {.connect_timeout = std::chrono::seconds(a.timeout_s), .directory = a.dir});
+  auto c = Consumer::open(name, {.host_wait_for_gpu = a.verify == "cpu",
+                                 .connect_timeout = std::chrono::seconds(a.timeout_s),
+                                 .directory = a.dir});
   if (!c) return die("consumer", c.error());
   auto& con = **c;
+  std::string verifier = "the CPU";
+#if LAVAFLOW_DEMO_CUDA
+  std::unique_ptr<lfdemo::GpuVerifier> gpu;
+  if (a.verify != "cpu") {
+    auto v = lfdemo::GpuVerifier::create(con);
+    if (v) {
+      gpu = std::move(*v);
+      verifier = gpu->device() + " (CUDA kernel, every word)";
+    } else if (a.verify == "gpu") {
+      return die("consumer", v.error());
+    } else {
+      verifier += str_format(" (no GPU verifier: {})", v.error().message());
+    }
+  }
+#else
+  if (a.verify == "gpu") return die("consumer", Error(Errc::Unsupported, "--verify gpu", "built without CUDA"));
+#endif
   std::printf("[consumer pid %d] channel \"%s\" from producer pid %d: route %s — %s\n", ::getpid(), name.c_str(),
               con.producer_pid(), to_string(con.route().transport).data(), con.route().reason.c_str());
   if (con.vulkan())
@@ -233,6 +319,14 @@ int consume(const Options& a) {
                    seq > expect ? "lost" : "duplicated or reordered");
       return 1;
     }
+#if LAVAFLOW_DEMO_CUDA
+    if (gpu && r->info().user_tag == lfdemo::kGpuPatternTag) {
+      if (auto ok = gpu->verify(*r); !ok) return die("consumer", ok.error());
+      bytes += r->info().size;
+      ++expect;
+      continue;
+    }
+#endif
     if (auto ok = check_message(con, *r, stager, scratch); !ok) return die("consumer", ok.error());
     timespec ts{};
     ::clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -252,23 +346,40 @@ int consume(const Options& a) {
   }
   if (tty) std::printf("\n");
   const std::uint64_t received = expect;
-  const double secs = ms_since(t0) / 1000;
   std::sort(latency_ns.begin(), latency_ns.end());
-  auto pct = [&](double q) {
-    return latency_ns.empty() ? 0.0
-                              : double(latency_ns[static_cast<std::size_t>(q * double(latency_ns.size() - 1))]) / 1000;
-  };
+  double p50 = latency_ns.empty() ? 0.0 : double(latency_ns[latency_ns.size() / 2]) / 1000;
+  double p99 = latency_ns.empty() ? 0.0 : double(latency_ns[(latency_ns.size() - 1) * 99 / 100]) / 1000;
+  std::string latency_what = "publish -> receive";
+#if LAVAFLOW_DEMO_CUDA
+  if (gpu) {
+    auto rep = gpu->finish(60s);
+    if (!rep) return die("consumer", rep.error());
+    if (rep->wrong_words != 0) {
+      std::fprintf(stderr, "[consumer] FAILED: frame %llu is corrupt (%llu words differ in all, checked on %s)\n",
+                   static_cast<unsigned long long>(rep->first_bad_frame),
+                   static_cast<unsigned long long>(rep->wrong_words), gpu->device().c_str());
+      return 1;
+    }
+    if (rep->frames != 0) {
+      p50 = rep->p50_us;
+      p99 = rep->p99_us;
+      latency_what = "GPU write done -> GPU verified";
+    }
+  }
+#endif
+  const double secs = ms_since(t0) / 1000;
   if (a.summary_fd >= 0) {  // for run_both's summary
     const std::string line =
-        str_format("{} {} {:.1f} {:.1f} {:.3f} {}\n", received, bytes, pct(0.5), pct(0.99), secs,
-                   con.vulkan() ? describe(*con.vulkan()) : std::string("CPU shared memory (no Vulkan import)"));
+        str_format("{} {} {:.1f} {:.1f} {:.3f} {}; verified by {}|{}\n", received, bytes, p50, p99, secs,
+                   con.vulkan() ? describe(*con.vulkan()) : std::string("CPU shared memory (no Vulkan import)"),
+                   verifier, latency_what);
     (void)!::write(a.summary_fd, line.data(), line.size());
   }
   std::printf(
-      "[consumer] OK: %llu messages, %s, all verified (none lost, duplicated, reordered or corrupt) in %.3f s — "
-      "%.0f msg/s, %s/s; publish→receive latency p50 %.1f us, p99 %.1f us\n",
-      static_cast<unsigned long long>(received), human_bytes(double(bytes)).c_str(), secs, double(received) / secs,
-      human_bytes(double(bytes) / secs).c_str(), pct(0.5), pct(0.99));
+      "[consumer] OK: %llu messages, %s, all verified by %s (none lost, duplicated, reordered or corrupt) in %.3f s "
+      "— %.0f msg/s, %s/s; %s latency p50 %.1f us, p99 %.1f us\n",
+      static_cast<unsigned long long>(received), human_bytes(double(bytes)).c_str(), verifier.c_str(), secs,
+      double(received) / secs, human_bytes(double(bytes) / secs).c_str(), latency_what.c_str(), p50, p99);
   return 0;
 }
 
@@ -285,6 +396,7 @@ int run_both(const Options& a, const char* self) {
   std::vector<std::string> args{self,           "consume",
                                 "--channel",    name,
                                 "--count",      std::to_string(count),
+                                "--verify",     a.verify,
                                 "--summary-fd", std::to_string(summary_write.get())};
   std::vector<char*> argv;
   for (auto& s : args) argv.push_back(s.data());
@@ -305,6 +417,7 @@ int run_both(const Options& a, const char* self) {
   p.progress = false;           // the consumer's progress line speaks for both
   ProducerSummary ps;
   const int prc = produce(p, &ps);
+  if (prc != 0) ::kill(child, SIGTERM);  // it would wait for a producer that has given up
   int status = 0;
   ::waitpid(child, &status, 0);
   const int crc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
@@ -320,16 +433,22 @@ int run_both(const Options& a, const char* self) {
   if (n > 0 && std::sscanf(buf, "%llu %llu %lf %lf %lf %n", &frames, &bytes, &p50, &p99, &secs, &used) == 5) {
     std::string consumer_device(buf + used);
     while (!consumer_device.empty() && consumer_device.back() == '\n') consumer_device.pop_back();
+    std::string latency_what = "publish -> receive";
+    if (auto bar = consumer_device.rfind('|'); bar != std::string::npos) {
+      latency_what = consumer_device.substr(bar + 1);
+      consumer_device.resize(bar);
+    }
     std::printf(
         "\nsummary\n"
         "  route       %s — %s\n"
-        "  producer    ring of %s\n"
+        "  producer    ring of %s; frames written by %s\n"
         "  consumer    %s\n"
         "  frames      %llu of %s, every byte verified (none lost, duplicated, reordered or corrupt)\n"
         "  throughput  %.0f frames/s, %s/s\n"
-        "  latency     publish -> receive p50 %.1f us, p99 %.1f us\n",
-        ps.route.c_str(), ps.reason.c_str(), ps.ring.c_str(), consumer_device.c_str(), frames,
-        human_bytes(double(size)).c_str(), double(frames) / secs, human_bytes(double(bytes) / secs).c_str(), p50, p99);
+        "  latency     %s p50 %.1f us, p99 %.1f us\n",
+        ps.route.c_str(), ps.reason.c_str(), ps.ring.c_str(), ps.writer.c_str(), consumer_device.c_str(), frames,
+        human_bytes(double(size)).c_str(), double(frames) / secs, human_bytes(double(bytes) / secs).c_str(),
+        latency_what.c_str(), p50, p99);
   }
   std::printf("lavaflow-demo: OK\n");
   return 0;
@@ -470,14 +589,29 @@ int main(int argc, char** argv) {
            "auto (routing chooses), shm or vulkan")
         ->check(CLI::IsMember({"auto", "shm", "vulkan"}));
   };
+  auto verify_flag = [&](CLI::App& cmd) {
+    cmd.add_option("--verify", o.verify,
+                   "where frames are written and verified: gpu (CUDA kernels, GPU-ordered hand-off), cpu, or auto "
+                   "(gpu where it can run)")
+        ->check(CLI::IsMember({"auto", "gpu", "cpu"}));
+  };
+  auto corrupt_flag = [&](CLI::App& cmd) {
+    lfapp::add_whole(cmd, "--corrupt-frame", o.corrupt_frame, "flip one byte of this frame after writing it", 0,
+                     kMaxCount)
+        ->group("");  // for the tests: the consumer must name this frame
+  };
   stream_flags(app);
   transport_flag(app);
+  verify_flag(app);
+  corrupt_flag(app);
   auto* produce_cmd = app.add_subcommand("produce", "the producer half, for a second terminal");
   produce_cmd->add_option("--channel", o.channel, "channel name")->required();
   stream_flags(*produce_cmd);
   transport_flag(*produce_cmd);
   lfapp::add_whole(*produce_cmd, "--consumers", o.consumers, "wait for this many consumers", 1, kMaxConsumers);
-  lfapp::add_whole(*produce_cmd, "--slots", o.slots, "ring buffers", 1, kMaxSlots);
+  lfapp::add_whole(*produce_cmd, "--slots", o.slots, "ring buffers (0: the channel's default)", 0, kMaxSlots);
+  verify_flag(*produce_cmd);
+  corrupt_flag(*produce_cmd);
   lfapp::add_whole(*produce_cmd, "--interval-us", o.interval_us, "pause between messages", 0, 60'000'000);
   produce_cmd->add_option("--dir", o.dir, "rendezvous directory (default: the user's runtime directory)");
   auto* consume_cmd = app.add_subcommand("consume", "the consumer half: checks sequence and checksum of every message");
@@ -486,6 +620,7 @@ int main(int argc, char** argv) {
                    kMaxCount);
   lfapp::add_whole(*consume_cmd, "--timeout", o.timeout_s, "seconds to wait for the producer", 0, kMaxSeconds);
   consume_cmd->add_option("--dir", o.dir, "rendezvous directory");
+  verify_flag(*consume_cmd);
   consume_cmd->add_option("--summary-fd", o.summary_fd, "write the summary line to this fd")
       ->check(lfapp::whole(0, 1 << 20))
       ->group("");  // internal: run_both's own consumer

@@ -58,8 +58,11 @@ check_whole --seconds 0 604800 "$demo"
 check_whole --size 1 4294967296 "$demo"
 expect_usage_error --transport "$demo" --transport mpi
 expect_usage_error --transport "$demo" --transport tcp
+expect_usage_error --verify "$demo" --verify gpu2
+expect_usage_error --verify "$demo" consume --channel x --verify ""
+check_whole --corrupt-frame 0 1099511627776 "$demo"
 check_unknown "$demo" produce --channel x
-for f in "--count 0 1099511627776" "--seconds 0 604800" "--size 1 4294967296" "--consumers 1 16" "--slots 1 62" \
+for f in "--count 0 1099511627776" "--seconds 0 604800" "--size 1 4294967296" "--consumers 1 16" "--slots 0 62" \
   "--interval-us 0 60000000"; do
   # shellcheck disable=SC2086
   check_whole $f "$demo" produce --channel x
@@ -95,7 +98,7 @@ check_whole --ring-bytes 8 1073741824 "$bench" remote
 check_unknown "$bench" interop
 check_whole --size 1048576 68719476736 "$bench" interop
 check_whole --frames 16 1000000 "$bench" interop
-check_whole --slots 1 62 "$bench" interop
+check_whole --slots 0 62 "$bench" interop
 check_whole --rounds 10 10000000 "$bench" interop
 if [ -x "$bin/bench/lavaflow-bench-remote" ]; then
   check_whole --max-size 8 4194304 "$bin/bench/lavaflow-bench-remote"

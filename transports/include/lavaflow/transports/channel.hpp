@@ -41,7 +41,13 @@ enum class FullPolicy : std::uint8_t {
 };
 
 struct ProducerOptions {
-  std::uint32_t slots = 8;            ///< ring length N (1..62)
+  static constexpr std::uint32_t kHostSlots = 8;
+  static constexpr std::uint32_t kGpuSlots = 32;
+  /// Ring length N (1..62); 0 chooses: kGpuSlots for a ring in GPU memory, kHostSlots otherwise.
+  /// A GPU ring is deeper because a GPU time-slices between processes: the deeper the ring, the
+  /// more frames each side handles per context switch (design note 0015 has the trade of ring
+  /// memory for throughput).
+  std::uint32_t slots = 0;
   std::uint64_t slot_size = 1 << 20;  ///< bytes per ring buffer
   std::uint32_t max_consumers = 16;   ///< 1..16
   FullPolicy policy = FullPolicy::Block;
