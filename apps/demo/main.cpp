@@ -598,7 +598,7 @@ int main(int argc, char** argv) {
   auto corrupt_flag = [&](CLI::App& cmd) {
     lfapp::add_whole(cmd, "--corrupt-frame", o.corrupt_frame, "flip one byte of this frame after writing it", 0,
                      kMaxCount)
-        ->group("");  // for the tests: the consumer must name this frame
+        ->group("Testing");  // the consumer must name this frame
   };
   stream_flags(app);
   transport_flag(app);
