@@ -728,8 +728,9 @@ Result<std::vector<GpuRow>> gpu_pingpong(const VulkanContext& vk, const cuda::In
 
 Result<std::vector<GpuRow>> gpu_stream(const VulkanContext& vk, const cuda::Interop& cu, std::uint64_t size, int frames,
                                        std::uint32_t slots, bool mps) {
-  if (size == 0 || size % 4 != 0)
-    return fail(Errc::InvalidArgument, "gpu-stream", str_format("frame size {} is not a multiple of 4", size));
+  if (size == 0 || size % 8 != 0)
+    return fail(Errc::InvalidArgument, "gpu-stream", str_format("frame size {} is not a multiple of 8", size));
+  if (slots == 0 || slots > 62) return fail(Errc::InvalidArgument, "gpu-stream", str_format("{} slots", slots));
   std::vector<GpuRow> rows;
   LF_TRY(auto lf, stream_lavaflow(vk, cu, size, frames, slots, mps));
   rows.push_back(std::move(lf));

@@ -128,10 +128,12 @@ int bench_interop(const InteropOptions& o) {
     else
       rows.insert(rows.end(), r->begin(), r->end());
   }
+  // Both stream rows use the ring a GPU channel gets by default, unless told otherwise.
+  const std::uint32_t slots = o.slots != 0 ? o.slots : ProducerOptions::kGpuSlots;
   for (std::uint64_t size : {std::uint64_t{1} << 20, std::uint64_t{16} << 20}) {
-    progress(str_format("gpu-stream {} B", size).c_str());
+    progress(str_format("gpu-stream {} B, {} slots", size, slots).c_str());
     const int frames = size > (1u << 20) ? std::max(o.frames / 4, 16) : o.frames;
-    auto r = gpu_stream(*vk, *cu, size, frames, o.slots, dev.mps);
+    auto r = gpu_stream(*vk, *cu, size, frames, slots, dev.mps);
     if (!r)
       errors.push_back(r.error().message());
     else
