@@ -160,6 +160,7 @@ int main(int argc, char** argv) {
                   yes(d.semaphore_fd_export), yes(d.semaphore_fd_import), yes(d.timeline_semaphore),
                   yes(d.timeline_fd_export));
       std::printf("      fence, opaque fd:     export %s\n", yes(d.fence_fd_export));
+      if (auto note = gpu_sharing_note(d); !note.empty()) std::printf("      processes:            %s\n", note.c_str());
     }
   std::printf("\nCPU\n  %d CPUs, %d NUMA node(s)%s, huge pages: %llu of %llu free (%llu KiB each)\n", topo.cpus,
               topo.numa_nodes, topo.numa_library ? "" : " (libnuma unavailable)",

@@ -476,6 +476,58 @@ TEST_CASE("Vulkan transport: a slot released on the consumer's GPU is reused onl
   }
 }
 
+TEST_CASE("Vulkan transport: fan-out tracks each consumer's GPU release, and GPU reads can be queued ahead") {
+  auto ctx = lftest::context_or_skip();
+  auto dir = lftest::channel_dir();
+  auto o = popts(dir, TransportKind::Vulkan);
+  o.slots = 2;
+  o.slot_size = 4096;
+  o.vulkan = &ctx;
+  o.host_wait_for_gpu_release = false;
+  auto p = lftest::ok(Producer::create("gpufan", o));
+  if (!p->has_gpu_timeline())
+    lftest::skip("device " + ctx.capabilities().identity.name + " cannot export timeline semaphores as opaque fds");
+  auto a = lftest::ok(Consumer::open("gpufan", copts(dir)));
+  auto b = lftest::ok(Consumer::open("gpufan", copts(dir)));
+  lftest::ok(p->wait_for_consumers(2, 5s));
+  CHECK(p->slots() == 2);
+
+  // Queued ahead: where message 0 will be and the point its writer signals.
+  auto up = lftest::ok(a->upcoming(a->next_sequence()));
+  CHECK(up.sequence == 0);
+  CHECK(up.gpu_wait.value == 1);
+  CHECK(up.buffer != nullptr);
+
+  publish(*p, 1, 16);
+  publish(*p, 2, 16);
+  {
+    auto ra = lftest::ok(a->receive(5s));
+    auto rb = lftest::ok(b->receive(5s));
+    (void)lftest::ok(ra.gpu_release());  // a's GPU reads message 0; b finishes on its CPU
+    CHECK(&ra.buffer() == up.buffer);
+  }
+  {
+    auto ra = lftest::ok(a->receive(5s));
+    auto rb = lftest::ok(b->receive(5s));
+    (void)lftest::ok(ra.gpu_release());
+    (void)lftest::ok(rb.gpu_release());  // both GPUs read message 1
+  }
+  CHECK(lftest::err(a->upcoming(0)).code() == Errc::InvalidArgument);  // already received
+  {
+    auto loan = lftest::ok(p->loan(1s));  // message 2 into slot 0: only a's release of 0 to wait for
+    REQUIRE(loan.gpu_waits().size() == 1);
+    CHECK(loan.gpu_waits()[0].value == 1);
+    lftest::ok(p->publish(std::move(loan), {.size = 16}));
+  }
+  {
+    auto loan = lftest::ok(p->loan(1s));  // message 3 into slot 1: both releases of 1
+    REQUIRE(loan.gpu_waits().size() == 2);
+    CHECK(loan.gpu_waits()[0].value == 2);
+    CHECK(loan.gpu_waits()[1].value == 2);
+    CHECK(loan.gpu_waits()[0].source != loan.gpu_waits()[1].source);
+  }
+}
+
 namespace {
 
 /// Connects to channel `name` in `dir` and says nothing.

@@ -255,26 +255,6 @@ Result<ucred> peer_credentials(int sock) {
   return cred;
 }
 
-/// What a hand-off between two processes' GPU work costs on this device, for the route reason:
-/// nobody should have to find the context switch per hop by measuring.
-std::string gpu_sharing_note(const DeviceCapabilities& caps) {
-  if (caps.type == vk::PhysicalDeviceType::eCpu) return {};
-  std::string note = str_format(
-      "; {} time-slices between processes, so a hand-off between two processes' GPU work waits for a context "
-      "switch",
-      caps.identity.name);
-  if (caps.driver_name.find("NVIDIA") == std::string::npos) return note;
-  // CUDA clients find the MPS server through this pipe directory.
-  const char* dir = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
-  const std::filesystem::path control = std::filesystem::path(dir && *dir ? dir : "/tmp/nvidia-mps") / "control";
-  std::error_code ec;
-  return note + (std::filesystem::exists(control, ec)
-                     ? "; CUDA work of processes under the MPS server found at " + control.parent_path().string() +
-                           " runs side by side instead"
-                     : "; no MPS server: start nvidia-cuda-mps-control -d to run CUDA work of several processes side "
-                       "by side");
-}
-
 Status send_refuse(int sock, const std::string& reason) {
   return send_message(sock, detail::encode(detail::Refuse{reason}));
 }
@@ -678,7 +658,7 @@ Result<std::unique_ptr<Producer>> Producer::create(const std::string& name, Prod
       if (!sem) return std::unexpected(sem.error().within(call));
       impl->timeline.emplace(std::move(*sem));
       impl->route.reason += "; GPU work ordered by a shared timeline semaphore";
-      impl->route.reason += gpu_sharing_note(caps);
+      if (auto note = gpu_sharing_note(caps); !note.empty()) impl->route.reason += "; " + note;
     } else {
       impl->route.reason += "; no exportable timeline semaphore here: GPU writes are finished with a CPU fence wait";
     }

@@ -1,4 +1,7 @@
 // SPDX-License-Identifier: MIT
+#include <cstdlib>
+#include <filesystem>
+
 #include "lavaflow/core/cpu_buffer.hpp"
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/gpu_buffer.hpp"
@@ -75,5 +78,24 @@ class VulkanTransport final : public Transport {
 std::shared_ptr<const Transport> vulkan_transport() { return std::make_shared<VulkanTransport>(); }
 std::shared_ptr<const Transport> shm_transport() { return std::make_shared<ShmTransport>(); }
 TransportSet local_transports() { return {vulkan_transport(), shm_transport()}; }
+
+// Nobody should have to find the context switch per hand-off by measuring.
+std::string gpu_sharing_note(const DeviceCapabilities& caps) {
+  if (caps.type == vk::PhysicalDeviceType::eCpu) return {};
+  std::string note = str_format(
+      "{} time-slices between processes, so a hand-off between two processes' GPU work waits for a context "
+      "switch",
+      caps.identity.name);
+  if (caps.driver_name.find("NVIDIA") == std::string::npos) return note;
+  // CUDA clients find the MPS server through this pipe directory.
+  const char* dir = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
+  const std::filesystem::path control = std::filesystem::path(dir && *dir ? dir : "/tmp/nvidia-mps") / "control";
+  std::error_code ec;
+  return note + (std::filesystem::exists(control, ec)
+                     ? "; CUDA work of processes under the MPS server found at " + control.parent_path().string() +
+                           " runs side by side instead"
+                     : "; no MPS server: start nvidia-cuda-mps-control -d to run CUDA work of several processes side "
+                       "by side");
+}
 
 }  // namespace lavaflow
