@@ -326,8 +326,11 @@ TEST_CASE("a channel consumer reads received ring buffers as GL buffer textures 
     glGetNamedBufferSubData(out, 0, 4096, seen.data());
     REQUIRE(glGetError() == GL_NO_ERROR);
     REQUIRE(seen == words);
+    lftest::ok(imports.release(r));  // GL is done with it: dropped at once, the slot reused after GL
   }
   CHECK(imports.imported() == 2);
+  if (imports.gpu_handoff() && con->gpu_release_timeline())  // released through the consumer's GPU
+    lftest::ok(con->gpu_release_timeline()->wait(6, std::chrono::seconds(10)));
   glDeleteBuffers(1, &out);
   glDeleteProgram(prog);
   glDeleteShader(sh);

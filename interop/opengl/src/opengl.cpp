@@ -341,6 +341,39 @@ Result<const Buffer*> ChannelImports::buffer(const Received& message) {
   return &it->second;
 }
 
+Status ChannelImports::release(Received& message) {
+  constexpr const char* call = "gl::ChannelImports::release";
+  auto it = cache_.find(&message.buffer());
+  if (it == cache_.end())
+    return fail(Errc::InvalidArgument, call, "the message's buffer was never handed to GL (buffer() or texture())");
+  if (!gl_semaphore_ || consumer_->gpu_release_timeline() == nullptr) {
+    glFinish();
+    return {};
+  }
+  const VulkanContext& vk = *consumer_->vulkan();
+  if (!vk_release_) {
+    LF_TRY(auto sem, GpuSemaphore::create(vk, SemaphoreKind::Binary));
+    LF_TRY(UniqueFd fd, sem.export_fd());
+    auto imported = gl_->import_semaphore(std::move(fd));
+    if (!imported) return std::unexpected(imported.error().within(call));
+    vk_release_.emplace(std::move(sem));
+    gl_release_.emplace(std::move(*imported));
+  }
+  LF_TRY(auto sync, message.gpu_release());
+  gl_release_->signal({it->second.name()});  // after GL's commands so far; flushed
+  const vk::Semaphore wait = vk_release_->semaphore();
+  const std::uint64_t wait_value = 0;
+  const vk::PipelineStageFlags stage = vk::PipelineStageFlagBits::eAllCommands;
+  vk::TimelineSemaphoreSubmitInfo values(1, &wait_value, 1, &sync.value);
+  vk::SubmitInfo submit(1, &wait, &stage, 0, nullptr, 1, &sync.semaphore, &values);
+  try {
+    vk.queue().submit(submit);
+  } catch (const vk::SystemError& e) {
+    return std::unexpected(from_vk(e.code().value(), "vkQueueSubmit(GL release)").within(call));
+  }
+  return {};
+}
+
 Result<const Texture*> ChannelImports::texture(const Received& message, GLenum internal_format) {
   constexpr const char* call = "gl::ChannelImports::texture";
   LF_TRY(const Buffer* buf, buffer(message));

@@ -176,6 +176,13 @@ class ChannelImports {
   /// texels, e.g. GL_RGBA8 or GL_R32UI) for shaders that read it with texelFetch; made once per
   /// ring buffer and format, the message handed to GL as in buffer().
   [[nodiscard]] Result<const Texture*> texture(const Received& message, GLenum internal_format);
+  /// Ends GL's use of a message's buffer, after the GL commands issued so far, so that the message
+  /// can be dropped at once. Where messages reach GL through a semaphore (gpu_handoff()) and the
+  /// channel gives this consumer a release timeline, GL signals a second shared semaphore and the
+  /// consumer's Vulkan queue turns it into the message's GPU release (Received::gpu_release): no
+  /// CPU waits for GL, and the producer rewrites the slot only after GL is done. Elsewhere the CPU
+  /// waits for GL to finish.
+  [[nodiscard]] Status release(Received& message);
   [[nodiscard]] std::size_t imported() const { return cache_.size(); }
   /// Whether messages reach GL through a semaphore (else through the CPU wait in receive()).
   [[nodiscard]] bool gpu_handoff() const { return gl_semaphore_.has_value(); }
@@ -189,6 +196,8 @@ class ChannelImports {
   bool tried_semaphore_ = false;
   std::optional<GpuSemaphore> vk_semaphore_;
   std::optional<Semaphore> gl_semaphore_;
+  std::optional<GpuSemaphore> vk_release_;  // GL signals, Vulkan waits: the release direction
+  std::optional<Semaphore> gl_release_;
 };
 
 }  // namespace lavaflow::gl
