@@ -168,8 +168,8 @@ TEST_CASE("a channel consumer hands each received ring buffer to OpenCL once and
   const auto transport = c->interop->device().external_memory_fd ? TransportKind::Vulkan : TransportKind::Shm;
   auto prod = lftest::ok(Producer::create(
       "cl-ring", {.slots = 4, .slot_size = 65536, .transport = transport, .vulkan = &vk, .directory = dir}));
-  auto con = lftest::ok(Consumer::open("cl-ring", {.vulkan = &vk, .directory = dir}));
-  cl::ChannelImports imports(*c->interop);
+  auto con = lftest::ok(Consumer::open("cl-ring", {.host_wait_for_gpu = false, .vulkan = &vk, .directory = dir}));
+  cl::ChannelImports imports(*c->interop, *con);
   const std::uint64_t n = 65536;
   auto out = lftest::ok(GpuBuffer::allocate(vk, {.size = n, .memory = memory_for(*c->interop)}));
   auto out_cl = lftest::ok(c->interop->import_buffer(out));
@@ -185,11 +185,15 @@ TEST_CASE("a channel consumer hands each received ring buffer to OpenCL once and
     lftest::ok(prod->publish(std::move(loan)));
     auto r = lftest::ok(con->receive(std::chrono::seconds(10)));
     const auto* in = lftest::ok(imports.buffer(r));
+    lftest::ok(imports.wait(c->queue, r));
     run_xor(*c, out_cl, *in, 0, n);
+    lftest::ok(imports.release(c->queue, r));  // dropped at once: the slot is rewritten after OpenCL
     lftest::ok(download(vk, out, seen));
     REQUIRE(lftest::first_mismatch(seen, i) == -1);
   }
   CHECK(imports.imported() == 4);
+  if (imports.gpu_handoff() && con->gpu_release_timeline())
+    lftest::ok(con->gpu_release_timeline()->wait(40, std::chrono::seconds(10)));
 }
 
 TEST_CASE("binary semaphore ping-pong between Vulkan and OpenCL with a data dependency") {

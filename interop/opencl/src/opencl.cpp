@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: MIT
 #include "lavaflow/opencl/opencl.hpp"
 
+#include <chrono>
 #include <cstring>
 
 #include "lavaflow/core/detail/format.hpp"
+#include "lavaflow/core/vulkan_context.hpp"
 
 namespace lavaflow::cl {
 
@@ -370,6 +372,71 @@ Result<const Memory*> ChannelImports::buffer(const Received& message) {
   auto imported = cl_->import_buffer(*key, flags_);
   if (!imported) return std::unexpected(imported.error().within("cl::ChannelImports::buffer"));
   return &cache_.emplace(key, std::move(*imported)).first->second;
+}
+
+Status ChannelImports::setup() {
+  tried_ = true;
+  const VulkanContext* vk = consumer_ ? consumer_->vulkan() : nullptr;
+  if (vk == nullptr || !cl_->device().external_semaphore_fd) return {};
+  if (!GpuSemaphore::supported(*vk, SemaphoreKind::Binary, false)) return {};
+  auto bridge = [&](std::optional<GpuSemaphore>& v, std::optional<Semaphore>& c) -> Status {
+    LF_TRY(auto sem, GpuSemaphore::create(*vk, SemaphoreKind::Binary));
+    LF_TRY(UniqueFd fd, sem.export_fd());
+    LF_TRY(auto imported, cl_->import_semaphore(std::move(fd)));
+    v.emplace(std::move(sem));
+    c.emplace(std::move(imported));
+    return {};
+  };
+  LF_TRY_STATUS(bridge(vk_ready_, cl_ready_));
+  if (auto ok = bridge(vk_done_, cl_done_); !ok) {
+    vk_ready_.reset();
+    cl_ready_.reset();
+    return ok;
+  }
+  return {};
+}
+
+namespace {
+/// One submission on the consumer's Vulkan queue: waits on `wait` (timeline value, or binary), then
+/// signals `signal` (timeline value, or binary).
+Status bridge_submit(const VulkanContext& vk, vk::Semaphore wait, std::uint64_t wait_value, vk::Semaphore signal,
+                     std::uint64_t signal_value, const char* call) {
+  const vk::PipelineStageFlags stage = vk::PipelineStageFlagBits::eAllCommands;
+  vk::TimelineSemaphoreSubmitInfo values(1, &wait_value, 1, &signal_value);
+  vk::SubmitInfo submit(1, &wait, &stage, 0, nullptr, 1, &signal, &values);
+  try {
+    vk.queue().submit(submit);
+  } catch (const vk::SystemError& e) {
+    return std::unexpected(from_vk(e.code().value(), "vkQueueSubmit(OpenCL hand-off)").within(call));
+  }
+  return {};
+}
+}  // namespace
+
+Status ChannelImports::wait(cl_command_queue queue, const Received& message) {
+  constexpr const char* call = "cl::ChannelImports::wait";
+  const auto w = message.gpu_wait();
+  if (!w) return {};
+  if (!tried_)
+    if (auto ok = setup(); !ok) return std::unexpected(ok.error().within(call));
+  if (!cl_ready_) return w->source->wait(w->value, std::chrono::seconds(60));
+  LF_TRY_STATUS(bridge_submit(*consumer_->vulkan(), w->semaphore, w->value, vk_ready_->semaphore(), 0, call));
+  return cl_->wait(queue, *cl_ready_);
+}
+
+Status ChannelImports::release(cl_command_queue queue, Received& message) {
+  constexpr const char* call = "cl::ChannelImports::release";
+  if (!tried_)
+    if (auto ok = setup(); !ok) return std::unexpected(ok.error().within(call));
+  if (!cl_done_ || consumer_->gpu_release_timeline() == nullptr) {
+    if (cl_int r = clFinish(queue); r != CL_SUCCESS) return cl_fail(r, "clFinish", "finishing the message's work");
+    return {};
+  }
+  LF_TRY(auto sync, message.gpu_release());
+  LF_TRY_STATUS(cl_->signal(queue, *cl_done_));
+  // The Vulkan wait below must come after the signal reaches the device.
+  if (cl_int r = clFlush(queue); r != CL_SUCCESS) return cl_fail(r, "clFlush", "submitting the release signal");
+  return bridge_submit(*consumer_->vulkan(), vk_done_->semaphore(), 0, sync.semaphore, sync.value, call);
 }
 
 }  // namespace lavaflow::cl

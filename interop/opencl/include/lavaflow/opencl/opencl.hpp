@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -25,6 +26,7 @@
 
 #include "lavaflow/core/buffer.hpp"
 #include "lavaflow/core/error.hpp"
+#include "lavaflow/core/gpu_semaphore.hpp"
 #include "lavaflow/core/location.hpp"
 #include "lavaflow/core/unique_fd.hpp"
 #include "lavaflow/transports/channel.hpp"
@@ -147,17 +149,37 @@ class Interop {
   std::shared_ptr<const Fns> fns_;
 };
 
-/// A channel consumer's OpenCL view: each ring buffer imported once and reused.
+/// A channel consumer's OpenCL view: each ring buffer imported once and reused. Given the
+/// consumer, it also orders each message's hand-off on the GPU where OpenCL and the consumer's
+/// Vulkan device share binary semaphores: the consumer's Vulkan queue turns the channel's timeline
+/// point into a semaphore OpenCL waits on (wait), and OpenCL's signal into the message's GPU
+/// release (release), so no CPU waits for either GPU. Elsewhere wait() waits on the CPU and
+/// release() finishes the queue. (Open the consumer with host_wait_for_gpu = false.)
 class ChannelImports {
  public:
   explicit ChannelImports(const Interop& cl, cl_mem_flags flags = CL_MEM_READ_WRITE) : cl_(&cl), flags_(flags) {}
+  ChannelImports(const Interop& cl, const Consumer& consumer, cl_mem_flags flags = CL_MEM_READ_WRITE)
+      : cl_(&cl), flags_(flags), consumer_(&consumer) {}
   [[nodiscard]] Result<const Memory*> buffer(const Received& message);
+  /// Work enqueued on `queue` after this sees the message complete (no-op when the producer did not
+  /// order it on its GPU).
+  [[nodiscard]] Status wait(cl_command_queue queue, const Received& message);
+  /// Ends OpenCL's use of the message after the work enqueued on `queue` so far; the message can
+  /// then be dropped at once.
+  [[nodiscard]] Status release(cl_command_queue queue, Received& message);
   [[nodiscard]] std::size_t imported() const { return cache_.size(); }
+  /// Whether wait() and release() go through semaphores (else through the CPU).
+  [[nodiscard]] bool gpu_handoff() const { return cl_ready_.has_value(); }
 
  private:
+  Status setup();
   const Interop* cl_;
   cl_mem_flags flags_;
+  const Consumer* consumer_ = nullptr;
   std::unordered_map<const lavaflow::Buffer*, Memory> cache_;
+  bool tried_ = false;
+  std::optional<GpuSemaphore> vk_ready_, vk_done_;  // Vulkan → OpenCL (data), OpenCL → Vulkan (release)
+  std::optional<Semaphore> cl_ready_, cl_done_;
 };
 
 }  // namespace lavaflow::cl
