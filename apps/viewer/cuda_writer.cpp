@@ -25,11 +25,13 @@ Status cuda_check(cudaError_t e, const char* call) {
 
 class CudaWriter final : public FrameWriter {
  public:
-  CudaWriter(cuda::Interop interop, cudaStream_t stream) : interop_(std::move(interop)), stream_(stream) {}
+  CudaWriter(cuda::Interop interop, cudaStream_t stream)
+      : interop_(std::move(interop)), stream_(stream), releases_(interop_) {}
   ~CudaWriter() override {
     (void)cudaStreamSynchronize(stream_);
     buffers_.clear();
     timeline_.reset();
+    releases_ = cuda::ChannelImports(interop_);
     (void)cudaStreamDestroy(stream_);
   }
 
@@ -56,6 +58,7 @@ class CudaWriter final : public FrameWriter {
     if (std::uint64_t{f.width} * f.height * 4 > it->second.size())
       return fail(Errc::InvalidArgument, "CudaWriter",
                   str_format("a {}x{} frame does not fit a ring buffer", f.width, f.height));
+    LF_TRY_STATUS(releases_.wait(stream_, loan));  // the viewer's GPU is done with the slot's last frame
     LF_TRY_STATUS(
         cuda_check(lf_kernel_pattern(it->second.data(), f.width, f.height, f.frame, stream_), "lf_kernel_pattern"));
     if (auto sync = timeline_ ? loan.gpu_signal() : std::nullopt) {
@@ -72,6 +75,7 @@ class CudaWriter final : public FrameWriter {
   cudaStream_t stream_;
   std::optional<cuda::ExternalSemaphore> timeline_;
   std::unordered_map<const lavaflow::Buffer*, cuda::ExternalBuffer> buffers_;
+  cuda::ChannelImports releases_;  // the consumers' release timelines, imported once
 };
 
 }  // namespace

@@ -301,7 +301,9 @@ int display_main(const DisplayOptions& o) {
   while (!stop_requested()) {
     std::printf("[viewer] waiting for a producer on \"%s\"…\n", o.channel.c_str());
     std::fflush(stdout);
-    auto opened = Consumer::open(o.channel, {.connect_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
+    // GL waits for each frame's GPU write itself (gl::ChannelImports), so receive() does not.
+    auto opened = Consumer::open(o.channel, {.host_wait_for_gpu = false,
+                                             .connect_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
                                                  std::chrono::duration<double>(o.timeout_s))});
     if (!opened) {
       // With --wait, keep waiting: also when we reached a producer that was dying (its socket
@@ -396,7 +398,13 @@ int display_main(const DisplayOptions& o) {
       }
       if (!last || last->width != tag.width || last->height != tag.height) surface->fit(tag.width, tag.height);
       renderer->draw(texture, tag.width, tag.height);
-      glFinish();  // GL is done reading the ring buffer: it may go back to the producer
+      // GL's reads of the ring buffer end the message: through the GPU where GL shares semaphores
+      // with the consumer's Vulkan device (no CPU wait), else GL finishes first.
+      if (imports) {
+        if (auto ok = imports->release(*r); !ok) return die(ok.error());
+      } else {
+        glFinish();
+      }
       const double lat = double(now_ns() - r->info().timestamp_ns) / 1e6;
       r->release();
       surface->present(renderer->framebuffer(), tag.width, tag.height);

@@ -2,6 +2,7 @@
 #include "frame_writer.hpp"
 
 #include <unordered_map>
+#include <vector>
 
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/gpu_buffer.hpp"
@@ -85,9 +86,17 @@ class VulkanWriter final : public FrameWriter {
       cb.end();
       vk::CommandBuffer raw = *cb;
       if (auto sync = loan.gpu_signal()) {
-        // The channel's shared timeline: consumers wait on the GPU (or the host) for this value.
-        vk::TimelineSemaphoreSubmitInfo timeline({}, sync->value);
-        vk::SubmitInfo submit({}, {}, raw, sync->semaphore);
+        // The channel's shared timeline: consumers wait on the GPU (or the host) for this value;
+        // the write itself waits on the GPU for the consumers' releases of the slot.
+        std::vector<vk::Semaphore> waits;
+        std::vector<std::uint64_t> wait_values;
+        for (const auto& w : loan.gpu_waits()) {
+          waits.push_back(w.semaphore);
+          wait_values.push_back(w.value);
+        }
+        const std::vector<vk::PipelineStageFlags> stages(waits.size(), vk::PipelineStageFlagBits::eComputeShader);
+        vk::TimelineSemaphoreSubmitInfo timeline(wait_values, sync->value);
+        vk::SubmitInfo submit(waits, stages, raw, sync->semaphore);
         submit.pNext = &timeline;
         vk_.queue().submit(submit, *slot.fence);
         LF_TRY_STATUS(p.publish(std::move(loan), info));

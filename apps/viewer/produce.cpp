@@ -45,8 +45,11 @@ int produce_main(const ProduceOptions& o) {
                      str_format("--width/--height must be 1..16384 (got {}x{})", o.width, o.height)));
   install_stop_handlers();
   const std::uint64_t frame_bytes = std::uint64_t{o.width} * o.height * 4;
-  auto created =
-      Producer::create(o.channel, {.slots = 3, .slot_size = frame_bytes, .timestamps = true, .transport = o.transport});
+  auto created = Producer::create(o.channel, {.slots = 3,
+                                              .slot_size = frame_bytes,
+                                              .timestamps = true,
+                                              .host_wait_for_gpu_release = false,  // the writers wait on their GPU
+                                              .transport = o.transport});
   if (!created) return die(created.error());
   Producer& p = **created;
   std::printf("[producer pid %d] channel \"%s\": route %s — %s\n", ::getpid(), o.channel.c_str(),

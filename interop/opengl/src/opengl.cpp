@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 #include "lavaflow/opengl/opengl.hpp"
 
+#include <chrono>
 #include <cstring>
 
 #include "lavaflow/core/detail/format.hpp"
@@ -337,6 +338,11 @@ Result<const Buffer*> ChannelImports::buffer(const Received& message) {
     }
     gl_semaphore_->wait({it->second.name()});
     glFlush();  // the wait is queued before Vulkan may signal the semaphore again
+  } else if (const auto wait = message.gpu_wait()) {
+    // No semaphore to hand the message to GL through: the CPU waits for the producer's GPU (at
+    // once when the consumer's receive() has already waited).
+    if (auto ok = wait->source->wait(wait->value, std::chrono::seconds(60)); !ok)
+      return std::unexpected(ok.error().within(call));
   }
   return &it->second;
 }
