@@ -366,6 +366,17 @@ Semaphore::~Semaphore() {
   if (sem_ && release_) release_(sem_);
 }
 
+ChannelImports::~ChannelImports() {
+  if (!vk_ready_ && !vk_done_) return;
+  // A semaphore must not go while the Vulkan queue still has a wait or signal on it queued.
+  if (const VulkanContext* vk = consumer_->vulkan()) {
+    try {
+      vk->queue().waitIdle();
+    } catch (const vk::SystemError&) {  // a lost device has nothing queued left to wait for
+    }
+  }
+}
+
 Result<const Memory*> ChannelImports::buffer(const Received& message) {
   const lavaflow::Buffer* key = &message.buffer();
   if (auto it = cache_.find(key); it != cache_.end()) return &it->second;

@@ -297,6 +297,19 @@ void Semaphore::signal(const std::vector<GLuint>& buffers, const std::vector<GLu
 
 // ----- channel imports
 
+ChannelImports::~ChannelImports() {
+  if (!gl_semaphore_ && !gl_release_) return;
+  // A semaphore must not go while GL or Vulkan still has a wait or signal on it queued (NVIDIA's GL
+  // then stops drawing, and the producer's GPU never sees the last releases).
+  glFinish();
+  if (const VulkanContext* vk = consumer_->vulkan()) {
+    try {
+      vk->queue().waitIdle();
+    } catch (const vk::SystemError&) {  // a lost device has nothing queued left to wait for
+    }
+  }
+}
+
 Status ChannelImports::setup_semaphore() {
   tried_semaphore_ = true;
   const VulkanContext* vk = consumer_->vulkan();

@@ -160,6 +160,11 @@ class ChannelImports {
   explicit ChannelImports(const Interop& cl, cl_mem_flags flags = CL_MEM_READ_WRITE) : cl_(&cl), flags_(flags) {}
   ChannelImports(const Interop& cl, const Consumer& consumer, cl_mem_flags flags = CL_MEM_READ_WRITE)
       : cl_(&cl), flags_(flags), consumer_(&consumer) {}
+  /// Waits for the consumer's Vulkan queue to be done with the shared semaphores (finish the
+  /// OpenCL queues that used them first); destroy it before the consumer.
+  ~ChannelImports();
+  ChannelImports(const ChannelImports&) = delete;
+  ChannelImports& operator=(const ChannelImports&) = delete;
   [[nodiscard]] Result<const Memory*> buffer(const Received& message);
   /// Work enqueued on `queue` after this sees the message complete (no-op when the producer did not
   /// order it on its GPU).

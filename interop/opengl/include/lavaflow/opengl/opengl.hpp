@@ -170,6 +170,11 @@ class Interop {
 class ChannelImports {
  public:
   ChannelImports(const Interop& gl, const Consumer& consumer) : gl_(&gl), consumer_(&consumer) {}
+  /// Waits for GL and the consumer's Vulkan queue to be done with the shared semaphores: destroy
+  /// it while GL's context is current and before the consumer.
+  ~ChannelImports();
+  ChannelImports(const ChannelImports&) = delete;
+  ChannelImports& operator=(const ChannelImports&) = delete;
   /// The GL buffer for a received message's ring buffer, ready for GL commands issued after this.
   [[nodiscard]] Result<const Buffer*> buffer(const Received& message);
   /// The same as a buffer texture (GL_TEXTURE_BUFFER over the imported buffer, `internal_format`
