@@ -425,6 +425,9 @@ TEST_CASE("Vulkan transport: a slot released on the consumer's GPU is reused onl
   REQUIRE_FALSE(early.has_value());
   CHECK(early.error().code() == Errc::Timeout);
   CHECK(early.error().message().find("GPU did not finish reading") != std::string::npos);
+  auto now_only = p->try_loan();  // never waits, on the ring or on a GPU
+  REQUIRE_FALSE(now_only.has_value());
+  CHECK(now_only.error().code() == Errc::WouldBlock);
   lftest::ok(release->signal(1));  // the consumer's read is done (signalled from its host here)
   { auto loan = lftest::ok(p->loan(1s)); }
 
@@ -476,6 +479,34 @@ TEST_CASE("Vulkan transport: a slot released on the consumer's GPU is reused onl
   }
 }
 
+TEST_CASE("Vulkan transport: a producer gone before its GPU wrote a message is PeerLost, and no GPU wait hangs") {
+  auto ctx = lftest::context_or_skip();
+  auto dir = lftest::channel_dir();
+  auto o = popts(dir, TransportKind::Vulkan);
+  o.slots = 4;
+  o.slot_size = 4096;
+  o.vulkan = &ctx;
+  auto p = lftest::ok(Producer::create("gpulost", o));
+  if (!p->has_gpu_timeline())
+    lftest::skip("device " + ctx.capabilities().identity.name + " cannot export timeline semaphores as opaque fds");
+  auto c = lftest::ok(Consumer::open("gpulost", copts(dir)));  // receive() waits on the host
+  lftest::ok(p->wait_for_consumers(1, 5s));
+  {
+    auto loan = lftest::ok(p->loan(1s));
+    REQUIRE(loan.gpu_signal_point().has_value());
+    (void)loan.gpu_signal();  // promised, but its GPU never writes it
+    lftest::ok(p->publish(std::move(loan), {.size = 16}));
+  }
+  p.reset();
+  auto r = c->receive(5s);
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code() == Errc::PeerLost);
+  CHECK(r.error().message().find("before its GPU finished writing message 0") != std::string::npos);
+  // GPU work queued after the producer went is let go at once.
+  auto up = lftest::ok(c->upcoming(c->next_sequence()));
+  CHECK(lftest::ok(c->gpu_timeline()->value()) >= up.gpu_wait.value);
+}
+
 TEST_CASE("Vulkan transport: fan-out tracks each consumer's GPU release, and GPU reads can be queued ahead") {
   auto ctx = lftest::context_or_skip();
   auto dir = lftest::channel_dir();
@@ -513,6 +544,9 @@ TEST_CASE("Vulkan transport: fan-out tracks each consumer's GPU release, and GPU
     (void)lftest::ok(rb.gpu_release());  // both GPUs read message 1
   }
   CHECK(lftest::err(a->upcoming(0)).code() == Errc::InvalidArgument);  // already received
+  // Two slots: message next + 2 would go where message next still is.
+  CHECK(lftest::err(a->upcoming(a->next_sequence() + 2)).code() == Errc::InvalidArgument);
+  CHECK(a->upcoming(a->next_sequence() + 1).has_value());
   {
     auto loan = lftest::ok(p->loan(1s));  // message 2 into slot 0: only a's release of 0 to wait for
     REQUIRE(loan.gpu_waits().size() == 1);

@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <mutex>
 #include <new>
 #include <thread>
 
@@ -48,7 +49,7 @@ constexpr std::size_t kMaxPending = 64;
 // before it is used as a size or an index.
 
 constexpr std::uint32_t kControlMagic = 0x52434c46;  // "FLCR"
-constexpr std::uint32_t kControlVersion = 3;
+constexpr std::uint32_t kControlVersion = 4;
 
 struct alignas(64) SharedConsumer {
   std::atomic<std::uint32_t> state;  // 0 free, 1 active; written by the producer's service thread only
@@ -59,8 +60,8 @@ struct alignas(64) SharedConsumer {
   // By slot: sequence + 1 of the last message in that slot that this consumer released on its GPU
   // (its release timeline reaches that value when the read is done). Written before `released`
   // moves past the message. The producer only waits on the value it expects for the slot, so a
-  // scribbled entry can skip a wait (harming only its writer) but never make the producer wait
-  // on a value nobody will signal.
+  // scribbled entry can only skip a wait (harming only its writer) or add one for a read this
+  // consumer announced; should the consumer go away owing it, the producer signals it itself.
   alignas(64) std::atomic<std::uint64_t> gpu_release[kMaxSlots];
 };
 
@@ -90,6 +91,9 @@ struct ControlBlock {
   std::atomic<std::uint32_t> closed;  // producer closed the channel in order
   std::uint32_t drop_oldest;          // 1: the producer may advance consumers' `next` (DropOldest)
   std::uint32_t producer_blocks;      // 1: the producer may sleep on space_futex (not BusyPoll)
+  // Held by a consumer signalling the shared timeline for a dead producer: a timeline signal may
+  // only raise the value, so the read of the current value and the signal go together.
+  alignas(64) std::atomic<std::uint32_t> timeline_lock;
   SharedConsumer consumers[kMaxConsumers];
   SharedSlot ring[kMaxSlots];
 };
@@ -416,8 +420,9 @@ struct detail::ProducerState {
     for (std::uint32_t i = 0; i < slots_used; ++i) {
       const auto& c = control->consumers[i];
       if (c.state.load(std::memory_order_acquire) != 1 || !release[i]) continue;
-      if (c.gpu_release[slot].load(std::memory_order_acquire) == expect)
-        waits.push_back({release[i]->semaphore(), expect, release[i].get()});
+      if (c.gpu_release[slot].load(std::memory_order_acquire) != expect) continue;
+      if (auto now = release[i]->value(); now && *now >= expect) continue;  // read long done: nothing to wait on
+      waits.push_back({release[i]->semaphore(), expect, release[i].get()});
     }
     return waits;
   }
@@ -686,13 +691,14 @@ Result<Loan> Producer::loan(Duration timeout) {
   constexpr const char* call = "Producer::loan";
   if (m.loan_out) return fail(Errc::InvalidArgument, call, "the previous loan is not published or dropped yet");
   const std::uint64_t seq = m.write_seq;
+  const Deadline deadline(timeout);
+  const bool fail_fast = m.options.policy == FullPolicy::FailFast;
   auto ready = [&] { return m.room_for(seq); };
   if (!ready()) {
-    if (m.options.policy == FullPolicy::FailFast)
-      return fail(Errc::WouldBlock, call, "ring full: a consumer has not released its oldest message");
+    if (fail_fast) return fail(Errc::WouldBlock, call, "ring full: a consumer has not released its oldest message");
     auto never = [] { return std::optional<Error>(); };
-    auto ok =
-        wait_until(ready, never, m.control->space_futex, m.control->producer_waiting, m.options.wait, timeout, call);
+    auto ok = wait_until(ready, never, m.control->space_futex, m.control->producer_waiting, m.options.wait,
+                         deadline.left(), call);
     if (!ok) {
       if (ok.error().code() == Errc::Timeout)
         return fail(Errc::Timeout, call, "ring full: no consumer released a slot in time");
@@ -702,10 +708,11 @@ Result<Loan> Producer::loan(Duration timeout) {
   auto waits = m.release_waits(seq, m.write_slot);
   if (!waits.empty() && m.options.host_wait_for_gpu_release) {
     for (const auto& w : waits)
-      if (auto ok = w.source->wait(w.value, timeout); !ok) {
-        if (ok.error().code() == Errc::Timeout)
-          return fail(Errc::Timeout, call, "a consumer's GPU did not finish reading the slot in time");
-        return std::unexpected(ok.error());
+      if (auto ok = w.source->wait(w.value, fail_fast ? Duration::zero() : deadline.left()); !ok) {
+        if (ok.error().code() != Errc::Timeout) return std::unexpected(ok.error());
+        if (fail_fast || timeout == Duration::zero())
+          return fail(Errc::WouldBlock, call, "a consumer's GPU is still reading the slot's previous message");
+        return fail(Errc::Timeout, call, "a consumer's GPU did not finish reading the slot in time");
       }
     waits.clear();
   }
@@ -766,11 +773,15 @@ Result<MessageInfo> Producer::publish(Loan&& loan, vk::Fence gpu_done, MessageIn
 
 bool Producer::has_gpu_timeline() const { return impl_->timeline.has_value(); }
 
+std::optional<GpuSync> Loan::gpu_signal_point() const {
+  if (!impl_ || !impl_->timeline) return std::nullopt;
+  return GpuSync{impl_->timeline->semaphore(), seq_ + 1, &*impl_->timeline};
+}
+
 std::optional<GpuSync> Loan::gpu_signal() {
-  auto& m = *impl_;
-  if (!m.timeline) return std::nullopt;
-  gpu_signaled_ = true;
-  return GpuSync{m.timeline->semaphore(), seq_ + 1, &*m.timeline};
+  auto point = gpu_signal_point();
+  if (point) gpu_signaled_ = true;
+  return point;
 }
 
 const ChannelRoute& Producer::route() const { return impl_->route; }
@@ -859,8 +870,11 @@ struct detail::ConsumerState {
   std::optional<GpuSemaphore> release_timeline;  // ours, owned by the producer: value n + 1 = read of n done
   std::uint64_t last_gpu_release = 0;            // the highest value handed out by gpu_release()
   // The highest timeline value a GPU wait of ours may be blocked on (message n: n + 1). Should
-  // the producer die before its GPU signals it, the watcher signals it so no queue of ours hangs.
-  std::atomic<std::uint64_t> gpu_wait_high{0};
+  // the producer die before its GPU signals it, the watcher signals it so no queue of ours hangs;
+  // a wait queued after that is signalled for at once. Guarded by gpu_mutex, with lost_at.
+  std::mutex gpu_mutex;
+  std::uint64_t gpu_wait_high = 0;
+  std::uint64_t lost_at = UINT64_MAX;  // the timeline's value when the producer was found gone
   std::vector<std::unique_ptr<Buffer>> ring;
   UniqueFd sock, stop_fd;
   std::atomic<bool> lost{false};
@@ -906,17 +920,52 @@ struct detail::ConsumerState {
       }
       if (p[0].revents) return;
       if (p[1].revents) {
-        lost_reason = str_format("producer (pid {}) hung up: it exited or was killed", producer_pid);
-        // GPU work of ours waiting for writes the dead producer's GPU will never signal goes on.
-        if (timeline) {
-          const std::uint64_t owed = gpu_wait_high.load(std::memory_order_acquire);
-          if (auto now = timeline->value(); now && *now < owed) (void)timeline->signal(owed);
+        {
+          std::lock_guard lock(gpu_mutex);
+          lost_reason = str_format("producer (pid {}) hung up: it exited or was killed", producer_pid);
+          if (timeline) {
+            const auto now = timeline->value();
+            lost_at = now ? *now : 0;
+          }
+          lost.store(true, std::memory_order_seq_cst);
+          signal_owed();
         }
-        lost.store(true, std::memory_order_seq_cst);
         futex_wake_all(control->data_futex);
         return;
       }
     }
+  }
+
+  /// GPU work of ours waiting for writes the dead producer's GPU will never signal goes on. Other
+  /// consumers may be signalling the same timeline: one at a time (a peer that holds the lock
+  /// longer than a moment is ignored rather than waited for).
+  void signal_owed() {
+    if (!timeline) return;
+    const auto deadline = std::chrono::steady_clock::now() + 100ms;
+    std::uint32_t unlocked = 0;
+    bool locked = false;
+    while (!(locked = control->timeline_lock.compare_exchange_weak(unlocked, 1, std::memory_order_acquire)) &&
+           std::chrono::steady_clock::now() < deadline) {
+      unlocked = 0;
+      std::this_thread::yield();
+    }
+    if (auto now = timeline->value(); now && *now < gpu_wait_high) (void)timeline->signal(gpu_wait_high);
+    if (locked) control->timeline_lock.store(0, std::memory_order_release);
+  }
+
+  /// Before GPU work of ours waits for timeline value `v`: should the producer be gone already,
+  /// nothing else will signal it.
+  void raise_gpu_wait(std::uint64_t v) {
+    std::lock_guard lock(gpu_mutex);
+    if (v <= gpu_wait_high) return;
+    gpu_wait_high = v;
+    if (lost.load(std::memory_order_seq_cst)) signal_owed();
+  }
+
+  /// Whether the producer died before its GPU reached value `v` (the watcher signalled it).
+  bool lost_before(std::uint64_t v) {
+    std::lock_guard lock(gpu_mutex);
+    return lost.load(std::memory_order_seq_cst) && v > lost_at;
   }
 
   /// Whether this consumer's next message is published; sets `n` (its sequence) and `k` (its slot).
@@ -1038,7 +1087,13 @@ Result<std::unique_ptr<Consumer>> Consumer::open(const std::string& name, Consum
     if (!b) return std::unexpected(b.error().within(call));
     impl->ring.push_back(std::move(*b));
   }
+  if (w.release_timeline && !w.timeline)
+    return fail(Errc::Malformed, call, "the producer announced a release timeline without the channel's timeline");
   if (w.timeline) {
+    if (impl->env.vulkan == nullptr)
+      return fail(Errc::Malformed, call,
+                  str_format("the producer announced a timeline semaphore on a {} channel, which has no GPU device",
+                             to_string(*kind)));
     const auto& caps = impl->env.vulkan->capabilities();
     if (!caps.timeline_semaphore || !caps.semaphore_fd_import)
       return fail(Errc::Unsupported, call,
@@ -1104,9 +1159,12 @@ Result<Received> Consumer::receive(Duration timeout) {
     MessageInfo info{size, slot.tag.load(std::memory_order_relaxed), slot.timestamp_ns.load(std::memory_order_relaxed),
                      n};
     const bool gpu_ordered = (slot.flags.load(std::memory_order_relaxed) & kGpuOrdered) && m.timeline;
-    if (gpu_ordered) m.gpu_wait_high.store(n + 1, std::memory_order_release);
+    if (gpu_ordered) m.raise_gpu_wait(n + 1);
     if (gpu_ordered && m.options.host_wait_for_gpu) {
-      if (auto ok = m.timeline->wait(n + 1, timeout); !ok) {
+      auto ok = m.timeline->wait(n + 1, timeout);
+      if (ok && m.lost_before(n + 1))
+        ok = fail(Errc::PeerLost, call, str_format("{}, before its GPU finished writing message {}", m.lost_reason, n));
+      if (!ok) {
         m.release(k);  // the message is taken but not handed out: give its slot back
         return std::unexpected(ok.error());
       }
@@ -1155,9 +1213,9 @@ const GpuSemaphore* Producer::gpu_timeline() const { return impl_->timeline ? &*
 const GpuSemaphore* Consumer::gpu_timeline() const { return impl_->timeline ? &*impl_->timeline : nullptr; }
 std::uint64_t Consumer::next_sequence() const { return impl_->expected; }
 
-Result<Consumer::Upcoming> Consumer::upcoming(std::uint64_t sequence) const {
+Result<Consumer::Upcoming> Consumer::upcoming(std::uint64_t sequence) {
   constexpr const char* call = "Consumer::upcoming";
-  const auto& m = *impl_;
+  auto& m = *impl_;
   if (!m.timeline)
     return fail(Errc::Unsupported, call, "the channel has no shared timeline semaphore to order GPU work ahead");
   if (m.contended_next)
@@ -1165,6 +1223,11 @@ Result<Consumer::Upcoming> Consumer::upcoming(std::uint64_t sequence) const {
   if (sequence < m.expected)
     return fail(Errc::InvalidArgument, call,
                 str_format("message {} was already received (next is {})", sequence, m.expected));
+  if (sequence - m.released >= m.slots)
+    return fail(Errc::InvalidArgument, call,
+                str_format("message {} would go into the slot of message {}, which this consumer has not released",
+                           sequence, sequence - m.slots));
+  m.raise_gpu_wait(sequence + 1);
   const auto slot = static_cast<std::uint32_t>(sequence % m.slots);
   return Upcoming{sequence, m.ring[slot].get(), GpuSync{m.timeline->semaphore(), sequence + 1, &*m.timeline}};
 }
@@ -1178,7 +1241,7 @@ std::optional<GpuSync> Received::gpu_wait() const {
   return GpuSync{impl_->timeline->semaphore(), info_.sequence + 1, &*impl_->timeline};
 }
 
-Result<GpuSync> Received::gpu_release() {
+Result<GpuSync> Received::gpu_release_point() const {
   constexpr const char* call = "Received::gpu_release";
   if (!impl_) return fail(Errc::InvalidArgument, call, "the message is already released");
   auto& m = *impl_;
@@ -1186,14 +1249,18 @@ Result<GpuSync> Received::gpu_release() {
     return fail(Errc::Unsupported, call,
                 "this channel has no shared timeline semaphore: finish the GPU read (fence) before releasing");
   const std::uint64_t value = info_.sequence + 1;
-  if (gpu_released_) return GpuSync{m.release_timeline->semaphore(), value, &*m.release_timeline};
-  if (value <= m.last_gpu_release)
+  if (!gpu_released_ && value <= m.last_gpu_release)
     return fail(Errc::InvalidArgument, call,
                 str_format("message {} is older than one already released on the GPU: release in receive order",
                            info_.sequence));
-  m.last_gpu_release = value;
-  gpu_released_ = true;
   return GpuSync{m.release_timeline->semaphore(), value, &*m.release_timeline};
+}
+
+Result<GpuSync> Received::gpu_release() {
+  LF_TRY(auto point, gpu_release_point());
+  impl_->last_gpu_release = point.value;
+  gpu_released_ = true;
+  return point;
 }
 
 Received::Received(Received&& o) noexcept

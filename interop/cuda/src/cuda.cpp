@@ -444,19 +444,25 @@ Status ChannelImports::wait(cudaStream_t stream, const Loan& loan) {
   return {};
 }
 
+// The signal is queued before the channel is told of it: should queuing fail, nobody is left
+// waiting for a signal that will never come.
 Status ChannelImports::signal(cudaStream_t stream, Loan& loan) {
-  const auto sync = loan.gpu_signal();
+  const auto sync = loan.gpu_signal_point();
   if (!sync)
     return fail(Errc::Unsupported, "cuda::ChannelImports::signal",
                 "the channel has no shared timeline semaphore: synchronise the stream before publishing");
   LF_TRY(const auto* sem, semaphore(*sync));
-  return sem->signal(stream, sync->value);
+  LF_TRY_STATUS(sem->signal(stream, sync->value));
+  (void)loan.gpu_signal();
+  return {};
 }
 
 Status ChannelImports::release(cudaStream_t stream, Received& message) {
-  LF_TRY(auto sync, message.gpu_release());
+  LF_TRY(auto sync, message.gpu_release_point());
   LF_TRY(const auto* sem, semaphore(sync));
-  return sem->signal(stream, sync.value);
+  LF_TRY_STATUS(sem->signal(stream, sync.value));
+  (void)message.gpu_release();
+  return {};
 }
 
 }  // namespace lavaflow::cuda

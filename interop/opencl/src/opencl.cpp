@@ -443,11 +443,21 @@ Status ChannelImports::release(cl_command_queue queue, Received& message) {
     if (cl_int r = clFinish(queue); r != CL_SUCCESS) return cl_fail(r, "clFinish", "finishing the message's work");
     return {};
   }
-  LF_TRY(auto sync, message.gpu_release());
-  LF_TRY_STATUS(cl_->signal(queue, *cl_done_));
-  // The Vulkan wait below must come after the signal reaches the device.
-  if (cl_int r = clFlush(queue); r != CL_SUCCESS) return cl_fail(r, "clFlush", "submitting the release signal");
-  return bridge_submit(*consumer_->vulkan(), vk_done_->semaphore(), 0, sync.semaphore, sync.value, call);
+  LF_TRY(auto sync, message.gpu_release_point());
+  // The release is promised only once its signal is queued; if queuing fails, OpenCL finishes
+  // instead, so that the message can still be dropped safely.
+  auto queued = [&]() -> Status {
+    LF_TRY_STATUS(cl_->signal(queue, *cl_done_));
+    // The Vulkan wait below must come after the signal reaches the device.
+    if (cl_int r = clFlush(queue); r != CL_SUCCESS) return cl_fail(r, "clFlush", "submitting the release signal");
+    return bridge_submit(*consumer_->vulkan(), vk_done_->semaphore(), 0, sync.semaphore, sync.value, call);
+  }();
+  if (!queued) {
+    (void)clFinish(queue);
+    return queued;
+  }
+  (void)message.gpu_release();
+  return {};
 }
 
 }  // namespace lavaflow::cl

@@ -378,7 +378,7 @@ Status ChannelImports::release(Received& message) {
     vk_release_.emplace(std::move(sem));
     gl_release_.emplace(std::move(*imported));
   }
-  LF_TRY(auto sync, message.gpu_release());
+  LF_TRY(auto sync, message.gpu_release_point());
   gl_release_->signal({it->second.name()});  // after GL's commands so far; flushed
   const vk::Semaphore wait = vk_release_->semaphore();
   const std::uint64_t wait_value = 0;
@@ -388,8 +388,11 @@ Status ChannelImports::release(Received& message) {
   try {
     vk.queue().submit(submit);
   } catch (const vk::SystemError& e) {
+    // Not promised to the producer: GL finishes instead, so that the message can still be dropped.
+    glFinish();
     return std::unexpected(from_vk(e.code().value(), "vkQueueSubmit(GL release)").within(call));
   }
+  (void)message.gpu_release();
   return {};
 }
 

@@ -137,6 +137,9 @@ class Loan {
   /// Empty when the channel has no shared timeline semaphore (e.g. lavapipe): then finish the GPU
   /// work with a fence and call publish(loan, fence).
   [[nodiscard]] std::optional<GpuSync> gpu_signal();
+  /// What gpu_signal() returns, without promising the signal: adapters queue the signal first and
+  /// then call gpu_signal(), so that a failure to queue it leaves no consumer waiting for it.
+  [[nodiscard]] std::optional<GpuSync> gpu_signal_point() const;
   /// What the GPU work writing this buffer must wait on first: the release signals of consumers
   /// whose GPU was still reading the slot's previous message when it was loaned. Empty when the
   /// producer waits for them on the host (ProducerOptions::host_wait_for_gpu_release, the default)
@@ -179,9 +182,14 @@ class Received {
   /// reads the buffer last). The message may then be released at once: the producer's GPU (or its
   /// loan(), see ProducerOptions::host_wait_for_gpu_release) waits for the signal before the slot
   /// is written again, so no CPU waits for the read. Values only increase with the sequence:
-  /// release in receive order, on one queue. Unsupported when the channel has no shared timeline
-  /// (then finish the read before releasing); InvalidArgument when out of order or released.
+  /// release in receive order, on one queue; calling it again returns the same point. Unsupported
+  /// when the channel has no shared timeline (then finish the read before releasing);
+  /// InvalidArgument when out of order or already released.
   [[nodiscard]] Result<GpuSync> gpu_release();
+  /// What gpu_release() returns (with its errors), without promising the signal: adapters queue
+  /// the signal first and then call gpu_release(), so that a failure to queue it leaves the
+  /// message released on the CPU (the caller finishes its read first) rather than owed.
+  [[nodiscard]] Result<GpuSync> gpu_release_point() const;
 
  private:
   friend class Consumer;
@@ -271,8 +279,10 @@ class Consumer {
   /// message on the GPU (Loan::gpu_signal): ahead of a message published otherwise the queued
   /// work waits for the next GPU-ordered one. Unsupported without a shared timeline and under
   /// FullPolicy::DropOldest (the producer may skip the slot); InvalidArgument for a message
-  /// already received.
-  [[nodiscard]] Result<Upcoming> upcoming(std::uint64_t sequence) const;
+  /// already received or one whose slot still holds a message this consumer has not released.
+  /// Should the producer die first, the queued work is let go (what it reads is then undefined;
+  /// the next receive() says PeerLost).
+  [[nodiscard]] Result<Upcoming> upcoming(std::uint64_t sequence);
   /// The sequence the next receive() returns (when nothing is dropped).
   [[nodiscard]] std::uint64_t next_sequence() const;
 
