@@ -313,7 +313,11 @@ TEST_CASE("CUDA writes and reads every message ordered on the GPU both ways: a s
   unsigned long long bad = 1;
   CU_OK(cudaMemcpy(&bad, errors, sizeof bad, cudaMemcpyDeviceToHost));
   CHECK(bad == 0);
-  CHECK(loans_with_waits == kCount - kSlots);  // every reuse of a slot waited for the GPU read
+  // Every reuse of a slot waits for the GPU read, on the GPU, unless that read was already done
+  // when the slot was loaned (then there is nothing to wait on); the sleeping reader keeps most
+  // reads in flight.
+  CHECK(loans_with_waits > 0);
+  CHECK(loans_with_waits <= kCount - kSlots);
   CHECK(in.imported() == kSlots);
   CHECK(out.imported() == kSlots);
   CU_OK(cudaFree(errors));
