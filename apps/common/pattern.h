@@ -39,7 +39,24 @@ LF_FN LF_U32 lf_pattern(LF_U32 x, LF_U32 y, LF_U32 width, LF_U32 height, LF_U32 
   return r | (g << 8u) | (b << 16u) | (255u << 24u);
 }
 
-#if !defined(GL_core_profile) && !defined(GL_ES)
+#if defined(GL_core_profile) || defined(GL_ES)
+/* lf_message_word below for shaders without 64-bit integers: values as (low, high) 32-bit halves,
+ * arithmetic modulo 2^64 like the C version. */
+uvec2 lf_add64(uvec2 a, uvec2 b) {
+  uint carry;
+  uint lo = uaddCarry(a.x, b.x, carry);
+  return uvec2(lo, a.y + b.y + carry);
+}
+uvec2 lf_mul64(uvec2 a, uvec2 b) {
+  uint hi, lo;
+  umulExtended(a.x, b.x, hi, lo);
+  return uvec2(lo, hi + a.x * b.y + a.y * b.x);
+}
+uvec2 lf_message_word2(uvec2 seq, uint i) {
+  return lf_add64(lf_mul64(lf_add64(seq, uvec2(1u, 0u)), uvec2(0x7F4A7C15u, 0x9E3779B9u)),
+                  lf_mul64(uvec2(i, 0u), uvec2(0xD192ED03u, 0xD1B54A32u)));
+}
+#else
 /* 64-bit word `i` of message `seq` of the demo, the benchmarks and the tests (lfapp::fill_message):
  * a message is these words, then as many tail bytes as its size needs, byte j being the top byte of
  * word j. Every word depends on both numbers, so a verifier catches a message from another sequence,

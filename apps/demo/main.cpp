@@ -27,9 +27,7 @@
 #if LAVAFLOW_DEMO_MPI
 #include "mesh.hpp"
 #endif
-#if LAVAFLOW_DEMO_CUDA
 #include "gpu.hpp"
-#endif
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/lavaflow.hpp"
 #include "lavaflow/transports/local.hpp"
@@ -132,13 +130,11 @@ Status check_message(const Consumer& c, const Received& r, std::optional<Stager>
     view = scratch;
   }
   const auto seq = r.info().sequence;
-#if LAVAFLOW_DEMO_CUDA
   if (r.info().user_tag == lfdemo::kGpuPatternTag) {  // written on a GPU: every word is the check
     if (auto bad = lfapp::mismatches(view, seq))
       return fail(Errc::Malformed, "verify", str_format("frame {} is corrupt ({} words differ)", seq, bad));
     return {};
   }
-#endif
   if (!lfapp::matches(view, seq) || lfapp::checksum(view) != r.info().user_tag)
     return fail(Errc::Malformed, "verify", str_format("message {} is corrupt (checksum mismatch)", seq));
   return {};
@@ -154,12 +150,8 @@ int produce(const Options& a, ProducerSummary* summary = nullptr) {
   const std::uint64_t count = *a.count, size = *a.size, seconds = *a.seconds, interval = a.interval_us;
   const std::uint32_t consumers = a.consumers;
   const bool gpu_wanted = a.verify != "cpu";
-#if LAVAFLOW_DEMO_CUDA
   // Room past each frame for the GPU time its write ended (the consumer's latency figure).
   const std::uint64_t slot_size = gpu_wanted ? lfdemo::stamp_offset(size) + lfdemo::kStampBytes : size;
-#else
-  const std::uint64_t slot_size = size;
-#endif
   ProducerOptions o{.slots = a.slots,
                     .slot_size = slot_size,
                     .timestamps = true,
@@ -177,22 +169,18 @@ int produce(const Options& a, ProducerSummary* summary = nullptr) {
                                : str_format("{} x {} in CPU shared memory", prod.slots(), human_bytes(double(size)));
   std::printf("[producer] ring of %s\n", ring.c_str());
   std::string writer = "the CPU";
-#if LAVAFLOW_DEMO_CUDA
   std::unique_ptr<lfdemo::GpuWriter> gpu;
   if (gpu_wanted) {
-    auto w = lfdemo::GpuWriter::create(prod);
+    auto w = lfdemo::make_gpu_writer(prod, a.verify == "auto" ? "gpu" : a.verify);
     if (w) {
       gpu = std::move(*w);
-      writer = gpu->device() + " (CUDA kernel, GPU-ordered hand-off)";
-    } else if (a.verify == "gpu") {
+      writer = gpu->description();
+    } else if (a.verify != "auto") {
       return die("producer", w.error());
     } else {
       writer += str_format(" (no GPU writer: {})", w.error().message());
     }
   }
-#else
-  if (a.verify == "gpu") return die("producer", Error(Errc::Unsupported, "--verify gpu", "built without CUDA"));
-#endif
   std::printf("[producer] frames written by %s\n", writer.c_str());
   if (summary) *summary = {std::string(to_string(prod.route().transport)), prod.route().reason, ring, writer};
   std::printf("[producer] waiting for %llu consumer(s)…\n", static_cast<unsigned long long>(consumers));
@@ -214,13 +202,11 @@ int produce(const Options& a, ProducerSummary* summary = nullptr) {
     if (!loan) return die("producer", loan.error());
     const bool corrupt = a.corrupt_frame == seq;
     std::uint64_t tag = 0;
-#if LAVAFLOW_DEMO_CUDA
     if (gpu) {
       if (auto ok = gpu->write(*loan, seq, size, corrupt ? std::optional(size / 2) : std::nullopt); !ok)
         return die("producer", ok.error());
       tag = lfdemo::kGpuPatternTag;
     }
-#endif
     if (tag == 0) {
       auto sum = write_message(prod, *loan, seq, size, corrupt, stager, scratch);
       if (!sum) return die("producer", sum.error());
@@ -236,10 +222,8 @@ int produce(const Options& a, ProducerSummary* summary = nullptr) {
       std::fflush(stdout);
     }
   }
-#if LAVAFLOW_DEMO_CUDA
   if (gpu)
     if (auto ok = gpu->finish(60s); !ok) return die("producer", ok.error());
-#endif
   const double secs = ms_since(t0) / 1000;
   if (seconds) {  // tell the consumers where the stream ends
     auto loan = prod.loan(30s);
@@ -264,22 +248,18 @@ int consume(const Options& a) {
   if (!c) return die("consumer", c.error());
   auto& con = **c;
   std::string verifier = "the CPU";
-#if LAVAFLOW_DEMO_CUDA
   std::unique_ptr<lfdemo::GpuVerifier> gpu;
   if (a.verify != "cpu") {
-    auto v = lfdemo::GpuVerifier::create(con);
+    auto v = lfdemo::make_gpu_verifier(con, a.verify == "auto" ? "gpu" : a.verify);
     if (v) {
       gpu = std::move(*v);
-      verifier = gpu->device() + " (CUDA kernel, every word)";
-    } else if (a.verify == "gpu") {
+      verifier = gpu->description();
+    } else if (a.verify != "auto") {
       return die("consumer", v.error());
     } else {
       verifier += str_format(" (no GPU verifier: {})", v.error().message());
     }
   }
-#else
-  if (a.verify == "gpu") return die("consumer", Error(Errc::Unsupported, "--verify gpu", "built without CUDA"));
-#endif
   std::printf("[consumer pid %d] channel \"%s\" from producer pid %d: route %s — %s\n", ::getpid(), name.c_str(),
               con.producer_pid(), to_string(con.route().transport).data(), con.route().reason.c_str());
   if (con.vulkan())
@@ -319,14 +299,12 @@ int consume(const Options& a) {
                    seq > expect ? "lost" : "duplicated or reordered");
       return 1;
     }
-#if LAVAFLOW_DEMO_CUDA
     if (gpu && r->info().user_tag == lfdemo::kGpuPatternTag) {
       if (auto ok = gpu->verify(*r); !ok) return die("consumer", ok.error());
       bytes += r->info().size;
       ++expect;
       continue;
     }
-#endif
     if (auto ok = check_message(con, *r, stager, scratch); !ok) return die("consumer", ok.error());
     timespec ts{};
     ::clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -350,23 +328,21 @@ int consume(const Options& a) {
   double p50 = latency_ns.empty() ? 0.0 : double(latency_ns[latency_ns.size() / 2]) / 1000;
   double p99 = latency_ns.empty() ? 0.0 : double(latency_ns[(latency_ns.size() - 1) * 99 / 100]) / 1000;
   std::string latency_what = "publish -> receive";
-#if LAVAFLOW_DEMO_CUDA
   if (gpu) {
     auto rep = gpu->finish(60s);
     if (!rep) return die("consumer", rep.error());
     if (rep->wrong_words != 0) {
       std::fprintf(stderr, "[consumer] FAILED: frame %llu is corrupt (%llu words differ in all, checked on %s)\n",
                    static_cast<unsigned long long>(rep->first_bad_frame),
-                   static_cast<unsigned long long>(rep->wrong_words), gpu->device().c_str());
+                   static_cast<unsigned long long>(rep->wrong_words), gpu->description().c_str());
       return 1;
     }
     if (rep->frames != 0) {
       p50 = rep->p50_us;
       p99 = rep->p99_us;
-      latency_what = "GPU write done -> GPU verified";
+      latency_what = rep->latency;
     }
   }
-#endif
   const double secs = ms_since(t0) / 1000;
   if (a.summary_fd >= 0) {  // for run_both's summary
     const std::string line =
@@ -591,9 +567,9 @@ int main(int argc, char** argv) {
   };
   auto verify_flag = [&](CLI::App& cmd) {
     cmd.add_option("--verify", o.verify,
-                   "where frames are written and verified: gpu (CUDA kernels, GPU-ordered hand-off), cpu, or auto "
-                   "(gpu where it can run)")
-        ->check(CLI::IsMember({"auto", "gpu", "cpu"}));
+                   "where frames are written and verified: gpu (GPU-ordered hand-off: CUDA kernels where built, "
+                   "else Vulkan compute), cuda, vulkan, cpu, or auto (gpu where it can run)")
+        ->check(CLI::IsMember({"auto", "gpu", "cuda", "vulkan", "cpu"}));
   };
   auto corrupt_flag = [&](CLI::App& cmd) {
     lfapp::add_whole(cmd, "--corrupt-frame", o.corrupt_frame, "flip one byte of this frame after writing it", 0,

@@ -33,9 +33,10 @@ stream() {  # transport consumers count
   "$build/apps/demo/lavaflow-demo" produce --channel "$name" --count "$3" --size 64 --transport "$1" --consumers "$2" --slots 32 || rc=1
   for p in "${pids[@]}"; do wait "$p" || rc=1; done
 }
-# The main job as a new user runs it (no MPS): frames written and verified by GPU kernels, then the
-# same with the CPU writing and verifying.
+# The main job as a new user runs it (no MPS): frames written and verified by GPU kernels, then by
+# Vulkan compute shaders, then with the CPU writing and verifying.
 "$build/apps/demo/lavaflow-demo" > "$out/demo-gpu.txt" 2>&1 || rc=1
+"$build/apps/demo/lavaflow-demo" --verify vulkan > "$out/demo-vulkan.txt" 2>&1 || rc=1
 "$build/apps/demo/lavaflow-demo" --verify cpu --seconds 2 > "$out/demo-cpu.txt" 2>&1 || rc=1
 if [ "$quick" != 1 ]; then
 {
