@@ -1,0 +1,107 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+// Collectives over a process group, the same on every backend: element types, reduce operations,
+// the host reduction they share, asynchronous handles, and the per-rank Communicator interface.
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "lavaflow/core/duration.hpp"
+#include "lavaflow/core/error.hpp"
+
+namespace lavaflow::mesh {
+
+enum class DType : std::uint8_t { F32, F16, BF16, I32, I64, U8 };
+enum class ReduceOp : std::uint8_t { Sum, Product, Min, Max, Average };
+
+[[nodiscard]] std::size_t size_of(DType t) noexcept;
+[[nodiscard]] std::string_view to_string(DType t) noexcept;
+[[nodiscard]] std::string_view to_string(ReduceOp op) noexcept;
+
+/// IEEE half and bfloat16 conversions (round to nearest even; NaN stays NaN).
+[[nodiscard]] std::uint16_t to_f16(float v) noexcept;
+[[nodiscard]] float from_f16(std::uint16_t h) noexcept;
+[[nodiscard]] std::uint16_t to_bf16(float v) noexcept;
+[[nodiscard]] float from_bf16(std::uint16_t h) noexcept;
+
+/// Reduces `inputs` element-wise into `out` (which may be one of the inputs): every span holds the
+/// same whole number of `type` elements. f16 and bf16 accumulate in f32 and round once; Average
+/// divides the sum by the number of inputs (integers truncate toward zero). Integer Sum and
+/// Product wrap modulo 2^bits.
+[[nodiscard]] Status reduce(std::span<const std::span<const std::byte>> inputs, std::span<std::byte> out, DType type,
+                            ReduceOp op);
+
+/// A collective or point-to-point call in flight. wait() and test() report its result; a Work
+/// that is dropped while in flight is waited for first, so the buffers it uses stay valid until
+/// it ends.
+class Work {
+ public:
+  struct State {
+    std::mutex mutex;
+    std::condition_variable cv;
+    std::optional<Status> result;
+    void finish(Status s);
+  };
+  Work() = default;
+  explicit Work(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  Work(Work&&) noexcept = default;
+  Work& operator=(Work&& o) noexcept;
+  ~Work();
+  /// The call's result once it has ended; Timeout (the call goes on) when `timeout` runs out first.
+  [[nodiscard]] Status wait(Duration timeout = kForever);
+  /// Whether the call has ended (its result then comes from wait()).
+  [[nodiscard]] bool test() const;
+  /// A Work that has already ended with `result`.
+  [[nodiscard]] static Work done(Status result);
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+/// Per-call options. Every collective ends within `timeout`: when a rank of the group does not
+/// take part in time, every rank that did gets Timeout naming the missing ranks and the group.
+struct CallOptions {
+  Duration timeout = std::chrono::seconds(60);
+};
+
+/// One rank's view of one process group. Buffers are bytes holding `type` elements; `send` may be
+/// the same memory as `recv` (in place). Calls are matched across ranks by their order within the
+/// group, so every rank must make the same calls in the same order (as with MPI and NCCL).
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  [[nodiscard]] virtual const std::string& group() const = 0;
+  /// This rank's index in the group (0 … size − 1) and the group's size.
+  [[nodiscard]] virtual std::uint32_t rank() const = 0;
+  [[nodiscard]] virtual std::uint32_t size() const = 0;
+  [[nodiscard]] virtual std::string_view backend() const = 0;
+
+  /// recv = op over every rank's send; all spans the same length.
+  [[nodiscard]] virtual Work all_reduce(std::span<const std::byte> send, std::span<std::byte> recv, DType type,
+                                        ReduceOp op, CallOptions options = {}) = 0;
+  /// recv (size × send's length) = every rank's send, in rank order.
+  [[nodiscard]] virtual Work all_gather(std::span<const std::byte> send, std::span<std::byte> recv, DType type,
+                                        CallOptions options = {}) = 0;
+  /// Every rank's buffer becomes `root`'s.
+  [[nodiscard]] virtual Work broadcast(std::span<std::byte> buffer, std::uint32_t root, DType type,
+                                       CallOptions options = {}) = 0;
+  /// recv (send's length ÷ size) = this rank's block of op over every rank's send.
+  [[nodiscard]] virtual Work reduce_scatter(std::span<const std::byte> send, std::span<std::byte> recv, DType type,
+                                            ReduceOp op, CallOptions options = {}) = 0;
+  [[nodiscard]] virtual Work barrier(CallOptions options = {}) = 0;
+  /// Point to point within the group: a send is matched by the recv of the same tag on `peer`
+  /// (group ranks), in order; recv's buffer must be exactly the length sent.
+  [[nodiscard]] virtual Work send(std::span<const std::byte> buffer, std::uint32_t peer, std::uint32_t tag = 0,
+                                  CallOptions options = {}) = 0;
+  [[nodiscard]] virtual Work recv(std::span<std::byte> buffer, std::uint32_t peer, std::uint32_t tag = 0,
+                                  CallOptions options = {}) = 0;
+};
+
+}  // namespace lavaflow::mesh

@@ -1,0 +1,297 @@
+// SPDX-License-Identifier: MIT
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstring>
+
+#include "lavaflow/core/detail/format.hpp"
+#include "lavaflow/mesh/collectives.hpp"
+
+namespace lavaflow::mesh {
+
+std::size_t size_of(DType t) noexcept {
+  switch (t) {
+    case DType::F32:
+    case DType::I32:
+      return 4;
+    case DType::F16:
+    case DType::BF16:
+      return 2;
+    case DType::I64:
+      return 8;
+    case DType::U8:
+      return 1;
+  }
+  return 1;
+}
+
+std::string_view to_string(DType t) noexcept {
+  switch (t) {
+    case DType::F32:
+      return "f32";
+    case DType::F16:
+      return "f16";
+    case DType::BF16:
+      return "bf16";
+    case DType::I32:
+      return "i32";
+    case DType::I64:
+      return "i64";
+    case DType::U8:
+      return "u8";
+  }
+  return "?";
+}
+
+std::string_view to_string(ReduceOp op) noexcept {
+  switch (op) {
+    case ReduceOp::Sum:
+      return "sum";
+    case ReduceOp::Product:
+      return "product";
+    case ReduceOp::Min:
+      return "min";
+    case ReduceOp::Max:
+      return "max";
+    case ReduceOp::Average:
+      return "average";
+  }
+  return "?";
+}
+
+std::uint16_t to_f16(float v) noexcept {
+  const auto x = std::bit_cast<std::uint32_t>(v);
+  const std::uint32_t sign = (x >> 16) & 0x8000u;
+  const std::uint32_t exp = (x >> 23) & 0xFFu;
+  std::uint32_t mant = x & 0x7FFFFFu;
+  if (exp == 0xFF) return static_cast<std::uint16_t>(sign | 0x7C00u | (mant ? 0x200u | (mant >> 13) : 0u));
+  const int e = int(exp) - 127 + 15;
+  if (e >= 31) return static_cast<std::uint16_t>(sign | 0x7C00u);  // too large: infinity
+  // Rounds `m >> shift` to nearest, ties to even (a carry into the exponent is the right result).
+  auto round = [](std::uint32_t m, int shift) {
+    std::uint32_t r = m >> shift;
+    const std::uint32_t rest = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rest > half || (rest == half && (r & 1u))) ++r;
+    return r;
+  };
+  if (e <= 0) {  // subnormal half, or zero
+    if (e < -10) return static_cast<std::uint16_t>(sign);
+    return static_cast<std::uint16_t>(sign | round(mant | 0x800000u, 14 - e));
+  }
+  return static_cast<std::uint16_t>(sign | round((std::uint32_t(e) << 23) | mant, 13));
+}
+
+float from_f16(std::uint16_t h) noexcept {
+  const std::uint32_t sign = std::uint32_t(h & 0x8000u) << 16;
+  const std::uint32_t exp = (h >> 10) & 0x1Fu, mant = h & 0x3FFu;
+  if (exp == 0) {
+    const float f = std::ldexp(float(mant), -24);
+    return sign ? -f : f;
+  }
+  if (exp == 31) return std::bit_cast<float>(sign | 0x7F800000u | (mant << 13));
+  return std::bit_cast<float>(sign | ((exp - 15 + 127) << 23) | (mant << 13));
+}
+
+std::uint16_t to_bf16(float v) noexcept {
+  const auto x = std::bit_cast<std::uint32_t>(v);
+  if ((x & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40u);  // quiet NaN
+  return static_cast<std::uint16_t>((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
+}
+
+float from_bf16(std::uint16_t h) noexcept { return std::bit_cast<float>(std::uint32_t(h) << 16); }
+
+namespace {
+
+// Element access per type: loaded into the accumulator type, stored back rounded or wrapped.
+template <DType T>
+struct Elem;
+template <>
+struct Elem<DType::F32> {
+  using Acc = float;
+  static Acc load(const std::byte* p) { return std::bit_cast<float>(raw<std::uint32_t>(p)); }
+  static void store(std::byte* p, Acc v) { std::memcpy(p, &v, 4); }
+  template <class U>
+  static U raw(const std::byte* p) {
+    U u;
+    std::memcpy(&u, p, sizeof u);
+    return u;
+  }
+};
+template <>
+struct Elem<DType::F16> {
+  using Acc = float;
+  static Acc load(const std::byte* p) { return from_f16(Elem<DType::F32>::raw<std::uint16_t>(p)); }
+  static void store(std::byte* p, Acc v) {
+    const std::uint16_t h = to_f16(v);
+    std::memcpy(p, &h, 2);
+  }
+};
+template <>
+struct Elem<DType::BF16> {
+  using Acc = float;
+  static Acc load(const std::byte* p) { return from_bf16(Elem<DType::F32>::raw<std::uint16_t>(p)); }
+  static void store(std::byte* p, Acc v) {
+    const std::uint16_t h = to_bf16(v);
+    std::memcpy(p, &h, 2);
+  }
+};
+// Integers accumulate in 64 bits; sums and products wrap (computed unsigned), then are truncated
+// to the element's width.
+template <class Int>
+struct IntElem {
+  using Acc = std::int64_t;
+  static Acc load(const std::byte* p) { return static_cast<Acc>(Elem<DType::F32>::raw<Int>(p)); }
+  static void store(std::byte* p, Acc v) {
+    const auto i = static_cast<Int>(v);
+    std::memcpy(p, &i, sizeof i);
+  }
+};
+template <>
+struct Elem<DType::I32> : IntElem<std::int32_t> {};
+template <>
+struct Elem<DType::I64> : IntElem<std::int64_t> {};
+template <>
+struct Elem<DType::U8> : IntElem<std::uint8_t> {};
+
+template <class Acc>
+Acc combine(Acc a, Acc b, ReduceOp op) {
+  if constexpr (std::is_integral_v<Acc>) {
+    using U = std::make_unsigned_t<Acc>;
+    switch (op) {
+      case ReduceOp::Sum:
+      case ReduceOp::Average:
+        return static_cast<Acc>(static_cast<U>(a) + static_cast<U>(b));
+      case ReduceOp::Product:
+        return static_cast<Acc>(static_cast<U>(a) * static_cast<U>(b));
+      case ReduceOp::Min:
+        return std::min(a, b);
+      case ReduceOp::Max:
+        return std::max(a, b);
+    }
+  } else {
+    switch (op) {
+      case ReduceOp::Sum:
+      case ReduceOp::Average:
+        return a + b;
+      case ReduceOp::Product:
+        return a * b;
+      case ReduceOp::Min:  // NaN wins, as in the other backends' min/max
+        return std::isnan(a) || a < b ? a : b;
+      case ReduceOp::Max:
+        return std::isnan(a) || a > b ? a : b;
+    }
+  }
+  return a;
+}
+
+// Element-wise over chunks: every input's chunk is read before `out`'s is written, so `out` may
+// be any of the inputs.
+template <DType T>
+void reduce_typed(std::span<const std::span<const std::byte>> inputs, std::span<std::byte> out, ReduceOp op) {
+  using E = Elem<T>;
+  using Acc = typename E::Acc;
+  constexpr std::size_t kSize = T == DType::F32 || T == DType::I32 ? 4 : T == DType::I64 ? 8 : T == DType::U8 ? 1 : 2;
+  constexpr std::size_t kChunk = 1024;
+  std::array<Acc, kChunk> acc;
+  const std::size_t count = out.size() / kSize;
+  const auto n = static_cast<Acc>(inputs.size());
+  for (std::size_t base = 0; base < count; base += kChunk) {
+    const std::size_t len = std::min(kChunk, count - base);
+    const std::byte* first = inputs[0].data() + base * kSize;
+    for (std::size_t i = 0; i < len; ++i) acc[i] = E::load(first + i * kSize);
+    for (std::size_t k = 1; k < inputs.size(); ++k) {
+      const std::byte* in = inputs[k].data() + base * kSize;
+      for (std::size_t i = 0; i < len; ++i) acc[i] = combine(acc[i], E::load(in + i * kSize), op);
+    }
+    if (op == ReduceOp::Average)
+      for (std::size_t i = 0; i < len; ++i) acc[i] /= n;
+    std::byte* dst = out.data() + base * kSize;
+    for (std::size_t i = 0; i < len; ++i) E::store(dst + i * kSize, acc[i]);
+  }
+}
+
+}  // namespace
+
+Status reduce(std::span<const std::span<const std::byte>> inputs, std::span<std::byte> out, DType type, ReduceOp op) {
+  constexpr const char* call = "mesh::reduce";
+  if (inputs.empty()) return fail(Errc::InvalidArgument, call, "nothing to reduce");
+  const std::size_t elem = size_of(type);
+  if (out.size() % elem != 0)
+    return fail(Errc::InvalidArgument, call,
+                str_format("{} bytes are not a whole number of {} elements", out.size(), to_string(type)));
+  for (std::size_t k = 0; k < inputs.size(); ++k)
+    if (inputs[k].size() != out.size())
+      return fail(Errc::InvalidArgument, call,
+                  str_format("input {} holds {} bytes, the output {}", k, inputs[k].size(), out.size()));
+  switch (type) {
+    case DType::F32:
+      reduce_typed<DType::F32>(inputs, out, op);
+      break;
+    case DType::F16:
+      reduce_typed<DType::F16>(inputs, out, op);
+      break;
+    case DType::BF16:
+      reduce_typed<DType::BF16>(inputs, out, op);
+      break;
+    case DType::I32:
+      reduce_typed<DType::I32>(inputs, out, op);
+      break;
+    case DType::I64:
+      reduce_typed<DType::I64>(inputs, out, op);
+      break;
+    case DType::U8:
+      reduce_typed<DType::U8>(inputs, out, op);
+      break;
+  }
+  return {};
+}
+
+// ---------------------------------------------------------------------------------------------
+
+void Work::State::finish(Status s) {
+  {
+    std::lock_guard lock(mutex);
+    result = std::move(s);
+  }
+  cv.notify_all();
+}
+
+Work& Work::operator=(Work&& o) noexcept {
+  if (this != &o) {
+    if (state_) (void)wait();
+    state_ = std::move(o.state_);
+  }
+  return *this;
+}
+
+Work::~Work() {
+  if (state_) (void)wait();
+}
+
+Status Work::wait(Duration timeout) {
+  if (!state_) return fail(Errc::InvalidArgument, "mesh::Work::wait", "this Work holds no call");
+  std::unique_lock lock(state_->mutex);
+  const Deadline deadline(timeout);
+  auto ended = [&] { return state_->result.has_value(); };
+  if (deadline.forever()) {
+    state_->cv.wait(lock, ended);
+  } else if (!state_->cv.wait_until(lock, deadline.at(), ended)) {
+    return fail(Errc::Timeout, "mesh::Work::wait", "the call has not ended yet");
+  }
+  return *state_->result;
+}
+
+bool Work::test() const {
+  if (!state_) return true;
+  std::lock_guard lock(state_->mutex);
+  return state_->result.has_value();
+}
+
+Work Work::done(Status result) {
+  auto s = std::make_shared<State>();
+  s->result = std::move(result);
+  return Work(std::move(s));
+}
+
+}  // namespace lavaflow::mesh
