@@ -112,12 +112,18 @@ std::string DeviceMesh::describe() const {
       str_format("mesh: {} ranks on {} host(s), {} device(s), {}\n", s.ranks, s.hosts, s.devices, to_string(topology_));
   for (std::uint32_t r = 0; r < world_size(); ++r) {
     std::string devices;
-    for (const auto& d : ranks_[r].devices) devices += (devices.empty() ? "" : ", ") + d.name;
+    for (const auto& d : ranks_[r].devices) {
+      if (!devices.empty()) devices += ", ";
+      devices += d.name;
+    }
     out += str_format("  rank {} on {}: {}\n", r, ranks_[r].host, devices.empty() ? "no devices" : devices);
   }
   for (const auto& [name, g] : groups_) {
     std::string members;
-    for (auto r : g.ranks) members += (members.empty() ? "" : " ") + std::to_string(r);
+    for (auto r : g.ranks) {
+      if (!members.empty()) members += ' ';
+      members += std::to_string(r);
+    }
     out += str_format("  group {} ({}): ranks {}\n", name, to_string(g.backend), members);
   }
   return out;

@@ -65,8 +65,12 @@ struct Group {
 std::string rank_list(const std::vector<std::uint32_t>& group_ranks, const std::vector<std::uint32_t>& world) {
   std::string g, w;
   for (std::uint32_t r : group_ranks) {
-    g += (g.empty() ? "" : ", ") + std::to_string(r);
-    w += (w.empty() ? "" : ", ") + std::to_string(world[r]);
+    if (!g.empty()) {
+      g += ", ";
+      w += ", ";
+    }
+    g += std::to_string(r);
+    w += std::to_string(world[r]);
   }
   return str_format("{} {} (world {})", group_ranks.size() == 1 ? "rank" : "ranks", g, w);
 }

@@ -27,11 +27,11 @@ done
 if "$demo" mesh > "$bin.mesh.log" 2>&1 || ! grep -q "MPI is not built" "$bin.mesh.log"; then
   cat "$bin.mesh.log"; echo "FAILED: lavaflow-demo mesh without MPI did not refuse with the reason"; exit 1
 fi
-# The installed package: core and transports only, and a request for an absent component fails naming it.
+# The installed package: core, transports and mesh only, and a request for an absent component fails naming it.
 cmake --build "$bin" > "$bin.build-all.log" 2>&1 || { tail -40 "$bin.build-all.log"; echo "FAILED: full build"; exit 1; }
 rm -rf "$bin/prefix"
 cmake --install "$bin" --prefix "$bin/prefix" > /dev/null
-bash "$(dirname "$0")/check_install.sh" "$bin/prefix" "$bin" core transports
+bash "$(dirname "$0")/check_install.sh" "$bin/prefix" "$bin" core transports mesh
 for c in cuda opencl opengl mpi; do
   if cmake -S "$(dirname "$0")/consumer" -B "$bin/consumer-$c" -G "$generator" -DCMAKE_PREFIX_PATH="$bin/prefix" \
        -DCMAKE_CXX_COMPILER="$cxx" -DLAVAFLOW_COMPONENTS="core;transports;$c" > "$bin.consumer-$c.log" 2>&1 ||
@@ -40,7 +40,7 @@ for c in cuda opencl opengl mpi; do
   fi
 done
 cmake -S "$(dirname "$0")/consumer" -B "$bin/consumer" -G "$generator" -DCMAKE_PREFIX_PATH="$bin/prefix" \
-      -DCMAKE_CXX_COMPILER="$cxx" -DLAVAFLOW_COMPONENTS="core;transports" > /dev/null
+      -DCMAKE_CXX_COMPILER="$cxx" -DLAVAFLOW_COMPONENTS="core;transports;mesh" > /dev/null
 cmake --build "$bin/consumer" > /dev/null
-"$bin/consumer/use-core" && "$bin/consumer/use-transports"
+"$bin/consumer/use-core" && "$bin/consumer/use-transports" && "$bin/consumer/use-mesh"
 echo "no optional backends: local channels (shm, vulkan) OK"
