@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <thread>
 
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/mesh/collectives.hpp"
@@ -204,9 +205,18 @@ void reduce_typed(std::span<const std::span<const std::byte>> inputs, std::span<
       const std::byte* in = inputs[k].data() + base * kSize;
       for (std::size_t i = 0; i < len; ++i) acc[i] = combine(acc[i], E::load(in + i * kSize), op);
     }
-    if (op == ReduceOp::Average)
-      for (std::size_t i = 0; i < len; ++i) acc[i] /= n;
     std::byte* dst = out.data() + base * kSize;
+    if (op == ReduceOp::Average) {
+      // An integer sum wraps in the element's width before it is divided (as in NCCL), so that
+      // the result does not depend on how the ranks' sums were grouped.
+      for (std::size_t i = 0; i < len; ++i) {
+        if constexpr (std::is_integral_v<Acc>) {
+          E::store(dst + i * kSize, acc[i]);
+          acc[i] = E::load(dst + i * kSize);
+        }
+        acc[i] /= n;
+      }
+    }
     for (std::size_t i = 0; i < len; ++i) E::store(dst + i * kSize, acc[i]);
   }
 }
@@ -249,6 +259,44 @@ Status reduce(std::span<const std::span<const std::byte>> inputs, std::span<std:
 
 // ---------------------------------------------------------------------------------------------
 
+namespace {
+template <DType T>
+void divide_typed(std::span<std::byte> data, std::uint64_t n) {
+  using E = Elem<T>;
+  constexpr std::size_t kSize = T == DType::F32 || T == DType::I32 ? 4 : T == DType::I64 ? 8 : T == DType::U8 ? 1 : 2;
+  const auto by = static_cast<typename E::Acc>(n);
+  for (std::size_t i = 0; i + kSize <= data.size(); i += kSize)
+    E::store(data.data() + i, E::load(data.data() + i) / by);
+}
+}  // namespace
+
+Status divide(std::span<std::byte> data, DType type, std::uint64_t n) {
+  if (n == 0 || data.size() % size_of(type) != 0)
+    return fail(Errc::InvalidArgument, "mesh::divide",
+                str_format("{} bytes of {} by {}", data.size(), to_string(type), n));
+  switch (type) {
+    case DType::F32:
+      divide_typed<DType::F32>(data, n);
+      break;
+    case DType::F16:
+      divide_typed<DType::F16>(data, n);
+      break;
+    case DType::BF16:
+      divide_typed<DType::BF16>(data, n);
+      break;
+    case DType::I32:
+      divide_typed<DType::I32>(data, n);
+      break;
+    case DType::I64:
+      divide_typed<DType::I64>(data, n);
+      break;
+    case DType::U8:
+      divide_typed<DType::U8>(data, n);
+      break;
+  }
+  return {};
+}
+
 void Work::State::finish(Status s) {
   {
     std::lock_guard lock(mutex);
@@ -271,8 +319,24 @@ Work::~Work() {
 
 Status Work::wait(Duration timeout) {
   if (!state_) return fail(Errc::InvalidArgument, "mesh::Work::wait", "this Work holds no call");
-  std::unique_lock lock(state_->mutex);
   const Deadline deadline(timeout);
+  if (state_->progress) {
+    // Polled: spin briefly (a peer's step takes microseconds), then yield the core, then nap.
+    for (std::uint64_t polls = 0;; ++polls) {
+      state_->progress();
+      if (test_ended()) break;
+      if (deadline.passed()) return fail(Errc::Timeout, "mesh::Work::wait", "the call has not ended yet");
+      if (polls < 2000) continue;
+      if (polls < 20000) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    }
+    std::lock_guard lock(state_->mutex);
+    return *state_->result;
+  }
+  std::unique_lock lock(state_->mutex);
   auto ended = [&] { return state_->result.has_value(); };
   if (deadline.forever()) {
     state_->cv.wait(lock, ended);
@@ -282,10 +346,15 @@ Status Work::wait(Duration timeout) {
   return *state_->result;
 }
 
-bool Work::test() const {
-  if (!state_) return true;
+bool Work::test_ended() const {
   std::lock_guard lock(state_->mutex);
   return state_->result.has_value();
+}
+
+bool Work::test() const {
+  if (!state_) return true;
+  if (state_->progress && !test_ended()) state_->progress();
+  return test_ended();
 }
 
 Work Work::done(Status result) {

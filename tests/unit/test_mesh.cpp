@@ -11,11 +11,13 @@
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/mesh/mesh.hpp"
 #include "lavaflow/mesh/mock.hpp"
+#include "mesh_reference.hpp"
 #include "support.hpp"
 
 using namespace lavaflow;
 using namespace lavaflow::mesh;
 using namespace std::chrono_literals;
+using namespace lftest::mesh_ref;
 
 namespace {
 
@@ -36,90 +38,6 @@ std::vector<T> on_ranks(std::uint32_t n, const std::function<T(std::uint32_t)>& 
   for (auto& t : threads) t.join();
   return out;
 }
-
-/// Element `i` of rank `r`'s input, as a double, chosen so that every op stays exact in every type.
-double value(std::uint32_t r, std::size_t i, DType t) {
-  const double v = double((r * 7 + i * 3) % 5 + 1);  // 1 … 5
-  return t == DType::U8 ? v : (i % 2 ? -v : v);
-}
-
-std::vector<std::byte> encode(const std::vector<double>& v, DType t) {
-  std::vector<std::byte> out(v.size() * size_of(t));
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    std::byte* p = out.data() + i * size_of(t);
-    switch (t) {
-      case DType::F32: {
-        const float f = float(v[i]);
-        std::memcpy(p, &f, 4);
-        break;
-      }
-      case DType::F16: {
-        const auto h = to_f16(float(v[i]));
-        std::memcpy(p, &h, 2);
-        break;
-      }
-      case DType::BF16: {
-        const auto h = to_bf16(float(v[i]));
-        std::memcpy(p, &h, 2);
-        break;
-      }
-      case DType::I32: {
-        const auto x = static_cast<std::int32_t>(v[i]);
-        std::memcpy(p, &x, 4);
-        break;
-      }
-      case DType::I64: {
-        const auto x = static_cast<std::int64_t>(v[i]);
-        std::memcpy(p, &x, 8);
-        break;
-      }
-      case DType::U8: {
-        const auto x = static_cast<std::uint8_t>(v[i]);
-        std::memcpy(p, &x, 1);
-        break;
-      }
-    }
-  }
-  return out;
-}
-
-std::vector<double> inputs(std::uint32_t r, std::size_t count, DType t) {
-  std::vector<double> v(count);
-  for (std::size_t i = 0; i < count; ++i) v[i] = value(r, i, t);
-  return v;
-}
-
-/// The reference, computed on one rank in doubles (then encoded like the result).
-std::vector<std::byte> expected(std::uint32_t ranks, std::size_t count, DType t, ReduceOp op) {
-  std::vector<double> acc = inputs(0, count, t);
-  for (std::uint32_t r = 1; r < ranks; ++r) {
-    const auto in = inputs(r, count, t);
-    for (std::size_t i = 0; i < count; ++i) switch (op) {
-        case ReduceOp::Sum:
-        case ReduceOp::Average:
-          acc[i] += in[i];
-          break;
-        case ReduceOp::Product:
-          acc[i] *= in[i];
-          break;
-        case ReduceOp::Min:
-          acc[i] = std::min(acc[i], in[i]);
-          break;
-        case ReduceOp::Max:
-          acc[i] = std::max(acc[i], in[i]);
-          break;
-      }
-  }
-  if (op == ReduceOp::Average)
-    for (auto& a : acc)
-      a = (t == DType::F32 || t == DType::F16 || t == DType::BF16) ? a / ranks : std::trunc(a / ranks);
-  if (t == DType::U8)
-    for (auto& a : acc) a = double(static_cast<std::uint8_t>(static_cast<std::int64_t>(a)));  // wraps
-  return encode(acc, t);
-}
-
-constexpr DType kTypes[] = {DType::F32, DType::F16, DType::BF16, DType::I32, DType::I64, DType::U8};
-constexpr ReduceOp kOps[] = {ReduceOp::Sum, ReduceOp::Product, ReduceOp::Min, ReduceOp::Max, ReduceOp::Average};
 
 }  // namespace
 

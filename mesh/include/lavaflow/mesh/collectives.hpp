@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -33,10 +34,14 @@ enum class ReduceOp : std::uint8_t { Sum, Product, Min, Max, Average };
 
 /// Reduces `inputs` element-wise into `out` (which may be one of the inputs): every span holds the
 /// same whole number of `type` elements. f16 and bf16 accumulate in f32 and round once; Average
-/// divides the sum by the number of inputs (integers truncate toward zero). Integer Sum and
-/// Product wrap modulo 2^bits.
+/// divides the sum by the number of inputs (an integer sum wraps in the element's width first,
+/// then the quotient truncates toward zero). Integer Sum and Product wrap modulo 2^bits.
 [[nodiscard]] Status reduce(std::span<const std::span<const std::byte>> inputs, std::span<std::byte> out, DType type,
                             ReduceOp op);
+
+/// data[i] /= n for every element (Average's last step after a Sum); integers truncate toward
+/// zero, f16 and bf16 divide in f32 and round once.
+[[nodiscard]] Status divide(std::span<std::byte> data, DType type, std::uint64_t n);
 
 /// A collective or point-to-point call in flight. wait() and test() report its result; a Work
 /// that is dropped while in flight is waited for first, so the buffers it uses stay valid until
@@ -47,6 +52,9 @@ class Work {
     std::mutex mutex;
     std::condition_variable cv;
     std::optional<Status> result;
+    /// Set by backends whose calls advance in the caller's thread (MPI requests, shared-memory
+    /// steps): wait() and test() call it, and it finishes this state when the call has ended.
+    std::function<void()> progress;
     void finish(Status s);
   };
   Work() = default;
@@ -62,6 +70,7 @@ class Work {
   [[nodiscard]] static Work done(Status result);
 
  private:
+  [[nodiscard]] bool test_ended() const;
   std::shared_ptr<State> state_;
 };
 

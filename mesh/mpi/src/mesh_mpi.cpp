@@ -1,0 +1,464 @@
+// SPDX-License-Identifier: MIT
+#include "lavaflow/mesh_mpi/mesh_mpi.hpp"
+
+#include <climits>
+#include <cstring>
+#include <random>
+
+#include "lavaflow/core/detail/format.hpp"
+#include "lavaflow/mesh/native.hpp"
+
+namespace lavaflow::mesh {
+
+namespace {
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::F32:
+      return MPI_FLOAT;
+    case DType::F16:
+    case DType::BF16:
+      return MPI_UINT16_T;
+    case DType::I32:
+      return MPI_INT32_T;
+    case DType::I64:
+      return MPI_INT64_T;
+    case DType::U8:
+      return MPI_UINT8_T;
+  }
+  return MPI_BYTE;
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Average:
+      return MPI_SUM;
+    case ReduceOp::Product:
+      return MPI_PROD;
+    case ReduceOp::Min:
+      return MPI_MIN;
+    case ReduceOp::Max:
+      return MPI_MAX;
+  }
+  return MPI_SUM;
+}
+
+// f16 and bf16 between hosts' leaders: MPI has no such types, so these user operations combine
+// them in f32 (rounding once per combination).
+template <DType T, ReduceOp Op>
+void combine16(void* in, void* inout, int* len, MPI_Datatype*) {
+  const std::size_t bytes = static_cast<std::size_t>(*len) * 2;
+  const std::span<const std::byte> ins[] = {{static_cast<const std::byte*>(inout), bytes},
+                                            {static_cast<const std::byte*>(in), bytes}};
+  (void)reduce(ins, {static_cast<std::byte*>(inout), bytes}, T, Op);
+}
+
+template <DType T>
+MPI_User_function* combine16_for(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Product:
+      return &combine16<T, ReduceOp::Product>;
+    case ReduceOp::Min:
+      return &combine16<T, ReduceOp::Min>;
+    case ReduceOp::Max:
+      return &combine16<T, ReduceOp::Max>;
+    default:
+      return &combine16<T, ReduceOp::Sum>;
+  }
+}
+
+Status check(int code, const char* call) {
+  if (code == MPI_SUCCESS) return {};
+  return std::unexpected(mpi::to_error(code, call));
+}
+
+std::string ranks_text(std::uint32_t group_rank, std::uint32_t world_rank) {
+  return str_format("rank {} (world {})", group_rank, world_rank);
+}
+
+/// The leaders' exchange of the native backend: one non-blocking MPI collective at a time.
+class MpiHostLink final : public HostLink {
+ public:
+  MpiHostLink(MPI_Comm comm, std::uint32_t hosts, std::uint32_t host) : comm_(comm), hosts_(hosts), host_(host) {}
+  ~MpiHostLink() override {
+    for (auto& op : ops_)
+      if (op != MPI_OP_NULL) MPI_Op_free(&op);
+    if (request_ == MPI_REQUEST_NULL) MPI_Comm_free(&comm_);  // else in flight: left to MPI
+  }
+  std::uint32_t hosts() const override { return hosts_; }
+  std::uint32_t host() const override { return host_; }
+
+  Status start_all_reduce(std::span<std::byte> data, DType type, ReduceOp op) override {
+    const auto count = data.size() / size_of(type);
+    if (count > INT_MAX) return fail(Errc::InvalidArgument, "MPI_Iallreduce", "more than INT_MAX elements");
+    MPI_Op o = mpi_op(op);
+    if (type == DType::F16 || type == DType::BF16) {
+      MPI_Op& made =
+          ops_[(type == DType::BF16 ? 4 : 0) + static_cast<int>(op == ReduceOp::Average ? ReduceOp::Sum : op)];
+      if (made == MPI_OP_NULL)
+        LF_TRY_STATUS(
+            check(MPI_Op_create(type == DType::F16 ? combine16_for<DType::F16>(op) : combine16_for<DType::BF16>(op), 1,
+                                &made),
+                  "MPI_Op_create"));
+      o = made;
+    }
+    return check(
+        MPI_Iallreduce(MPI_IN_PLACE, data.data(), static_cast<int>(count), mpi_type(type), o, comm_, &request_),
+        "MPI_Iallreduce");
+  }
+  Status start_all_gather(std::span<std::byte> all, std::span<const std::uint64_t> counts,
+                          std::span<const std::uint64_t> offsets) override {
+    counts_.assign(counts.size(), 0);
+    offsets_.assign(offsets.size(), 0);
+    for (std::size_t h = 0; h < counts.size(); ++h) {
+      if (offsets[h] + counts[h] > INT_MAX)
+        return fail(Errc::InvalidArgument, "MPI_Iallgatherv", "blocks beyond INT_MAX bytes");
+      counts_[h] = static_cast<int>(counts[h]);
+      offsets_[h] = static_cast<int>(offsets[h]);
+    }
+    return check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, all.data(), counts_.data(), offsets_.data(),
+                                 MPI_BYTE, comm_, &request_),
+                 "MPI_Iallgatherv");
+  }
+  Status start_broadcast(std::span<std::byte> data, std::uint32_t root_host) override {
+    if (data.size() > INT_MAX) return fail(Errc::InvalidArgument, "MPI_Ibcast", "more than INT_MAX bytes");
+    return check(
+        MPI_Ibcast(data.data(), static_cast<int>(data.size()), MPI_BYTE, static_cast<int>(root_host), comm_, &request_),
+        "MPI_Ibcast");
+  }
+  Status start_barrier() override { return check(MPI_Ibarrier(comm_, &request_), "MPI_Ibarrier"); }
+  Result<bool> test() override {
+    int flag = 0;
+    LF_TRY_STATUS(check(MPI_Test(&request_, &flag, MPI_STATUS_IGNORE), "MPI_Test"));
+    return flag != 0;
+  }
+
+ private:
+  MPI_Comm comm_;
+  std::uint32_t hosts_, host_;
+  MPI_Request request_ = MPI_REQUEST_NULL;
+  std::vector<int> counts_, offsets_;
+  MPI_Op ops_[8] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL,
+                    MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
+};
+
+/// One MPI backend call in flight: its request, and what happens once it has ended.
+struct MpiCall {
+  MPI_Request request = MPI_REQUEST_NULL;
+  std::vector<float> in, out;  // f16/bf16 in f32
+  std::function<Status(const MPI_Status&)> after;
+  Deadline deadline{kForever};
+  std::string what;
+};
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator(MPI_Comm comm, std::string group, std::vector<std::uint32_t> world, const mpi::Communicator& job)
+      : comm_(comm), group_(std::move(group)), world_(std::move(world)), job_(&job) {
+    int r = 0, n = 0;
+    MPI_Comm_rank(comm_, &r);
+    MPI_Comm_size(comm_, &n);
+    rank_ = static_cast<std::uint32_t>(r);
+    size_ = static_cast<std::uint32_t>(n);
+  }
+  ~MpiCommunicator() override {
+    // A call that never ended (a timeout) keeps its request: MPI frees the communicator after it.
+    MPI_Comm_free(&comm_);
+  }
+  const std::string& group() const override { return group_; }
+  std::uint32_t rank() const override { return rank_; }
+  std::uint32_t size() const override { return size_; }
+  std::string_view backend() const override { return "mpi"; }
+
+  Work all_reduce(std::span<const std::byte> send, std::span<std::byte> recv, DType type, ReduceOp op,
+                  CallOptions o) override {
+    if (send.size() != recv.size())
+      return bad("all_reduce", str_format("send holds {} bytes, recv {}", send.size(), recv.size()));
+    auto counted = elements("all_reduce", send.size(), type);
+    if (!counted) return Work::done(std::unexpected(counted.error()));
+    const std::size_t count = *counted;
+    auto c = call("all_reduce", o);
+    const std::uint32_t n = size_;
+    if (type == DType::F16 || type == DType::BF16) {
+      // Accumulated in f32, rounded once at the end, as the other backends do.
+      c->in.resize(count);
+      c->out.resize(count);
+      for (std::size_t i = 0; i < count; ++i) {
+        std::uint16_t h;
+        std::memcpy(&h, send.data() + 2 * i, 2);
+        c->in[i] = type == DType::F16 ? from_f16(h) : from_bf16(h);
+      }
+      auto* raw = c.get();
+      c->after = [raw, recv, type, op, n](const MPI_Status&) -> Status {
+        for (std::size_t i = 0; i < raw->out.size(); ++i) {
+          float v = raw->out[i];
+          if (op == ReduceOp::Average) v /= static_cast<float>(n);
+          const std::uint16_t h = type == DType::F16 ? to_f16(v) : to_bf16(v);
+          std::memcpy(recv.data() + 2 * i, &h, 2);
+        }
+        return {};
+      };
+      return post(c, MPI_Iallreduce(c->in.data(), c->out.data(), static_cast<int>(count), MPI_FLOAT, mpi_op(op), comm_,
+                                    &c->request));
+    }
+    c->after = [recv, type, op, n](const MPI_Status&) -> Status {
+      return op == ReduceOp::Average ? divide(recv, type, n) : Status{};
+    };
+    const void* s = send.data() == recv.data() ? MPI_IN_PLACE : send.data();
+    return post(
+        c, MPI_Iallreduce(s, recv.data(), static_cast<int>(count), mpi_type(type), mpi_op(op), comm_, &c->request));
+  }
+
+  Work all_gather(std::span<const std::byte> send, std::span<std::byte> recv, DType type, CallOptions o) override {
+    if (recv.size() != send.size() * size_)
+      return bad("all_gather", str_format("recv must hold {} × {} bytes, holds {}", size_, send.size(), recv.size()));
+    auto counted = elements("all_gather", recv.size(), type);
+    if (!counted) return Work::done(std::unexpected(counted.error()));
+    auto c = call("all_gather", o);
+    const void* s = send.data() == recv.data() + rank_ * send.size() ? MPI_IN_PLACE : send.data();
+    return post(c, MPI_Iallgather(s, static_cast<int>(send.size()), MPI_BYTE, recv.data(),
+                                  static_cast<int>(send.size()), MPI_BYTE, comm_, &c->request));
+  }
+
+  Work broadcast(std::span<std::byte> buffer, std::uint32_t root, DType type, CallOptions o) override {
+    if (root >= size_) return bad("broadcast", str_format("root {} is not a rank of a group of {}", root, size_));
+    auto counted = elements("broadcast", buffer.size(), type);
+    if (!counted) return Work::done(std::unexpected(counted.error()));
+    auto c = call("broadcast", o);
+    return post(c, MPI_Ibcast(buffer.data(), static_cast<int>(buffer.size()), MPI_BYTE, static_cast<int>(root), comm_,
+                              &c->request));
+  }
+
+  Work reduce_scatter(std::span<const std::byte> send, std::span<std::byte> recv, DType type, ReduceOp op,
+                      CallOptions o) override {
+    if (send.size() != recv.size() * size_)
+      return bad("reduce_scatter",
+                 str_format("send must hold {} × recv's {} bytes, holds {}", size_, recv.size(), send.size()));
+    auto counted = elements("reduce_scatter", send.size(), type);
+    if (!counted) return Work::done(std::unexpected(counted.error()));
+    const std::size_t count = *counted;
+    auto c = call("reduce_scatter", o);
+    const std::uint32_t n = size_;
+    const std::size_t block = recv.size() / size_of(type);
+    if (type == DType::F16 || type == DType::BF16) {
+      c->in.resize(count);
+      c->out.resize(block);
+      for (std::size_t i = 0; i < count; ++i) {
+        std::uint16_t h;
+        std::memcpy(&h, send.data() + 2 * i, 2);
+        c->in[i] = type == DType::F16 ? from_f16(h) : from_bf16(h);
+      }
+      auto* raw = c.get();
+      c->after = [raw, recv, type, op, n](const MPI_Status&) -> Status {
+        for (std::size_t i = 0; i < raw->out.size(); ++i) {
+          float v = raw->out[i];
+          if (op == ReduceOp::Average) v /= static_cast<float>(n);
+          const std::uint16_t h = type == DType::F16 ? to_f16(v) : to_bf16(v);
+          std::memcpy(recv.data() + 2 * i, &h, 2);
+        }
+        return {};
+      };
+      return post(c, MPI_Ireduce_scatter_block(c->in.data(), c->out.data(), static_cast<int>(block), MPI_FLOAT,
+                                               mpi_op(op), comm_, &c->request));
+    }
+    c->after = [recv, type, op, n](const MPI_Status&) -> Status {
+      return op == ReduceOp::Average ? divide(recv, type, n) : Status{};
+    };
+    return post(c, MPI_Ireduce_scatter_block(send.data(), recv.data(), static_cast<int>(block), mpi_type(type),
+                                             mpi_op(op), comm_, &c->request));
+  }
+
+  Work barrier(CallOptions o) override {
+    auto c = call("barrier", o);
+    return post(c, MPI_Ibarrier(comm_, &c->request));
+  }
+
+  Work send(std::span<const std::byte> buffer, std::uint32_t peer, std::uint32_t tag, CallOptions o) override {
+    if (peer >= size_) return bad("send", str_format("peer {} is not a rank of a group of {}", peer, size_));
+    if (buffer.size() > INT_MAX || tag > 32767)
+      return bad("send",
+                 str_format("{} bytes with tag {} (at most INT_MAX bytes, tags up to 32767)", buffer.size(), tag));
+    auto c = call("send", o, peer);
+    return post(c, MPI_Isend(buffer.data(), static_cast<int>(buffer.size()), MPI_BYTE, static_cast<int>(peer),
+                             static_cast<int>(tag), comm_, &c->request));
+  }
+
+  Work recv(std::span<std::byte> buffer, std::uint32_t peer, std::uint32_t tag, CallOptions o) override {
+    if (peer >= size_) return bad("recv", str_format("peer {} is not a rank of a group of {}", peer, size_));
+    if (buffer.size() > INT_MAX || tag > 32767)
+      return bad("recv",
+                 str_format("{} bytes with tag {} (at most INT_MAX bytes, tags up to 32767)", buffer.size(), tag));
+    auto c = call("recv", o, peer);
+    c->after = [buffer, peer, world = world_[peer]](const MPI_Status& st) -> Status {
+      int got = 0;
+      MPI_Get_count(&st, MPI_BYTE, &got);
+      if (static_cast<std::size_t>(got) != buffer.size())
+        return fail(Errc::InvalidArgument, "mesh::recv",
+                    str_format("{} sent {} bytes into a {}-byte buffer", ranks_text(peer, world), got, buffer.size()));
+      return {};
+    };
+    return post(c, MPI_Irecv(buffer.data(), static_cast<int>(buffer.size()), MPI_BYTE, static_cast<int>(peer),
+                             static_cast<int>(tag), comm_, &c->request));
+  }
+
+ private:
+  static Work bad(const char* what, std::string why) {
+    return Work::done(fail(Errc::InvalidArgument, str_format("mesh::{}", what), std::move(why)));
+  }
+  static Result<std::size_t> elements(const char* what, std::size_t bytes, DType type) {
+    if (bytes % size_of(type) != 0)
+      return fail(Errc::InvalidArgument, str_format("mesh::{}", what),
+                  str_format("{} bytes are not a whole number of {} elements", bytes, to_string(type)));
+    if (bytes > INT_MAX)
+      return fail(Errc::InvalidArgument, str_format("mesh::{}", what),
+                  str_format("{} bytes: the MPI backend takes at most INT_MAX bytes per call", bytes));
+    return bytes / size_of(type);
+  }
+
+  std::shared_ptr<MpiCall> call(const char* what, const CallOptions& o,
+                                std::optional<std::uint32_t> peer = std::nullopt) {
+    auto c = std::make_shared<MpiCall>();
+    c->deadline = Deadline(o.timeout);
+    c->what = peer ? str_format("{} with {}", what, ranks_text(*peer, world_[*peer]))
+                   : str_format("{} (call #{})", what, calls_++);
+    return c;
+  }
+
+  Work post(const std::shared_ptr<MpiCall>& c, int code) {
+    if (code != MPI_SUCCESS) return Work::done(std::unexpected(mpi::to_error(code, c->what)));
+    auto state = std::make_shared<Work::State>();
+    std::weak_ptr<Work::State> weak = state;
+    state->progress = [c, weak, job = job_, world = world_, group = group_, polls = std::uint64_t{0}]() mutable {
+      auto s = weak.lock();
+      if (!s || s->result) return;
+      int flag = 0;
+      MPI_Status st{};
+      if (const int tested = MPI_Test(&c->request, &flag, &st); tested != MPI_SUCCESS)
+        return s->finish(std::unexpected(mpi::to_error(tested, str_format("mesh::{}", c->what))));
+      if (flag) return s->finish(c->after ? c->after(st) : Status{});
+      if ((++polls & 1023) == 0)
+        for (std::uint32_t r = 0; r < world.size(); ++r)
+          if (auto alive = job->check_alive(static_cast<int>(world[r])); !alive)
+            return s->finish(fail(
+                Errc::PeerLost, str_format("mesh::{}", c->what),
+                str_format("{} of group '{}' is lost: {}", ranks_text(r, world[r]), group, alive.error().cause())));
+      if (c->deadline.passed())
+        s->finish(fail(Errc::Timeout, str_format("mesh::{}", c->what),
+                       str_format("group '{}' did not end the call in time; the MPI backend cannot tell which rank "
+                                  "is missing (the native backend can)",
+                                  group)));
+    };
+    return Work(std::move(state));
+  }
+
+  MPI_Comm comm_;
+  std::string group_;
+  std::vector<std::uint32_t> world_;
+  const mpi::Communicator* job_;
+  std::uint32_t rank_ = 0, size_ = 0;
+  std::uint64_t calls_ = 0;
+};
+
+std::uint64_t fnv1a(std::string_view s) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (char ch : s) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
+  return h;
+}
+
+Result<std::unique_ptr<Communicator>> open_group(const mpi::Communicator& job, const MpiGroupOptions& options,
+                                                 const ProcessGroup& group, std::uint32_t world_rank) {
+  constexpr const char* call = "mesh::mpi_communicators";
+  if (group.backend != Backend::Native && group.backend != Backend::Mpi)
+    return fail(Errc::Unsupported, call,
+                str_format("group '{}' asks for the {} backend; an MPI job opens native and mpi groups", group.name,
+                           to_string(group.backend)));
+  if (world_rank != static_cast<std::uint32_t>(job.rank()))
+    return fail(Errc::InvalidArgument, call, str_format("rank {} opened a group for rank {}", job.rank(), world_rank));
+  std::vector<int> members;
+  std::optional<std::uint32_t> me;
+  for (std::uint32_t r : group.ranks) {
+    if (r >= static_cast<std::uint32_t>(job.size()))
+      return fail(Errc::InvalidArgument, call,
+                  str_format("group '{}' names rank {} of a job of {}", group.name, r, job.size()));
+    if (r == world_rank) me = static_cast<std::uint32_t>(members.size());
+    members.push_back(static_cast<int>(r));
+  }
+  if (!me) return fail(Errc::InvalidArgument, call, str_format("rank {} is not in group '{}'", world_rank, group.name));
+
+  MPI_Group world_group = MPI_GROUP_NULL, sub = MPI_GROUP_NULL;
+  LF_TRY_STATUS(check(MPI_Comm_group(job.comm(), &world_group), "MPI_Comm_group"));
+  const int code = MPI_Group_incl(world_group, static_cast<int>(members.size()), members.data(), &sub);
+  MPI_Group_free(&world_group);
+  LF_TRY_STATUS(check(code, "MPI_Group_incl"));
+  MPI_Comm comm = MPI_COMM_NULL;
+  const int made = MPI_Comm_create_group(job.comm(), sub, static_cast<int>(fnv1a(group.name) % 32768), &comm);
+  MPI_Group_free(&sub);
+  LF_TRY_STATUS(check(made, "MPI_Comm_create_group"));
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  if (group.backend == Backend::Mpi) return std::make_unique<MpiCommunicator>(comm, group.name, group.ranks, job);
+
+  // Native: hosts by first appearance in the group; a nonce from group rank 0 keeps the segment's
+  // name apart from any other opening of a group of the same name.
+  NativeOptions o;
+  o.group = group.name;
+  o.world_ranks = group.ranks;
+  o.rank = *me;
+  o.chunk_bytes = options.chunk_bytes;
+  o.attach_timeout = options.open_timeout;
+  std::vector<HostIdentity> seen;
+  for (std::uint32_t r : group.ranks) {
+    const HostIdentity& h = job.location(static_cast<int>(r)).host;
+    auto at = std::find(seen.begin(), seen.end(), h);
+    if (at == seen.end()) at = seen.insert(seen.end(), h);
+    o.hosts.push_back(static_cast<std::uint32_t>(at - seen.begin()));
+  }
+  std::uint64_t nonce = 0;
+  if (*me == 0) nonce = (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
+  if (auto ok = check(MPI_Bcast(&nonce, 1, MPI_UINT64_T, 0, comm), "MPI_Bcast"); !ok) {
+    MPI_Comm_free(&comm);
+    return std::unexpected(ok.error());
+  }
+  o.key = str_format("{}-{:x}-{:x}", job.job_key(), fnv1a(group.name), nonce);
+  const auto nhosts = static_cast<std::uint32_t>(seen.size());
+  if (nhosts > 1) {
+    const std::uint32_t host = o.hosts[*me];
+    const bool leader = std::find(o.hosts.begin(), o.hosts.end(), host) - o.hosts.begin() == *me;
+    MPI_Comm leaders = MPI_COMM_NULL;
+    if (auto ok =
+            check(MPI_Comm_split(comm, leader ? 0 : MPI_UNDEFINED, static_cast<int>(host), &leaders), "MPI_Comm_split");
+        !ok) {
+      MPI_Comm_free(&comm);
+      return std::unexpected(ok.error());
+    }
+    if (leader) {
+      MPI_Comm_set_errhandler(leaders, MPI_ERRORS_RETURN);
+      o.link = std::make_unique<MpiHostLink>(leaders, nhosts, host);
+    }
+    o.remote = std::make_unique<MpiCommunicator>(comm, group.name, group.ranks, job);
+  } else {
+    MPI_Comm_free(&comm);
+  }
+  return open_native(std::move(o));
+}
+
+}  // namespace
+
+Result<DeviceMesh> mesh_from_mpi(const mpi::Communicator& comm, Backend backend) {
+  std::vector<RankInfo> ranks;
+  for (int r = 0; r < comm.size(); ++r) {
+    RankInfo info;
+    info.host = comm.location(r).host.hostname;
+    for (const auto& d : comm.location(r).devices) info.devices.push_back({d.name, 0});
+    ranks.push_back(std::move(info));
+  }
+  return DeviceMesh::create(static_cast<std::uint32_t>(comm.rank()), std::move(ranks), backend);
+}
+
+CommunicatorFactory mpi_communicators(const mpi::Communicator& comm, MpiGroupOptions options) {
+  return [&comm, options](const ProcessGroup& group, std::uint32_t world_rank) {
+    return open_group(comm, options, group, world_rank);
+  };
+}
+
+}  // namespace lavaflow::mesh

@@ -1,0 +1,272 @@
+// SPDX-License-Identifier: MIT
+// Collectives on real MPI ranks, on every backend an MPI job opens (native, mpi), checked against a
+// reference computed on each rank from every rank's known input.
+//   mesh_collectives [all]   every op × dtype × reduce op, in and out of place, sizes from one
+//                            element to several staging chunks, on the world and on a subset
+//                            group; send/recv; overlapping asynchronous calls
+//   mesh_collectives timeout the last rank joins late: every other rank gets Timeout naming it
+//   mesh_collectives kill    the last rank exits mid-job: every other rank gets PeerLost naming it
+//                            (run under an mpiexec that keeps survivors: Hydra's -disable-auto-cleanup)
+// Prints "mesh-collectives: OK" on rank 0 when every rank passed.
+#include <mpi.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+
+#include "lavaflow/core/detail/format.hpp"
+#include "lavaflow/mesh_mpi/mesh_mpi.hpp"
+#include "mesh_reference.hpp"
+
+using namespace lavaflow;
+using namespace lavaflow::mesh;
+using namespace lftest::mesh_ref;
+
+namespace {
+
+struct Checker {
+  int rank = 0;
+  int failures = 0;
+  std::uint64_t checks = 0;
+  void expect(bool ok, const std::string& what) {
+    ++checks;
+    if (!ok && failures++ < 10) std::fprintf(stderr, "rank %d: FAILED: %s\n", rank, what.c_str());
+  }
+  void status(const Status& s, const std::string& what) {
+    expect(s.has_value(), s ? what : what + ": " + s.error().message());
+  }
+};
+
+std::string label(const Communicator& c, std::string_view op, DType t, ReduceOp o, std::size_t count) {
+  return str_format("{} {} on '{}' ({}, {} elements, {})", c.backend(), op, c.group(), to_string(t), count,
+                    to_string(o));
+}
+
+void check_reductions(Communicator& c, Checker& k, std::size_t count, DType t, ReduceOp op) {
+  const std::uint32_t n = c.size(), r = c.rank();
+  const std::size_t es = size_of(t);
+  const auto mine = encode(inputs(r, count, t), t);
+  const auto want = expected(n, count, t, op);
+  // all_reduce, out of place and in place
+  std::vector<std::byte> out(mine.size());
+  k.status(c.all_reduce(mine, out, t, op).wait(), label(c, "all_reduce", t, op, count));
+  k.expect(out == want, label(c, "all_reduce result", t, op, count));
+  auto inplace = mine;
+  k.status(c.all_reduce(inplace, inplace, t, op).wait(), label(c, "in-place all_reduce", t, op, count));
+  k.expect(inplace == want, label(c, "in-place all_reduce result", t, op, count));
+  if (inplace != want && t == DType::F32 && count < 10) {
+    for (std::size_t i = 0; i < count; ++i) {
+      float a, b;
+      std::memcpy(&a, inplace.data() + 4 * i, 4);
+      std::memcpy(&b, want.data() + 4 * i, 4);
+      std::fprintf(stderr, "  [%zu] got %g want %g\n", i, a, b);
+    }
+  }
+  // reduce_scatter: the send holds n blocks of `count` elements
+  const auto big = encode(inputs(r, count * n, t), t);
+  const auto big_want = expected(n, count * n, t, op);
+  std::vector<std::byte> block(count * es);
+  k.status(c.reduce_scatter(big, block, t, op).wait(), label(c, "reduce_scatter", t, op, count));
+  k.expect(std::equal(block.begin(), block.end(), big_want.begin() + static_cast<std::ptrdiff_t>(r * count * es)),
+           label(c, "reduce_scatter result", t, op, count));
+}
+
+void check_moves(Communicator& c, Checker& k, std::size_t count, DType t) {
+  const std::uint32_t n = c.size(), r = c.rank();
+  const std::size_t bytes = count * size_of(t);
+  const auto mine = encode(inputs(r, count, t), t);
+  std::vector<std::byte> all(bytes * n), want;
+  for (std::uint32_t j = 0; j < n; ++j) {
+    const auto e = encode(inputs(j, count, t), t);
+    want.insert(want.end(), e.begin(), e.end());
+  }
+  k.status(c.all_gather(mine, all, t).wait(), label(c, "all_gather", t, ReduceOp::Sum, count));
+  k.expect(all == want, label(c, "all_gather result", t, ReduceOp::Sum, count));
+  for (std::uint32_t root : {0u, n - 1}) {
+    auto buf = r == root ? mine : std::vector<std::byte>(bytes, std::byte{0xEE});
+    k.status(c.broadcast(buf, root, t).wait(), label(c, "broadcast", t, ReduceOp::Sum, count));
+    k.expect(buf == encode(inputs(root, count, t), t), label(c, "broadcast result", t, ReduceOp::Sum, count));
+  }
+}
+
+void check_point_to_point(Communicator& c, Checker& k) {
+  const std::uint32_t n = c.size(), r = c.rank();
+  for (std::size_t bytes : {std::size_t{100}, std::size_t{200'000}}) {
+    const auto out = encode(inputs(r, bytes, DType::U8), DType::U8);
+    std::vector<std::byte> in(bytes);
+    auto s = c.send(out, (r + 1) % n, 7);
+    auto v = c.recv(in, (r + n - 1) % n, 7);
+    k.status(v.wait(), str_format("{} recv of {} bytes on '{}'", c.backend(), bytes, c.group()));
+    k.status(s.wait(), str_format("{} send of {} bytes on '{}'", c.backend(), bytes, c.group()));
+    k.expect(in == encode(inputs((r + n - 1) % n, bytes, DType::U8), DType::U8),
+             str_format("{} recv of {} bytes on '{}': content", c.backend(), bytes, c.group()));
+  }
+}
+
+void check_overlap(Communicator& c, Checker& k) {
+  // Three calls in flight at once, waited for in reverse order.
+  constexpr std::size_t kCount = 100'000;
+  std::vector<std::vector<std::byte>> ins, outs;
+  std::vector<Work> works;
+  for (int i = 0; i < 3; ++i) {
+    ins.push_back(encode(inputs(c.rank() + i, kCount, DType::F32), DType::F32));
+    outs.emplace_back(ins.back().size());
+  }
+  for (int i = 0; i < 3; ++i) works.push_back(c.all_reduce(ins[i], outs[i], DType::F32, ReduceOp::Max));
+  for (int i = 2; i >= 0; --i) k.status(works[i].wait(), str_format("{} overlapping all_reduce {}", c.backend(), i));
+  for (int i = 0; i < 3; ++i) {
+    std::vector<double> acc = inputs(i, kCount, DType::F32);
+    for (std::uint32_t j = 1; j < c.size(); ++j) {
+      const auto v = inputs(j + i, kCount, DType::F32);
+      for (std::size_t e = 0; e < kCount; ++e) acc[e] = std::max(acc[e], v[e]);
+    }
+    k.expect(outs[i] == encode(acc, DType::F32), str_format("{} overlapping all_reduce {} result", c.backend(), i));
+  }
+}
+
+void run_all(const mpi::Communicator& job, Checker& k) {
+  const auto n = static_cast<std::uint32_t>(job.size()), me = static_cast<std::uint32_t>(job.rank());
+  auto open = mpi_communicators(job, {.chunk_bytes = 64 << 10});
+  for (Backend b : {Backend::Native, Backend::Mpi}) {
+    std::vector<std::unique_ptr<Communicator>> comms;
+    std::vector<std::uint32_t> all, part;
+    for (std::uint32_t r = 0; r < n; ++r) all.push_back(r);
+    // A subset group: the even ranks, or the odd ones (each rank is in one of the two).
+    for (std::uint32_t r = me % 2; r < n; r += 2) part.push_back(r);
+    for (auto& g : {ProcessGroup{str_format("world-{}", to_string(b)), all, b},
+                    ProcessGroup{str_format("{}-{}", me % 2 ? "odd" : "even", to_string(b)), part, b}}) {
+      auto c = open(g, me);
+      k.status(c ? Status{} : Status(std::unexpected(c.error())), str_format("opening {}", g.name));
+      if (c) comms.push_back(std::move(*c));
+    }
+    for (auto& c : comms) {
+      for (DType t : kTypes)
+        for (ReduceOp op : kOps)
+          for (std::size_t count : {std::size_t{1}, std::size_t{7}, std::size_t{20'001}})
+            check_reductions(*c, k, count, t, op);
+      // Several staging chunks (64 KiB here), and a size that is not a multiple of the ranks.
+      check_reductions(*c, k, 100'003, DType::F32, ReduceOp::Sum);
+      check_reductions(*c, k, 70'001, DType::BF16, ReduceOp::Average);
+      for (DType t : kTypes)
+        for (std::size_t count : {std::size_t{1}, std::size_t{9}, std::size_t{50'001}}) check_moves(*c, k, count, t);
+      k.status(c->barrier().wait(), str_format("{} barrier on '{}'", c->backend(), c->group()));
+      check_point_to_point(*c, k);
+      check_overlap(*c, k);
+    }
+    if (me == 0)
+      std::printf("mesh-collectives: %s: %zu groups checked (%u ranks)\n", to_string(b).data(), comms.size(), n);
+  }
+}
+
+void run_timeout(const mpi::Communicator& job, Checker& k) {
+  const auto n = static_cast<std::uint32_t>(job.size()), me = static_cast<std::uint32_t>(job.rank());
+  auto open = mpi_communicators(job);
+  std::vector<std::uint32_t> all;
+  for (std::uint32_t r = 0; r < n; ++r) all.push_back(r);
+  for (Backend b : {Backend::Native, Backend::Mpi}) {
+    auto c = open({str_format("late-{}", to_string(b)), all, b}, me);
+    k.status(c ? Status{} : Status(std::unexpected(c.error())), "opening the group");
+    if (!c) return;
+    float x = 1, y = 0;
+    auto one = [&] {
+      return (*c)->all_reduce(std::as_bytes(std::span(&x, 1)), std::as_writable_bytes(std::span(&y, 1)), DType::F32,
+                              ReduceOp::Sum, {.timeout = std::chrono::milliseconds(800)});
+    };
+    if (me + 1 < n) {
+      const auto t0 = Clock::now();
+      auto s = one().wait();
+      const auto took = Clock::now() - t0;
+      k.expect(!s && s.error().code() == Errc::Timeout,
+               str_format("{}: a call without rank {} ends in Timeout ({})", to_string(b), n - 1,
+                          s ? "it succeeded" : s.error().message()));
+      if (b == Backend::Native && !s)
+        k.expect(s.error().message().find(str_format("rank {} (world {})", n - 1, n - 1)) != std::string::npos &&
+                     s.error().message().find(str_format("late-{}", to_string(b))) != std::string::npos,
+                 "the timeout names the missing rank and the group: " + s.error().message());
+      k.expect(took < std::chrono::seconds(3), "the timeout came in time");
+      MPI_Barrier(job.comm());
+    } else {
+      MPI_Barrier(job.comm());
+      // Late: the native group is broken by now and says why; MPI's call completes the others'.
+      auto s = one().wait(std::chrono::seconds(5));
+      if (b == Backend::Native)
+        k.expect(!s && s.error().code() == Errc::Timeout, "the late rank learns the group timed out");
+    }
+    MPI_Barrier(job.comm());
+  }
+  if (me == 0) std::printf("mesh-collectives: timeouts name the missing rank\n");
+}
+
+int run_kill(const mpi::Communicator& job, Checker& k) {
+  const auto n = static_cast<std::uint32_t>(job.size()), me = static_cast<std::uint32_t>(job.rank());
+  auto open = mpi_communicators(job);
+  std::vector<std::uint32_t> all;
+  for (std::uint32_t r = 0; r < n; ++r) all.push_back(r);
+  std::vector<std::unique_ptr<Communicator>> comms;
+  for (Backend b : {Backend::Native, Backend::Mpi}) {
+    auto c = open({str_format("doomed-{}", to_string(b)), all, b}, me);
+    if (!c) {
+      k.status(std::unexpected(c.error()), "opening the group");
+      return 1;
+    }
+    comms.push_back(std::move(*c));
+  }
+  float x = 1, y = 0;
+  for (auto& c : comms)
+    k.status(c->all_reduce(std::as_bytes(std::span(&x, 1)), std::as_writable_bytes(std::span(&y, 1)), DType::F32,
+                           ReduceOp::Sum)
+                 .wait(),
+             "the call before the exit");
+  if (me == n - 1) _exit(0);  // gone, without a word
+  for (auto& c : comms) {
+    const auto t0 = Clock::now();
+    auto s = c->all_reduce(std::as_bytes(std::span(&x, 1)), std::as_writable_bytes(std::span(&y, 1)), DType::F32,
+                           ReduceOp::Sum, {.timeout = std::chrono::seconds(20)})
+                 .wait();
+    k.expect(!s && s.error().code() == Errc::PeerLost &&
+                 s.error().message().find(str_format("rank {} (world {})", n - 1, n - 1)) != std::string::npos,
+             str_format("{}: the exited rank is reported lost ({})", c->backend(),
+                        s ? "the call succeeded" : s.error().message()));
+    k.expect(Clock::now() - t0 < std::chrono::seconds(5), "reported in time");
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  const std::string mode = argc > 1 ? argv[1] : "all";
+  Checker k;
+  MPI_Comm_rank(MPI_COMM_WORLD, &k.rank);
+  int failures = 0;
+  {
+    auto job = mpi::Communicator::create();
+    if (!job) {
+      std::fprintf(stderr, "mesh-collectives: FAILED: %s\n", job.error().message().c_str());
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    if (mode == "kill") {
+      run_kill(*job, k);
+      // The dead rank never joins MPI_Finalize's barrier: each survivor reports for itself.
+      std::printf("mesh-collectives rank %d: %s (%llu checks)\n", k.rank, k.failures ? "FAILED" : "kill OK",
+                  static_cast<unsigned long long>(k.checks));
+      std::fflush(stdout);
+      _exit(k.failures ? 1 : 0);
+    }
+    if (mode == "timeout") {
+      run_timeout(*job, k);
+    } else {
+      run_all(*job, k);
+    }
+    MPI_Reduce(&k.failures, &failures, 1, MPI_INT, MPI_SUM, 0, job->comm());
+    unsigned long long checks = k.checks, total = 0;
+    MPI_Reduce(&checks, &total, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, 0, job->comm());
+    if (k.rank == 0 && failures) std::printf("mesh-collectives: FAILED (%d)\n", failures);
+    if (k.rank == 0 && !failures) std::printf("mesh-collectives: OK (%llu checks)\n", total);
+    MPI_Bcast(&failures, 1, MPI_INT, 0, job->comm());
+  }
+  MPI_Finalize();
+  return failures ? 1 : 0;
+}
