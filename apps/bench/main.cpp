@@ -344,6 +344,14 @@ int main(int argc, char** argv) {
   remote->add_flag("--json", json, "JSON rows");
   remote->add_option("--plot", plot, "latency against size (PNG, gnuplot)");
 
+  std::uint64_t ranks = 2, coll_max = 256u << 20;
+  auto* collectives = app.add_subcommand(
+      "collectives", "native collectives vs MPI's (starts itself under mpiexec -n --ranks; every rank on this host)");
+  lfapp::add_whole(*collectives, "--ranks", ranks, "MPI ranks", 2, 64);
+  lfapp::add_whole(*collectives, "--max-size", coll_max, "largest size, bytes per rank", 8, 1u << 30);
+  collectives->add_flag("--json", json, "JSON rows");
+  collectives->add_option("--plot", plot, "bus bandwidth against size (PNG, gnuplot)");
+
   lfbench::InteropOptions io;
   auto* interop =
       app.add_subcommand("interop", "(CUDA GPU) kernels on imported memory and GPU frame hand-off vs CUDA IPC");
@@ -384,6 +392,26 @@ int main(int argc, char** argv) {
     return 1;
 #else
     std::puts("lavaflow-bench remote: skipped, the MPI transport is not built (LAVAFLOW_WITH_MPI)");
+    return 77;
+#endif
+  }
+  if (collectives->parsed()) {
+#if LAVAFLOW_BENCH_COLLECTIVES
+    std::vector<std::string> args;
+    const bool under_mpi = std::getenv("PMI_RANK") || std::getenv("OMPI_COMM_WORLD_RANK");
+    if (!under_mpi) args = {LAVAFLOW_MPIEXEC, "-n", std::to_string(ranks)};
+    args.push_back(sibling("lavaflow-bench-collectives"));
+    args.insert(args.end(), {"--max-size", std::to_string(coll_max)});
+    if (json) args.emplace_back("--json");
+    if (!plot.empty()) args.insert(args.end(), {"--plot", plot});
+    std::vector<char*> raw;
+    for (auto& s : args) raw.push_back(s.data());
+    raw.push_back(nullptr);
+    ::execv(raw[0], raw.data());
+    std::fprintf(stderr, "lavaflow-bench collectives: cannot start %s: %s\n", raw[0], std::strerror(errno));
+    return 1;
+#else
+    std::puts("lavaflow-bench collectives: skipped, the mesh's MPI part is not built (LAVAFLOW_WITH_MPI)");
     return 77;
 #endif
   }

@@ -28,7 +28,7 @@ constexpr std::uint64_t kMagic = 0x3148534d464c0a00ull;
 // An all_reduce of up to this many bytes per rank on one host is one step in which every rank
 // reduces all the staging buffers itself (one barrier); larger ones are a reduce-scatter and an
 // all-gather through the staging buffers (two barriers per step, every byte reduced once).
-constexpr std::uint64_t kFlatLimit = 32 << 10;
+constexpr std::uint64_t kFlatLimit = 8 << 10;
 constexpr std::uint64_t kMailBytes = 64 << 10;  // one piece of a point-to-point message
 constexpr std::uint32_t kMaxLocal = 1024;
 
@@ -162,6 +162,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::deque<std::unique_ptr<PointToPoint>> p2p;
   std::uint64_t epoch = 0, step = 0, calls = 0, polls = 0;
   std::optional<Error> broken;
+  std::vector<std::span<const std::byte>> scratch;  // the inputs of a reduction
 
   ~Engine() {
     close();
@@ -227,13 +228,16 @@ class Engine : public std::enable_shared_from_this<Engine> {
   /// Whether every local rank has reached `e`; an error when one is lost, another rank failed,
   /// or the call's deadline has passed.
   Result<bool> reached(std::uint64_t e, const Collective& c) {
-    const std::string what(to_string(c.kind));
+    const std::string_view what = to_string(c.kind);
     // A failure first: ranks that gave up on a call may have reached its barrier before they did.
-    if (auto f = peer_failure(what)) return std::unexpected(*(broken = *f));
+    if (header().failed.load(std::memory_order_acquire) != 0)
+      if (auto f = peer_failure(what)) return std::unexpected(*(broken = *f));
     bool all = true;
     for (std::uint32_t j = 0; j < nlocal && all; ++j) all = slot(j).arrive.load(std::memory_order_acquire) >= e;
     if (all) return true;
-    if ((++polls & 255) == 0)
+    // The clock and the peers' processes are looked at now and then: both cost system calls.
+    if ((++polls & 63) != 0) return false;
+    if ((polls & 255) == 0)
       if (auto dead = dead_rank())
         return std::unexpected(
             break_with(Error(Errc::PeerLost, str_format("mesh::{}", what),
@@ -370,7 +374,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
             break;
           }
           if (c.kind == Kind::AllReduce) {
-            std::vector<std::span<const std::byte>> ins;
+            auto& ins = scratch;
+            ins.clear();
             if (!multi && c.unit <= kFlatLimit) {
               for (std::uint32_t j = 0; j < nlocal; ++j) ins.emplace_back(stage(p, j), c.m);
               LF_TRY_STATUS(reduce(ins, {c.recv.data() + c.done, c.m}, c.type, c.op));
@@ -395,7 +400,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
             break;
           }
           if (c.kind == Kind::ReduceScatter) {  // one host: group rank = local index
-            std::vector<std::span<const std::byte>> ins;
+            auto& ins = scratch;
+            ins.clear();
             for (std::uint32_t j = 0; j < nlocal; ++j) ins.emplace_back(stage(p, j) + rank * c.m, c.m);
             LF_TRY_STATUS(reduce(ins, {c.recv.data() + c.done, c.m}, c.type, c.op));
             if (next_step()) return true;

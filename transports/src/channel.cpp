@@ -608,7 +608,13 @@ Result<std::unique_ptr<Producer>> Producer::create(const std::string& name, Prod
   impl->lock_path = dir / (name + ".lock");
 
   reclaim_stale_names(dir);
+  // Another process's reclaim_stale_names holds a free name's lock for a moment while it looks at
+  // it: only a lock still held after a few tries belongs to a live producer.
   auto lock = lock_name(impl->lock_path, true);
+  for (int attempt = 0; lock && !*lock && attempt < 20; ++attempt) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    lock = lock_name(impl->lock_path, true);
+  }
   if (!lock) return std::unexpected(lock.error().within(call));
   if (!*lock)
     return fail(Errc::PermissionDenied, call, str_format("channel \"{}\" is in use by a live producer", name));

@@ -16,9 +16,11 @@ int main(int argc, char** argv) {
     auto comm = mesh ? mesh->communicator("world", mpi_communicators(*job))
                      : lavaflow::Result<std::unique_ptr<Communicator>>(std::unexpected(mesh.error()));
     float x = 2, y = 0;
-    if (comm && (*comm)->all_reduce(std::as_bytes(std::span(&x, 1)), std::as_writable_bytes(std::span(&y, 1)),
-                                    DType::F32, ReduceOp::Sum)
-                    .wait() &&
+    if (comm &&
+        (*comm)
+            ->all_reduce(std::as_bytes(std::span(&x, 1)), std::as_writable_bytes(std::span(&y, 1)), DType::F32,
+                         ReduceOp::Sum)
+            .wait() &&
         y == 2) {
       std::printf("mesh_mpi: %s backend, all_reduce = %g\n", (*comm)->backend().data(), y);
       status = 0;
