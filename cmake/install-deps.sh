@@ -6,7 +6,7 @@ pkgs=(
   cmake g++ ninja-build pkg-config git clang-format
   libvulkan-dev mesa-vulkan-drivers vulkan-tools glslc
   libglew-dev libglfw3-dev libegl-dev libgl-dev
-  mpich libmpich-dev
+  mpich libmpich-dev libgloo-dev
   opencl-headers ocl-icd-opencl-dev pocl-opencl-icd clinfo
   catch2 libcli11-dev nlohmann-json3-dev libnuma-dev xvfb libclang-rt-14-dev zlib1g-dev gnuplot-nox iproute2
 )

@@ -2,8 +2,9 @@
 // lavaflow-bench-collectives — run by `lavaflow-bench collectives` under `mpiexec -n N`. In one
 // run, for every size from 8 B to --max-size (bytes per rank) and every op (all_reduce f32 sum,
 // all_gather, reduce_scatter f32 sum): the lava-flow native backend on ordinary user memory and
-// the MPI library's own collective (MPI_Allreduce, MPI_Allgather, MPI_Reduce_scatter_block), in
-// alternating blocks so that both see the same moments of a shared machine. Every call is timed on
+// the MPI library's own collective (MPI_Allreduce, MPI_Allgather, MPI_Reduce_scatter_block) and,
+// where built, Gloo (through lava-flow's Gloo backend), in alternating blocks so that all see the
+// same moments of a shared machine. Every call is timed on
 // every rank; a row's p50/p99 are over the slowest rank's time of each call. busbw follows NCCL's
 // convention: all_reduce size/t × 2(n−1)/n; all_gather and reduce_scatter n·size/t × (n−1)/n.
 // Rank 0 prints a table, or with --json {"results":[{"name","op","dtype","size","ranks","p50_ns",
@@ -135,6 +136,18 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "lavaflow-bench collectives: %s\n", comm.error().message().c_str());
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
+    // Gloo, where built: through lava-flow's Gloo backend (its calls run on the backend's thread).
+    std::unique_ptr<Communicator> gloo;
+    if (std::find(mpi_backends().begin(), mpi_backends().end(), Backend::Gloo) != mpi_backends().end()) {
+      std::vector<std::uint32_t> all;
+      for (int r = 0; r < n; ++r) all.push_back(static_cast<std::uint32_t>(r));
+      auto g = mpi_communicators(*job)({"world-gloo", all, Backend::Gloo}, static_cast<std::uint32_t>(rank));
+      if (!g) {
+        std::fprintf(stderr, "lavaflow-bench collectives: %s\n", g.error().message().c_str());
+        MPI_Abort(MPI_COMM_WORLD, 1);
+      }
+      gloo = std::move(*g);
+    }
     std::vector<Row> rows;
     Buffers b;
     for (std::uint64_t size = 8; size <= max_size;
@@ -143,13 +156,15 @@ int main(int argc, char** argv) {
       b.recv.assign(size / 4 * static_cast<std::uint64_t>(n), 0.0f);
       for (Op op : {Op::AllReduce, Op::AllGather, Op::ReduceScatter}) {
         const int calls = calls_for(size);
-        std::vector<double> ours, theirs;
+        std::vector<double> ours, theirs, glooed;
         bool ok = true;
         for (int w = 0; w < 2 && ok; ++w)  // warm-up: pages touched, connections made
-          ok = once(op, comm->get(), b, size, n) && once(op, nullptr, b, size, n);
+          ok = once(op, comm->get(), b, size, n) && once(op, nullptr, b, size, n) &&
+               (!gloo || once(op, gloo.get(), b, size, n));
         for (int round = 0; round < 5 && ok; ++round)
           ok = timed(op, comm->get(), b, size, n, std::max(1, calls / 5), ours) &&
-               timed(op, nullptr, b, size, n, std::max(1, calls / 5), theirs);
+               timed(op, nullptr, b, size, n, std::max(1, calls / 5), theirs) &&
+               (!gloo || timed(op, gloo.get(), b, size, n, std::max(1, calls / 5), glooed));
         if (!ok) {
           std::fprintf(stderr, "lavaflow-bench collectives: %s of %llu bytes failed\n", op_name(op),
                        static_cast<unsigned long long>(size));
@@ -158,6 +173,7 @@ int main(int argc, char** argv) {
         if (rank == 0) {
           rows.push_back(summarize("lavaflow", op, size, n, ours));
           rows.push_back(summarize("mpi", op, size, n, theirs));
+          if (gloo) rows.push_back(summarize("gloo", op, size, n, glooed));
         }
       }
       if (size == max_size) break;
@@ -176,6 +192,12 @@ int main(int argc, char** argv) {
                              {"ratio", a->p50_ns / m->p50_ns},
                              {"target", "<= 1.0"},
                              {"met", a->p50_ns <= m->p50_ns}});
+      if (auto* a = find("lavaflow", "all_reduce", 8); a)
+        if (auto* g = find("gloo", "all_reduce", 8); g)
+          targets.push_back({{"name", "all_reduce p50 at 8 B vs Gloo"},
+                             {"ratio", a->p50_ns / g->p50_ns},
+                             {"target", "<= 0.1"},
+                             {"met", a->p50_ns <= 0.1 * g->p50_ns}});
       for (const auto& r : rows)
         if (r.name == "lavaflow" && r.op == "all_reduce" && r.size >= (16u << 20))
           if (auto* m = find("mpi", "all_reduce", r.size); m)
@@ -196,8 +218,9 @@ int main(int argc, char** argv) {
                                     {"busbw_gbps", r.busbw_gbps}});
         std::puts(out.dump().c_str());
       } else {
-        std::printf("lavaflow-bench collectives: %d ranks, f32 (sum), ordinary user memory, native backend vs MPI\n",
-                    n);
+        std::printf(
+            "lavaflow-bench collectives: %d ranks, f32 (sum), ordinary user memory, native backend vs MPI and Gloo\n",
+            n);
         std::printf("%-15s %10s %-9s %12s %12s %10s\n", "op", "size", "name", "p50 us", "p99 us", "busbw GB/s");
         for (const auto& r : rows)
           std::printf("%-15s %10llu %-9s %12.2f %12.2f %10.3f\n", r.op.c_str(), static_cast<unsigned long long>(r.size),
@@ -209,11 +232,11 @@ int main(int argc, char** argv) {
       if (!plot.empty()) {
         std::vector<lfapp::PlotSeries> series;
         for (const char* op : {"all_reduce", "all_gather", "reduce_scatter"})
-          for (const char* name : {"lavaflow", "mpi"}) {
-            lfapp::PlotSeries s{str_format("{} {}", name, op), {}, std::string(name) == "mpi"};
+          for (const char* name : {"lavaflow", "mpi", "gloo"}) {
+            lfapp::PlotSeries s{str_format("{} {}", name, op), {}, std::string(name) != "lavaflow"};
             for (const auto& r : rows)
               if (r.op == op && r.name == name) s.points.emplace_back(r.size, r.busbw_gbps);
-            series.push_back(std::move(s));
+            if (!s.points.empty()) series.push_back(std::move(s));
           }
         if (auto ok = lfapp::plot_vs_size(plot, str_format("collectives, {} ranks", n), "bus bandwidth (GB/s)", series);
             !ok) {

@@ -561,6 +561,15 @@ class Engine : public std::enable_shared_from_this<Engine> {
     return false;
   }
 
+  /// What an ended collective returns.
+  Status conclude(Collective& c, const Result<bool>& r) {
+    if (r && !c.keep.empty()) std::memcpy(c.keep.data(), c.temp.data() + c.keep_from, c.keep.size());
+    if (r) return {};
+    // The other ranks wait on this one: a collective that fails here fails for all of them.
+    if (!broken) break_with(r.error());
+    return std::unexpected(r.error());
+  }
+
   /// Advances every call in flight: collectives in order, point-to-point calls independently.
   void poll() {
     std::vector<std::pair<std::shared_ptr<Work::State>, Status>> ended;
@@ -570,10 +579,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
         Collective& c = *queue.front();
         Result<bool> r = broken ? Result<bool>(std::unexpected(*broken)) : advance(c);
         if (r && !*r) break;
-        if (r && !c.keep.empty()) std::memcpy(c.keep.data(), c.temp.data() + c.keep_from, c.keep.size());
-        // The other ranks wait on this one: a collective that fails here fails for all of them.
-        if (!r && !broken) break_with(r.error());
-        ended.emplace_back(c.state, r ? Status{} : Status(std::unexpected(r.error())));
+        ended.emplace_back(c.state, conclude(c, r));
         queue.pop_front();
       }
       for (auto it = p2p.begin(); it != p2p.end();) {
@@ -604,6 +610,20 @@ class Engine : public std::enable_shared_from_this<Engine> {
   }
 
   Work start(std::unique_ptr<Op> op, bool collective) {
+    if (collective) {
+      // Nothing else in flight: the call runs here for a few microseconds (a small collective of
+      // ranks that are all present ends in that time), and only then becomes a Work to wait on.
+      std::unique_lock lock(mutex);
+      if (queue.empty() && p2p.empty()) {
+        auto& c = static_cast<Collective&>(*op);
+        const Deadline spin(std::chrono::microseconds(20));
+        for (std::uint32_t i = 1;; ++i) {
+          Result<bool> r = broken ? Result<bool>(std::unexpected(*broken)) : advance(c);
+          if (!r || *r) return Work::done(conclude(c, r));
+          if ((i & 63) == 0 && spin.passed()) break;
+        }
+      }
+    }
     auto state = std::make_shared<Work::State>();
     op->state = state;
     state->progress = [weak = weak_from_this()] {

@@ -330,6 +330,7 @@ Work& Work::operator=(Work&& o) noexcept {
   if (this != &o) {
     if (state_) (void)wait();
     state_ = std::move(o.state_);
+    ready_ = std::move(o.ready_);
   }
   return *this;
 }
@@ -339,7 +340,10 @@ Work::~Work() {
 }
 
 Status Work::wait(Duration timeout) {
-  if (!state_) return fail(Errc::InvalidArgument, "mesh::Work::wait", "this Work holds no call");
+  if (!state_) {
+    if (ready_) return *ready_;
+    return fail(Errc::InvalidArgument, "mesh::Work::wait", "this Work holds no call");
+  }
   const Deadline deadline(timeout);
   if (state_->progress) {
     // Polled: spin briefly (a peer's step takes microseconds), then yield the core, then nap.
@@ -380,9 +384,9 @@ bool Work::test() const {
 }
 
 Work Work::done(Status result) {
-  auto s = std::make_shared<State>();
-  s->result = std::move(result);
-  return Work(std::move(s));
+  Work w;
+  w.ready_ = std::move(result);
+  return w;
 }
 
 }  // namespace lavaflow::mesh

@@ -127,7 +127,7 @@ void check_overlap(Communicator& c, Checker& k) {
 void run_all(const mpi::Communicator& job, Checker& k) {
   const auto n = static_cast<std::uint32_t>(job.size()), me = static_cast<std::uint32_t>(job.rank());
   auto open = mpi_communicators(job, {.chunk_bytes = 64 << 10});
-  for (Backend b : {Backend::Native, Backend::Mpi}) {
+  for (Backend b : mpi_backends()) {
     std::vector<std::unique_ptr<Communicator>> comms;
     std::vector<std::uint32_t> all, part;
     for (std::uint32_t r = 0; r < n; ++r) all.push_back(r);
@@ -163,7 +163,7 @@ void run_timeout(const mpi::Communicator& job, Checker& k) {
   auto open = mpi_communicators(job);
   std::vector<std::uint32_t> all;
   for (std::uint32_t r = 0; r < n; ++r) all.push_back(r);
-  for (Backend b : {Backend::Native, Backend::Mpi}) {
+  for (Backend b : mpi_backends()) {
     auto c = open({str_format("late-{}", to_string(b)), all, b}, me);
     k.status(c ? Status{} : Status(std::unexpected(c.error())), "opening the group");
     if (!c) return;

@@ -7,6 +7,13 @@
 
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/mesh/native.hpp"
+#if LAVAFLOW_MESH_GLOO
+#include <sys/stat.h>
+
+#include <filesystem>
+
+#include "gloo.hpp"
+#endif
 
 namespace lavaflow::mesh {
 
@@ -366,13 +373,55 @@ std::uint64_t fnv1a(std::string_view s) {
   return h;
 }
 
+#if LAVAFLOW_MESH_GLOO
+/// Gloo meets through files: group rank 0 makes a private directory, every rank connects, and the
+/// directory goes once all have (nothing stays behind in the temporary directory).
+Result<std::unique_ptr<Communicator>> open_gloo_group(const mpi::Communicator& job, const MpiGroupOptions& options,
+                                                      const ProcessGroup& group, std::uint32_t me, MPI_Comm comm) {
+  std::uint64_t nonce = 0;
+  std::filesystem::path dir;
+  int made = 1;
+  if (me == 0) {
+    nonce = (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
+    dir = std::filesystem::temp_directory_path() / str_format("lavaflow-gloo-{}-{:x}", job.job_key(), nonce);
+    made = ::mkdir(dir.c_str(), 0700) == 0 ? 1 : 0;
+  }
+  MPI_Bcast(&nonce, 1, MPI_UINT64_T, 0, comm);
+  MPI_Bcast(&made, 1, MPI_INT, 0, comm);
+  dir = std::filesystem::temp_directory_path() / str_format("lavaflow-gloo-{}-{:x}", job.job_key(), nonce);
+  if (!made) {
+    MPI_Comm_free(&comm);
+    return fail(
+        Errc::System, "mesh::mpi_communicators",
+        str_format("group '{}': rank 0 could not create the Gloo rendezvous directory {}", group.name, dir.string()));
+  }
+  bool one_host = true;
+  for (std::uint32_t r : group.ranks)
+    one_host = one_host && job.location(static_cast<int>(r)).host == job.location(job.rank()).host;
+  MPI_Comm p2p = MPI_COMM_NULL;
+  MPI_Comm_dup(comm, &p2p);
+  MPI_Comm_set_errhandler(p2p, MPI_ERRORS_RETURN);
+  auto c =
+      detail::open_gloo({group.name, dir.string(), me, static_cast<std::uint32_t>(group.ranks.size()), one_host,
+                         options.open_timeout, std::make_unique<MpiCommunicator>(p2p, group.name, group.ranks, job)});
+  MPI_Barrier(comm);
+  if (me == 0) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+  MPI_Comm_free(&comm);
+  return c;
+}
+#endif
+
 Result<std::unique_ptr<Communicator>> open_group(const mpi::Communicator& job, const MpiGroupOptions& options,
                                                  const ProcessGroup& group, std::uint32_t world_rank) {
   constexpr const char* call = "mesh::mpi_communicators";
-  if (group.backend != Backend::Native && group.backend != Backend::Mpi)
+  if (group.backend != Backend::Native && group.backend != Backend::Mpi &&
+      (group.backend != Backend::Gloo || !LAVAFLOW_MESH_GLOO))
     return fail(Errc::Unsupported, call,
-                str_format("group '{}' asks for the {} backend; an MPI job opens native and mpi groups", group.name,
-                           to_string(group.backend)));
+                str_format("group '{}' asks for the {} backend; this build opens {} groups in an MPI job", group.name,
+                           to_string(group.backend), LAVAFLOW_MESH_GLOO ? "native, mpi and gloo" : "native and mpi"));
   if (world_rank != static_cast<std::uint32_t>(job.rank()))
     return fail(Errc::InvalidArgument, call, str_format("rank {} opened a group for rank {}", job.rank(), world_rank));
   std::vector<int> members;
@@ -397,6 +446,9 @@ Result<std::unique_ptr<Communicator>> open_group(const mpi::Communicator& job, c
   LF_TRY_STATUS(check(made, "MPI_Comm_create_group"));
   MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
   if (group.backend == Backend::Mpi) return std::make_unique<MpiCommunicator>(comm, group.name, group.ranks, job);
+#if LAVAFLOW_MESH_GLOO
+  if (group.backend == Backend::Gloo) return open_gloo_group(job, options, group, *me, comm);
+#endif
 
   // Native: hosts by first appearance in the group; a nonce from group rank 0 keeps the segment's
   // name apart from any other opening of a group of the same name.
@@ -453,6 +505,11 @@ Result<DeviceMesh> mesh_from_mpi(const mpi::Communicator& comm, Backend backend)
     ranks.push_back(std::move(info));
   }
   return DeviceMesh::create(static_cast<std::uint32_t>(comm.rank()), std::move(ranks), backend);
+}
+
+std::vector<Backend> mpi_backends() {
+  if (LAVAFLOW_MESH_GLOO) return {Backend::Native, Backend::Mpi, Backend::Gloo};
+  return {Backend::Native, Backend::Mpi};
 }
 
 CommunicatorFactory mpi_communicators(const mpi::Communicator& comm, MpiGroupOptions options) {

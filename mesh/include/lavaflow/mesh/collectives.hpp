@@ -72,6 +72,7 @@ class Work {
  private:
   [[nodiscard]] bool test_ended() const;
   std::shared_ptr<State> state_;
+  std::optional<Status> ready_;  // a call that ended before it returned
 };
 
 /// Per-call options. Every collective ends within `timeout`: when a rank of the group does not

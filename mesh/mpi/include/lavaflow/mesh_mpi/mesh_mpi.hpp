@@ -17,13 +17,19 @@ struct MpiGroupOptions {
   Duration open_timeout = std::chrono::seconds(30);
 };
 
+/// The backends mpi_communicators() opens in this build: native and mpi, and gloo where Gloo was
+/// found.
+[[nodiscard]] std::vector<Backend> mpi_backends();
+
 /// Opens group communicators among the ranks of `comm` (which must outlive them) on the Native
 /// and Mpi backends; other backends are Unsupported, naming the one asked for. Opening is
 /// collective over the group's ranks: each of them opens the group, and opens its groups in the
 /// same order as the others.
 ///
 /// The native backend's leaders and the MPI backend call MPI from whichever thread waits on a
-/// call: a program that also calls MPI from other threads initialises MPI_THREAD_MULTIPLE.
+/// call: a program that also calls MPI from other threads initialises MPI_THREAD_MULTIPLE. The
+/// Gloo backend runs Gloo's blocking calls on a thread per communicator and meets through files in
+/// the temporary directory (which must be one that all of the group's hosts see).
 [[nodiscard]] CommunicatorFactory mpi_communicators(const mpi::Communicator& comm, MpiGroupOptions options = {});
 
 }  // namespace lavaflow::mesh
