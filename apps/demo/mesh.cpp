@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: MIT
 // lavaflow-demo mesh — under `mpiexec -n N`: every rank opens a channel to every other rank, each
 // routed by lavaflow::mpi (same host: Vulkan IPC or shared memory; other host: MPI), streams COUNT
-// messages with sequence numbers and checksums, and verifies what it receives. Rank 0 prints one
-// route table and the result; the exit status is non-zero on any loss or corruption.
+// messages with sequence numbers and checksums, and verifies what it receives. Then the job's device
+// mesh (lavaflow::mesh_mpi): its topology, hosts, devices and groups, each group on its backend,
+// and one all_reduce per group, checked on every rank. Rank 0 prints the route table, the mesh and
+// the result; the exit status is non-zero on any loss, corruption or wrong sum.
 #include "mesh.hpp"
 
 #include <cstdio>
@@ -13,6 +15,7 @@
 
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/lavaflow.hpp"
+#include "lavaflow/mesh_mpi/mesh_mpi.hpp"
 #include "lavaflow/mpi/mpi.hpp"
 #include "payload.hpp"
 
@@ -109,6 +112,64 @@ Status run(const mpi::Communicator& comm, const VulkanContext* vk, std::uint64_t
   return {};
 }
 
+/// The mesh of this job: tensor-parallel pairs where the world is even, one group per backend over
+/// the whole world, and one all_reduce (sum of group rank + 1, as f32) per group this rank is in.
+/// Prints the mesh (rank 0) and each group's result (its rank 0). Returns the groups that failed here.
+int run_mesh(const mpi::Communicator& comm) {
+  using namespace lavaflow::mesh;
+  auto m = mesh_from_mpi(comm);
+  if (!m) {
+    std::fprintf(stderr, "mesh rank %d: FAILED: %s\n", comm.rank(), m.error().message().c_str());
+    return 1;
+  }
+  const auto n = static_cast<std::uint32_t>(comm.size());
+  if (n % 2 == 0 && n >= 4) {
+    if (auto ok = m->with_topology(Mixed{2, 1, n / 2}); !ok) std::fprintf(stderr, "%s\n", ok.error().message().c_str());
+  } else if (n % 2 == 0) {
+    if (auto ok = m->with_topology(TensorParallel{2, {1, 2}}); !ok)
+      std::fprintf(stderr, "%s\n", ok.error().message().c_str());
+  }
+  std::vector<std::uint32_t> all;
+  for (std::uint32_t r = 0; r < n; ++r) all.push_back(r);
+  for (Backend b : mpi_backends())
+    if (b != Backend::Native) (void)m->add_group({str_format("world-{}", to_string(b)), all, b});
+  if (comm.rank() == 0) {
+    std::printf("%s", m->describe().c_str());
+    std::fflush(stdout);
+  }
+  MPI_Barrier(comm.comm());
+  int failed = 0;
+  const auto open = mpi_communicators(comm);
+  for (const ProcessGroup* g : m->groups()) {  // the same order on every rank
+    if (!m->in_group(g->name)) continue;
+    auto c = m->communicator(g->name, open);
+    if (!c) {
+      std::fprintf(stderr, "mesh rank %d: FAILED: group %s: %s\n", comm.rank(), g->name.c_str(),
+                   c.error().message().c_str());
+      ++failed;
+      continue;
+    }
+    const float mine = static_cast<float>((*c)->rank() + 1);
+    float sum = 0;
+    const float want = static_cast<float>((*c)->size() * ((*c)->size() + 1) / 2);
+    const auto t0 = Clock::now();
+    auto ok = (*c)->all_reduce(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(&sum, 1)),
+                               DType::F32, ReduceOp::Sum)
+                  .wait();
+    const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+    if (!ok || sum != want) {
+      std::fprintf(stderr, "mesh rank %d: FAILED: all_reduce on %s: %s\n", comm.rank(), g->name.c_str(),
+                   ok ? str_format("sum {} where {} was due", sum, want).c_str() : ok.error().message().c_str());
+      ++failed;
+    } else if ((*c)->rank() == 0) {
+      std::printf("  all_reduce on %s (%s, %u ranks): sum %g, checked on every rank (%.1f us here)\n", g->name.c_str(),
+                  (*c)->backend().data(), (*c)->size(), sum, us);
+      std::fflush(stdout);
+    }
+  }
+  return failed;
+}
+
 }  // namespace
 
 int mesh_main(int argc, char** argv, std::uint64_t count, std::uint64_t size) {
@@ -137,7 +198,8 @@ int mesh_main(int argc, char** argv, std::uint64_t count, std::uint64_t size) {
     std::uint64_t received = 0;
     auto ok = run(*comm, vk ? &*vk : nullptr, count, size, received);
     if (!ok) std::fprintf(stderr, "mesh rank %d: FAILED: %s\n", comm->rank(), ok.error().message().c_str());
-    int failed = ok ? 0 : 1, failures = 0;
+    MPI_Barrier(comm->comm());
+    int failed = (ok ? 0 : 1) + run_mesh(*comm), failures = 0;
     unsigned long long got = received, total = 0;
     MPI_Reduce(&failed, &failures, 1, MPI_INT, MPI_SUM, 0, comm->comm());
     MPI_Reduce(&got, &total, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, 0, comm->comm());

@@ -10,7 +10,7 @@ namespace lavaflow::mesh {
 std::string_view to_string(Backend b) noexcept {
   switch (b) {
     case Backend::Native:
-      return "lavaflow";
+      return "native";
     case Backend::Mpi:
       return "mpi";
     case Backend::Gloo:

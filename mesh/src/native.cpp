@@ -215,14 +215,15 @@ class Engine : public std::enable_shared_from_this<Engine> {
     return Error(code, str_format("mesh::{}", what), why);
   }
 
-  /// The first local rank whose process has ended, if any.
-  std::optional<std::uint32_t> dead_rank() const {
+  /// The local ranks whose processes have ended.
+  std::vector<std::uint32_t> dead_ranks() const {
+    std::vector<std::uint32_t> dead;
     for (std::uint32_t j = 0; j < nlocal; ++j) {
       if (!watch[j]) continue;
       pollfd p{watch[j].get(), POLLIN, 0};
-      if (::poll(&p, 1, 0) == 1) return j;
+      if (::poll(&p, 1, 0) == 1) dead.push_back(j);
     }
-    return std::nullopt;
+    return dead;
   }
 
   /// Whether every local rank has reached `e`; an error when one is lost, another rank failed,
@@ -237,12 +238,20 @@ class Engine : public std::enable_shared_from_this<Engine> {
     if (all) return true;
     // The clock and the peers' processes are looked at now and then: both cost system calls.
     if ((++polls & 63) != 0) return false;
-    if ((polls & 255) == 0)
-      if (auto dead = dead_rank())
+    if ((polls & 255) == 0) {
+      if (auto dead = dead_ranks(); !dead.empty()) {
+        std::vector<std::uint32_t> group_ranks;
+        std::string pids;
+        for (auto j : dead) {
+          group_ranks.push_back(local[j]);
+          pids += str_format("{}{}", pids.empty() ? "" : ", ", slot(j).pid.load());
+        }
         return std::unexpected(
             break_with(Error(Errc::PeerLost, str_format("mesh::{}", what),
-                             str_format("{} of group '{}' is lost: its process (pid {}) ended during call #{}",
-                                        ranks_text({local[*dead]}, world), group, slot(*dead).pid.load(), c.call_no))));
+                             str_format("{} of group '{}' lost: the process (pid {}) ended during call #{}",
+                                        ranks_text(group_ranks, world), group, pids, c.call_no))));
+      }
+    }
     if (c.deadline.passed()) {
       std::vector<std::uint32_t> missing;
       for (std::uint32_t j = 0; j < nlocal; ++j)

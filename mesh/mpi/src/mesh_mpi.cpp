@@ -344,12 +344,15 @@ class MpiCommunicator final : public Communicator {
       if (const int tested = MPI_Test(&c->request, &flag, &st); tested != MPI_SUCCESS)
         return s->finish(std::unexpected(mpi::to_error(tested, str_format("mesh::{}", c->what))));
       if (flag) return s->finish(c->after ? c->after(st) : Status{});
-      if ((++polls & 1023) == 0)
+      if ((++polls & 1023) == 0) {
+        std::string lost;
         for (std::uint32_t r = 0; r < world.size(); ++r)
           if (auto alive = job->check_alive(static_cast<int>(world[r])); !alive)
-            return s->finish(fail(
-                Errc::PeerLost, str_format("mesh::{}", c->what),
-                str_format("{} of group '{}' is lost: {}", ranks_text(r, world[r]), group, alive.error().cause())));
+            lost += str_format("{}{} ({})", lost.empty() ? "" : "; ", ranks_text(r, world[r]), alive.error().cause());
+        if (!lost.empty())
+          return s->finish(
+              fail(Errc::PeerLost, str_format("mesh::{}", c->what), str_format("group '{}' lost {}", group, lost)));
+      }
       if (c->deadline.passed())
         s->finish(fail(Errc::Timeout, str_format("mesh::{}", c->what),
                        str_format("group '{}' did not end the call in time; the MPI backend cannot tell which rank "
