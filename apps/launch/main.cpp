@@ -13,8 +13,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -34,18 +36,32 @@ void signal_all(const std::vector<pid_t>& pids, const std::vector<bool>& running
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The launcher's own options come first; the program starts at the first argument that is not
+  // one of them (or after "--"), and everything from there is passed on untouched.
+  int split = 1;
+  std::vector<std::string> command;
+  while (split < argc) {
+    const std::string_view a = argv[split];
+    if (a == "--") {
+      for (int i = split + 1; i < argc; ++i) command.emplace_back(argv[i]);
+      break;
+    }
+    if (!a.starts_with("-") || a == "-") {
+      for (int i = split; i < argc; ++i) command.emplace_back(argv[i]);
+      break;
+    }
+    const bool takes_value = (a == "-n" || a == "--ranks" || a == "--timeout");
+    split += takes_value ? 2 : 1;
+  }
+  split = std::min(split, argc);
   CLI::App app{"lavaflow-launch: starts the ranks of a lava-flow job without MPI on this host"};
   std::uint64_t ranks = 2, timeout = 0;
-  std::vector<std::string> command;
   lfapp::add_whole(app, "-n,--ranks", ranks, "ranks to start", 1, 1024)->required();
   lfapp::add_whole(app, "--timeout", timeout, "seconds before every rank is stopped (0: none)", 0, 7 * 24 * 3600);
-  app.add_option("command", command, "the program and its arguments")->required();
-  app.prefix_command();
-  if (auto rc = lfapp::parse(app, argc, argv)) return *rc;
-  for (const auto& extra : app.remaining()) command.push_back(extra);
-  if (!command.empty() && command.front() == "--") command.erase(command.begin());
+  app.footer("Usage: lavaflow-launch -n N [--timeout SECONDS] [--] PROGRAM [ARGS...]");
+  if (auto rc = lfapp::parse(app, split, argv)) return *rc;
   if (command.empty()) {
-    std::fprintf(stderr, "lavaflow-launch: no program to start\n");
+    std::fprintf(stderr, "lavaflow-launch: no program to start (lavaflow-launch -n N PROGRAM [ARGS...])\n");
     return 2;
   }
 

@@ -100,6 +100,13 @@ check_whole --size 1048576 68719476736 "$bench" interop
 check_whole --frames 16 1000000 "$bench" interop
 check_whole --slots 0 62 "$bench" interop
 check_whole --rounds 10 10000000 "$bench" interop
+check_unknown "$bench" collectives
+check_whole --ranks 2 64 "$bench" collectives
+check_whole --max-size 8 1073741824 "$bench" collectives
+launch=$bin/launch/lavaflow-launch
+check_unknown "$launch" -n 2
+check_whole --ranks 1 1024 "$launch"
+check_whole --timeout 0 604800 "$launch" -n 2
 if [ -x "$bin/bench/lavaflow-bench-remote" ]; then
   check_whole --max-size 8 4194304 "$bin/bench/lavaflow-bench-remote"
   check_whole --ring-bytes 8 1073741824 "$bin/bench/lavaflow-bench-remote"
