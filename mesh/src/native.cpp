@@ -59,8 +59,9 @@ struct alignas(64) RankSlot {
   std::uint64_t call_bytes[2];
   std::uint32_t call_what[2];  // kind | type << 8 | op << 16
   std::uint32_t call_root[2];
+  std::uint64_t call_arena[2];  // 1 + the offset of the call's send in this rank's arena; 0: staged
 };
-static_assert(sizeof(RankSlot) == 64);
+static_assert(sizeof(RankSlot) == 128);
 
 struct alignas(64) Mailbox {  // from one local rank to another: one piece at a time
   std::atomic<std::uint64_t> posted, taken;
@@ -78,15 +79,16 @@ struct Header {
 };
 
 struct Layout {
-  std::uint64_t slots, boxes, mail, stage, area, bytes;
-  Layout(std::uint32_t local, std::uint64_t chunk) {
+  std::uint64_t slots, boxes, mail, stage, area, arena, bytes;
+  Layout(std::uint32_t local, std::uint64_t chunk, std::uint64_t arena_bytes) {
     auto up = [](std::uint64_t v) { return (v + 4095) & ~std::uint64_t{4095}; };
     slots = up(sizeof(Header));
     boxes = up(slots + local * sizeof(RankSlot));
     mail = up(boxes + std::uint64_t{local} * local * sizeof(Mailbox));
     stage = up(mail + std::uint64_t{local} * local * kMailBytes);
     area = stage + 2ull * local * chunk;
-    bytes = area + 2 * chunk;
+    arena = area + 2 * chunk;
+    bytes = arena + local * arena_bytes;
   }
 };
 
@@ -127,6 +129,8 @@ struct Collective : Op {
   std::span<std::byte> keep;    // … of which this block goes to the caller
   std::uint64_t keep_from = 0;
   std::vector<std::uint64_t> counts, offsets;
+  std::uint64_t arena_src = 0;      // 1 + offset of this rank's send in its arena; 0: staged
+  std::vector<std::uint64_t> srcs;  // the same for every local rank (all_reduce), once checked
 };
 
 struct PointToPoint : Op {
@@ -151,7 +155,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   bool leader = false;
   std::unique_ptr<HostLink> link;
   std::unique_ptr<Communicator> remote;  // point to point with ranks on other hosts
-  std::uint64_t chunk = 0;
+  std::uint64_t chunk = 0, arena_bytes = 0, arena_used = 0;
   std::byte* base = nullptr;
   std::uint64_t mapped = 0;
   std::vector<UniqueFd> watch;  // local index → pidfd of that rank's process (empty for this one)
@@ -170,17 +174,27 @@ class Engine : public std::enable_shared_from_this<Engine> {
   }
 
   Header& header() const { return *reinterpret_cast<Header*>(base); }
-  RankSlot& slot(std::uint32_t j) const { return reinterpret_cast<RankSlot*>(base + Layout(nlocal, chunk).slots)[j]; }
+  RankSlot& slot(std::uint32_t j) const {
+    return reinterpret_cast<RankSlot*>(base + Layout(nlocal, chunk, arena_bytes).slots)[j];
+  }
   Mailbox& box(std::uint32_t from, std::uint32_t to) const {
-    return reinterpret_cast<Mailbox*>(base + Layout(nlocal, chunk).boxes)[from * nlocal + to];
+    return reinterpret_cast<Mailbox*>(base + Layout(nlocal, chunk, arena_bytes).boxes)[from * nlocal + to];
   }
   std::byte* mail(std::uint32_t from, std::uint32_t to) const {
-    return base + Layout(nlocal, chunk).mail + (std::uint64_t{from} * nlocal + to) * kMailBytes;
+    return base + Layout(nlocal, chunk, arena_bytes).mail + (std::uint64_t{from} * nlocal + to) * kMailBytes;
   }
   std::byte* stage(std::uint64_t parity, std::uint32_t j) const {
-    return base + Layout(nlocal, chunk).stage + (parity * nlocal + j) * chunk;
+    return base + Layout(nlocal, chunk, arena_bytes).stage + (parity * nlocal + j) * chunk;
   }
-  std::byte* area(std::uint64_t parity) const { return base + Layout(nlocal, chunk).area + parity * chunk; }
+  std::byte* area(std::uint64_t parity) const {
+    return base + Layout(nlocal, chunk, arena_bytes).area + parity * chunk;
+  }
+  std::byte* arena(std::uint32_t j) const { return base + Layout(nlocal, chunk, arena_bytes).arena + j * arena_bytes; }
+  /// Where local rank j's input of the current step is: its arena (a send allocated there, read
+  /// where it is) or its staging buffer.
+  const std::byte* source(const Collective& c, std::uint64_t parity, std::uint32_t j) const {
+    return c.srcs.empty() || c.srcs[j] == 0 ? stage(parity, j) : arena(j) + (c.srcs[j] - 1) + c.done;
+  }
 
   std::uint64_t arrive() {
     slot(me).arrive.store(++epoch, std::memory_order_release);
@@ -276,16 +290,29 @@ class Engine : public std::enable_shared_from_this<Engine> {
     s.call_what[p] = static_cast<std::uint32_t>(c.kind) | static_cast<std::uint32_t>(c.type) << 8 |
                      static_cast<std::uint32_t>(c.op) << 16;
     s.call_root[p] = c.root;
+    s.call_arena[p] = c.arena_src;
   }
 
-  Status check_call(const Collective& c) {
+  Status check_call(Collective& c) {
     const auto p = c.call_no & 1;
     const RankSlot& mine = slot(me);
     for (std::uint32_t j = 0; j < nlocal; ++j) {
       const RankSlot& s = slot(j);
       if (s.call_no[p] == mine.call_no[p] && s.call_bytes[p] == mine.call_bytes[p] &&
-          s.call_what[p] == mine.call_what[p] && s.call_root[p] == mine.call_root[p])
+          s.call_what[p] == mine.call_what[p] && s.call_root[p] == mine.call_root[p]) {
+        // Peers whose send lies in their arena: where, checked against the arena's size.
+        const std::uint64_t at = s.call_arena[p];
+        if (at != 0 && (at - 1 > arena_bytes || c.unit > arena_bytes - (at - 1)))
+          return std::unexpected(
+              break_with(Error(Errc::Malformed, str_format("mesh::{}", to_string(c.kind)),
+                               str_format("group '{}': {} says its {}-byte input is at offset {} of a {}-byte arena",
+                                          group, ranks_text({local[j]}, world), c.unit, at - 1, arena_bytes))));
+        if (at != 0) {
+          if (c.srcs.empty()) c.srcs.assign(nlocal, 0);
+          c.srcs[j] = at;
+        }
         continue;
+      }
       auto describe = [](const RankSlot& r, std::uint64_t par) {
         const auto kind = static_cast<Kind>(r.call_what[par] & 0xFF);
         const auto type = static_cast<DType>((r.call_what[par] >> 8) & 0xFF);
@@ -346,6 +373,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
           c.m = std::min(left, cap);
           switch (c.kind) {
             case Kind::AllReduce:
+              if (c.arena_src == 0) std::memcpy(stage(p, me), c.send.data() + c.done, c.m);
+              break;
             case Kind::AllGather:
               std::memcpy(stage(p, me), c.send.data() + c.done, c.m);
               break;
@@ -386,14 +415,14 @@ class Engine : public std::enable_shared_from_this<Engine> {
             auto& ins = scratch;
             ins.clear();
             if (!multi && c.unit <= kFlatLimit) {
-              for (std::uint32_t j = 0; j < nlocal; ++j) ins.emplace_back(stage(p, j), c.m);
+              for (std::uint32_t j = 0; j < nlocal; ++j) ins.emplace_back(source(c, p, j), c.m);
               LF_TRY_STATUS(reduce(ins, {c.recv.data() + c.done, c.m}, c.type, c.op));
               if (next_step()) return true;
               break;
             }
             const auto [a, b] = part(c.m, me, es);
             if (b > a) {
-              for (std::uint32_t j = 0; j < nlocal; ++j) ins.emplace_back(stage(p, j) + a, b - a);
+              for (std::uint32_t j = 0; j < nlocal; ++j) ins.emplace_back(source(c, p, j) + a, b - a);
               LF_TRY_STATUS(reduce(ins, {stage(p, me) + a, b - a}, c.type, local_op));
               std::memcpy((multi ? area(p) : c.recv.data() + c.done) + a, stage(p, me) + a, b - a);
             }
@@ -653,7 +682,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
 
 Status attach(Engine& e, Duration timeout) {
   constexpr const char* call = "mesh::open_native";
-  const Layout layout(e.nlocal, e.chunk);
+  const Layout layout(e.nlocal, e.chunk, e.arena_bytes);
   const Deadline deadline(timeout);
   const char* name = e.shm_name.c_str();
   UniqueFd fd;
@@ -762,7 +791,17 @@ class NativeCommunicator final : public Communicator {
                   CallOptions o) override {
     if (send.size() != recv.size())
       return bad("all_reduce", str_format("send holds {} bytes, recv {}", send.size(), recv.size()));
-    return collective(Kind::AllReduce, send, recv, send.size(), type, op, 0, o);
+    auto c = make(Kind::AllReduce, send, recv, send.size(), type, op, 0, o);
+    if (!c) return Work::done(std::unexpected(c.error()));
+    if (send.empty()) return Work::done({});
+    // A send in this rank's arena is read where it is — except in place on the flat path, where
+    // peers read it while this rank writes its result.
+    const std::byte* mine = e_->arena(e_->me);
+    const bool in_arena = send.data() >= mine && send.data() + send.size() <= mine + e_->arena_bytes;
+    const bool flat = e_->nhosts == 1 && send.size() <= kFlatLimit;
+    const bool overlaps = send.data() < recv.data() + recv.size() && recv.data() < send.data() + send.size();
+    if (in_arena && !(flat && overlaps)) (*c)->arena_src = 1 + static_cast<std::uint64_t>(send.data() - mine);
+    return e_->start(std::move(*c), true);
   }
   Work all_gather(std::span<const std::byte> send, std::span<std::byte> recv, DType type, CallOptions o) override {
     if (recv.size() != send.size() * e_->n)
@@ -789,6 +828,18 @@ class NativeCommunicator final : public Communicator {
     return e_->start(std::move(*c), true);
   }
   Work barrier(CallOptions o) override { return collective(Kind::Barrier, {}, {}, 0, DType::U8, ReduceOp::Sum, 0, o); }
+
+  Result<std::span<std::byte>> allocate(std::size_t bytes) override {
+    std::lock_guard lock(e_->mutex);
+    const std::uint64_t at = (e_->arena_used + 63) & ~std::uint64_t{63};
+    if (bytes == 0 || bytes > e_->arena_bytes || at > e_->arena_bytes - bytes)
+      return fail(Errc::OutOfMemory, "mesh::Communicator::allocate",
+                  str_format("{} bytes do not fit in what is left of this rank's {}-byte arena in group '{}' ({} used; "
+                             "NativeOptions::arena_bytes sets its size)",
+                             bytes, e_->arena_bytes, e_->group, e_->arena_used));
+    e_->arena_used = at + bytes;
+    return std::span<std::byte>(e_->arena(e_->me) + at, bytes);
+  }
 
   Work send(std::span<const std::byte> buffer, std::uint32_t peer, std::uint32_t tag, CallOptions o) override {
     if (peer >= e_->n) return bad("send", str_format("peer {} is not a rank of a group of {}", peer, e_->n));
@@ -882,6 +933,10 @@ Result<std::unique_ptr<Communicator>> open_native(NativeOptions o) {
   e->rank = o.rank;
   e->n = n;
   e->chunk = o.chunk_bytes;
+  if (o.arena_bytes % 4096 != 0 || o.arena_bytes > (16ull << 30))
+    return fail(Errc::InvalidArgument, call,
+                str_format("arena_bytes {} is not a multiple of 4 KiB up to 16 GiB", o.arena_bytes));
+  e->arena_bytes = o.arena_bytes;
   e->nhosts = *std::max_element(o.hosts.begin(), o.hosts.end()) + 1;
   e->host_size.assign(e->nhosts, 0);
   e->local_of.assign(n, 0);

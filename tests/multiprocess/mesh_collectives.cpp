@@ -104,6 +104,31 @@ void check_point_to_point(Communicator& c, Checker& k) {
   }
 }
 
+/// all_reduce with the send in the group's shared memory (read where it is), out of place and in
+/// place, from the flat path to several steps.
+void check_zero_copy(Communicator& c, Checker& k) {
+  for (DType t : {DType::F32, DType::BF16, DType::I64})
+    for (std::size_t count : {std::size_t{7}, std::size_t{20'001}, std::size_t{100'003}}) {
+      const std::size_t bytes = count * size_of(t);
+      auto send = c.allocate(bytes);
+      k.expect(send.has_value(), send ? "" : "allocate: " + send.error().message());
+      if (!send) return;
+      const auto mine = encode(inputs(c.rank(), count, t), t);
+      const auto want = expected(c.size(), count, t, ReduceOp::Sum);
+      std::memcpy(send->data(), mine.data(), bytes);
+      std::vector<std::byte> out(bytes);
+      k.status(c.all_reduce(*send, out, t, ReduceOp::Sum).wait(),
+               label(c, "zero-copy all_reduce", t, ReduceOp::Sum, count));
+      k.expect(out == want, label(c, "zero-copy all_reduce result", t, ReduceOp::Sum, count));
+      k.expect(std::equal(mine.begin(), mine.end(), send->begin()),
+               label(c, "zero-copy send kept", t, ReduceOp::Sum, count));
+      k.status(c.all_reduce(*send, *send, t, ReduceOp::Sum).wait(),
+               label(c, "in-place zero-copy all_reduce", t, ReduceOp::Sum, count));
+      k.expect(std::equal(want.begin(), want.end(), send->begin()),
+               label(c, "in-place zero-copy all_reduce result", t, ReduceOp::Sum, count));
+    }
+}
+
 void check_overlap(Communicator& c, Checker& k) {
   // Three calls in flight at once, waited for in reverse order.
   constexpr std::size_t kCount = 100'000;
@@ -127,7 +152,7 @@ void check_overlap(Communicator& c, Checker& k) {
 
 void run_all(const mpi::Communicator& job, Checker& k) {
   const auto n = static_cast<std::uint32_t>(job.size()), me = static_cast<std::uint32_t>(job.rank());
-  auto open = mpi_communicators(job, {.chunk_bytes = 64 << 10});
+  auto open = mpi_communicators(job, {.chunk_bytes = 64 << 10, .arena_bytes = 8 << 20});
   for (Backend b : mpi_backends()) {
     std::vector<std::unique_ptr<Communicator>> comms;
     std::vector<std::uint32_t> all, part;
@@ -153,6 +178,7 @@ void run_all(const mpi::Communicator& job, Checker& k) {
       k.status(c->barrier().wait(), str_format("{} barrier on '{}'", c->backend(), c->group()));
       check_point_to_point(*c, k);
       check_overlap(*c, k);
+      if (b == Backend::Native) check_zero_copy(*c, k);
     }
     if (me == 0)
       std::printf("mesh-collectives: %s: %zu groups checked (%u ranks)\n", to_string(b).data(), comms.size(), n);

@@ -4,6 +4,7 @@
 // goes through Gloo's FileStore in a directory that lives only while the group opens.
 #include "gloo.hpp"
 
+#include <arpa/inet.h>
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
@@ -11,7 +12,10 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/transport/tcp/device.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <unistd.h>
 
 #include <condition_variable>
@@ -19,6 +23,7 @@
 #include <deque>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "lavaflow/core/detail/format.hpp"
@@ -39,6 +44,21 @@ Error from_gloo(const std::exception& e, std::string call, const std::string& gr
   return Error(timeout ? Errc::Timeout : Errc::PeerLost, std::move(call),
                str_format("group '{}': {}{}", group, what,
                           timeout ? " (Gloo cannot tell which rank is missing; the native backend can)" : ""));
+}
+
+/// The IPv4 address of the first interface that is up and not loopback.
+std::optional<std::string> first_address() {
+  ifaddrs* all = nullptr;
+  if (::getifaddrs(&all) != 0) return std::nullopt;
+  std::optional<std::string> out;
+  for (ifaddrs* i = all; i && !out; i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP) || (i->ifa_flags & IFF_LOOPBACK))
+      continue;
+    char text[INET_ADDRSTRLEN] = {};
+    if (::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, text, sizeof text)) out = text;
+  }
+  ::freeifaddrs(all);
+  return out;
 }
 
 class GlooCommunicator final : public Communicator {
@@ -248,17 +268,22 @@ class GlooCommunicator final : public Communicator {
 Result<std::unique_ptr<Communicator>> open_gloo(GlooOpen o) {
   constexpr const char* call = "mesh::open_gloo";
   try {
-    // This host's name where it resolves (a cluster); loopback where it does not (one machine).
+    // Where Gloo listens: loopback for a group on one host; else this host's name where it
+    // resolves (a cluster), else the first address of an interface that is up (hosts without
+    // names: containers, network namespaces).
     gloo::transport::tcp::attr attr;
-    char host[256] = {};
-    ::gethostname(host, sizeof host - 1);
-    addrinfo* found = nullptr;
-    if (o.one_host || ::getaddrinfo(host, nullptr, nullptr, &found) != 0) {
-      attr.hostname = "127.0.0.1";
-    } else {
-      attr.hostname = host;
+    attr.hostname = "127.0.0.1";
+    if (!o.one_host) {
+      char host[256] = {};
+      ::gethostname(host, sizeof host - 1);
+      addrinfo* found = nullptr;
+      if (::getaddrinfo(host, nullptr, nullptr, &found) == 0) {
+        attr.hostname = host;
+        ::freeaddrinfo(found);
+      } else if (auto ip = first_address()) {
+        attr.hostname = *ip;
+      }
     }
-    if (found) ::freeaddrinfo(found);
     auto device = gloo::transport::tcp::CreateDevice(attr);
     gloo::rendezvous::FileStore store(o.directory);
     auto ctx = std::make_shared<gloo::rendezvous::Context>(static_cast<int>(o.rank), static_cast<int>(o.size));

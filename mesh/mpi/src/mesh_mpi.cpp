@@ -460,6 +460,7 @@ Result<std::unique_ptr<Communicator>> open_group(const mpi::Communicator& job, c
   o.world_ranks = group.ranks;
   o.rank = *me;
   o.chunk_bytes = options.chunk_bytes;
+  o.arena_bytes = options.arena_bytes;
   o.attach_timeout = options.open_timeout;
   std::vector<HostIdentity> seen;
   for (std::uint32_t r : group.ranks) {

@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/duration.hpp"
 #include "lavaflow/core/error.hpp"
 
@@ -112,6 +113,16 @@ class Communicator {
                                   CallOptions options = {}) = 0;
   [[nodiscard]] virtual Work recv(std::span<std::byte> buffer, std::uint32_t peer, std::uint32_t tag = 0,
                                   CallOptions options = {}) = 0;
+
+  /// Memory the group's other ranks on this host can read where it is (the native backend's
+  /// shared segment): an all_reduce whose send lies in it takes no copy in. It lasts as long as
+  /// the communicator. Unsupported on backends without such memory, and when the group was opened
+  /// without room for it.
+  [[nodiscard]] virtual Result<std::span<std::byte>> allocate(std::size_t bytes) {
+    (void)bytes;
+    return fail(Errc::Unsupported, "mesh::Communicator::allocate",
+                str_format("the {} backend has no shared memory to allocate", backend()));
+  }
 };
 
 }  // namespace lavaflow::mesh

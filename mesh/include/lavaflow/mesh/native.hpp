@@ -47,6 +47,7 @@ struct NativeOptions {
   std::unique_ptr<HostLink> link;          ///< leaders only (lowest group rank of each host), when hosts > 1
   std::unique_ptr<Communicator> remote;    ///< send/recv with ranks on other hosts (the same group)
   std::uint64_t chunk_bytes = 1 << 20;     ///< staging per rank and step: a power of two, 4 KiB … 64 MiB
+  std::uint64_t arena_bytes = 0;           ///< per rank, for Communicator::allocate: a multiple of 4 KiB
   Duration attach_timeout = std::chrono::seconds(30);
 };
 

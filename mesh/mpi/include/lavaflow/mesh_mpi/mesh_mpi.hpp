@@ -14,6 +14,7 @@ namespace lavaflow::mesh {
 
 struct MpiGroupOptions {
   std::uint64_t chunk_bytes = 1 << 20;  ///< the native backend's staging per rank and step
+  std::uint64_t arena_bytes = 0;        ///< the native backend's memory per rank for Communicator::allocate
   Duration open_timeout = std::chrono::seconds(30);
 };
 
