@@ -107,7 +107,14 @@ std::string ranks_text(const std::vector<std::uint32_t>& group_ranks, const std:
 
 struct Op {
   std::shared_ptr<Work::State> state;
-  Deadline deadline{kForever};
+  Duration timeout = kForever;
+  // Started at the first look rather than at the call: a call that ends at once never reads the
+  // clock, and one that waits starts its timeout a few microseconds late.
+  std::optional<Deadline> deadline;
+  bool expired() {
+    if (!deadline) deadline.emplace(timeout);
+    return deadline->passed();
+  }
   virtual ~Op() = default;
 };
 
@@ -242,7 +249,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
 
   /// Whether every local rank has reached `e`; an error when one is lost, another rank failed,
   /// or the call's deadline has passed.
-  Result<bool> reached(std::uint64_t e, const Collective& c) {
+  Result<bool> reached(std::uint64_t e, Collective& c) {
     const std::string_view what = to_string(c.kind);
     // A failure first: ranks that gave up on a call may have reached its barrier before they did.
     if (header().failed.load(std::memory_order_acquire) != 0)
@@ -266,7 +273,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
                                         ranks_text(group_ranks, world), group, pids, c.call_no))));
       }
     }
-    if (c.deadline.passed()) {
+    if (c.expired()) {
       std::vector<std::uint32_t> missing;
       for (std::uint32_t j = 0; j < nlocal; ++j)
         if (slot(j).arrive.load(std::memory_order_acquire) < e) missing.push_back(local[j]);
@@ -329,11 +336,11 @@ class Engine : public std::enable_shared_from_this<Engine> {
     return {};
   }
 
-  Result<bool> link_done(const Collective& c) {
+  Result<bool> link_done(Collective& c) {
     auto t = link->test();
     if (!t) return std::unexpected(break_with(t.error()));
     if (*t) return true;
-    if (c.deadline.passed())
+    if (c.expired())
       return std::unexpected(
           break_with(Error(Errc::Timeout, str_format("mesh::{}", to_string(c.kind)),
                            str_format("the exchange between the {} hosts of group '{}' did not end in time (call #{})",
@@ -361,6 +368,28 @@ class Engine : public std::enable_shared_from_this<Engine> {
         c.phase = 0;
         return c.done >= c.unit;
       };
+      // One rank on every host: nothing to share in memory, so the leaders' exchange runs on the
+      // caller's buffers, the whole call at once (every host takes this path, or none does).
+      if (nhosts == n && nhosts > 1 && c.kind != Kind::Barrier && c.kind != Kind::ReduceScatter) {
+        if (c.phase == 0) {
+          switch (c.kind) {
+            case Kind::AllReduce:
+              LF_TRY_STATUS(link->start_direct_all_reduce(c.send, c.recv, c.type, local_op));
+              break;
+            case Kind::AllGather:
+              LF_TRY_STATUS(link->start_direct_all_gather(c.send, c.recv));
+              break;
+            default:
+              LF_TRY_STATUS(link->start_broadcast(c.recv, hosts[c.root]));
+              break;
+          }
+          c.phase = 6;
+        }
+        auto r = link_done(c);
+        if (!r || !*r) return r;
+        if (c.kind == Kind::AllReduce && c.op == ReduceOp::Average) LF_TRY_STATUS(divide(c.recv, c.type, n));
+        return true;
+      }
       switch (c.phase) {
         case 0: {  // the step begins: this rank's part goes into its staging buffer
           if (!c.posted) {
@@ -592,7 +621,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
         return fail(Errc::PeerLost, str_format("mesh::{}", what),
                     str_format("{} of group '{}' is lost: its process ended", ranks_text({x.peer}, world), group));
     }
-    if (x.deadline.passed())
+    if (x.expired())
       return fail(Errc::Timeout, str_format("mesh::{}", what),
                   str_format("{} {} of group '{}' (tag {}) did not take part in time",
                              x.sending ? "sending to" : "receiving from", ranks_text({x.peer}, world), group, x.tag));
@@ -654,11 +683,14 @@ class Engine : public std::enable_shared_from_this<Engine> {
       std::unique_lock lock(mutex);
       if (queue.empty() && p2p.empty()) {
         auto& c = static_cast<Collective&>(*op);
-        const Deadline spin(std::chrono::microseconds(20));
+        std::optional<Deadline> spin;
         for (std::uint32_t i = 1;; ++i) {
           Result<bool> r = broken ? Result<bool>(std::unexpected(*broken)) : advance(c);
           if (!r || *r) return Work::done(conclude(c, r));
-          if ((i & 63) == 0 && spin.passed()) break;
+          if ((i & 63) == 0) {
+            if (!spin) spin.emplace(std::chrono::microseconds(20));
+            if (spin->passed()) break;
+          }
         }
       }
     }
@@ -850,7 +882,7 @@ class NativeCommunicator final : public Communicator {
     x->peer = peer;
     x->tag = tag;
     x->out = buffer;
-    x->deadline = Deadline(o.timeout);
+    x->timeout = o.timeout;
     return e_->start(std::move(x), false);
   }
   Work recv(std::span<std::byte> buffer, std::uint32_t peer, std::uint32_t tag, CallOptions o) override {
@@ -861,7 +893,7 @@ class NativeCommunicator final : public Communicator {
     x->peer = peer;
     x->tag = tag;
     x->in = buffer;
-    x->deadline = Deadline(o.timeout);
+    x->timeout = o.timeout;
     return e_->start(std::move(x), false);
   }
 
@@ -893,7 +925,7 @@ class NativeCommunicator final : public Communicator {
     c->recv = recv;
     c->unit = unit;
     c->call_no = e_->calls++;
-    c->deadline = Deadline(o.timeout);
+    c->timeout = o.timeout;
     return c;
   }
 

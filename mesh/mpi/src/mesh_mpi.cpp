@@ -99,17 +99,7 @@ class MpiHostLink final : public HostLink {
   Status start_all_reduce(std::span<std::byte> data, DType type, ReduceOp op) override {
     const auto count = data.size() / size_of(type);
     if (count > INT_MAX) return fail(Errc::InvalidArgument, "MPI_Iallreduce", "more than INT_MAX elements");
-    MPI_Op o = mpi_op(op);
-    if (type == DType::F16 || type == DType::BF16) {
-      MPI_Op& made =
-          ops_[(type == DType::BF16 ? 4 : 0) + static_cast<int>(op == ReduceOp::Average ? ReduceOp::Sum : op)];
-      if (made == MPI_OP_NULL)
-        LF_TRY_STATUS(
-            check(MPI_Op_create(type == DType::F16 ? combine16_for<DType::F16>(op) : combine16_for<DType::BF16>(op), 1,
-                                &made),
-                  "MPI_Op_create"));
-      o = made;
-    }
+    LF_TRY(MPI_Op o, op_for(type, op));
     return check(
         MPI_Iallreduce(MPI_IN_PLACE, data.data(), static_cast<int>(count), mpi_type(type), o, comm_, &request_),
         "MPI_Iallreduce");
@@ -135,6 +125,22 @@ class MpiHostLink final : public HostLink {
         "MPI_Ibcast");
   }
   Status start_barrier() override { return check(MPI_Ibarrier(comm_, &request_), "MPI_Ibarrier"); }
+  Status start_direct_all_reduce(std::span<const std::byte> send, std::span<std::byte> recv, DType type,
+                                 ReduceOp op) override {
+    const auto count = recv.size() / size_of(type);
+    if (count > INT_MAX) return fail(Errc::InvalidArgument, "MPI_Iallreduce", "more than INT_MAX elements");
+    LF_TRY(MPI_Op o, op_for(type, op));
+    const void* s = send.data() == recv.data() ? MPI_IN_PLACE : send.data();
+    return check(MPI_Iallreduce(s, recv.data(), static_cast<int>(count), mpi_type(type), o, comm_, &request_),
+                 "MPI_Iallreduce");
+  }
+  Status start_direct_all_gather(std::span<const std::byte> send, std::span<std::byte> recv) override {
+    if (recv.size() > INT_MAX) return fail(Errc::InvalidArgument, "MPI_Iallgather", "more than INT_MAX bytes");
+    const void* s = send.data() == recv.data() + host_ * send.size() ? MPI_IN_PLACE : send.data();
+    return check(MPI_Iallgather(s, static_cast<int>(send.size()), MPI_BYTE, recv.data(), static_cast<int>(send.size()),
+                                MPI_BYTE, comm_, &request_),
+                 "MPI_Iallgather");
+  }
   Result<bool> test() override {
     int flag = 0;
     LF_TRY_STATUS(check(MPI_Test(&request_, &flag, MPI_STATUS_IGNORE), "MPI_Test"));
@@ -142,6 +148,16 @@ class MpiHostLink final : public HostLink {
   }
 
  private:
+  /// MPI's op, or one of ours for f16 and bf16 (made once).
+  Result<MPI_Op> op_for(DType type, ReduceOp op) {
+    if (type != DType::F16 && type != DType::BF16) return mpi_op(op);
+    MPI_Op& made = ops_[(type == DType::BF16 ? 4 : 0) + static_cast<int>(op == ReduceOp::Average ? ReduceOp::Sum : op)];
+    if (made == MPI_OP_NULL)
+      LF_TRY_STATUS(check(
+          MPI_Op_create(type == DType::F16 ? combine16_for<DType::F16>(op) : combine16_for<DType::BF16>(op), 1, &made),
+          "MPI_Op_create"));
+    return made;
+  }
   MPI_Comm comm_;
   std::uint32_t hosts_, host_;
   MPI_Request request_ = MPI_REQUEST_NULL;

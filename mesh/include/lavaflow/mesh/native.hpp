@@ -31,6 +31,10 @@ class HostLink {
   [[nodiscard]] virtual Status start_all_gather(std::span<std::byte> all, std::span<const std::uint64_t> counts,
                                                 std::span<const std::uint64_t> offsets) = 0;
   [[nodiscard]] virtual Status start_broadcast(std::span<std::byte> data, std::uint32_t root_host) = 0;
+  /// With one rank per host, straight between the callers' buffers (send may be recv).
+  [[nodiscard]] virtual Status start_direct_all_reduce(std::span<const std::byte> send, std::span<std::byte> recv,
+                                                       DType type, ReduceOp op) = 0;
+  [[nodiscard]] virtual Status start_direct_all_gather(std::span<const std::byte> send, std::span<std::byte> recv) = 0;
   [[nodiscard]] virtual Status start_barrier() = 0;
   /// true once the exchange has ended; its error if it failed.
   [[nodiscard]] virtual Result<bool> test() = 0;
