@@ -29,12 +29,6 @@ Result<std::uint32_t> number(const char* name, std::uint32_t max) {
   return out;
 }
 
-std::uint64_t fnv1a(std::string_view s) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (char ch : s) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
-  return h;
-}
-
 }  // namespace
 
 Result<LaunchedJob> launched_job() {
@@ -93,7 +87,7 @@ CommunicatorFactory launched_communicators(const LaunchedJob& job, std::uint64_t
     }
     if (!member)
       return fail(Errc::InvalidArgument, call, str_format("rank {} is not in group '{}'", world_rank, group.name));
-    o.key = str_format("{}-{:x}-{}", job.key, fnv1a(group.name), (*opened)[group.name]++);
+    o.key = str_format("{}-{:x}-{}", job.key, name_hash(group.name), (*opened)[group.name]++);
     return open_native(std::move(o));
   };
 }

@@ -12,28 +12,14 @@
 #include <tuple>
 
 #include "lavaflow/core/detail/format.hpp"
+#include "names.hpp"
 
 namespace lavaflow::mesh {
 
 namespace {
 
-enum class Kind : std::uint8_t { AllReduce, AllGather, Broadcast, ReduceScatter, Barrier };
-
-std::string_view to_string(Kind k) {
-  switch (k) {
-    case Kind::AllReduce:
-      return "all_reduce";
-    case Kind::AllGather:
-      return "all_gather";
-    case Kind::Broadcast:
-      return "broadcast";
-    case Kind::ReduceScatter:
-      return "reduce_scatter";
-    case Kind::Barrier:
-      return "barrier";
-  }
-  return "?";
-}
+using detail::Kind;
+using detail::to_string;
 
 /// What one rank brings to a collective.
 struct Call {
@@ -61,19 +47,6 @@ struct Group {
   std::map<std::uint64_t, Round> rounds;
   std::map<std::tuple<std::uint32_t, std::uint32_t, std::uint32_t>, std::deque<std::vector<std::byte>>> mail;
 };
-
-std::string rank_list(const std::vector<std::uint32_t>& group_ranks, const std::vector<std::uint32_t>& world) {
-  std::string g, w;
-  for (std::uint32_t r : group_ranks) {
-    if (!g.empty()) {
-      g += ", ";
-      w += ", ";
-    }
-    g += std::to_string(r);
-    w += std::to_string(world[r]);
-  }
-  return str_format("{} {} (world {})", group_ranks.size() == 1 ? "rank" : "ranks", g, w);
-}
 
 }  // namespace
 
@@ -140,7 +113,7 @@ class MockCommunicator final : public Communicator {
       auto& box = group.mail[{peer, me, tag}];
       const Deadline deadline(o.timeout);
       if (!shared->cv.wait_until(lock, deadline.at(), [&] { return !box.empty(); })) {
-        const auto who = rank_list({peer}, group.ranks);
+        const auto who = detail::ranks_text({peer}, group.ranks);
         lock.unlock();
         state->finish(fail(Errc::Timeout, "mesh::recv",
                            str_format("nothing from {} of group '{}' (tag {}) in time", who, name, tag)));
@@ -219,9 +192,9 @@ class MockCommunicator final : public Communicator {
       std::vector<std::uint32_t> missing;
       for (std::uint32_t r = 0; r < n; ++r)
         if (!round.sends[r]) missing.push_back(r);
-      round.failed = Error(
-          Errc::Timeout, what,
-          str_format("{} of group '{}' did not join call #{} in time", rank_list(missing, group.ranks), name, seq));
+      round.failed = Error(Errc::Timeout, what,
+                           str_format("{} of group '{}' did not join call #{} in time",
+                                      detail::ranks_text(missing, group.ranks), name, seq));
       round.sends[me].reset();  // our buffers are ours again
       --round.arrived;
       shared.cv.notify_all();

@@ -19,6 +19,7 @@
 
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/unique_fd.hpp"
+#include "names.hpp"
 
 namespace lavaflow::mesh {
 
@@ -32,23 +33,9 @@ constexpr std::uint64_t kFlatLimit = 8 << 10;
 constexpr std::uint64_t kMailBytes = 64 << 10;  // one piece of a point-to-point message
 constexpr std::uint32_t kMaxLocal = 1024;
 
-enum class Kind : std::uint32_t { AllReduce = 1, AllGather, Broadcast, ReduceScatter, Barrier };
-
-std::string_view to_string(Kind k) {
-  switch (k) {
-    case Kind::AllReduce:
-      return "all_reduce";
-    case Kind::AllGather:
-      return "all_gather";
-    case Kind::Broadcast:
-      return "broadcast";
-    case Kind::ReduceScatter:
-      return "reduce_scatter";
-    case Kind::Barrier:
-      return "barrier";
-  }
-  return "?";
-}
+using detail::Kind;
+using detail::ranks_text;
+using detail::to_string;
 
 struct alignas(64) RankSlot {
   std::atomic<std::uint64_t> arrive;  // the last barrier epoch this rank has reached
@@ -75,7 +62,8 @@ struct Header {
   std::uint64_t chunk, bytes;
   alignas(64) std::atomic<std::uint32_t> failed;  // 0; 1 while the reason is written; 2 once it is
   std::uint32_t failed_code;
-  char failed_why[480];
+  std::uint64_t failed_call;  // the call number it holds from
+  char failed_why[472];
 };
 
 struct Layout {
@@ -91,19 +79,6 @@ struct Layout {
     bytes = arena + local * arena_bytes;
   }
 };
-
-std::string ranks_text(const std::vector<std::uint32_t>& group_ranks, const std::vector<std::uint32_t>& world) {
-  std::string g, w;
-  for (std::uint32_t r : group_ranks) {
-    if (!g.empty()) {
-      g += ", ";
-      w += ", ";
-    }
-    g += std::to_string(r);
-    w += std::to_string(world[r]);
-  }
-  return str_format("{} {} (world {})", group_ranks.size() == 1 ? "rank" : "ranks", g, w);
-}
 
 struct Op {
   std::shared_ptr<Work::State> state;
@@ -172,6 +147,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::deque<std::unique_ptr<Collective>> queue;
   std::deque<std::unique_ptr<PointToPoint>> p2p;
   std::uint64_t epoch = 0, step = 0, calls = 0, polls = 0;
+  std::uint64_t current_call = 0;  // the call being advanced (what a failure recorded now holds from)
   std::optional<Error> broken;
   std::vector<std::span<const std::byte>> scratch;  // the inputs of a reduction
 
@@ -209,12 +185,15 @@ class Engine : public std::enable_shared_from_this<Engine> {
   }
 
   /// Records a failure for every rank of this host (the first one wins) and breaks this engine.
+  /// It holds for the call being advanced and every later one: a rank still finishing an earlier
+  /// call whose barriers all ranks reached may finish it.
   Error break_with(Error e) {
     std::uint32_t expected = 0;
     Header& h = header();
     if (h.failed.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
       const std::string text = e.cause();
       h.failed_code = static_cast<std::uint32_t>(e.code());
+      h.failed_call = current_call;
       const std::size_t len = std::min(text.size(), sizeof h.failed_why - 1);
       std::memcpy(h.failed_why, text.data(), len);
       h.failed_why[len] = '\0';
@@ -224,10 +203,12 @@ class Engine : public std::enable_shared_from_this<Engine> {
     return e;
   }
 
-  /// A failure another rank of this host recorded, if any.
-  std::optional<Error> peer_failure(std::string_view what) const {
+  /// A failure another rank of this host recorded for this call or an earlier one (`any`: for any
+  /// call), if any.
+  std::optional<Error> peer_failure(std::string_view what, bool any = false) const {
     const Header& h = header();
     if (h.failed.load(std::memory_order_acquire) != 2) return std::nullopt;
+    if (!any && h.failed_call > current_call) return std::nullopt;
     char why[sizeof h.failed_why];
     std::memcpy(why, h.failed_why, sizeof why);
     why[sizeof why - 1] = '\0';
@@ -236,11 +217,12 @@ class Engine : public std::enable_shared_from_this<Engine> {
     return Error(code, str_format("mesh::{}", what), why);
   }
 
-  /// The local ranks whose processes have ended.
-  std::vector<std::uint32_t> dead_ranks() const {
+  /// The local ranks whose processes have ended before reaching epoch `e` (one that has reached
+  /// it left what this barrier needs in the segment, which outlives it).
+  std::vector<std::uint32_t> dead_ranks(std::uint64_t e) const {
     std::vector<std::uint32_t> dead;
     for (std::uint32_t j = 0; j < nlocal; ++j) {
-      if (!watch[j]) continue;
+      if (!watch[j] || slot(j).arrive.load(std::memory_order_acquire) >= e) continue;
       pollfd p{watch[j].get(), POLLIN, 0};
       if (::poll(&p, 1, 0) == 1) dead.push_back(j);
     }
@@ -260,7 +242,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
     // The clock and the peers' processes are looked at now and then: both cost system calls.
     if ((++polls & 63) != 0) return false;
     if ((polls & 255) == 0) {
-      if (auto dead = dead_ranks(); !dead.empty()) {
+      if (auto dead = dead_ranks(e); !dead.empty()) {
         std::vector<std::uint32_t> group_ranks;
         std::string pids;
         for (auto j : dead) {
@@ -357,6 +339,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // whole call is done. Each step ends in a barrier that every local rank reaches only after its
   // last read of that step's buffers, so the step after next may reuse them (double buffering).
   Result<bool> advance(Collective& c) {
+    current_call = c.call_no;
     const std::size_t es = size_of(c.type);
     const bool multi = nhosts > 1;
     const ReduceOp local_op = multi && c.op == ReduceOp::Average ? ReduceOp::Sum : c.op;
@@ -576,6 +559,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   }
 
   Result<bool> advance(PointToPoint& x) {
+    current_call = 0;  // a point-to-point failure breaks every call
     if (blocked(x)) return false;
     const std::string what = x.sending ? "send" : "recv";
     const std::uint32_t peer_local = local_of[x.peer];
@@ -614,7 +598,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
         x.started = true;
       }
     }
-    if (auto f = peer_failure(what)) return std::unexpected(*(broken = *f));
+    if (auto f = peer_failure(what, true)) return std::unexpected(*(broken = *f));
     if ((++polls & 255) == 0 && watch[peer_local]) {
       pollfd p{watch[peer_local].get(), POLLIN, 0};
       if (::poll(&p, 1, 0) == 1)
@@ -633,6 +617,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
     if (r && !c.keep.empty()) std::memcpy(c.keep.data(), c.temp.data() + c.keep_from, c.keep.size());
     if (r) return {};
     // The other ranks wait on this one: a collective that fails here fails for all of them.
+    current_call = c.call_no;
     if (!broken) break_with(r.error());
     return std::unexpected(r.error());
   }
@@ -941,6 +926,12 @@ class NativeCommunicator final : public Communicator {
 };
 
 }  // namespace
+
+std::uint64_t name_hash(std::string_view name) noexcept {
+  std::uint64_t h = 1469598103934665603ull;
+  for (char ch : name) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
+  return h;
+}
 
 Result<std::unique_ptr<Communicator>> open_native(NativeOptions o) {
   constexpr const char* call = "mesh::open_native";

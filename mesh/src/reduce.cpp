@@ -318,6 +318,24 @@ Status divide(std::span<std::byte> data, DType type, std::uint64_t n) {
   return {};
 }
 
+std::vector<float> widen(std::span<const std::byte> data, DType type) {
+  std::vector<float> out(data.size() / 2);
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    std::uint16_t h;
+    std::memcpy(&h, data.data() + 2 * i, 2);
+    out[i] = type == DType::F16 ? from_f16(h) : from_bf16(h);
+  }
+  return out;
+}
+
+void narrow(std::span<const float> values, std::span<std::byte> out, DType type, float divisor) {
+  for (std::size_t i = 0; i < values.size() && 2 * i + 2 <= out.size(); ++i) {
+    const float v = divisor == 1 ? values[i] : values[i] / divisor;
+    const std::uint16_t h = type == DType::F16 ? to_f16(v) : to_bf16(v);
+    std::memcpy(out.data() + 2 * i, &h, 2);
+  }
+}
+
 void Work::State::finish(Status s) {
   {
     std::lock_guard lock(mutex);

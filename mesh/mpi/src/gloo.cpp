@@ -163,20 +163,11 @@ class GlooCommunicator final : public Communicator {
     if (type == DType::F16 || type == DType::BF16) {
       // Accumulated in f32 and rounded once, as the other backends do.
       const std::size_t count = send.size() / 2;
-      std::vector<float> acc(count);
-      for (std::size_t i = 0; i < count; ++i) {
-        std::uint16_t h;
-        std::memcpy(&h, send.data() + 2 * i, 2);
-        acc[i] = type == DType::F16 ? from_f16(h) : from_bf16(h);
-      }
+      std::vector<float> acc = widen(send, type);
       opts.setOutput(acc.data(), count);
       opts.setReduceFunction(combiner(DType::F32, step));
       gloo::allreduce(opts);
-      for (std::size_t i = 0; i < count; ++i) {
-        const float v = op == ReduceOp::Average ? acc[i] / static_cast<float>(size()) : acc[i];
-        const std::uint16_t h = type == DType::F16 ? to_f16(v) : to_bf16(v);
-        std::memcpy(recv.data() + 2 * i, &h, 2);
-      }
+      narrow(acc, recv, type, op == ReduceOp::Average ? static_cast<float>(size()) : 1.0f);
       return {};
     }
     auto* in = const_cast<std::uint8_t*>(reinterpret_cast<const std::uint8_t*>(send.data()));

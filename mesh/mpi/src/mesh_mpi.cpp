@@ -205,21 +205,11 @@ class MpiCommunicator final : public Communicator {
     const std::uint32_t n = size_;
     if (type == DType::F16 || type == DType::BF16) {
       // Accumulated in f32, rounded once at the end, as the other backends do.
-      c->in.resize(count);
+      c->in = widen(send, type);
       c->out.resize(count);
-      for (std::size_t i = 0; i < count; ++i) {
-        std::uint16_t h;
-        std::memcpy(&h, send.data() + 2 * i, 2);
-        c->in[i] = type == DType::F16 ? from_f16(h) : from_bf16(h);
-      }
       auto* raw = c.get();
       c->after = [raw, recv, type, op, n](const MPI_Status&) -> Status {
-        for (std::size_t i = 0; i < raw->out.size(); ++i) {
-          float v = raw->out[i];
-          if (op == ReduceOp::Average) v /= static_cast<float>(n);
-          const std::uint16_t h = type == DType::F16 ? to_f16(v) : to_bf16(v);
-          std::memcpy(recv.data() + 2 * i, &h, 2);
-        }
+        narrow(raw->out, recv, type, op == ReduceOp::Average ? static_cast<float>(n) : 1.0f);
         return {};
       };
       return post(c, MPI_Iallreduce(c->in.data(), c->out.data(), static_cast<int>(count), MPI_FLOAT, mpi_op(op), comm_,
@@ -260,26 +250,15 @@ class MpiCommunicator final : public Communicator {
                  str_format("send must hold {} × recv's {} bytes, holds {}", size_, recv.size(), send.size()));
     auto counted = elements("reduce_scatter", send.size(), type);
     if (!counted) return Work::done(std::unexpected(counted.error()));
-    const std::size_t count = *counted;
     auto c = call("reduce_scatter", o);
     const std::uint32_t n = size_;
     const std::size_t block = recv.size() / size_of(type);
     if (type == DType::F16 || type == DType::BF16) {
-      c->in.resize(count);
+      c->in = widen(send, type);
       c->out.resize(block);
-      for (std::size_t i = 0; i < count; ++i) {
-        std::uint16_t h;
-        std::memcpy(&h, send.data() + 2 * i, 2);
-        c->in[i] = type == DType::F16 ? from_f16(h) : from_bf16(h);
-      }
       auto* raw = c.get();
       c->after = [raw, recv, type, op, n](const MPI_Status&) -> Status {
-        for (std::size_t i = 0; i < raw->out.size(); ++i) {
-          float v = raw->out[i];
-          if (op == ReduceOp::Average) v /= static_cast<float>(n);
-          const std::uint16_t h = type == DType::F16 ? to_f16(v) : to_bf16(v);
-          std::memcpy(recv.data() + 2 * i, &h, 2);
-        }
+        narrow(raw->out, recv, type, op == ReduceOp::Average ? static_cast<float>(n) : 1.0f);
         return {};
       };
       return post(c, MPI_Ireduce_scatter_block(c->in.data(), c->out.data(), static_cast<int>(block), MPI_FLOAT,
@@ -386,12 +365,6 @@ class MpiCommunicator final : public Communicator {
   std::uint64_t calls_ = 0;
 };
 
-std::uint64_t fnv1a(std::string_view s) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (char ch : s) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
-  return h;
-}
-
 #if LAVAFLOW_MESH_GLOO
 /// Gloo meets through files: group rank 0 makes a private directory, every rank connects, and the
 /// directory goes once all have (nothing stays behind in the temporary directory).
@@ -460,7 +433,7 @@ Result<std::unique_ptr<Communicator>> open_group(const mpi::Communicator& job, c
   MPI_Group_free(&world_group);
   LF_TRY_STATUS(check(code, "MPI_Group_incl"));
   MPI_Comm comm = MPI_COMM_NULL;
-  const int made = MPI_Comm_create_group(job.comm(), sub, static_cast<int>(fnv1a(group.name) % 32768), &comm);
+  const int made = MPI_Comm_create_group(job.comm(), sub, static_cast<int>(name_hash(group.name) % 32768), &comm);
   MPI_Group_free(&sub);
   LF_TRY_STATUS(check(made, "MPI_Comm_create_group"));
   MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
@@ -491,7 +464,7 @@ Result<std::unique_ptr<Communicator>> open_group(const mpi::Communicator& job, c
     MPI_Comm_free(&comm);
     return std::unexpected(ok.error());
   }
-  o.key = str_format("{}-{:x}-{:x}", job.job_key(), fnv1a(group.name), nonce);
+  o.key = str_format("{}-{:x}-{:x}", job.job_key(), name_hash(group.name), nonce);
   const auto nhosts = static_cast<std::uint32_t>(seen.size());
   if (nhosts > 1) {
     const std::uint32_t host = o.hosts[*me];

@@ -40,6 +40,11 @@ enum class ReduceOp : std::uint8_t { Sum, Product, Min, Max, Average };
 [[nodiscard]] Status reduce(std::span<const std::span<const std::byte>> inputs, std::span<std::byte> out, DType type,
                             ReduceOp op);
 
+/// f16 or bf16 elements as f32 (backends whose libraries have no such types reduce them so).
+[[nodiscard]] std::vector<float> widen(std::span<const std::byte> data, DType type);
+/// f32 values back into f16 or bf16 elements of `out`, each divided by `divisor` first, rounded once.
+void narrow(std::span<const float> values, std::span<std::byte> out, DType type, float divisor = 1);
+
 /// data[i] /= n for every element (Average's last step after a Sum); integers truncate toward
 /// zero, f16 and bf16 divide in f32 and round once.
 [[nodiscard]] Status divide(std::span<std::byte> data, DType type, std::uint64_t n);

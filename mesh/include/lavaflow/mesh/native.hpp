@@ -9,6 +9,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "lavaflow/mesh/collectives.hpp"
@@ -54,6 +55,9 @@ struct NativeOptions {
   std::uint64_t arena_bytes = 0;           ///< per rank, for Communicator::allocate: a multiple of 4 KiB
   Duration attach_timeout = std::chrono::seconds(30);
 };
+
+/// A 64-bit hash of a name that every process computes alike (FNV-1a): segment keys and MPI tags.
+[[nodiscard]] std::uint64_t name_hash(std::string_view name) noexcept;
 
 /// Opens this rank's native communicator: collective over the group's ranks on this host, which
 /// attach to one segment (created by the host's leader, unlinked as soon as all are attached, so
