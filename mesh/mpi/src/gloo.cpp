@@ -16,6 +16,8 @@
 #include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <condition_variable>
@@ -254,10 +256,31 @@ class GlooCommunicator final : public Communicator {
   std::thread worker_;  // last: starts once the rest is built
 };
 
+/// Blocks SIGPIPE in this thread while it lives. Gloo writes to TCP sockets whose peer may have
+/// closed them (a rank that timed out); the threads it starts here — Gloo's device loop and the
+/// communicator's worker — inherit the mask, so such a write fails with EPIPE instead of killing
+/// the process. The caller's mask comes back afterwards.
+class SigpipeBlocked {
+ public:
+  SigpipeBlocked() {
+    sigset_t pipe;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe, &old_);
+  }
+  ~SigpipeBlocked() { pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
+  SigpipeBlocked(const SigpipeBlocked&) = delete;
+  SigpipeBlocked& operator=(const SigpipeBlocked&) = delete;
+
+ private:
+  sigset_t old_{};
+};
+
 }  // namespace
 
 Result<std::unique_ptr<Communicator>> open_gloo(GlooOpen o) {
   constexpr const char* call = "mesh::open_gloo";
+  const SigpipeBlocked quiet;
   try {
     // Where Gloo listens: loopback for a group on one host; else this host's name where it
     // resolves (a cluster), else the first address of an interface that is up (hosts without
