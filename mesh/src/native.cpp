@@ -672,9 +672,12 @@ class Engine : public std::enable_shared_from_this<Engine> {
         for (std::uint32_t i = 1;; ++i) {
           Result<bool> r = broken ? Result<bool>(std::unexpected(*broken)) : advance(c);
           if (!r || *r) return Work::done(conclude(c, r));
-          if ((i & 63) == 0) {
+          if (i >= 64) {
+            // Past a short spin, the core goes to whoever else is waiting for it (a peer on the
+            // same core would otherwise wait out the whole spin).
+            std::this_thread::yield();
             if (!spin) spin.emplace(std::chrono::microseconds(20));
-            if (spin->passed()) break;
+            if ((i & 7) == 0 && spin->passed()) break;
           }
         }
       }
