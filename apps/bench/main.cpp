@@ -26,6 +26,7 @@
 #include "lavaflow/lavaflow.hpp"
 #include "local.hpp"
 #include "plot.hpp"
+#include "pool.hpp"
 
 using namespace lavaflow;
 
@@ -352,6 +353,12 @@ int main(int argc, char** argv) {
   collectives->add_flag("--json", json, "JSON rows");
   collectives->add_option("--plot", plot, "bus bandwidth against size (PNG, gnuplot)");
 
+  lfbench::PoolBenchOptions pool_options;
+  auto* pool = app.add_subcommand(
+      "pool", "memory pool: host rent+return vs malloc, Vulkan warm rent vs fresh allocation, a churn trace");
+  pool->add_flag("--quick", pool_options.quick, "fewer batches and a shorter trace");
+  pool->add_flag("--json", pool_options.json, "JSON rows and targets");
+
   lfbench::InteropOptions io;
   auto* interop =
       app.add_subcommand("interop", "(CUDA GPU) kernels on imported memory and GPU frame hand-off vs CUDA IPC");
@@ -363,6 +370,7 @@ int main(int argc, char** argv) {
   if (auto rc = lfapp::parse(app, argc, argv)) return *rc;
 
   if (alloc->parsed()) return bench_alloc(reps, json);
+  if (pool->parsed()) return lfbench::bench_pool(pool_options);
   if (local->parsed()) {
     if (quick) {
       cfg.iterations = 2000;

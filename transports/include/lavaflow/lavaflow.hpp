@@ -11,6 +11,7 @@
 #include "lavaflow/core/gpu_image.hpp"
 #include "lavaflow/core/gpu_semaphore.hpp"
 #include "lavaflow/core/location.hpp"
+#include "lavaflow/core/pool.hpp"
 #include "lavaflow/core/transfer.hpp"
 #include "lavaflow/core/unique_fd.hpp"
 #include "lavaflow/core/unix_socket.hpp"

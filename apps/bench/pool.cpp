@@ -1,0 +1,289 @@
+// SPDX-License-Identifier: MIT
+// lavaflow-bench pool: the memory pool against what it replaces, in the same run.
+//   pool-host / malloc          rent+return pair of host shared memory vs glibc malloc+free
+//   pool-vulkan / vulkan-alloc-export   warm rent+return of exportable Vulkan memory vs a fresh
+//                               allocation and export of the same size
+//   pool-churn                  10^5 operations, sizes log-uniform 4 KiB..64 MiB, bounded live set:
+//                               reuse, fragmentation at the peak, fds
+#include "pool.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "lavaflow/core/detail/format.hpp"
+#include "lavaflow/lavaflow.hpp"
+
+namespace lfbench {
+namespace {
+
+using namespace lavaflow;
+using Clock = std::chrono::steady_clock;
+
+/// Keeps the compiler from eliding an allocation whose pointer is otherwise unused.
+inline void escape(void* p) { asm volatile("" : : "g"(p) : "memory"); }
+
+struct Spread {
+  double p25 = 0, p50 = 0, p75 = 0;
+};
+
+/// Times `batches` batches of `per_batch` calls; per-call nanoseconds, quartiles over the batches.
+Spread time_per_call(int batches, int per_batch, const std::function<bool()>& once) {
+  std::vector<double> ns;
+  for (int b = 0; b < batches; ++b) {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < per_batch; ++i)
+      if (!once()) return {-1, -1, -1};
+    ns.push_back(std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / per_batch);
+  }
+  std::sort(ns.begin(), ns.end());
+  auto at = [&](double q) { return ns[static_cast<std::size_t>(q * static_cast<double>(ns.size() - 1))]; };
+  return {at(0.25), at(0.5), at(0.75)};
+}
+
+std::size_t process_fds() {
+  std::size_t n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+
+struct Row {
+  std::string name;
+  std::uint64_t size = 0;
+  Spread ns;
+};
+
+struct Churn {
+  std::uint64_t ops = 0;
+  double reuse = 0, fragmentation = 0, waste = 0, seconds = 0;
+  std::uint64_t max_fds = 0, segments = 0, peak_reserved = 0, peak_allocated = 0;
+};
+
+Churn churn(MemoryPool& pool, std::uint64_t ops, std::size_t live_max) {
+  std::mt19937_64 rng(12345);
+  const double lo = std::log(4096.0), hi = std::log(64.0 * 1024 * 1024);
+  std::uniform_real_distribution<double> logsize(lo, hi);
+  std::vector<PooledBuffer> live;
+  Churn c;
+  const std::size_t fds0 = process_fds();
+  const auto before = pool.stats();
+  std::int64_t allocated = 0, requested = 0, peak_requested = 0;
+  std::int64_t peak_reserved = 0, allocated_at_peak = 0, peak_allocated = 0;
+  const auto t0 = Clock::now();
+  for (std::uint64_t i = 0; i < ops; ++i) {
+    const bool rent = live.empty() || (live.size() < live_max && rng() % 2 == 0);
+    if (rent) {
+      const auto size = static_cast<std::uint64_t>(std::exp(logsize(rng)));
+      auto b = pool.rent(size);
+      if (!b) {
+        std::fprintf(stderr, "pool-churn: %s\n", b.error().message().c_str());
+        std::exit(1);
+      }
+      allocated += static_cast<std::int64_t>(b->capacity());
+      requested += static_cast<std::int64_t>(b->size());
+      live.push_back(std::move(*b));
+    } else {
+      const auto k = rng() % live.size();
+      allocated -= static_cast<std::int64_t>(live[k].capacity());
+      requested -= static_cast<std::int64_t>(live[k].size());
+      std::swap(live[k], live.back());
+      live.pop_back();
+    }
+    peak_requested = std::max(peak_requested, requested);
+    peak_allocated = std::max(peak_allocated, allocated);
+    // Reserved memory only grows when a segment is added: sample it when the pool's count changes.
+    if (i % 256 == 0 || i + 1 == ops) {
+      const auto s = pool.stats();
+      if (s.all.reserved_bytes.current > peak_reserved) {
+        peak_reserved = s.all.reserved_bytes.current;
+        allocated_at_peak = allocated;
+      }
+      c.max_fds = std::max<std::uint64_t>(c.max_fds, process_fds() - fds0);
+    }
+  }
+  c.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  live.clear();
+  const auto after = pool.stats();
+  const auto hits = after.num_hits - before.num_hits, misses = after.num_misses - before.num_misses;
+  c.ops = ops;
+  c.reuse = static_cast<double>(hits) / static_cast<double>(std::max<std::uint64_t>(1, hits + misses));
+  peak_reserved = std::max(peak_reserved, after.all.reserved_bytes.peak);
+  // What the pool held at its largest beyond what the trace ever had rented at once.
+  c.fragmentation =
+      1.0 - static_cast<double>(peak_allocated) / static_cast<double>(std::max<std::int64_t>(1, peak_reserved));
+  c.waste = 1.0 - static_cast<double>(peak_requested) / static_cast<double>(std::max<std::int64_t>(1, peak_allocated));
+  c.segments = after.all.segment.peak;
+  c.peak_reserved = static_cast<std::uint64_t>(peak_reserved);
+  c.peak_allocated = static_cast<std::uint64_t>(peak_allocated);
+  (void)allocated_at_peak;
+  return c;
+}
+
+}  // namespace
+
+int bench_pool(const PoolBenchOptions& o) {
+  const int batches = o.quick ? 31 : 101;
+  const int per_batch = o.quick ? 2000 : 10000;
+  std::vector<Row> rows;
+  auto pool = MemoryPool::create();
+  if (!pool) {
+    std::fprintf(stderr, "%s\n", pool.error().message().c_str());
+    return 1;
+  }
+  const std::uint64_t host_sizes[] = {64, 4096, 65536, 1 << 20, 16 << 20};
+  for (auto size : host_sizes) {
+    std::string err;
+    const auto lf = time_per_call(batches, per_batch, [&] {
+      auto b = pool->rent(size);
+      if (!b) {
+        err = b.error().message();
+        return false;
+      }
+      escape(b->host_ptr());
+      return true;
+    });
+    if (lf.p50 < 0) {
+      std::fprintf(stderr, "pool-host: %s\n", err.c_str());
+      return 1;
+    }
+    const auto base = time_per_call(batches, per_batch, [&] {
+      void* p = std::malloc(size);
+      escape(p);
+      std::free(p);
+      return p != nullptr;
+    });
+    rows.push_back({"pool-host", size, lf});
+    rows.push_back({"malloc", size, base});
+  }
+
+  auto ctx = VulkanContext::create();
+  std::optional<MemoryPool> gpu_pool;
+  if (!ctx) {
+    std::fprintf(stderr, "no Vulkan device (%s): Vulkan rows skipped\n", ctx.error().message().c_str());
+  } else if (!ctx->capabilities().memory_fd_export) {
+    std::fprintf(stderr, "the Vulkan device cannot export memory: Vulkan rows skipped\n");
+  } else {
+    auto p = MemoryPool::create({.vulkan = *ctx});
+    if (!p) {
+      std::fprintf(stderr, "%s\n", p.error().message().c_str());
+      return 1;
+    }
+    gpu_pool.emplace(std::move(*p));
+    for (std::uint64_t size : {std::uint64_t{4096}, std::uint64_t{1} << 20, std::uint64_t{64} << 20}) {
+      std::string err;
+      const auto warm = time_per_call(batches, per_batch / 10, [&] {
+        auto b = gpu_pool->rent(size, BufferKind::GpuDeviceLocal);
+        if (!b) err = b.error().message();
+        return bool(b);
+      });
+      const auto fresh = time_per_call(o.quick ? 5 : 21, 1, [&] {
+        auto b = GpuBuffer::allocate(*ctx, {.size = size});
+        if (!b) {
+          err = b.error().message();
+          return false;
+        }
+        auto e = b->export_handle();
+        if (!e) err = e.error().message();
+        return bool(e);
+      });
+      if (warm.p50 < 0 || fresh.p50 < 0) {
+        std::fprintf(stderr, "pool-vulkan: %s\n", err.c_str());
+        return 1;
+      }
+      rows.push_back({"pool-vulkan", size, warm});
+      rows.push_back({"vulkan-alloc-export", size, fresh});
+    }
+  }
+
+  auto churn_pool = MemoryPool::create();
+  if (!churn_pool) {
+    std::fprintf(stderr, "%s\n", churn_pool.error().message().c_str());
+    return 1;
+  }
+  const auto ch = churn(*churn_pool, o.quick ? 20'000 : 100'000, 64);
+  const auto churn_stats = churn_pool->stats();
+
+  auto find = [&](const std::string& name, std::uint64_t size) -> const Row* {
+    for (const auto& r : rows)
+      if (r.name == name && r.size == size) return &r;
+    return nullptr;
+  };
+  nlohmann::json targets = nlohmann::json::array();
+  for (auto size : host_sizes) {
+    const auto* p = find("pool-host", size);
+    const auto* m = find("malloc", size);
+    targets.push_back({{"name", str_format("host rent+return at {} B vs malloc+free", size)},
+                       {"ratio", p->ns.p50 / m->ns.p50},
+                       {"value_ns", p->ns.p50},
+                       {"target", "<= 1.0 and <= 50 ns"},
+                       {"met", p->ns.p50 <= m->ns.p50 && p->ns.p50 <= 50}});
+  }
+  for (const auto& r : rows)
+    if (r.name == "pool-vulkan")
+      if (const auto* f = find("vulkan-alloc-export", r.size))
+        targets.push_back({{"name", str_format("Vulkan warm rent at {} B vs fresh allocate+export", r.size)},
+                           {"ratio", f->ns.p50 / r.ns.p50},
+                           {"value_ns", r.ns.p50},
+                           {"target", ">= 100x faster and <= 1 us"},
+                           {"met", f->ns.p50 >= 100 * r.ns.p50 && r.ns.p50 <= 1000}});
+  targets.push_back({{"name", "churn reuse"}, {"ratio", ch.reuse}, {"target", ">= 0.95"}, {"met", ch.reuse >= 0.95}});
+  targets.push_back({{"name", "churn fragmentation (1 - peak allocated / peak reserved)"},
+                     {"ratio", ch.fragmentation},
+                     {"target", "< 0.10"},
+                     {"met", ch.fragmentation < 0.10}});
+  targets.push_back(
+      {{"name", "churn fds (max open during the trace vs segments)"},
+       {"ratio", static_cast<double>(ch.max_fds) / static_cast<double>(std::max<std::uint64_t>(1, ch.segments))},
+       {"target", "<= 1 (one fd per segment at most)"},
+       {"met", ch.max_fds <= ch.segments}});
+
+  if (o.json) {
+    nlohmann::json out = {{"results", nlohmann::json::array()}, {"targets", targets}};
+    for (const auto& r : rows)
+      out["results"].push_back({{"suite", "pool"},
+                                {"name", r.name},
+                                {"size", r.size},
+                                {"p50_ns", r.ns.p50},
+                                {"p25_ns", r.ns.p25},
+                                {"p75_ns", r.ns.p75}});
+    out["results"].push_back({{"suite", "pool"},
+                              {"name", "pool-churn"},
+                              {"ops", ch.ops},
+                              {"reuse", ch.reuse},
+                              {"fragmentation", ch.fragmentation},
+                              {"size_class_waste", ch.waste},
+                              {"max_fds", ch.max_fds},
+                              {"segments", ch.segments},
+                              {"peak_reserved_bytes", ch.peak_reserved},
+                              {"peak_allocated_bytes", ch.peak_allocated},
+                              {"seconds", ch.seconds}});
+    out["pool_stats"] = nlohmann::json::parse(churn_stats.to_json());
+    std::puts(out.dump().c_str());
+    return 0;
+  }
+  std::printf("lavaflow-bench pool: per-call time, p50 [p25..p75] over %d batches\n", batches);
+  std::printf("%-20s %10s %12s %24s\n", "name", "size", "p50 ns", "p25..p75 ns");
+  for (const auto& r : rows)
+    std::printf("%-20s %10llu %12.1f %11.1f..%-11.1f\n", r.name.c_str(), static_cast<unsigned long long>(r.size),
+                r.ns.p50, r.ns.p25, r.ns.p75);
+  std::printf(
+      "pool-churn: %llu ops in %.2f s, reuse %.4f, fragmentation %.4f (peak reserved %llu MiB, peak allocated %llu "
+      "MiB), size-class waste %.4f, max fds %llu, segments %llu\n",
+      static_cast<unsigned long long>(ch.ops), ch.seconds, ch.reuse, ch.fragmentation,
+      static_cast<unsigned long long>(ch.peak_reserved >> 20), static_cast<unsigned long long>(ch.peak_allocated >> 20),
+      ch.waste, static_cast<unsigned long long>(ch.max_fds), static_cast<unsigned long long>(ch.segments));
+  for (const auto& t : targets)
+    std::printf("target %s: %.3f (%s) %s\n", t["name"].get<std::string>().c_str(), t["ratio"].get<double>(),
+                t["target"].get<std::string>().c_str(), t["met"].get<bool>() ? "MET" : "NOT MET");
+  return 0;
+}
+
+}  // namespace lfbench

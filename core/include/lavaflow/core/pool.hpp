@@ -1,0 +1,179 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+/// @file
+/// A memory pool for every kind of memory lava-flow allocates. Buffers are carved from a few large
+/// exportable allocations (segments), so renting is cheap, a thousand small buffers cost a handful of
+/// fds, and a rented buffer still crosses processes: its export is the segment's fd with the
+/// buffer's offset and size in the descriptor, which every importer already honours.
+
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "lavaflow/core/buffer.hpp"
+#include "lavaflow/core/vulkan_context.hpp"
+
+namespace lavaflow {
+
+namespace detail {
+struct PoolState;
+struct PoolSegment;
+}  // namespace detail
+
+struct PoolOptions {
+  /// The device for the GPU kinds and CpuGpuPinned; the pool keeps this handle. Without it, renting
+  /// those kinds fails with Unsupported.
+  std::optional<VulkanContext> vulkan;
+  /// Segment size of the large pool (buffers above kSmallMax). A larger request gets a segment of its
+  /// own size, which is cached like any other after the buffer returns.
+  std::uint64_t segment_bytes = std::uint64_t{64} << 20;
+  /// Segment size of the small pool (buffers up to kSmallMax).
+  std::uint64_t small_segment_bytes = std::uint64_t{2} << 20;
+  /// Cap on cached bytes (reserved but not rented). A return that takes the pool above it releases
+  /// wholly free segments until it is below.
+  std::uint64_t max_cached_bytes = std::numeric_limits<std::uint64_t>::max();
+  /// Bytes per size class that each thread keeps for itself (the lock-free path); 0: every rent
+  /// and return takes the pool's lock.
+  std::uint64_t thread_cache_bytes = std::uint64_t{512} << 10;
+};
+
+struct RentOptions {
+  std::uint64_t size = 0;
+  BufferKind kind = BufferKind::CpuShared;
+  /// CpuNuma only: the node to rent on; -1: the node of the calling CPU.
+  int numa_node = -1;
+};
+
+/// A buffer rented from a MemoryPool; returns itself to the pool when destroyed. Move-only. It
+/// exports like any other buffer: the importer sees exactly `size()` bytes at the buffer's place in
+/// its segment.
+class PooledBuffer final : public Buffer {
+ public:
+  PooledBuffer() = default;
+  PooledBuffer(PooledBuffer&& other) noexcept;
+  PooledBuffer& operator=(PooledBuffer&& other) noexcept;
+  ~PooledBuffer() override;
+
+  [[nodiscard]] std::uint64_t size() const override { return size_; }
+  [[nodiscard]] BufferKind kind() const override;
+  [[nodiscard]] std::byte* host_ptr() const override;
+  [[nodiscard]] Result<Export> export_handle() const override;
+
+  /// Bytes reserved for this buffer (its size class); at least size().
+  [[nodiscard]] std::uint64_t capacity() const;
+  /// The Vulkan buffer that covers the segment (GPU kinds and CpuGpuPinned; null otherwise) and this
+  /// buffer's offset inside it.
+  [[nodiscard]] vk::Buffer gpu_buffer() const;
+  [[nodiscard]] std::uint64_t gpu_offset() const;
+  /// The allocation this buffer lives in, and the buffer's offset in that allocation's user range.
+  [[nodiscard]] const Buffer& segment() const;
+  [[nodiscard]] std::uint64_t offset() const { return offset_; }
+  /// Returns the buffer to the pool now (idempotent).
+  void reset() noexcept;
+  [[nodiscard]] explicit operator bool() const { return pool_ != nullptr; }
+
+ private:
+  friend class MemoryPool;
+  friend struct detail::PoolState;
+  PooledBuffer(detail::PoolState* pool, detail::PoolSegment* segment, std::uint64_t offset, std::uint64_t size,
+               std::uint32_t slot, std::uint32_t size_class)
+      : pool_(pool), segment_(segment), offset_(offset), size_(size), place_(std::uint64_t{slot} << 32 | size_class) {}
+
+  [[nodiscard]] std::uint32_t slot() const { return static_cast<std::uint32_t>(place_ >> 32); }
+  [[nodiscard]] std::uint32_t size_class() const { return static_cast<std::uint32_t>(place_); }
+
+  detail::PoolState* pool_ = nullptr;
+  detail::PoolSegment* segment_ = nullptr;
+  std::uint64_t offset_ = 0;
+  std::uint64_t size_ = 0;
+  // Slot and size class in one word: a move copies it with one load and one store, which the CPU
+  // forwards from the constructor's store (two narrower stores would stall the load).
+  std::uint64_t place_ = 0;
+};
+
+/// One statistic in PyTorch's `memory_stats()` shape.
+struct PoolStat {
+  std::int64_t current = 0;
+  std::int64_t peak = 0;
+  std::uint64_t allocated = 0;  ///< total ever added
+  std::uint64_t freed = 0;      ///< total ever removed
+};
+
+/// The statistics of one group (all, small_pool, large_pool, or one memory kind).
+///  - allocation / allocated_bytes: rented buffers (bytes of their size classes);
+///  - requested_bytes: what callers asked for;
+///  - active / active_bytes: blocks carved out of segments (rented, or kept by a thread's cache);
+///  - segment / reserved_bytes: memory held from the system or driver;
+///  - inactive_split_bytes: free bytes inside segments that are partly in use (current only).
+/// Peaks of segment, reserved and active are exact. Renting and returning take no lock, so the
+/// peaks of allocation, allocated_bytes and requested_bytes are the largest values that stats()
+/// has seen; the active peak bounds them from above.
+struct PoolStatGroup {
+  PoolStat allocation, segment, active;
+  PoolStat allocated_bytes, reserved_bytes, active_bytes, requested_bytes, inactive_split_bytes;
+};
+
+struct PoolClassStats {
+  std::uint64_t size = 0;  ///< the class's block size (large buffers: the power of two bounding the bucket)
+  std::uint64_t rents = 0, hits = 0, returns = 0;
+};
+
+struct PoolKindStats {
+  BufferKind kind = BufferKind::CpuShared;
+  int numa_node = -1;  ///< CpuNuma: the node; -1 otherwise
+  PoolStatGroup stats;
+  std::uint64_t hits = 0, misses = 0;
+};
+
+struct PoolStats {
+  PoolStatGroup all, small_pool, large_pool;
+  std::vector<PoolKindStats> kinds;     ///< kinds that were rented at least once
+  std::vector<PoolClassStats> classes;  ///< classes that were rented at least once
+  /// A rent is a hit when no new segment was needed for it, a miss when one was.
+  std::uint64_t num_hits = 0, num_misses = 0;
+  /// Segment allocations that failed, after which cached memory was released and the allocation
+  /// retried once; and those that failed again (the rent returned OutOfMemory or the driver's error).
+  std::uint64_t num_alloc_retries = 0, num_ooms = 0;
+  std::uint64_t num_device_alloc = 0, num_device_free = 0;
+  /// fds the pool holds open (CPU segments keep their memfd; Vulkan segments hold none until exported).
+  std::uint64_t open_fds = 0;
+
+  [[nodiscard]] double reuse_rate() const;
+  /// reserved − allocated bytes: what the pool holds beyond what is rented.
+  [[nodiscard]] std::int64_t fragmentation_bytes() const;
+  /// A flat JSON object with PyTorch-style keys ("allocated_bytes.all.current", ...).
+  [[nodiscard]] std::string to_json() const;
+};
+
+/// Rents buffers of every memory kind. Thread-safe. The pool handle is move-only; destroying it
+/// while buffers are still rented is allowed: the pool's memory is released when the last of them
+/// returns.
+class MemoryPool {
+ public:
+  /// Largest size served by the small pool (size classes, per-thread caches).
+  static constexpr std::uint64_t kSmallMax = std::uint64_t{1} << 20;
+  /// Every buffer's offset and capacity are multiples of this.
+  static constexpr std::uint64_t kAlignment = 256;
+
+  [[nodiscard]] static Result<MemoryPool> create(PoolOptions options = {});
+
+  MemoryPool(MemoryPool&& other) noexcept;
+  MemoryPool& operator=(MemoryPool&& other) noexcept;
+  ~MemoryPool();
+
+  [[nodiscard]] Result<PooledBuffer> rent(std::uint64_t size, BufferKind kind = BufferKind::CpuShared);
+  [[nodiscard]] Result<PooledBuffer> rent(const RentOptions& options);
+  /// Releases every wholly free segment, after returning the calling thread's cached blocks.
+  void trim();
+  [[nodiscard]] PoolStats stats() const;
+  [[nodiscard]] const PoolOptions& options() const;
+
+ private:
+  explicit MemoryPool(std::shared_ptr<detail::PoolState> state);
+  std::shared_ptr<detail::PoolState> state_;
+};
+
+}  // namespace lavaflow

@@ -1,0 +1,893 @@
+// SPDX-License-Identifier: MIT
+#include "lavaflow/core/pool.hpp"
+
+#include <linux/membarrier.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <bit>
+#include <map>
+#include <mutex>
+#include <set>
+#include <tuple>
+
+#include "lavaflow/core/cpu_buffer.hpp"
+#include "lavaflow/core/detail/format.hpp"
+#include "lavaflow/core/gpu_buffer.hpp"
+
+namespace lavaflow {
+namespace detail {
+
+namespace {
+
+constexpr std::uint64_t kAlign = MemoryPool::kAlignment;
+constexpr std::uint32_t kSmallClasses = 44;  // 256 B .. 1 MiB: four classes per doubling above 1 KiB
+constexpr std::uint32_t kLargeBuckets = 44;  // statistics of large buffers, one bucket per doubling
+constexpr std::uint32_t kClasses = kSmallClasses + kLargeBuckets;
+constexpr std::uint32_t kKindSlots = 6;  // BufferKind values 1..6; CpuNuma's slot is per node (after these)
+constexpr std::size_t kThreadCacheMaxBlocks = 64;
+constexpr std::uint64_t kRefillBytes = std::uint64_t{64} << 10;  // carved ahead per refill
+
+constexpr std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
+
+constexpr std::uint32_t small_class_of(std::uint64_t n) {
+  if (n <= 1024) return static_cast<std::uint32_t>((n + kAlign - 1) / kAlign - 1);
+  const auto p = static_cast<unsigned>(std::bit_width(n - 1) - 1);  // 2^p < n <= 2^(p+1)
+  const std::uint64_t step = (std::uint64_t{1} << p) / 4;
+  const std::uint64_t within = ((n - (std::uint64_t{1} << p)) + step - 1) / step - 1;
+  return static_cast<std::uint32_t>(4 + (p - 10) * 4 + within);
+}
+
+constexpr std::uint64_t class_size(std::uint32_t c) {
+  if (c < 4) return (c + 1) * kAlign;
+  if (c < kSmallClasses) {
+    const unsigned p = 10 + (c - 4) / 4;
+    return (std::uint64_t{1} << p) + ((c - 4) % 4 + 1) * ((std::uint64_t{1} << p) / 4);
+  }
+  return std::uint64_t{1} << std::min<unsigned>(63, 21 + (c - kSmallClasses));
+}
+
+constexpr std::uint32_t large_bucket_of(std::uint64_t n) {
+  const auto p = static_cast<unsigned>(std::bit_width(n - 1));  // n <= 2^p
+  return kSmallClasses + std::min<std::uint32_t>(kLargeBuckets - 1, p > 21 ? p - 21 : 0);
+}
+
+static_assert(small_class_of(256) == 0 && small_class_of(1024) == 3 && small_class_of(1025) == 4);
+static_assert(class_size(small_class_of(1025)) == 1280 && class_size(small_class_of(2048)) == 2048);
+static_assert(small_class_of(MemoryPool::kSmallMax) == kSmallClasses - 1);
+static_assert(class_size(kSmallClasses - 1) == MemoryPool::kSmallMax);
+
+// Written by one thread, read by stats(): relaxed atomics, so an increment is a plain add.
+using Counter = std::atomic<std::uint64_t>;
+inline void bump(Counter& c, std::uint64_t v) {
+  c.store(c.load(std::memory_order_relaxed) + v, std::memory_order_relaxed);
+}
+inline std::uint64_t get(const Counter& c) { return c.load(std::memory_order_relaxed); }
+
+struct ClassCounters {
+  Counter rents{0}, hits{0}, returns{0}, bytes_out{0}, bytes_back{0}, requested_out{0}, requested_back{0};
+};
+
+struct ClassTotals {
+  std::uint64_t rents = 0, hits = 0, returns = 0, bytes_out = 0, bytes_back = 0, requested_out = 0, requested_back = 0;
+  void add(const ClassCounters& c) {
+    rents += get(c.rents);
+    hits += get(c.hits);
+    returns += get(c.returns);
+    bytes_out += get(c.bytes_out);
+    bytes_back += get(c.bytes_back);
+    requested_out += get(c.requested_out);
+    requested_back += get(c.requested_back);
+  }
+};
+
+struct Block {
+  PoolSegment* segment;
+  std::uint64_t offset;
+};
+
+}  // namespace
+
+struct PoolSegment {
+  std::unique_ptr<Buffer> memory;
+  std::byte* base = nullptr;
+  vk::Buffer vk_buffer;
+  std::uint64_t vk_offset = 0;
+  std::uint64_t size = 0;
+  std::uint64_t id = 0;
+  std::uint32_t slot = 0;
+  bool small = false;
+  bool holds_fd = false;
+  std::map<std::uint64_t, std::uint64_t> free;  // offset -> bytes, coalesced
+  std::uint64_t free_bytes = 0;
+};
+
+namespace {
+
+/// Segments of one slot and pool (small or large), with a best-fit index of their free ranges.
+struct Arena {
+  std::map<std::uint64_t, std::unique_ptr<PoolSegment>> segments;             // by id
+  std::set<std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>> by_size;  // (bytes, segment id, offset)
+};
+
+void track(PoolStat& s, std::int64_t delta) {
+  s.current += delta;
+  if (delta > 0)
+    s.allocated += static_cast<std::uint64_t>(delta);
+  else
+    s.freed += static_cast<std::uint64_t>(-delta);
+  s.peak = std::max(s.peak, s.current);
+}
+
+/// The statistics that change only under the pool's lock, so their peaks are exact.
+struct LockedStats {
+  PoolStat segment, reserved_bytes, active, active_bytes;
+};
+
+struct Slot {
+  BufferKind kind = BufferKind::CpuShared;
+  int node = -1;
+  Arena arenas[2];  // 0: small, 1: large
+  std::uint64_t misses = 0;
+  bool used = false;
+};
+
+struct SlotCache {
+  std::array<std::vector<Block>, kSmallClasses> blocks;
+  std::array<ClassCounters, kClasses> counters;
+};
+
+}  // namespace
+
+struct ThreadCache {
+  std::shared_ptr<PoolState> state;
+  std::vector<std::unique_ptr<SlotCache>> slots;
+  std::uint64_t local_misses = 0;
+};
+
+namespace {
+
+// The last pool this thread used and its cache; cleared when caches are pruned or the thread ends.
+thread_local PoolState* t_last_state = nullptr;
+thread_local ThreadCache* t_last_cache = nullptr;
+// Set once this thread's caches are gone (thread exit): later rents and returns, from other
+// thread_local destructors, take the lock and count into the pool directly.
+thread_local bool t_caches_gone = false;
+
+/// This thread's caches, one per pool it used. A cache holds its pool's state, so a state's address
+/// is never reused while a cache refers to it.
+struct ThreadCaches {
+  std::vector<std::unique_ptr<ThreadCache>> list;
+  ~ThreadCaches();
+};
+
+}  // namespace
+
+struct PoolState : std::enable_shared_from_this<PoolState> {
+  PoolOptions options;
+  CpuTopology topology;
+  bool membarrier = false;  // asymmetric fence available: the return path needs no fence of its own
+  // Blocks a thread keeps per small class: thread_cache_bytes worth, at least two (so a rent and
+  // return in turn never take the lock), at most kThreadCacheMaxBlocks.
+  std::array<std::size_t, kSmallClasses> cache_limits{};
+
+  mutable std::mutex mutex;
+  std::vector<Slot> slots;
+  std::uint64_t next_segment_id = 1;
+  // Exact statistics: [slot][pool], per slot, per pool, all.
+  std::vector<std::array<LockedStats, 2>> locked;
+  std::vector<LockedStats> locked_slot;
+  std::array<LockedStats, 2> locked_pool;
+  LockedStats locked_all;
+  std::uint64_t num_alloc_retries = 0, num_ooms = 0, num_device_alloc = 0, num_device_free = 0;
+  std::uint64_t open_fds = 0;
+  // Counters of thread caches that ended, and the live caches (read by stats()).
+  std::vector<std::array<ClassTotals, kClasses>> retired;
+  std::vector<ThreadCache*> caches;
+  // Sampled peaks of the counter-derived statistics, by group index (all, small, large, slots...).
+  mutable std::vector<std::array<std::int64_t, 3>> sampled_peaks;
+
+  std::atomic<bool> closing{false};
+  bool dead = false;
+  std::shared_ptr<PoolState> keepalive;  // set when the handle closed with buffers still rented
+
+  std::uint32_t slot_of(BufferKind kind, int node) const {
+    return kind == BufferKind::CpuNuma ? kKindSlots + static_cast<std::uint32_t>(node)
+                                       : static_cast<std::uint32_t>(kind) - 1;
+  }
+
+  // --- under the lock -------------------------------------------------------------------------
+  void account(std::uint32_t slot, bool large, PoolStat LockedStats::*field, std::int64_t delta) {
+    track(locked[slot][large].*field, delta);
+    track(locked_slot[slot].*field, delta);
+    track(locked_pool[large].*field, delta);
+    track(locked_all.*field, delta);
+  }
+
+  Result<std::unique_ptr<Buffer>> allocate_memory(BufferKind kind, int node, std::uint64_t bytes) const {
+    switch (kind) {
+      case BufferKind::GpuDeviceLocal:
+      case BufferKind::GpuHostVisible: {
+        GpuBufferOptions o;
+        o.size = bytes;
+        o.memory = kind == BufferKind::GpuDeviceLocal ? GpuMemory::DeviceLocal : GpuMemory::HostVisible;
+        LF_TRY(auto b, GpuBuffer::allocate(*options.vulkan, o));
+        return std::make_unique<GpuBuffer>(std::move(b));
+      }
+      default: {
+        CpuBufferOptions o;
+        o.size = bytes;
+        o.strict = true;
+        o.numa_node = node;
+        o.strategy = kind == BufferKind::CpuNuma        ? CpuStrategy::NumaBound
+                     : kind == BufferKind::CpuHugePages ? CpuStrategy::HugePages
+                     : kind == BufferKind::CpuGpuPinned ? CpuStrategy::GpuPinned
+                                                        : CpuStrategy::SharedMemory;
+        if (kind == BufferKind::CpuGpuPinned) o.gpu = &*options.vulkan;
+        LF_TRY(auto b, CpuBuffer::allocate(o, topology));
+        return std::make_unique<CpuBuffer>(std::move(b));
+      }
+    }
+  }
+
+  Result<PoolSegment*> add_segment(std::uint32_t slot, bool large, std::uint64_t bytes) {
+    auto& s = slots[slot];
+    auto memory = allocate_memory(s.kind, s.node, bytes);
+    if (!memory && memory.error().code() != Errc::Unsupported && memory.error().code() != Errc::InvalidArgument) {
+      // Cached memory may be what stands in the way: release it and try once more.
+      ++num_alloc_retries;
+      release_free_segments(0);
+      memory = allocate_memory(s.kind, s.node, bytes);
+      if (!memory) ++num_ooms;
+    }
+    if (!memory) return std::unexpected(memory.error().within("MemoryPool::rent"));
+    auto seg = std::make_unique<PoolSegment>();
+    seg->memory = std::move(*memory);
+    seg->base = seg->memory->host_ptr();
+    if (auto* gpu = dynamic_cast<GpuBuffer*>(seg->memory.get())) {
+      seg->vk_buffer = gpu->buffer();
+      seg->vk_offset = gpu->offset();
+    } else if (auto* cpu = dynamic_cast<CpuBuffer*>(seg->memory.get())) {
+      seg->vk_buffer = cpu->gpu_buffer();
+      seg->holds_fd = true;
+      ++open_fds;
+    }
+    seg->size = bytes;
+    seg->id = next_segment_id++;
+    seg->slot = slot;
+    seg->small = !large;
+    seg->free.emplace(0, bytes);
+    seg->free_bytes = bytes;
+    auto* raw = seg.get();
+    auto& arena = s.arenas[large];
+    arena.by_size.emplace(bytes, raw->id, 0);
+    arena.segments.emplace(raw->id, std::move(seg));
+    ++num_device_alloc;
+    account(slot, large, &LockedStats::segment, 1);
+    account(slot, large, &LockedStats::reserved_bytes, static_cast<std::int64_t>(bytes));
+    return raw;
+  }
+
+  void drop_segment(PoolSegment* seg) {
+    auto& arena = slots[seg->slot].arenas[!seg->small];
+    const bool large = !seg->small;
+    arena.by_size.erase({seg->size, seg->id, 0});
+    if (seg->holds_fd) --open_fds;
+    ++num_device_free;
+    account(seg->slot, large, &LockedStats::segment, -1);
+    account(seg->slot, large, &LockedStats::reserved_bytes, -static_cast<std::int64_t>(seg->size));
+    arena.segments.erase(seg->id);
+  }
+
+  /// Releases wholly free segments until cached bytes are at most `keep` (0: all of them).
+  void release_free_segments(std::uint64_t keep) {
+    for (auto& slot : slots)
+      for (auto& arena : slot.arenas) {
+        for (auto it = arena.segments.begin(); it != arena.segments.end();) {
+          auto* seg = (it++)->second.get();
+          if (cached_bytes() <= keep && keep != 0) return;
+          if (seg->free_bytes == seg->size) drop_segment(seg);
+        }
+      }
+  }
+
+  std::uint64_t cached_bytes() const {
+    return static_cast<std::uint64_t>(locked_all.reserved_bytes.current - locked_all.active_bytes.current);
+  }
+
+  /// Best fit among the free ranges, or a new segment. `missed` is set when a segment was added.
+  Result<Block> carve(std::uint32_t slot, bool large, std::uint64_t bytes, bool& missed) {
+    auto& arena = slots[slot].arenas[large];
+    auto it = arena.by_size.lower_bound({bytes, 0, 0});
+    if (it == arena.by_size.end()) {
+      const std::uint64_t seg_bytes = large ? std::max(options.segment_bytes, round_up(bytes, std::uint64_t{2} << 20))
+                                            : options.small_segment_bytes;
+      LF_TRY_STATUS(add_segment(slot, large, seg_bytes));
+      missed = true;
+      it = arena.by_size.lower_bound({bytes, 0, 0});
+    }
+    const auto [have, id, offset] = *it;
+    arena.by_size.erase(it);
+    auto* seg = arena.segments.at(id).get();
+    seg->free.erase(offset);
+    seg->free_bytes -= bytes;
+    if (have > bytes) {
+      seg->free.emplace(offset + bytes, have - bytes);
+      arena.by_size.emplace(have - bytes, id, offset + bytes);
+    }
+    account(slot, large, &LockedStats::active, 1);
+    account(slot, large, &LockedStats::active_bytes, static_cast<std::int64_t>(bytes));
+    return Block{seg, offset};
+  }
+
+  void release(Block b, std::uint64_t bytes) {
+    auto* seg = b.segment;
+    const bool large = !seg->small;
+    auto& arena = slots[seg->slot].arenas[large];
+    std::uint64_t offset = b.offset;
+    std::uint64_t len = bytes;
+    auto next = seg->free.lower_bound(offset);
+    if (next != seg->free.begin()) {
+      auto prev = std::prev(next);
+      if (prev->first + prev->second == offset) {
+        arena.by_size.erase({prev->second, seg->id, prev->first});
+        offset = prev->first;
+        len += prev->second;
+        seg->free.erase(prev);
+      }
+    }
+    if (next != seg->free.end() && next->first == b.offset + bytes) {
+      arena.by_size.erase({next->second, seg->id, next->first});
+      len += next->second;
+      seg->free.erase(next);
+    }
+    seg->free.emplace(offset, len);
+    arena.by_size.emplace(len, seg->id, offset);
+    seg->free_bytes += bytes;
+    account(seg->slot, large, &LockedStats::active, -1);
+    account(seg->slot, large, &LockedStats::active_bytes, -static_cast<std::int64_t>(bytes));
+    if (seg->free_bytes == seg->size && cached_bytes() > options.max_cached_bytes)
+      release_free_segments(std::max<std::uint64_t>(options.max_cached_bytes, 1));
+  }
+
+  std::int64_t outstanding() const {
+    std::int64_t n = 0;
+    for (const auto& slot : retired)
+      for (const auto& c : slot) n += static_cast<std::int64_t>(c.rents - c.returns);
+    for (const auto* tc : caches)
+      for (const auto& sc : tc->slots)
+        if (sc)
+          for (const auto& c : sc->counters) n += static_cast<std::int64_t>(get(c.rents) - get(c.returns));
+    return n;
+  }
+
+  void release_everything() {
+    dead = true;
+    for (auto& slot : slots)
+      for (auto& arena : slot.arenas) {
+        arena.by_size.clear();
+        arena.segments.clear();
+      }
+    open_fds = 0;
+  }
+
+  /// Folds a thread's cache into the pool: blocks back to the segments, counters into `retired`.
+  void retire(ThreadCache& tc) {
+    std::lock_guard lock(mutex);
+    std::erase(caches, &tc);
+    for (std::size_t s = 0; s < tc.slots.size(); ++s) {
+      auto& sc = tc.slots[s];
+      if (!sc) continue;
+      for (std::uint32_t c = 0; c < kClasses; ++c) retired[s][c].add(sc->counters[c]);
+      if (!dead)
+        for (std::uint32_t c = 0; c < kSmallClasses; ++c)
+          for (auto b : sc->blocks[c]) release(b, class_size(c));
+      sc.reset();
+    }
+  }
+
+  // --- thread caches ----------------------------------------------------------------------------
+  ThreadCache& cache() {
+    // The thread's last pool first, through trivially destructible thread_locals (no guard check).
+    if (t_last_state == this) return *t_last_cache;
+    ThreadCache& tc = find_cache();
+    t_last_state = this;
+    t_last_cache = &tc;
+    return tc;
+  }
+
+  ThreadCache& find_cache() {
+    static thread_local ThreadCaches mine;
+    t_last_state = nullptr;  // the pruning below may free the cache it points to
+    for (auto& tc : mine.list)
+      if (tc->state.get() == this) return *tc;
+    // Drop caches of pools that are gone, then make one for this pool.
+    std::erase_if(mine.list, [](const auto& tc) {
+      bool gone = false;
+      {
+        std::lock_guard lock(tc->state->mutex);
+        gone = tc->state->dead;
+      }
+      if (gone) tc->state->retire(*tc);
+      return gone;
+    });
+    auto tc = std::make_unique<ThreadCache>();
+    tc->state = shared_from_this();
+    tc->slots.resize(slots.size());
+    {
+      std::lock_guard lock(mutex);
+      caches.push_back(tc.get());
+    }
+    mine.list.push_back(std::move(tc));
+    return *mine.list.back();
+  }
+
+  SlotCache& slot_cache(ThreadCache& tc, std::uint32_t slot) {
+    auto& sc = tc.slots[slot];
+    if (!sc) {
+      // Under the lock: stats() reads other threads' slot pointers.
+      auto fresh = std::make_unique<SlotCache>();
+      std::lock_guard lock(mutex);
+      sc = std::move(fresh);
+      slots[slot].used = true;
+    }
+    return *sc;
+  }
+
+  std::size_t cache_limit(std::uint32_t c) const { return cache_limits[c]; }
+
+  // --- rent / return ----------------------------------------------------------------------------
+  Result<PooledBuffer> rent(const RentOptions& o);
+  Result<PooledBuffer> rent_locked(std::uint64_t size, std::uint32_t slot);
+  void give_back(PooledBuffer& b) noexcept;
+  void give_back_locked(PooledBuffer& b) noexcept;
+  void finish_if_last();
+};
+
+namespace {
+
+ThreadCaches::~ThreadCaches() {
+  t_caches_gone = true;
+  t_last_state = nullptr;
+  for (auto& tc : list) tc->state->retire(*tc);
+}
+
+int current_node() {
+  unsigned cpu = 0, node = 0;
+  if (::getcpu(&cpu, &node) != 0) return 0;
+  return static_cast<int>(node);
+}
+
+}  // namespace
+
+Result<PooledBuffer> PoolState::rent(const RentOptions& o) {
+  constexpr const char* call = "MemoryPool::rent";
+  const auto k = static_cast<std::uint8_t>(o.kind);
+  if (k < 1 || k > kKindSlots) return fail(Errc::InvalidArgument, call, str_format("unknown buffer kind {}", k));
+  if (o.size == 0) return fail(Errc::InvalidArgument, call, "size is 0");
+  if (o.size > (std::uint64_t{1} << 56))
+    return fail(Errc::InvalidArgument, call, str_format("size {} is beyond any memory", o.size));
+  if ((is_gpu(o.kind) || o.kind == BufferKind::CpuGpuPinned) && !options.vulkan)
+    return fail(Errc::Unsupported, call,
+                str_format("{} memory needs a Vulkan device, and the pool was created without one", to_string(o.kind)));
+  int node = -1;
+  if (o.kind == BufferKind::CpuNuma) {
+    node = o.numa_node >= 0 ? o.numa_node : current_node();
+    if (node >= topology.numa_nodes)
+      return fail(Errc::InvalidArgument, call,
+                  str_format("NUMA node {} does not exist ({} nodes)", node, topology.numa_nodes));
+  } else if (o.numa_node != -1) {
+    return fail(Errc::InvalidArgument, call, str_format("a NUMA node is only for {}", to_string(BufferKind::CpuNuma)));
+  }
+  const std::uint32_t slot = slot_of(o.kind, node);
+  if (t_caches_gone) [[unlikely]]
+    return rent_locked(o.size, slot);
+  auto& tc = cache();
+  auto& sc = slot_cache(tc, slot);
+  const bool small = o.size <= MemoryPool::kSmallMax;
+  const std::uint32_t cls = small ? small_class_of(o.size) : large_bucket_of(o.size);
+  const std::uint64_t bytes = small ? class_size(cls) : round_up(o.size, kAlign);
+  auto& counters = sc.counters[cls];
+
+  Block block{};
+  bool missed = false;
+  auto* stack = small ? &sc.blocks[cls] : nullptr;
+  if (stack && !stack->empty()) {
+    block = stack->back();
+    stack->pop_back();
+  } else {
+    std::lock_guard lock(mutex);
+    LF_TRY(block, carve(slot, !small, bytes, missed));
+    if (small) {
+      // Fill part of the thread's cache for this class under the same lock.
+      const std::size_t fill = std::min<std::uint64_t>(cache_limit(cls) / 2, kRefillBytes / bytes);  // may be 0
+      for (std::size_t i = 0; i < fill; ++i) {
+        bool more_missed = false;
+        auto extra = carve(slot, false, bytes, more_missed);
+        if (!extra) break;
+        stack->push_back(*extra);
+        missed = missed || more_missed;
+      }
+    }
+    if (missed) ++slots[slot].misses;
+  }
+  bump(counters.rents, 1);
+  if (!missed) bump(counters.hits, 1);
+  bump(counters.bytes_out, bytes);
+  bump(counters.requested_out, o.size);
+  return PooledBuffer(this, block.segment, block.offset, o.size, slot, cls);
+}
+
+Result<PooledBuffer> PoolState::rent_locked(std::uint64_t size, std::uint32_t slot) {
+  const bool small = size <= MemoryPool::kSmallMax;
+  const std::uint32_t cls = small ? small_class_of(size) : large_bucket_of(size);
+  const std::uint64_t bytes = small ? class_size(cls) : round_up(size, kAlign);
+  std::lock_guard lock(mutex);
+  bool missed = false;
+  LF_TRY(const Block block, carve(slot, !small, bytes, missed));
+  auto& t = retired[slot][cls];
+  ++t.rents;
+  t.hits += missed ? 0 : 1;
+  t.bytes_out += bytes;
+  t.requested_out += size;
+  if (missed) ++slots[slot].misses;
+  return PooledBuffer(this, block.segment, block.offset, size, slot, cls);
+}
+
+void PoolState::give_back_locked(PooledBuffer& b) noexcept {
+  const std::uint32_t cls = b.size_class();
+  const std::uint64_t bytes = cls < kSmallClasses ? class_size(cls) : round_up(b.size_, kAlign);
+  {
+    std::lock_guard lock(mutex);
+    if (!dead) release(Block{b.segment_, b.offset_}, bytes);
+    auto& t = retired[b.slot()][cls];
+    ++t.returns;
+    t.bytes_back += bytes;
+    t.requested_back += b.size_;
+  }
+  if (closing.load()) finish_if_last();
+}
+
+void PoolState::give_back(PooledBuffer& b) noexcept {
+  if (t_caches_gone) [[unlikely]]
+    return give_back_locked(b);
+  auto& tc = cache();
+  const std::uint32_t cls = b.size_class();
+  auto& sc = slot_cache(tc, b.slot());
+  const bool small = cls < kSmallClasses;
+  const std::uint64_t bytes = small ? class_size(cls) : round_up(b.size_, kAlign);
+  const Block block{b.segment_, b.offset_};
+  if (small && cache_limit(cls) > 0) {
+    auto& stack = sc.blocks[cls];
+    stack.push_back(block);
+    if (stack.size() > cache_limit(cls)) {
+      std::lock_guard lock(mutex);
+      const std::size_t keep = stack.size() / 2;
+      for (std::size_t i = keep; i < stack.size(); ++i) release(stack[i], bytes);
+      stack.resize(keep);
+    }
+  } else {
+    std::lock_guard lock(mutex);
+    release(block, bytes);
+  }
+  auto& counters = sc.counters[cls];
+  bump(counters.requested_back, b.size_);
+  bump(counters.bytes_back, bytes);
+  bump(counters.returns, 1);
+  // Dekker with ~MemoryPool: it stores `closing` and then counts the returns; this thread counts its
+  // return and then loads `closing`. One of the two sees the other. membarrier() on the closing side
+  // makes the fence here a compiler fence only.
+  if (membarrier)
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+  else
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (closing.load(std::memory_order_relaxed)) finish_if_last();
+}
+
+void PoolState::finish_if_last() {
+  std::shared_ptr<PoolState> last;
+  {
+    std::lock_guard lock(mutex);
+    if (dead || outstanding() != 0) return;
+    release_everything();
+    last = std::move(keepalive);
+  }
+}
+
+}  // namespace detail
+
+// --- PooledBuffer ----------------------------------------------------------------------------------
+
+PooledBuffer::PooledBuffer(PooledBuffer&& o) noexcept
+    : pool_(std::exchange(o.pool_, nullptr)),
+      segment_(o.segment_),
+      offset_(o.offset_),
+      size_(o.size_),
+      place_(o.place_) {}
+
+PooledBuffer& PooledBuffer::operator=(PooledBuffer&& o) noexcept {
+  if (this != &o) {
+    reset();
+    pool_ = std::exchange(o.pool_, nullptr);
+    segment_ = o.segment_;
+    offset_ = o.offset_;
+    size_ = o.size_;
+    place_ = o.place_;
+  }
+  return *this;
+}
+
+PooledBuffer::~PooledBuffer() { reset(); }
+
+void PooledBuffer::reset() noexcept {
+  if (auto* p = pool_) {
+    p->give_back(*this);
+    pool_ = nullptr;
+    segment_ = nullptr;
+  }
+}
+
+BufferKind PooledBuffer::kind() const { return pool_ ? segment_->memory->kind() : BufferKind::CpuShared; }
+std::byte* PooledBuffer::host_ptr() const { return pool_ && segment_->base ? segment_->base + offset_ : nullptr; }
+std::uint64_t PooledBuffer::capacity() const {
+  if (!pool_) return 0;
+  return size_class() < detail::kSmallClasses ? detail::class_size(size_class())
+                                              : detail::round_up(size_, detail::kAlign);
+}
+vk::Buffer PooledBuffer::gpu_buffer() const { return pool_ ? segment_->vk_buffer : vk::Buffer{}; }
+std::uint64_t PooledBuffer::gpu_offset() const { return pool_ ? segment_->vk_offset + offset_ : 0; }
+const Buffer& PooledBuffer::segment() const { return *segment_->memory; }
+
+Result<Export> PooledBuffer::export_handle() const {
+  if (!pool_) return fail(Errc::InvalidArgument, "PooledBuffer::export_handle", "the buffer was returned");
+  LF_TRY(Export e, segment_->memory->export_handle());
+  e.descriptor.offset += offset_;
+  e.descriptor.size = size_;
+  return e;
+}
+
+// --- MemoryPool ------------------------------------------------------------------------------------
+
+MemoryPool::MemoryPool(std::shared_ptr<detail::PoolState> state) : state_(std::move(state)) {}
+MemoryPool::MemoryPool(MemoryPool&& o) noexcept = default;
+MemoryPool& MemoryPool::operator=(MemoryPool&& o) noexcept {
+  if (this != &o) {
+    MemoryPool gone(std::move(*this));
+    state_ = std::move(o.state_);
+  }
+  return *this;
+}
+
+MemoryPool::~MemoryPool() {
+  if (!state_) return;
+  auto& s = *state_;
+  std::shared_ptr<detail::PoolState> handle = std::move(state_);
+  std::lock_guard lock(s.mutex);
+  s.closing.store(true, std::memory_order_seq_cst);
+  if (s.membarrier)
+    (void)::syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
+  else
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (s.outstanding() == 0)
+    s.release_everything();
+  else
+    s.keepalive = std::move(handle);  // the last return releases it (finish_if_last)
+}
+
+Result<MemoryPool> MemoryPool::create(PoolOptions o) {
+  constexpr const char* call = "MemoryPool::create";
+  if (o.segment_bytes == 0 || o.small_segment_bytes < kSmallMax)
+    return fail(Errc::InvalidArgument, call,
+                str_format("segment sizes must be > 0 and the small one >= {} bytes (got {} and {})", kSmallMax,
+                           o.segment_bytes, o.small_segment_bytes));
+  if (o.segment_bytes > (std::uint64_t{1} << 48) || o.small_segment_bytes > (std::uint64_t{1} << 48))
+    return fail(Errc::InvalidArgument, call, "segment size beyond any memory");
+  auto s = std::make_shared<detail::PoolState>();
+  s->options = std::move(o);
+  s->options.segment_bytes = detail::round_up(s->options.segment_bytes, detail::kAlign);
+  s->options.small_segment_bytes = detail::round_up(s->options.small_segment_bytes, detail::kAlign);
+  s->topology = CpuTopology::detect();
+  for (std::uint32_t c = 0; c < detail::kSmallClasses; ++c)
+    s->cache_limits[c] = s->options.thread_cache_bytes == 0
+                             ? 0
+                             : std::clamp<std::uint64_t>(s->options.thread_cache_bytes / detail::class_size(c), 2,
+                                                         detail::kThreadCacheMaxBlocks);
+  s->membarrier = ::syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
+  const std::size_t nslots = detail::kKindSlots + static_cast<std::size_t>(std::max(1, s->topology.numa_nodes));
+  s->slots.resize(nslots);
+  for (std::uint32_t i = 0; i < nslots; ++i) {
+    s->slots[i].kind = i < detail::kKindSlots ? static_cast<BufferKind>(i + 1) : BufferKind::CpuNuma;
+    s->slots[i].node = i < detail::kKindSlots ? -1 : static_cast<int>(i - detail::kKindSlots);
+  }
+  s->locked.resize(nslots);
+  s->locked_slot.resize(nslots);
+  s->retired.resize(nslots);
+  s->sampled_peaks.assign(3 + nslots, {0, 0, 0});
+  return MemoryPool(std::move(s));
+}
+
+Result<PooledBuffer> MemoryPool::rent(std::uint64_t size, BufferKind kind) {
+  return state_->rent(RentOptions{size, kind, -1});
+}
+Result<PooledBuffer> MemoryPool::rent(const RentOptions& o) { return state_->rent(o); }
+const PoolOptions& MemoryPool::options() const { return state_->options; }
+
+void MemoryPool::trim() {
+  auto& s = *state_;
+  auto* tc = detail::t_caches_gone ? nullptr : &s.cache();
+  std::lock_guard lock(s.mutex);
+  for (std::size_t i = 0; tc && i < tc->slots.size(); ++i) {
+    auto& sc = tc->slots[i];
+    if (!sc) continue;
+    for (std::uint32_t c = 0; c < detail::kSmallClasses; ++c) {
+      for (auto b : sc->blocks[c]) s.release(b, detail::class_size(c));
+      sc->blocks[c].clear();
+    }
+  }
+  s.release_free_segments(0);
+}
+
+// --- statistics ------------------------------------------------------------------------------------
+
+namespace {
+
+void apply_locked(PoolStatGroup& g, const detail::LockedStats& l) {
+  g.segment = l.segment;
+  g.reserved_bytes = l.reserved_bytes;
+  g.active = l.active;
+  g.active_bytes = l.active_bytes;
+}
+
+void apply_counters(PoolStatGroup& g, const detail::ClassTotals& t, std::array<std::int64_t, 3>& peaks) {
+  auto fill = [](PoolStat& s, std::uint64_t out, std::uint64_t back, std::int64_t& peak) {
+    s.allocated = out;
+    s.freed = back;
+    s.current = static_cast<std::int64_t>(out - back);
+    peak = std::max(peak, s.current);
+    s.peak = peak;
+  };
+  fill(g.allocation, t.rents, t.returns, peaks[0]);
+  fill(g.allocated_bytes, t.bytes_out, t.bytes_back, peaks[1]);
+  fill(g.requested_bytes, t.requested_out, t.requested_back, peaks[2]);
+}
+
+void sum(detail::ClassTotals& into, const detail::ClassTotals& t) {
+  into.rents += t.rents;
+  into.hits += t.hits;
+  into.returns += t.returns;
+  into.bytes_out += t.bytes_out;
+  into.bytes_back += t.bytes_back;
+  into.requested_out += t.requested_out;
+  into.requested_back += t.requested_back;
+}
+
+}  // namespace
+
+PoolStats MemoryPool::stats() const {
+  using namespace detail;
+  const auto& s = *state_;
+  std::lock_guard lock(s.mutex);
+  const std::size_t nslots = s.slots.size();
+  std::vector<std::array<ClassTotals, kClasses>> totals = s.retired;
+  for (const auto* tc : s.caches)
+    for (std::size_t i = 0; i < nslots; ++i)
+      if (tc->slots[i])
+        for (std::uint32_t c = 0; c < kClasses; ++c) totals[i][c].add(tc->slots[i]->counters[c]);
+
+  PoolStats out;
+  ClassTotals all_t, pool_t[2];
+  std::vector<ClassTotals> slot_t(nslots);
+  std::array<ClassTotals, kClasses> class_t{};
+  for (std::size_t i = 0; i < nslots; ++i)
+    for (std::uint32_t c = 0; c < kClasses; ++c) {
+      const auto& t = totals[i][c];
+      sum(all_t, t);
+      sum(pool_t[c >= kSmallClasses], t);
+      sum(slot_t[i], t);
+      sum(class_t[c], t);
+    }
+  auto& peaks = s.sampled_peaks;
+  apply_locked(out.all, s.locked_all);
+  apply_counters(out.all, all_t, peaks[0]);
+  apply_locked(out.small_pool, s.locked_pool[0]);
+  apply_counters(out.small_pool, pool_t[0], peaks[1]);
+  apply_locked(out.large_pool, s.locked_pool[1]);
+  apply_counters(out.large_pool, pool_t[1], peaks[2]);
+
+  std::uint64_t split[2] = {0, 0};
+  for (std::size_t i = 0; i < nslots; ++i) {
+    const auto& slot = s.slots[i];
+    std::uint64_t slot_split = 0;
+    for (int large = 0; large < 2; ++large)
+      for (const auto& [id, seg] : slot.arenas[large].segments)
+        if (seg->free_bytes != seg->size) {
+          split[large] += seg->free_bytes;
+          slot_split += seg->free_bytes;
+        }
+    if (!slot.used) continue;
+    PoolKindStats k;
+    k.kind = slot.kind;
+    k.numa_node = slot.node;
+    apply_locked(k.stats, s.locked_slot[i]);
+    apply_counters(k.stats, slot_t[i], peaks[3 + i]);
+    k.stats.inactive_split_bytes.current = static_cast<std::int64_t>(slot_split);
+    k.hits = slot_t[i].hits;
+    k.misses = slot.misses;
+    out.kinds.push_back(std::move(k));
+  }
+  out.small_pool.inactive_split_bytes.current = static_cast<std::int64_t>(split[0]);
+  out.large_pool.inactive_split_bytes.current = static_cast<std::int64_t>(split[1]);
+  out.all.inactive_split_bytes.current = static_cast<std::int64_t>(split[0] + split[1]);
+  for (std::uint32_t c = 0; c < kClasses; ++c)
+    if (class_t[c].rents) out.classes.push_back({class_size(c), class_t[c].rents, class_t[c].hits, class_t[c].returns});
+  out.num_hits = all_t.hits;
+  out.num_misses = all_t.rents - all_t.hits;
+  out.num_alloc_retries = s.num_alloc_retries;
+  out.num_ooms = s.num_ooms;
+  out.num_device_alloc = s.num_device_alloc;
+  out.num_device_free = s.num_device_free;
+  out.open_fds = s.open_fds;
+  return out;
+}
+
+double PoolStats::reuse_rate() const {
+  const auto n = num_hits + num_misses;
+  return n ? static_cast<double>(num_hits) / static_cast<double>(n) : 0.0;
+}
+
+std::int64_t PoolStats::fragmentation_bytes() const { return all.reserved_bytes.current - all.allocated_bytes.current; }
+
+std::string PoolStats::to_json() const {
+  std::string j = "{";
+  auto key = [&](std::string_view k, auto v) {
+    if (j.size() > 1) j += ", ";
+    j += str_format("\"{}\": {}", k, v);
+  };
+  auto group = [&](std::string_view name, const PoolStatGroup& g) {
+    const std::pair<const char*, const PoolStat*> stats[] = {{"allocation", &g.allocation},
+                                                             {"segment", &g.segment},
+                                                             {"active", &g.active},
+                                                             {"allocated_bytes", &g.allocated_bytes},
+                                                             {"reserved_bytes", &g.reserved_bytes},
+                                                             {"active_bytes", &g.active_bytes},
+                                                             {"requested_bytes", &g.requested_bytes},
+                                                             {"inactive_split_bytes", &g.inactive_split_bytes}};
+    for (const auto& [stat, v] : stats) {
+      key(str_format("{}.{}.current", stat, name), v->current);
+      key(str_format("{}.{}.peak", stat, name), v->peak);
+      key(str_format("{}.{}.allocated", stat, name), v->allocated);
+      key(str_format("{}.{}.freed", stat, name), v->freed);
+    }
+  };
+  group("all", all);
+  group("small_pool", small_pool);
+  group("large_pool", large_pool);
+  for (const auto& k : kinds) {
+    const std::string name =
+        k.numa_node >= 0 ? str_format("{}.node{}", to_string(k.kind), k.numa_node) : std::string(to_string(k.kind));
+    group(name, k.stats);
+    key(str_format("num_hits.{}", name), k.hits);
+    key(str_format("num_misses.{}", name), k.misses);
+  }
+  for (const auto& c : classes) {
+    key(str_format("size_class.{}.rents", c.size), c.rents);
+    key(str_format("size_class.{}.hits", c.size), c.hits);
+    key(str_format("size_class.{}.returns", c.size), c.returns);
+  }
+  key("num_hits", num_hits);
+  key("num_misses", num_misses);
+  key("reuse_rate", str_format("{:.6f}", reuse_rate()));
+  key("fragmentation_bytes", fragmentation_bytes());
+  key("num_alloc_retries", num_alloc_retries);
+  key("num_ooms", num_ooms);
+  key("num_device_alloc", num_device_alloc);
+  key("num_device_free", num_device_free);
+  key("open_fds", open_fds);
+  return j + "}";
+}
+
+}  // namespace lavaflow

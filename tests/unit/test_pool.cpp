@@ -1,0 +1,355 @@
+// SPDX-License-Identifier: MIT
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "lavaflow/core/pool.hpp"
+#include "support.hpp"
+
+using namespace lavaflow;
+
+namespace {
+
+std::size_t open_fd_count() {
+  std::size_t n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+
+ino_t inode_of(const Export& e) {
+  struct stat st {};
+  REQUIRE(::fstat(e.fd.get(), &st) == 0);
+  return st.st_ino;
+}
+
+}  // namespace
+
+TEST_CASE("pool: rented host buffers have their size, aligned disjoint ranges, and return on drop") {
+  auto pool = lftest::ok(MemoryPool::create());
+  const std::uint64_t sizes[] = {
+      1, 255, 256, 257, 4093, 65536, MemoryPool::kSmallMax, MemoryPool::kSmallMax + 1, std::uint64_t{70} << 20};
+  std::vector<PooledBuffer> live;
+  std::vector<std::pair<std::byte*, std::uint64_t>> ranges;
+  for (auto size : sizes) {
+    INFO("size " << size);
+    auto b = lftest::ok(pool.rent(size));
+    CHECK(b.size() == size);
+    CHECK(b.kind() == BufferKind::CpuShared);
+    CHECK(b.capacity() >= size);
+    CHECK(b.capacity() % MemoryPool::kAlignment == 0);
+    CHECK(b.offset() % MemoryPool::kAlignment == 0);
+    REQUIRE(b.host_ptr() != nullptr);
+    CHECK(reinterpret_cast<std::uintptr_t>(b.host_ptr()) % MemoryPool::kAlignment == 0);
+    lftest::fill(b.bytes(), size);
+    ranges.emplace_back(b.host_ptr(), b.capacity());
+    live.push_back(std::move(b));
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (std::size_t i = 1; i < ranges.size(); ++i) CHECK(ranges[i - 1].first + ranges[i - 1].second <= ranges[i].first);
+  for (std::size_t i = 0; i < live.size(); ++i) CHECK(lftest::first_mismatch(live[i].bytes(), sizes[i]) == -1);
+
+  auto s = pool.stats();
+  CHECK(s.all.allocation.current == static_cast<std::int64_t>(live.size()));
+  std::int64_t requested = 0;
+  for (auto size : sizes) requested += static_cast<std::int64_t>(size);
+  CHECK(s.all.requested_bytes.current == requested);
+  CHECK(s.all.reserved_bytes.current >= s.all.allocated_bytes.current);
+  CHECK(s.all.allocated_bytes.current >= requested);
+  live.clear();
+  s = pool.stats();
+  CHECK(s.all.allocation.current == 0);
+  CHECK(s.all.allocated_bytes.current == 0);
+  CHECK(s.all.requested_bytes.current == 0);
+  CHECK(s.all.allocation.allocated == std::size(sizes));
+  CHECK(s.all.allocation.freed == std::size(sizes));
+  CHECK(s.all.requested_bytes.peak == requested);
+}
+
+TEST_CASE("pool: a returned buffer is rented again without a new allocation") {
+  auto pool = lftest::ok(MemoryPool::create());
+  for (std::uint64_t size : {std::uint64_t{4096}, std::uint64_t{8} << 20}) {
+    INFO("size " << size);
+    std::byte* first = nullptr;
+    {
+      auto b = lftest::ok(pool.rent(size));
+      first = b.host_ptr();
+    }
+    const auto before = pool.stats();
+    for (int i = 0; i < 100; ++i) {
+      auto b = lftest::ok(pool.rent(size));
+      CHECK(b.host_ptr() == first);
+    }
+    const auto after = pool.stats();
+    CHECK(after.num_device_alloc == before.num_device_alloc);
+    CHECK(after.num_hits == before.num_hits + 100);
+  }
+  const auto s = pool.stats();
+  CHECK(s.num_misses == 2);
+  CHECK(s.reuse_rate() > 0.98);
+}
+
+TEST_CASE("pool: a thousand small buffers share a few segments and fds, and export their own bytes") {
+  const auto fds_before = open_fd_count();
+  auto pool = lftest::ok(MemoryPool::create());
+  std::vector<PooledBuffer> live;
+  for (int i = 0; i < 1000; ++i) {
+    live.push_back(lftest::ok(pool.rent(1000 + static_cast<std::uint64_t>(i % 7) * 100)));
+    lftest::fill(live.back().bytes(), static_cast<std::uint64_t>(i));
+  }
+  const auto s = pool.stats();
+  CHECK(s.num_device_alloc <= 2);
+  CHECK(s.open_fds == s.num_device_alloc);
+  CHECK(open_fd_count() <= fds_before + 2);
+
+  auto a = lftest::ok(live[3].export_handle());
+  auto b = lftest::ok(live[900].export_handle());
+  CHECK(inode_of(a) == inode_of(b));  // one memory object
+  CHECK(a.descriptor.offset != b.descriptor.offset);
+  CHECK(a.descriptor.size == live[3].size());
+  auto imported = lftest::ok(CpuBuffer::import(a.descriptor, std::move(a.fd)));
+  CHECK(imported.size() == live[3].size());
+  CHECK(lftest::first_mismatch(imported.bytes(), 3) == -1);
+}
+
+TEST_CASE("pool: a rented buffer crosses into another process, which sees exactly its bytes") {
+  auto pool = lftest::ok(MemoryPool::create());
+  auto filler = lftest::ok(pool.rent(3000));  // so the buffer under test does not start the segment
+  auto b = lftest::ok(pool.rent(5000));
+  REQUIRE(b.offset() > 0);
+  lftest::fill(b.bytes(), 41);
+  auto ex = lftest::ok(b.export_handle());
+  auto [mine, theirs] = lftest::ok(socket_pair());
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    mine.reset();
+    auto msg = recv_message(theirs.get(), std::chrono::seconds(10));
+    if (!msg || msg->fds.size() != 1) std::_Exit(10);
+    auto desc = ExportDescriptor::deserialize(msg->payload);
+    if (!desc) std::_Exit(11);
+    auto got = CpuBuffer::import(*desc, std::move(msg->fds[0]));
+    if (!got || got->size() != 5000) std::_Exit(12);
+    if (lftest::first_mismatch(got->bytes(), 41) != -1) std::_Exit(13);
+    lftest::fill(got->bytes(), 42);
+    std::_Exit(0);
+  }
+  theirs.reset();
+  const int fd = ex.fd.get();
+  REQUIRE(send_message(mine.get(), ex.descriptor.serialize(), std::span<const int>(&fd, 1)));
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(lftest::first_mismatch(b.bytes(), 42) == -1);
+}
+
+TEST_CASE("pool: the neighbours of an exported buffer are not reachable through its descriptor") {
+  auto pool = lftest::ok(MemoryPool::create());
+  auto left = lftest::ok(pool.rent(512));
+  auto mid = lftest::ok(pool.rent(512));
+  auto right = lftest::ok(pool.rent(512));
+  lftest::fill(left.bytes(), 1);
+  lftest::fill(right.bytes(), 3);
+  auto ex = lftest::ok(mid.export_handle());
+  auto imported = lftest::ok(CpuBuffer::import(ex.descriptor, std::move(ex.fd)));
+  std::fill(imported.bytes().begin(), imported.bytes().end(), std::byte{0xee});
+  CHECK(lftest::first_mismatch(left.bytes(), 1) == -1);
+  CHECK(lftest::first_mismatch(right.bytes(), 3) == -1);
+  CHECK(std::all_of(mid.bytes().begin(), mid.bytes().end(), [](std::byte x) { return x == std::byte{0xee}; }));
+}
+
+TEST_CASE("pool: bad requests are refused with the cause") {
+  auto pool = lftest::ok(MemoryPool::create());
+  CHECK(lftest::err(pool.rent(0)).code() == Errc::InvalidArgument);
+  CHECK(lftest::err(pool.rent(std::uint64_t{1} << 62)).code() == Errc::InvalidArgument);
+  CHECK(lftest::err(pool.rent(64, static_cast<BufferKind>(0))).code() == Errc::InvalidArgument);
+  CHECK(lftest::err(pool.rent(64, static_cast<BufferKind>(99))).code() == Errc::InvalidArgument);
+  CHECK(lftest::err(pool.rent(RentOptions{64, BufferKind::CpuShared, 0})).code() == Errc::InvalidArgument);
+  CHECK(lftest::err(pool.rent(RentOptions{64, BufferKind::CpuNuma, 4096})).code() == Errc::InvalidArgument);
+  auto gpu = lftest::err(pool.rent(64, BufferKind::GpuDeviceLocal));
+  CHECK(gpu.code() == Errc::Unsupported);
+  CHECK(gpu.cause().find("Vulkan") != std::string::npos);
+  CHECK(lftest::err(MemoryPool::create({.small_segment_bytes = 4096})).code() == Errc::InvalidArgument);
+  CHECK(lftest::err(MemoryPool::create({.segment_bytes = 0})).code() == Errc::InvalidArgument);
+  CHECK(pool.stats().all.segment.current == 0);
+}
+
+TEST_CASE("pool: a failing allocation releases cached memory and is retried once") {
+  auto pool = lftest::ok(MemoryPool::create());
+  { auto cached = lftest::ok(pool.rent(std::uint64_t{8} << 20)); }
+  CHECK(pool.stats().all.reserved_bytes.current > 0);
+  // No address space has room for this: mmap fails, and the pool releases its cache first.
+  auto e = lftest::err(pool.rent(std::uint64_t{1} << 55));
+  INFO(e.message());
+  const auto s = pool.stats();
+  CHECK(s.num_alloc_retries == 1);
+  CHECK(s.num_ooms == 1);
+  CHECK(s.all.reserved_bytes.current == 0);
+  CHECK(s.all.segment.current == 0);
+}
+
+TEST_CASE("pool: the cap on cached bytes and trim() release free segments") {
+  SECTION("cap 0: a returned large buffer's segment goes back at once") {
+    auto pool = lftest::ok(MemoryPool::create({.max_cached_bytes = 0}));
+    { auto b = lftest::ok(pool.rent(std::uint64_t{16} << 20)); }
+    const auto s = pool.stats();
+    CHECK(s.all.reserved_bytes.current == 0);
+    CHECK(s.num_device_free == 1);
+  }
+  SECTION("cap of one segment: a second free segment is released, the first kept") {
+    const std::uint64_t seg = std::uint64_t{64} << 20;
+    auto pool = lftest::ok(MemoryPool::create({.max_cached_bytes = seg}));
+    {
+      auto a = lftest::ok(pool.rent(seg));
+      auto b = lftest::ok(pool.rent(seg));
+      CHECK(pool.stats().all.segment.current == 2);
+    }
+    const auto s = pool.stats();
+    CHECK(s.all.segment.current == 1);
+    CHECK(static_cast<std::uint64_t>(s.all.reserved_bytes.current) <= seg);
+  }
+  SECTION("trim() returns this thread's cached blocks and every free segment") {
+    auto pool = lftest::ok(MemoryPool::create());
+    auto keep = lftest::ok(pool.rent(std::uint64_t{4} << 20));
+    for (int i = 0; i < 10; ++i) auto b = lftest::ok(pool.rent(4096 * static_cast<std::uint64_t>(i + 1)));
+    { auto big = lftest::ok(pool.rent(std::uint64_t{100} << 20)); }
+    CHECK(pool.stats().all.segment.current >= 3);
+    pool.trim();
+    const auto s = pool.stats();
+    CHECK(s.all.segment.current == 1);  // the segment `keep` lives in
+    CHECK(s.all.active.current == 1);
+    CHECK(s.all.inactive_split_bytes.current > 0);
+  }
+}
+
+TEST_CASE("pool: statistics come as JSON with PyTorch-style keys") {
+  auto pool = lftest::ok(MemoryPool::create());
+  auto a = lftest::ok(pool.rent(4096));
+  auto b = lftest::ok(pool.rent(4096));
+  auto c = lftest::ok(pool.rent(std::uint64_t{3} << 20));
+  const auto j = nlohmann::json::parse(pool.stats().to_json());
+  CHECK(j.at("allocation.all.current") == 3);
+  CHECK(j.at("allocated_bytes.all.current") == 2 * 4096 + (std::uint64_t{3} << 20));
+  CHECK(j.at("allocated_bytes.small_pool.current") == 2 * 4096);
+  CHECK(j.at("allocated_bytes.large_pool.current") == std::uint64_t{3} << 20);
+  CHECK(j.at("requested_bytes.all.current") == 2 * 4096 + (std::uint64_t{3} << 20));
+  CHECK(j.at("reserved_bytes.all.current") >= j.at("active_bytes.all.current"));
+  CHECK(j.at("active_bytes.all.current") >= j.at("allocated_bytes.all.current"));
+  CHECK(j.at("segment.all.current") == 2);
+  CHECK(j.at("allocation.cpu-shared.current") == 3);
+  CHECK(j.at("size_class.4096.rents") == 2);
+  CHECK(j.at("num_misses") == 2);
+  CHECK(j.at("num_hits") == 1);
+  CHECK(j.contains("fragmentation_bytes"));
+  CHECK(j.contains("num_alloc_retries"));
+  CHECK(j.contains("inactive_split_bytes.all.current"));
+}
+
+TEST_CASE("pool: threads rent, write, hand over and return concurrently without overlap or loss") {
+  auto pool = lftest::ok(MemoryPool::create({.segment_bytes = std::uint64_t{8} << 20}));
+  constexpr int kThreads = 6;
+  constexpr int kOps = 4000;
+  std::mutex handover_mutex;
+  std::vector<PooledBuffer> handover;  // buffers one thread rents and another returns
+  std::atomic<int> errors{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng(static_cast<std::uint64_t>(t));
+      std::vector<PooledBuffer> mine;
+      for (int i = 0; i < kOps; ++i) {
+        const auto size = std::uint64_t{1} << (rng() % 22);  // 1 B .. 2 MiB
+        auto b = pool.rent(size + rng() % 100);
+        if (!b) {
+          ++errors;
+          continue;
+        }
+        const std::uint64_t seed = rng();
+        // The first and last bytes (disjoint: the tail is empty below 128 bytes).
+        auto head = b->bytes().subspan(0, std::min<std::uint64_t>(b->size(), 64));
+        auto tail = b->bytes().subspan(b->size() >= 128 ? b->size() - 64 : b->size());
+        lftest::fill(head, seed);
+        lftest::fill(tail, seed + 1);
+        std::this_thread::yield();
+        if (lftest::first_mismatch(head, seed) != -1 || lftest::first_mismatch(tail, seed + 1) != -1) ++errors;
+        if (rng() % 4 == 0) {
+          std::lock_guard lock(handover_mutex);
+          handover.push_back(std::move(*b));
+          if (handover.size() > 16) handover.erase(handover.begin());  // returned by whichever thread
+        } else if (rng() % 2) {
+          mine.push_back(std::move(*b));
+          if (mine.size() > 8) mine.erase(mine.begin() + static_cast<long>(rng() % mine.size()));
+        }
+      }
+    });
+  for (auto& t : threads) t.join();
+  CHECK(errors == 0);
+  handover.clear();
+  const auto s = pool.stats();
+  CHECK(s.all.allocation.current == 0);
+  CHECK(s.all.allocated_bytes.current == 0);
+  CHECK(s.all.allocation.allocated == static_cast<std::uint64_t>(kThreads) * kOps);
+  CHECK(s.reuse_rate() > 0.95);
+}
+
+TEST_CASE("pool: a pool closed with buffers still rented keeps them valid and frees everything after") {
+  const auto fds_before = open_fd_count();
+  PooledBuffer survivor;
+  {
+    auto pool = lftest::ok(MemoryPool::create());
+    survivor = lftest::ok(pool.rent(10000));
+    auto other = lftest::ok(pool.rent(std::uint64_t{5} << 20));
+  }
+  lftest::fill(survivor.bytes(), 7);
+  CHECK(lftest::first_mismatch(survivor.bytes(), 7) == -1);
+  auto ex = lftest::ok(survivor.export_handle());
+  ex.fd.reset();
+  survivor.reset();
+  CHECK_FALSE(survivor);
+  CHECK(open_fd_count() == fds_before);
+  CHECK(lftest::err(survivor.export_handle()).code() == Errc::InvalidArgument);
+}
+
+TEST_CASE("pool: Vulkan memory is rented from exported segments and imports with exactly its bytes") {
+  auto ctx = lftest::context_or_skip();
+  if (!ctx.capabilities().memory_fd_export) lftest::skip("device cannot export opaque-fd memory");
+  auto other = lftest::ok(VulkanContext::create({.device = ctx.capabilities().identity.device_uuid}));
+  auto pool = lftest::ok(MemoryPool::create({.vulkan = ctx}));
+  for (auto kind : {BufferKind::GpuDeviceLocal, BufferKind::GpuHostVisible}) {
+    std::vector<PooledBuffer> live;
+    for (std::uint64_t size : {std::uint64_t{300}, std::uint64_t{4096}, std::uint64_t{3} << 20}) {
+      INFO(to_string(kind) << " size " << size);
+      live.push_back(lftest::ok(pool.rent(size, kind)));
+      auto& b = live.back();
+      CHECK(b.kind() == kind);
+      CHECK(b.gpu_buffer());
+      // Write through a GPU copy into the buffer's place in the segment.
+      auto staging = lftest::ok(GpuBuffer::allocate(ctx, {.size = size, .memory = GpuMemory::HostVisible}));
+      lftest::fill(staging.bytes(), size);
+      lftest::vk_copy(ctx, staging.buffer(), 0, b.gpu_buffer(), b.gpu_offset(), size);
+      auto ex = lftest::ok(b.export_handle());
+      CHECK(ex.descriptor.size == size);
+      auto imported = lftest::ok(GpuBuffer::import(other, ex.descriptor, std::move(ex.fd)));
+      CHECK(imported.size() == size);
+      auto readback = lftest::ok(GpuBuffer::allocate(other, {.size = size, .memory = GpuMemory::HostVisible}));
+      lftest::vk_copy(other, imported.buffer(), imported.offset(), readback.buffer(), 0, size);
+      CHECK(lftest::first_mismatch(readback.bytes(), size) == -1);
+    }
+    const auto s = pool.stats();
+    CHECK(s.num_device_alloc <= 4);
+  }
+  const auto j = nlohmann::json::parse(pool.stats().to_json());
+  CHECK(j.at("allocation.gpu-device-local.allocated") == 3);
+  CHECK(j.at("allocation.gpu-host-visible.allocated") == 3);
+  CHECK(j.at("allocation.all.current") == 0);
+}
