@@ -30,6 +30,7 @@ constexpr std::uint32_t kLargeBuckets = 44;  // statistics of large buffers, one
 constexpr std::uint32_t kClasses = kSmallClasses + kLargeBuckets;
 constexpr std::uint32_t kKindSlots = 6;  // BufferKind values 1..6; CpuNuma's slot is per node (after these)
 constexpr std::size_t kThreadCacheMaxBlocks = 64;
+constexpr std::size_t kLargeCacheEntries = 4;
 constexpr std::uint64_t kRefillBytes = std::uint64_t{64} << 10;  // carved ahead per refill
 
 constexpr std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
@@ -69,17 +70,20 @@ inline void bump(Counter& c, std::uint64_t v) {
 inline std::uint64_t get(const Counter& c) { return c.load(std::memory_order_relaxed); }
 
 struct ClassCounters {
-  Counter rents{0}, hits{0}, returns{0}, bytes_out{0}, bytes_back{0}, requested_out{0}, requested_back{0};
+  // Bytes of small classes follow from the counts (one size per class), so only large buckets
+  // count bytes; hits are rents minus misses: the fast path bumps as few words as it can.
+  Counter rents{0}, misses{0}, returns{0}, bytes_out{0}, bytes_back{0}, requested_out{0}, requested_back{0};
 };
 
 struct ClassTotals {
   std::uint64_t rents = 0, hits = 0, returns = 0, bytes_out = 0, bytes_back = 0, requested_out = 0, requested_back = 0;
-  void add(const ClassCounters& c) {
-    rents += get(c.rents);
-    hits += get(c.hits);
-    returns += get(c.returns);
-    bytes_out += get(c.bytes_out);
-    bytes_back += get(c.bytes_back);
+  void add(const ClassCounters& c, std::uint32_t cls) {
+    const auto r = get(c.rents), back = get(c.returns);
+    rents += r;
+    hits += r - get(c.misses);
+    returns += back;
+    bytes_out += cls < kSmallClasses ? r * class_size(cls) : get(c.bytes_out);
+    bytes_back += cls < kSmallClasses ? back * class_size(cls) : get(c.bytes_back);
     requested_out += get(c.requested_out);
     requested_back += get(c.requested_back);
   }
@@ -138,6 +142,10 @@ struct Slot {
 
 struct SlotCache {
   std::array<std::vector<Block>, kSmallClasses> blocks;
+  // Recently returned large blocks, matched by exact size: a loop that rents the same large shape
+  // again and again takes no lock.
+  std::vector<std::pair<std::uint64_t, Block>> large;
+  std::uint64_t large_bytes = 0;
   std::array<ClassCounters, kClasses> counters;
 };
 
@@ -174,6 +182,8 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
   // Blocks a thread keeps per small class: thread_cache_bytes worth, at least two (so a rent and
   // return in turn never take the lock), at most kThreadCacheMaxBlocks.
   std::array<std::size_t, kSmallClasses> cache_limits{};
+  // Large bytes a thread keeps: its option, and an eighth of a cap on cached bytes at most.
+  std::uint64_t large_cache_bytes = 0;
 
   mutable std::mutex mutex;
   std::vector<Slot> slots;
@@ -240,6 +250,7 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
     if (!memory && memory.error().code() != Errc::Unsupported && memory.error().code() != Errc::InvalidArgument) {
       // Cached memory may be what stands in the way: release it and try once more.
       ++num_alloc_retries;
+      if (t_last_state == this) flush(*t_last_cache);
       release_free_segments(0);
       memory = allocate_memory(s.kind, s.node, bytes);
       if (!memory) ++num_ooms;
@@ -375,17 +386,29 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
     open_fds = 0;
   }
 
+  /// Returns the blocks a thread keeps to the segments (under the lock).
+  void flush(ThreadCache& tc) {
+    for (auto& sc : tc.slots) {
+      if (!sc) continue;
+      for (std::uint32_t c = 0; c < kSmallClasses; ++c) {
+        for (auto b : sc->blocks[c]) release(b, class_size(c));
+        sc->blocks[c].clear();
+      }
+      for (auto [bytes, b] : sc->large) release(b, bytes);
+      sc->large.clear();
+      sc->large_bytes = 0;
+    }
+  }
+
   /// Folds a thread's cache into the pool: blocks back to the segments, counters into `retired`.
   void retire(ThreadCache& tc) {
     std::lock_guard lock(mutex);
     std::erase(caches, &tc);
+    if (!dead) flush(tc);
     for (std::size_t s = 0; s < tc.slots.size(); ++s) {
       auto& sc = tc.slots[s];
       if (!sc) continue;
-      for (std::uint32_t c = 0; c < kClasses; ++c) retired[s][c].add(sc->counters[c]);
-      if (!dead)
-        for (std::uint32_t c = 0; c < kSmallClasses; ++c)
-          for (auto b : sc->blocks[c]) release(b, class_size(c));
+      for (std::uint32_t c = 0; c < kClasses; ++c) retired[s][c].add(sc->counters[c], c);
       sc.reset();
     }
   }
@@ -495,11 +518,23 @@ Result<PooledBuffer> PoolState::rent(const RentOptions& o) {
 
   Block block{};
   bool missed = false;
+  bool found = false;
   auto* stack = small ? &sc.blocks[cls] : nullptr;
   if (stack && !stack->empty()) {
     block = stack->back();
     stack->pop_back();
-  } else {
+    found = true;
+  } else if (!small) {
+    for (std::size_t i = sc.large.size(); i-- > 0;)
+      if (sc.large[i].first == bytes) {
+        block = sc.large[i].second;
+        sc.large.erase(sc.large.begin() + static_cast<std::ptrdiff_t>(i));
+        sc.large_bytes -= bytes;
+        found = true;
+        break;
+      }
+  }
+  if (!found) {
     std::lock_guard lock(mutex);
     LF_TRY(block, carve(slot, !small, bytes, missed));
     if (small) {
@@ -516,8 +551,8 @@ Result<PooledBuffer> PoolState::rent(const RentOptions& o) {
     if (missed) ++slots[slot].misses;
   }
   bump(counters.rents, 1);
-  if (!missed) bump(counters.hits, 1);
-  bump(counters.bytes_out, bytes);
+  if (missed) bump(counters.misses, 1);
+  if (!small) bump(counters.bytes_out, bytes);
   bump(counters.requested_out, o.size);
   return PooledBuffer(this, block.segment, block.offset, o.size, slot, cls);
 }
@@ -570,13 +605,24 @@ void PoolState::give_back(PooledBuffer& b) noexcept {
       for (std::size_t i = keep; i < stack.size(); ++i) release(stack[i], bytes);
       stack.resize(keep);
     }
+  } else if (!small && bytes <= large_cache_bytes) {
+    sc.large.emplace_back(bytes, block);
+    sc.large_bytes += bytes;
+    if (sc.large.size() > kLargeCacheEntries || sc.large_bytes > large_cache_bytes) {
+      std::lock_guard lock(mutex);
+      while (sc.large.size() > kLargeCacheEntries || sc.large_bytes > large_cache_bytes) {
+        release(sc.large.front().second, sc.large.front().first);
+        sc.large_bytes -= sc.large.front().first;
+        sc.large.erase(sc.large.begin());
+      }
+    }
   } else {
     std::lock_guard lock(mutex);
     release(block, bytes);
   }
   auto& counters = sc.counters[cls];
   bump(counters.requested_back, b.size_);
-  bump(counters.bytes_back, bytes);
+  if (!small) bump(counters.bytes_back, bytes);
   bump(counters.returns, 1);
   // Dekker with ~MemoryPool: it stores `closing` and then counts the returns; this thread counts its
   // return and then loads `closing`. One of the two sees the other. membarrier() on the closing side
@@ -691,6 +737,7 @@ Result<MemoryPool> MemoryPool::create(PoolOptions o) {
   s->options.segment_bytes = detail::round_up(s->options.segment_bytes, detail::kAlign);
   s->options.small_segment_bytes = detail::round_up(s->options.small_segment_bytes, detail::kAlign);
   s->topology = CpuTopology::detect();
+  s->large_cache_bytes = std::min(s->options.thread_cache_large_bytes, s->options.max_cached_bytes / 8);
   for (std::uint32_t c = 0; c < detail::kSmallClasses; ++c)
     s->cache_limits[c] = s->options.thread_cache_bytes == 0
                              ? 0
@@ -720,14 +767,7 @@ void MemoryPool::trim() {
   auto& s = *state_;
   auto* tc = detail::t_caches_gone ? nullptr : &s.cache();
   std::lock_guard lock(s.mutex);
-  for (std::size_t i = 0; tc && i < tc->slots.size(); ++i) {
-    auto& sc = tc->slots[i];
-    if (!sc) continue;
-    for (std::uint32_t c = 0; c < detail::kSmallClasses; ++c) {
-      for (auto b : sc->blocks[c]) s.release(b, detail::class_size(c));
-      sc->blocks[c].clear();
-    }
-  }
+  if (tc) s.flush(*tc);
   s.release_free_segments(0);
 }
 
@@ -776,7 +816,7 @@ PoolStats MemoryPool::stats() const {
   for (const auto* tc : s.caches)
     for (std::size_t i = 0; i < nslots; ++i)
       if (tc->slots[i])
-        for (std::uint32_t c = 0; c < kClasses; ++c) totals[i][c].add(tc->slots[i]->counters[c]);
+        for (std::uint32_t c = 0; c < kClasses; ++c) totals[i][c].add(tc->slots[i]->counters[c], c);
 
   PoolStats out;
   ClassTotals all_t, pool_t[2];

@@ -33,11 +33,14 @@ struct PoolOptions {
   /// Segment size of the small pool (buffers up to kSmallMax).
   std::uint64_t small_segment_bytes = std::uint64_t{2} << 20;
   /// Cap on cached bytes (reserved but not rented). A return that takes the pool above it releases
-  /// wholly free segments until it is below.
+  /// wholly free segments until it is below. Blocks that threads keep (below) are outside the cap;
+  /// with a cap, a thread keeps at most an eighth of it in large blocks.
   std::uint64_t max_cached_bytes = std::numeric_limits<std::uint64_t>::max();
   /// Bytes per size class that each thread keeps for itself (the lock-free path); 0: every rent
   /// and return takes the pool's lock.
   std::uint64_t thread_cache_bytes = std::uint64_t{512} << 10;
+  /// Bytes of large buffers (a few, matched by exact size) that each thread keeps; 0: none.
+  std::uint64_t thread_cache_large_bytes = std::uint64_t{64} << 20;
 };
 
 struct RentOptions {
