@@ -353,3 +353,23 @@ TEST_CASE("pool: Vulkan memory is rented from exported segments and imports with
   CHECK(j.at("allocation.gpu-host-visible.allocated") == 3);
   CHECK(j.at("allocation.all.current") == 0);
 }
+
+namespace {
+struct ThreadHolder {
+  PooledBuffer buffer;
+};
+}  // namespace
+
+TEST_CASE("pool: a buffer returned by a thread_local destructor after the thread's caches ended") {
+  auto pool = lftest::ok(MemoryPool::create());
+  std::thread([&] {
+    // Constructed before the thread's first rent, so destroyed after the pool's thread caches.
+    static thread_local ThreadHolder holder;
+    holder.buffer = lftest::ok(pool.rent(4096));
+    auto other = lftest::ok(pool.rent(std::uint64_t{2} << 20));
+  }).join();
+  const auto s = pool.stats();
+  CHECK(s.all.allocation.current == 0);
+  CHECK(s.all.active.current == 0);
+  CHECK(s.all.allocation.freed == 2);
+}
