@@ -62,12 +62,15 @@ static_assert(class_size(small_class_of(1025)) == 1280 && class_size(small_class
 static_assert(small_class_of(MemoryPool::kSmallMax) == kSmallClasses - 1);
 static_assert(class_size(kSmallClasses - 1) == MemoryPool::kSmallMax);
 
-// Written by one thread, read by stats(): relaxed atomics, so an increment is a plain add.
+// Written by one thread, read by stats(): an increment is a plain load, add and (release) store.
+// A return's counters are written after the rent's were published to the returning thread, so a
+// reader that loads every "back" counter before any "out" counter (acquire) never sees more
+// returned than rented.
 using Counter = std::atomic<std::uint64_t>;
 inline void bump(Counter& c, std::uint64_t v) {
-  c.store(c.load(std::memory_order_relaxed) + v, std::memory_order_relaxed);
+  c.store(c.load(std::memory_order_relaxed) + v, std::memory_order_release);
 }
-inline std::uint64_t get(const Counter& c) { return c.load(std::memory_order_relaxed); }
+inline std::uint64_t get(const Counter& c) { return c.load(std::memory_order_acquire); }
 
 struct ClassCounters {
   // Bytes of small classes follow from the counts (one size per class), so only large buckets
@@ -77,15 +80,25 @@ struct ClassCounters {
 
 struct ClassTotals {
   std::uint64_t rents = 0, hits = 0, returns = 0, bytes_out = 0, bytes_back = 0, requested_out = 0, requested_back = 0;
-  void add(const ClassCounters& c, std::uint32_t cls) {
-    const auto r = get(c.rents), back = get(c.returns);
-    rents += r;
-    hits += r - get(c.misses);
+  /// The return side; read every thread's before any rent side (see bump).
+  void add_back(const ClassCounters& c, std::uint32_t cls) {
+    const auto back = get(c.returns);
     returns += back;
-    bytes_out += cls < kSmallClasses ? r * class_size(cls) : get(c.bytes_out);
     bytes_back += cls < kSmallClasses ? back * class_size(cls) : get(c.bytes_back);
-    requested_out += get(c.requested_out);
     requested_back += get(c.requested_back);
+  }
+  /// The rent side: misses before rents, which are bumped first.
+  void add_out(const ClassCounters& c, std::uint32_t cls) {
+    const auto missed = get(c.misses);
+    const auto r = get(c.rents);
+    rents += r;
+    hits += r - missed;
+    bytes_out += cls < kSmallClasses ? r * class_size(cls) : get(c.bytes_out);
+    requested_out += get(c.requested_out);
+  }
+  void add(const ClassCounters& c, std::uint32_t cls) {
+    add_back(c, cls);
+    add_out(c, cls);
   }
 };
 
@@ -369,15 +382,20 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
     std::int64_t n = 0;
     for (const auto& slot : retired)
       for (const auto& c : slot) n += static_cast<std::int64_t>(c.rents - c.returns);
+    for (const auto* tc : caches)  // every return before any rent (see bump)
+      for (const auto& sc : tc->slots)
+        if (sc)
+          for (const auto& c : sc->counters) n -= static_cast<std::int64_t>(get(c.returns));
     for (const auto* tc : caches)
       for (const auto& sc : tc->slots)
         if (sc)
-          for (const auto& c : sc->counters) n += static_cast<std::int64_t>(get(c.rents) - get(c.returns));
+          for (const auto& c : sc->counters) n += static_cast<std::int64_t>(get(c.rents));
     return n;
   }
 
   void release_everything() {
     dead = true;
+    options.vulkan.reset();  // idle threads' caches may hold this state a while: not the device
     for (auto& slot : slots)
       for (auto& arena : slot.arenas) {
         arena.by_size.clear();
@@ -497,6 +515,8 @@ Result<PooledBuffer> PoolState::rent(const RentOptions& o) {
   if ((is_gpu(o.kind) || o.kind == BufferKind::CpuGpuPinned) && !options.vulkan)
     return fail(Errc::Unsupported, call,
                 str_format("{} memory needs a Vulkan device, and the pool was created without one", to_string(o.kind)));
+  if (o.numa_node < -1)
+    return fail(Errc::InvalidArgument, call, str_format("NUMA node {} (use -1 for the caller's node)", o.numa_node));
   int node = -1;
   if (o.kind == BufferKind::CpuNuma) {
     node = o.numa_node >= 0 ? o.numa_node : current_node();
@@ -576,15 +596,19 @@ Result<PooledBuffer> PoolState::rent_locked(std::uint64_t size, std::uint32_t sl
 void PoolState::give_back_locked(PooledBuffer& b) noexcept {
   const std::uint32_t cls = b.size_class();
   const std::uint64_t bytes = cls < kSmallClasses ? class_size(cls) : round_up(b.size_, kAlign);
-  {
-    std::lock_guard lock(mutex);
-    if (!dead) release(Block{b.segment_, b.offset_}, bytes);
-    auto& t = retired[b.slot()][cls];
-    ++t.returns;
-    t.bytes_back += bytes;
-    t.requested_back += b.size_;
+  // This thread holds no cache (and so no reference) for the pool: once the lock is released the
+  // state may be gone, so the closing check happens under it.
+  std::shared_ptr<PoolState> last;
+  std::lock_guard lock(mutex);
+  if (!dead) release(Block{b.segment_, b.offset_}, bytes);
+  auto& t = retired[b.slot()][cls];
+  ++t.returns;
+  t.bytes_back += bytes;
+  t.requested_back += b.size_;
+  if (closing.load() && !dead && outstanding() == 0) {
+    release_everything();
+    last = std::move(keepalive);
   }
-  if (closing.load()) finish_if_last();
 }
 
 void PoolState::give_back(PooledBuffer& b) noexcept {
@@ -714,11 +738,15 @@ MemoryPool::~MemoryPool() {
   std::shared_ptr<detail::PoolState> handle = std::move(state_);
   std::lock_guard lock(s.mutex);
   s.closing.store(true, std::memory_order_seq_cst);
+  bool fenced = true;
   if (s.membarrier)
-    (void)::syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
+    fenced = ::syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0 ||
+             ::syscall(SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0) == 0;
   else
     std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (s.outstanding() == 0)
+  // Without a barrier a concurrent return may be missed: keep the memory (a leak) rather than risk
+  // freeing it under that return.
+  if (fenced && s.outstanding() == 0)
     s.release_everything();
   else
     s.keepalive = std::move(handle);  // the last return releases it (finish_if_last)
@@ -757,13 +785,15 @@ Result<MemoryPool> MemoryPool::create(PoolOptions o) {
   return MemoryPool(std::move(s));
 }
 
-Result<PooledBuffer> MemoryPool::rent(std::uint64_t size, BufferKind kind) {
-  return state_->rent(RentOptions{size, kind, -1});
+Result<PooledBuffer> MemoryPool::rent(std::uint64_t size, BufferKind kind) { return rent(RentOptions{size, kind, -1}); }
+Result<PooledBuffer> MemoryPool::rent(const RentOptions& o) {
+  if (!state_) return fail(Errc::InvalidArgument, "MemoryPool::rent", "the pool was moved from");
+  return state_->rent(o);
 }
-Result<PooledBuffer> MemoryPool::rent(const RentOptions& o) { return state_->rent(o); }
 const PoolOptions& MemoryPool::options() const { return state_->options; }
 
 void MemoryPool::trim() {
+  if (!state_) return;
   auto& s = *state_;
   auto* tc = detail::t_caches_gone ? nullptr : &s.cache();
   std::lock_guard lock(s.mutex);
@@ -809,14 +839,19 @@ void sum(detail::ClassTotals& into, const detail::ClassTotals& t) {
 
 PoolStats MemoryPool::stats() const {
   using namespace detail;
+  if (!state_) return {};
   const auto& s = *state_;
   std::lock_guard lock(s.mutex);
   const std::size_t nslots = s.slots.size();
   std::vector<std::array<ClassTotals, kClasses>> totals = s.retired;
+  for (const auto* tc : s.caches)  // every return before any rent (see bump)
+    for (std::size_t i = 0; i < nslots; ++i)
+      if (tc->slots[i])
+        for (std::uint32_t c = 0; c < kClasses; ++c) totals[i][c].add_back(tc->slots[i]->counters[c], c);
   for (const auto* tc : s.caches)
     for (std::size_t i = 0; i < nslots; ++i)
       if (tc->slots[i])
-        for (std::uint32_t c = 0; c < kClasses; ++c) totals[i][c].add(tc->slots[i]->counters[c], c);
+        for (std::uint32_t c = 0; c < kClasses; ++c) totals[i][c].add_out(tc->slots[i]->counters[c], c);
 
   PoolStats out;
   ClassTotals all_t, pool_t[2];

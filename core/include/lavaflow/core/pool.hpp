@@ -51,8 +51,11 @@ struct RentOptions {
 };
 
 /// A buffer rented from a MemoryPool; returns itself to the pool when destroyed. Move-only. It
-/// exports like any other buffer: the importer sees exactly `size()` bytes at the buffer's place in
-/// its segment.
+/// exports like any other buffer: the descriptor names `size()` bytes at the buffer's place in its
+/// segment, and importers map that range. The fd is the segment's, though: a process that receives
+/// it can reach the segment's other buffers too, and a block returned to the pool is rented again
+/// with whatever bytes it held. Share pooled buffers with processes you trust; give others buffers
+/// from a pool of their own (or above `segment_bytes`, which get a segment each).
 class PooledBuffer final : public Buffer {
  public:
   PooledBuffer() = default;
