@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <filesystem>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -19,12 +18,6 @@
 using namespace lavaflow;
 
 namespace {
-
-std::size_t open_fd_count() {
-  std::size_t n = 0;
-  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
-  return n;
-}
 
 ino_t inode_of(const Export& e) {
   struct stat st {};
@@ -99,7 +92,7 @@ TEST_CASE("pool: a returned buffer is rented again without a new allocation") {
 }
 
 TEST_CASE("pool: a thousand small buffers share a few segments and fds, and export their own bytes") {
-  const auto fds_before = open_fd_count();
+  const auto fds_before = lftest::open_fds();
   auto pool = lftest::ok(MemoryPool::create());
   std::vector<PooledBuffer> live;
   for (int i = 0; i < 1000; ++i) {
@@ -109,7 +102,7 @@ TEST_CASE("pool: a thousand small buffers share a few segments and fds, and expo
   const auto s = pool.stats();
   CHECK(s.num_device_alloc <= 2);
   CHECK(s.open_fds == s.num_device_alloc);
-  CHECK(open_fd_count() <= fds_before + 2);
+  CHECK(lftest::open_fds() <= fds_before + 2);
 
   auto a = lftest::ok(live[3].export_handle());
   auto b = lftest::ok(live[900].export_handle());
@@ -307,7 +300,7 @@ TEST_CASE("pool: threads rent, write, hand over and return concurrently without 
 }
 
 TEST_CASE("pool: a pool closed with buffers still rented keeps them valid and frees everything after") {
-  const auto fds_before = open_fd_count();
+  const auto fds_before = lftest::open_fds();
   PooledBuffer survivor;
   {
     auto pool = lftest::ok(MemoryPool::create());
@@ -320,7 +313,7 @@ TEST_CASE("pool: a pool closed with buffers still rented keeps them valid and fr
   ex.fd.reset();
   survivor.reset();
   CHECK_FALSE(survivor);
-  CHECK(open_fd_count() == fds_before);
+  CHECK(lftest::open_fds() == fds_before);
   CHECK(lftest::err(survivor.export_handle()).code() == Errc::InvalidArgument);
 }
 
