@@ -52,6 +52,19 @@ BufferKind kind_of(CpuStrategy s) noexcept {
   }
 }
 
+CpuStrategy strategy_of(BufferKind k) noexcept {
+  switch (k) {
+    case BufferKind::CpuNuma:
+      return CpuStrategy::NumaBound;
+    case BufferKind::CpuHugePages:
+      return CpuStrategy::HugePages;
+    case BufferKind::CpuGpuPinned:
+      return CpuStrategy::GpuPinned;
+    default:
+      return CpuStrategy::SharedMemory;
+  }
+}
+
 CpuTopology CpuTopology::detect() {
   CpuTopology t;
   t.cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -261,10 +274,7 @@ Result<CpuBuffer> CpuBuffer::import(const ExportDescriptor& d, UniqueFd&& fd) {
   if (p == MAP_FAILED) return std::unexpected(from_errno(errno, "mmap").within(call));
   b->mapping.reset({static_cast<std::byte*>(p), d.allocation_size});
   b->desc = d;
-  b->strategy = d.kind == BufferKind::CpuNuma        ? CpuStrategy::NumaBound
-                : d.kind == BufferKind::CpuHugePages ? CpuStrategy::HugePages
-                : d.kind == BufferKind::CpuGpuPinned ? CpuStrategy::GpuPinned
-                                                     : CpuStrategy::SharedMemory;
+  b->strategy = strategy_of(d.kind);
   b->reason = "imported";
   b->fd = std::move(fd);
   return CpuBuffer(std::move(b));

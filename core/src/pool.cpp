@@ -246,10 +246,7 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
         o.size = bytes;
         o.strict = true;
         o.numa_node = node;
-        o.strategy = kind == BufferKind::CpuNuma        ? CpuStrategy::NumaBound
-                     : kind == BufferKind::CpuHugePages ? CpuStrategy::HugePages
-                     : kind == BufferKind::CpuGpuPinned ? CpuStrategy::GpuPinned
-                                                        : CpuStrategy::SharedMemory;
+        o.strategy = strategy_of(kind);
         if (kind == BufferKind::CpuGpuPinned) o.gpu = &*options.vulkan;
         LF_TRY(auto b, CpuBuffer::allocate(o, topology));
         return std::make_unique<CpuBuffer>(std::move(b));

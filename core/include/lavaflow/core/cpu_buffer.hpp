@@ -24,6 +24,8 @@ enum class CpuStrategy : std::uint8_t {
 };
 [[nodiscard]] std::string_view to_string(CpuStrategy s) noexcept;
 [[nodiscard]] BufferKind kind_of(CpuStrategy s) noexcept;
+/// The strategy behind a CPU buffer kind (the inverse of kind_of; SharedMemory for other kinds).
+[[nodiscard]] CpuStrategy strategy_of(BufferKind k) noexcept;
 
 /// What this machine offers to the CPU strategies.
 struct CpuTopology {
