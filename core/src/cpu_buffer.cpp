@@ -19,6 +19,7 @@
 
 #include "lavaflow/core/detail/vk_call.hpp"
 #include "lavaflow/core/vulkan_context.hpp"
+#include "round_up.hpp"
 #include "vulkan_state.hpp"
 
 namespace lavaflow {
@@ -92,7 +93,7 @@ CpuTopology CpuTopology::detect() {
 
 namespace {
 
-std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return a ? (v + a - 1) / a * a : v; }
+using detail::round_up;
 
 std::optional<std::string> unavailable(CpuStrategy s, const CpuTopology& t, const CpuBufferOptions& o) {
   switch (s) {

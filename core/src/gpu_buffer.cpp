@@ -4,6 +4,7 @@
 #include "external_memory.hpp"
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/detail/vk_call.hpp"
+#include "round_up.hpp"
 #include "vulkan_state.hpp"
 
 namespace lavaflow {
@@ -25,9 +26,8 @@ struct GpuBuffer::Impl {
 namespace {
 
 using detail::kOpaqueFd;
+using detail::round_up;
 constexpr auto kHandle = kOpaqueFd;
-
-std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 
 vk::raii::Buffer make_buffer(const vk::raii::Device& dev, std::uint64_t size, vk::BufferUsageFlags usage) {
   vk::ExternalMemoryBufferCreateInfo ext(kHandle);
