@@ -18,6 +18,7 @@
 #include "lavaflow/core/cpu_buffer.hpp"
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/gpu_buffer.hpp"
+#include "round_up.hpp"
 
 namespace lavaflow {
 namespace detail {
@@ -32,8 +33,6 @@ constexpr std::uint32_t kKindSlots = 6;  // BufferKind values 1..6; CpuNuma's sl
 constexpr std::size_t kThreadCacheMaxBlocks = 64;
 constexpr std::size_t kLargeCacheEntries = 4;
 constexpr std::uint64_t kRefillBytes = std::uint64_t{64} << 10;  // carved ahead per refill
-
-constexpr std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 
 constexpr std::uint32_t small_class_of(std::uint64_t n) {
   if (n <= 1024) return static_cast<std::uint32_t>((n + kAlign - 1) / kAlign - 1);
@@ -55,6 +54,16 @@ constexpr std::uint64_t class_size(std::uint32_t c) {
 constexpr std::uint32_t large_bucket_of(std::uint64_t n) {
   const auto p = static_cast<unsigned>(std::bit_width(n - 1));  // n <= 2^p
   return kSmallClasses + std::min<std::uint32_t>(kLargeBuckets - 1, p > 21 ? p - 21 : 0);
+}
+
+/// A size's class: a small class, or a large bucket (statistics only: large blocks are exact).
+constexpr std::uint32_t class_of(std::uint64_t n) {
+  return n <= MemoryPool::kSmallMax ? small_class_of(n) : large_bucket_of(n);
+}
+
+/// Bytes a buffer of `size` in class `cls` occupies in its segment.
+constexpr std::uint64_t block_bytes(std::uint32_t cls, std::uint64_t size) {
+  return cls < kSmallClasses ? class_size(cls) : round_up(size, kAlign);
 }
 
 static_assert(small_class_of(256) == 0 && small_class_of(1024) == 3 && small_class_of(1025) == 4);
@@ -99,6 +108,16 @@ struct ClassTotals {
   void add(const ClassCounters& c, std::uint32_t cls) {
     add_back(c, cls);
     add_out(c, cls);
+  }
+  ClassTotals& operator+=(const ClassTotals& t) {
+    rents += t.rents;
+    hits += t.hits;
+    returns += t.returns;
+    bytes_out += t.bytes_out;
+    bytes_back += t.bytes_back;
+    requested_out += t.requested_out;
+    requested_back += t.requested_back;
+    return *this;
   }
 };
 
@@ -167,7 +186,6 @@ struct SlotCache {
 struct ThreadCache {
   std::shared_ptr<PoolState> state;
   std::vector<std::unique_ptr<SlotCache>> slots;
-  std::uint64_t local_misses = 0;
 };
 
 namespace {
@@ -390,6 +408,14 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
     return n;
   }
 
+  /// Under the lock, once the handle closed: when no buffer is rented any more, releases every
+  /// segment and hands back the state's hold on itself, for the caller to drop after unlocking.
+  [[nodiscard]] std::shared_ptr<PoolState> release_if_last() {
+    if (dead || outstanding() != 0) return nullptr;
+    release_everything();
+    return std::move(keepalive);
+  }
+
   void release_everything() {
     dead = true;
     options.vulkan.reset();  // idle threads' caches may hold this state a while: not the device
@@ -528,9 +554,9 @@ Result<PooledBuffer> PoolState::rent(const RentOptions& o) {
     return rent_locked(o.size, slot);
   auto& tc = cache();
   auto& sc = slot_cache(tc, slot);
-  const bool small = o.size <= MemoryPool::kSmallMax;
-  const std::uint32_t cls = small ? small_class_of(o.size) : large_bucket_of(o.size);
-  const std::uint64_t bytes = small ? class_size(cls) : round_up(o.size, kAlign);
+  const std::uint32_t cls = class_of(o.size);
+  const bool small = cls < kSmallClasses;
+  const std::uint64_t bytes = block_bytes(cls, o.size);
   auto& counters = sc.counters[cls];
 
   Block block{};
@@ -575,9 +601,9 @@ Result<PooledBuffer> PoolState::rent(const RentOptions& o) {
 }
 
 Result<PooledBuffer> PoolState::rent_locked(std::uint64_t size, std::uint32_t slot) {
-  const bool small = size <= MemoryPool::kSmallMax;
-  const std::uint32_t cls = small ? small_class_of(size) : large_bucket_of(size);
-  const std::uint64_t bytes = small ? class_size(cls) : round_up(size, kAlign);
+  const std::uint32_t cls = class_of(size);
+  const bool small = cls < kSmallClasses;
+  const std::uint64_t bytes = block_bytes(cls, size);
   std::lock_guard lock(mutex);
   bool missed = false;
   LF_TRY(const Block block, carve(slot, !small, bytes, missed));
@@ -592,7 +618,7 @@ Result<PooledBuffer> PoolState::rent_locked(std::uint64_t size, std::uint32_t sl
 
 void PoolState::give_back_locked(PooledBuffer& b) noexcept {
   const std::uint32_t cls = b.size_class();
-  const std::uint64_t bytes = cls < kSmallClasses ? class_size(cls) : round_up(b.size_, kAlign);
+  const std::uint64_t bytes = block_bytes(cls, b.size_);
   // This thread holds no cache (and so no reference) for the pool: once the lock is released the
   // state may be gone, so the closing check happens under it.
   std::shared_ptr<PoolState> last;
@@ -602,10 +628,7 @@ void PoolState::give_back_locked(PooledBuffer& b) noexcept {
   ++t.returns;
   t.bytes_back += bytes;
   t.requested_back += b.size_;
-  if (closing.load() && !dead && outstanding() == 0) {
-    release_everything();
-    last = std::move(keepalive);
-  }
+  if (closing.load()) last = release_if_last();
 }
 
 void PoolState::give_back(PooledBuffer& b) noexcept {
@@ -615,7 +638,7 @@ void PoolState::give_back(PooledBuffer& b) noexcept {
   const std::uint32_t cls = b.size_class();
   auto& sc = slot_cache(tc, b.slot());
   const bool small = cls < kSmallClasses;
-  const std::uint64_t bytes = small ? class_size(cls) : round_up(b.size_, kAlign);
+  const std::uint64_t bytes = block_bytes(cls, b.size_);
   const Block block{b.segment_, b.offset_};
   if (small && cache_limit(cls) > 0) {
     auto& stack = sc.blocks[cls];
@@ -657,12 +680,8 @@ void PoolState::give_back(PooledBuffer& b) noexcept {
 
 void PoolState::finish_if_last() {
   std::shared_ptr<PoolState> last;
-  {
-    std::lock_guard lock(mutex);
-    if (dead || outstanding() != 0) return;
-    release_everything();
-    last = std::move(keepalive);
-  }
+  std::lock_guard lock(mutex);
+  last = release_if_last();
 }
 
 }  // namespace detail
@@ -700,11 +719,7 @@ void PooledBuffer::reset() noexcept {
 
 BufferKind PooledBuffer::kind() const { return pool_ ? segment_->memory->kind() : BufferKind::CpuShared; }
 std::byte* PooledBuffer::host_ptr() const { return pool_ && segment_->base ? segment_->base + offset_ : nullptr; }
-std::uint64_t PooledBuffer::capacity() const {
-  if (!pool_) return 0;
-  return size_class() < detail::kSmallClasses ? detail::class_size(size_class())
-                                              : detail::round_up(size_, detail::kAlign);
-}
+std::uint64_t PooledBuffer::capacity() const { return pool_ ? detail::block_bytes(size_class(), size_) : 0; }
 vk::Buffer PooledBuffer::gpu_buffer() const { return pool_ ? segment_->vk_buffer : vk::Buffer{}; }
 std::uint64_t PooledBuffer::gpu_offset() const { return pool_ ? segment_->vk_offset + offset_ : 0; }
 const Buffer& PooledBuffer::segment() const { return *segment_->memory; }
@@ -822,16 +837,6 @@ void apply_counters(PoolStatGroup& g, const detail::ClassTotals& t, std::array<s
   fill(g.requested_bytes, t.requested_out, t.requested_back, peaks[2]);
 }
 
-void sum(detail::ClassTotals& into, const detail::ClassTotals& t) {
-  into.rents += t.rents;
-  into.hits += t.hits;
-  into.returns += t.returns;
-  into.bytes_out += t.bytes_out;
-  into.bytes_back += t.bytes_back;
-  into.requested_out += t.requested_out;
-  into.requested_back += t.requested_back;
-}
-
 }  // namespace
 
 PoolStats MemoryPool::stats() const {
@@ -857,10 +862,10 @@ PoolStats MemoryPool::stats() const {
   for (std::size_t i = 0; i < nslots; ++i)
     for (std::uint32_t c = 0; c < kClasses; ++c) {
       const auto& t = totals[i][c];
-      sum(all_t, t);
-      sum(pool_t[c >= kSmallClasses], t);
-      sum(slot_t[i], t);
-      sum(class_t[c], t);
+      all_t += t;
+      pool_t[c >= kSmallClasses] += t;
+      slot_t[i] += t;
+      class_t[c] += t;
     }
   auto& peaks = s.sampled_peaks;
   apply_locked(out.all, s.locked_all);
