@@ -10,10 +10,11 @@ all="$*"
 all=${all//;/ }
 built=" $all "
 inc=$prefix/include/lavaflow
-for c in core transports mesh mesh_mpi cuda opencl opengl mpi; do
+for c in core transports mesh mesh_mpi cuda opencl opengl mpi c; do
   case $c in
     core) dir=$inc/core ;;
     transports) dir=$inc/transports ;;
+    c) dir=$inc/lavaflow.h ;;
     *) dir=$inc/$c ;;
   esac
   # Headers count, not directories: a copy of the tree may carry an empty folder.

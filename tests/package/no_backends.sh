@@ -31,7 +31,7 @@ fi
 cmake --build "$bin" > "$bin.build-all.log" 2>&1 || { tail -40 "$bin.build-all.log"; echo "FAILED: full build"; exit 1; }
 rm -rf "$bin/prefix"
 cmake --install "$bin" --prefix "$bin/prefix" > /dev/null
-bash "$(dirname "$0")/check_install.sh" "$bin/prefix" "$bin" core transports mesh
+bash "$(dirname "$0")/check_install.sh" "$bin/prefix" "$bin" core transports mesh c
 for c in cuda opencl opengl mpi mesh_mpi; do
   if cmake -S "$(dirname "$0")/consumer" -B "$bin/consumer-$c" -G "$generator" -DCMAKE_PREFIX_PATH="$bin/prefix" \
        -DCMAKE_CXX_COMPILER="$cxx" -DLAVAFLOW_COMPONENTS="core;transports;$c" > "$bin.consumer-$c.log" 2>&1 ||
