@@ -49,3 +49,22 @@ if(Gloo_FOUND AND TARGET gloo AND LAVAFLOW_HAVE_MPI)
   set(gloo_found ON)
 endif()
 lavaflow_backend_resolve(GLOO "${gloo_found}" "no Gloo (libgloo-dev), or no MPI to start its ranks")
+
+# Python: the interpreter whose packages the tests use, its headers, and pybind11 (all Debian
+# packages). A sanitizer build leaves it out: its extension would need an interpreter started
+# with the sanitizer runtime preloaded.
+set(LAVAFLOW_PYTHON /usr/bin/python3 CACHE FILEPATH "The Python interpreter the package is built for and tested with")
+set(python_found OFF)
+set(python_why "no Python development files or pybind11 for ${LAVAFLOW_PYTHON} (python3-dev, pybind11-dev)")
+if(LAVAFLOW_SANITIZE)
+  set(python_why "sanitizer build (LAVAFLOW_SANITIZE): the extension would need the sanitizer runtime preloaded into Python")
+elseif(NOT LAVAFLOW_WITH_PYTHON STREQUAL "OFF")
+  set(Python_EXECUTABLE ${LAVAFLOW_PYTHON})
+  find_package(Python 3.9 QUIET COMPONENTS Interpreter Development.Module)
+  set(PYBIND11_FINDPYTHON ON)
+  find_package(pybind11 2.10 QUIET CONFIG)
+  if(Python_FOUND AND pybind11_FOUND)
+    set(python_found ON)
+  endif()
+endif()
+lavaflow_backend_resolve(PYTHON "${python_found}" "${python_why}")
