@@ -311,11 +311,17 @@ int bench_report(const std::vector<std::string>& paths, const std::string& out) 
       std::fprintf(stderr, "lavaflow-bench report: %s\n", run.error().c_str());
       return 2;
     }
-    runs.push_back({p, fs::absolute(p), std::move(*run)});
+    std::error_code ec;
+    runs.push_back({p, fs::absolute(p, ec), std::move(*run)});
     command += " " + p;
   }
   if (out != "-") command += " --out " + out;
-  const fs::path out_dir = out == "-" ? fs::current_path() : fs::absolute(out).parent_path();
+  std::error_code ec;
+  const fs::path out_dir = out == "-" ? fs::current_path(ec) : fs::absolute(out, ec).parent_path();
+  if (ec || out.empty()) {
+    std::fprintf(stderr, "lavaflow-bench report: --out '%s': not a usable path\n", out.c_str());
+    return 2;
+  }
   const auto md = regress::markdown_report(runs, out_dir, command);
   if (out == "-") {
     std::fputs(md.c_str(), stdout);
