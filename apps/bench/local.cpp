@@ -63,8 +63,11 @@ Row summarize(std::string name, std::string mode, std::uint64_t size, std::vecto
   r.size = size;
   r.touched = touched;
   r.samples = one_way.size();
+  auto at = [&](double q) { return one_way[static_cast<std::size_t>(q * double(one_way.size() - 1))]; };
   r.p50_ns = one_way[one_way.size() / 2];
-  r.p99_ns = one_way[static_cast<std::size_t>(0.99 * double(one_way.size() - 1))];
+  r.p25_ns = at(0.25);
+  r.p75_ns = at(0.75);
+  r.p99_ns = at(0.99);
   r.max_ns = one_way.back();
   double sum = 0;
   for (double v : one_way) sum += v;

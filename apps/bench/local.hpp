@@ -15,7 +15,8 @@ struct Row {
   bool touched = false;  // consumer read every byte
   std::size_t samples = 0;
   double p50_ns = 0, p99_ns = 0, max_ns = 0, avg_ns = 0;
-  double msgs_per_s = 0;  // pipelined, when measured
+  double p25_ns = 0, p75_ns = 0;  // the spread `lavaflow-bench compare` tells noise from a change by
+  double msgs_per_s = 0;          // pipelined, when measured
 };
 
 struct Config {

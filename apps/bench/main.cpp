@@ -27,6 +27,7 @@
 #include "local.hpp"
 #include "plot.hpp"
 #include "pool.hpp"
+#include "run.hpp"
 
 using namespace lavaflow;
 
@@ -269,6 +270,10 @@ int bench_local(lfbench::Config cfg, bool json, const std::string& plot) {
       nlohmann::ordered_json row{{"name", r.name},       {"mode", r.mode},       {"size", r.size},
                                  {"touched", r.touched}, {"samples", r.samples}, {"p50_ns", r.p50_ns},
                                  {"p99_ns", r.p99_ns},   {"max_ns", r.max_ns},   {"avg_ns", r.avg_ns}};
+      if (r.p75_ns > 0) {  // the raw MPI rows come from another program, with no quartiles
+        row["p25_ns"] = r.p25_ns;
+        row["p75_ns"] = r.p75_ns;
+      }
       if (r.msgs_per_s > 0) row["msgs_per_s"] = r.msgs_per_s;
       j["results"].push_back(std::move(row));
     }
@@ -367,7 +372,37 @@ int main(int argc, char** argv) {
   lfapp::add_whole(*interop, "--frames", io.frames, "gpu-stream frames at 1 MiB (a quarter at 16 MiB)", 16, 1'000'000);
   lfapp::add_whole(*interop, "--slots", io.slots, "gpu-stream ring buffers (0: the channel's default)", 0, 62);
   interop->add_flag("--json", io.json, "JSON rows");
+
+  lfbench::RunOptions run_options;
+  auto* run = app.add_subcommand(
+      "run", "every suite that can run here, repeated, into DIR/run.json (rows + environment) and plots");
+  run->add_option("--suites", run_options.suites, "suites to run (default: all)")
+      ->delimiter(',')
+      ->check(CLI::IsMember(lfbench::run_suites()));
+  run->add_flag("--quick", run_options.quick, "each suite's quick form (fewer samples, smaller sizes)");
+  lfapp::add_whole(*run, "--repeat", run_options.repeats, "runs of each suite (their spread is the noise)", 1, 50);
+  run->add_option("--out", run_options.out, "directory for run.json and the plots")->required();
+
+  lfbench::CompareCommand cmp;
+  auto* compare = app.add_subcommand(
+      "compare", "two run files, row by row: exit 1 when a row is worse by more than the threshold beyond the noise");
+  compare->add_option("base", cmp.base, "the baseline run (run.json or its directory)")->required();
+  compare->add_option("new", cmp.now, "the run to judge (run.json or its directory)")->required();
+  compare->add_option("--threshold", cmp.threshold_percent, "percent worse that fails a row")
+      ->check(lfapp::real(0, 1000))
+      ->capture_default_str();
+  compare->add_flag("--ratios-only", cmp.ratios_only, "only rows measured against a baseline in the same run");
+
+  std::vector<std::string> report_runs;
+  std::string report_out = "-";
+  auto* report = app.add_subcommand("report", "a Markdown page of one or more runs: tables per suite and plots");
+  report->add_option("runs", report_runs, "run directories (or run.json files)")->required();
+  report->add_option("--out", report_out, "the Markdown file (default: standard output)");
   if (auto rc = lfapp::parse(app, argc, argv)) return *rc;
+
+  if (run->parsed()) return lfbench::bench_run(run_options);
+  if (compare->parsed()) return lfbench::bench_compare(cmp);
+  if (report->parsed()) return lfbench::bench_report(report_runs, report_out);
 
   if (alloc->parsed()) return bench_alloc(reps, json);
   if (pool->parsed()) return lfbench::bench_pool(pool_options);

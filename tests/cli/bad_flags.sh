@@ -103,6 +103,13 @@ check_whole --rounds 10 10000000 "$bench" interop
 check_unknown "$bench" collectives
 check_whole --ranks 2 64 "$bench" collectives
 check_whole --max-size 8 1073741824 "$bench" collectives
+check_unknown "$bench" run --out /nonexistent/run
+check_whole --repeat 1 50 "$bench" run --out /nonexistent/run
+expect_usage_error --suites "$bench" run --out /nonexistent/run --suites local,nosuch
+expect_usage_error --out "$bench" run --quick
+check_unknown "$bench" compare a.json b.json
+check_real --threshold 1000 "$bench" compare a.json b.json
+check_unknown "$bench" report a.json
 launch=$bin/launch/lavaflow-launch
 check_unknown "$launch" -n 2
 check_whole --ranks 1 1024 "$launch"

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# CI's benchmark regression gate: a quick run of the channel hot path (local) and the memory pool
+# (pool), three repetitions each, compared with the committed baseline of this machine class,
+# ratios to same-run baselines only (the floor, a futex wake-up, malloc, a fresh Vulkan
+# allocation), so that a slower or busier machine of the same class is not a regression.
+#
+# Threshold 50 %, beyond the spread: between runs on the 2-core CI VM the busy-poll ratios move by
+# a few percent and the blocking rows (scheduler wake-ups) by tens of percent, which their spread
+# mostly absorbs. A busy-poll round trip costs little more than one cache-line transfer, so one
+# more transfer (or ~150 ns of work) per message nearly doubles its ratio and fails here.
+# Usage: regression.sh BENCH BASELINES_DIR
+set -uo pipefail
+bench=$1
+class="ci-$(nproc)core"
+baseline="$2/$class/run.json"
+[ -f "$baseline" ] || { echo "LAVAFLOW-SKIP: no benchmark baseline for machine class $class ($baseline)"; exit 77; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+"$bench" run --suites local,pool --quick --repeat 3 --out "$work/run" || { echo "FAILED: bench run exited $?"; exit 1; }
+"$bench" compare --ratios-only --threshold 50 "$baseline" "$work/run"
+rc=$?
+[ $rc = 0 ] || { echo "FAILED: compare exited $rc against $baseline"; exit 1; }
+echo "bench regression: OK (against $class)"
