@@ -200,6 +200,11 @@ struct ProducerBox {
 
 struct PyProducer {
   std::shared_ptr<ProducerBox> box;
+  /// The channel ends now; loans and their views keep the ring mapped while they live.
+  void close() {
+    if (box) box->producer->close();
+    box.reset();
+  }
   ProducerBox& live() const {
     if (!box) raise_closed("the producer is closed");
     return *box;
@@ -269,6 +274,11 @@ struct ConsumerBox {
 
 struct PyConsumer {
   std::shared_ptr<ConsumerBox> box;
+  /// Hangs up now; messages and their views keep the ring mapped while they live.
+  void close() {
+    if (box) box->consumer->close();
+    box.reset();
+  }
   ConsumerBox& live() const {
     if (!box) raise_closed("the consumer is closed");
     return *box;
@@ -633,9 +643,12 @@ PYBIND11_MODULE(_lavaflow, m) {
           py::kw_only(), py::arg("stream") = py::none(), py::arg("max_version") = py::none(),
           py::arg("dl_device") = py::none(), py::arg("copy") = py::none())
       .def("__dlpack_device__", [](PyLoan& l) { return dlpack_device(l.ex); })
-      .def("publish", &PyLoan::publish, py::arg("size") = py::none(), py::arg("tag") = py::none(),
-           py::arg("stream") = py::none(),
-           "Publishes the loan to every consumer; `stream`: the CUDA stream whose work wrote it.")
+      .def(
+          "publish",
+          [](PyLoan& l, std::optional<std::uint64_t> size, std::optional<std::uint64_t> tag,
+             std::optional<std::uintptr_t> stream) { return message_info_dict(l.publish(size, tag, stream)); },
+          py::arg("size") = py::none(), py::arg("tag") = py::none(), py::arg("stream") = py::none(),
+          "Publishes the loan to every consumer; `stream`: the CUDA stream whose work wrote it.")
       .def("give_back", &PyLoan::give_back, "Returns the slot unpublished.")
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](PyLoan& l, py::object type, py::object, py::object) {
@@ -702,11 +715,12 @@ PYBIND11_MODULE(_lavaflow, m) {
             check(blocking(timeout_of(timeout, "flush"), [&](Duration t) { return box->producer->flush(t); }));
           },
           py::arg("timeout") = py::none(), "Waits until every consumer released every published message.")
-      .def("close", [](PyProducer& p) { p.box.reset(); })
+      .def("close", &PyProducer::close,
+           "Ends the channel: consumers see PeerLost after what was published. Views of its buffers stay valid.")
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__",
            [](PyProducer& p, py::object, py::object, py::object) {
-             p.box.reset();
+             p.close();
              return false;
            })
       .def_property_readonly("name", [](PyProducer& p) { return p.live().producer->name(); })
@@ -827,11 +841,12 @@ PYBIND11_MODULE(_lavaflow, m) {
                throw;
              }
            })
-      .def("close", [](PyConsumer& c) { c.box.reset(); })
+      .def("close", &PyConsumer::close,
+           "Hangs up: the producer stops waiting for this consumer. Views of its messages stay valid.")
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__",
            [](PyConsumer& c, py::object, py::object, py::object) {
-             c.box.reset();
+             c.close();
              return false;
            })
       .def_property_readonly("producer_pid", [](PyConsumer& c) { return c.live().consumer->producer_pid(); })

@@ -691,3 +691,35 @@ TEST_CASE("a Loan or Received that outlives its channel object keeps its bytes v
   CHECK(first.bytes().empty());
   CHECK(second.bytes()[15] == std::byte{2});
 }
+
+TEST_CASE("close() ends the channel at once while the objects, and pointers into their rings, stay valid") {
+  auto dir = lftest::channel_dir();
+  auto p = lftest::ok(Producer::create("closing", popts(dir)));
+  auto c = lftest::ok(Consumer::open("closing", copts(dir)));
+  auto c2 = lftest::ok(Consumer::open("closing", copts(dir)));
+  lftest::ok(p->wait_for_consumers(2, 5s));
+  publish(*p, 1);
+  publish(*p, 2);
+  auto held = lftest::ok(c->receive(1s));
+  const std::byte* bytes = held.bytes().data();
+
+  // A consumer that hangs up holding a message no longer holds the producer back.
+  c->close();
+  CHECK(c->closed());
+  CHECK(lftest::err(c->receive(0s)).code() == Errc::InvalidArgument);
+  CHECK(lftest::ok(c2->receive(1s)).info().user_tag == 1);
+  CHECK(lftest::ok(c2->receive(1s)).info().user_tag == 2);
+  lftest::ok(p->flush(5s));
+  for (std::uint64_t tag = 3; tag < 7; ++tag) publish(*p, tag);  // the ring wraps over the held slot
+  CHECK(bytes[0] == held.bytes()[0]);                            // still mapped
+  held.release();
+
+  // A closed producer: its consumers drain what was published, then PeerLost; the name is free.
+  p->close();
+  CHECK(p->closed());
+  CHECK(lftest::err(p->loan(0s)).code() == Errc::InvalidArgument);
+  for (std::uint64_t tag = 3; tag < 7; ++tag) CHECK(lftest::ok(c2->receive(1s)).info().user_tag == tag);
+  CHECK(lftest::err(c2->receive(1s)).code() == Errc::PeerLost);
+  auto again = lftest::ok(Producer::create("closing", popts(dir)));
+  CHECK(std::filesystem::exists(dir / "closing.sock"));
+}

@@ -326,7 +326,8 @@ struct detail::ProducerState {
   std::vector<Connection> connections;  // service thread only
   std::vector<Pending> pending;         // service thread only
 
-  bool orphaned = false;  // the Producer is gone; the outstanding Loan owns this and deletes it
+  bool orphaned = false;     // the Producer is gone; the outstanding Loan owns this and deletes it
+  bool user_closed = false;  // Producer::close() ran
 
   ~ProducerState() { close(); }
 
@@ -692,9 +693,16 @@ Result<std::unique_ptr<Producer>> Producer::create(const std::string& name, Prod
   return std::unique_ptr<Producer>(new Producer(std::move(impl)));
 }
 
+void Producer::close() {
+  impl_->close();
+  impl_->user_closed = true;
+}
+bool Producer::closed() const { return impl_->user_closed; }
+
 Result<Loan> Producer::loan(Duration timeout) {
   auto& m = *impl_;
   constexpr const char* call = "Producer::loan";
+  if (m.user_closed) return fail(Errc::InvalidArgument, call, "the producer is closed");
   if (m.loan_out) return fail(Errc::InvalidArgument, call, "the previous loan is not published or dropped yet");
   const std::uint64_t seq = m.write_seq;
   const Deadline deadline(timeout);
@@ -728,6 +736,7 @@ Result<Loan> Producer::loan(Duration timeout) {
 
 Result<Loan> Producer::try_loan() {
   auto& m = *impl_;
+  if (m.user_closed) return fail(Errc::InvalidArgument, "Producer::try_loan", "the producer is closed");
   if (!m.loan_out && !m.room_for(m.write_seq))
     return fail(Errc::WouldBlock, "Producer::try_loan", "ring full: a consumer has not released its oldest message");
   return loan(Duration(0));
@@ -736,6 +745,7 @@ Result<Loan> Producer::try_loan() {
 Result<MessageInfo> Producer::publish(Loan&& loan, MessageInfo info) {
   auto& m = *impl_;
   constexpr const char* call = "Producer::publish";
+  if (m.user_closed) return fail(Errc::InvalidArgument, call, "the producer is closed");
   if (loan.impl_ != &m || loan.seq_ != m.write_seq)
     return fail(Errc::InvalidArgument, call, "loan does not belong to this producer's current slot");
   if (info.size == 0) info.size = m.options.slot_size;
@@ -896,6 +906,17 @@ struct detail::ConsumerState {
   std::uint32_t held = 0;
   std::vector<std::uint8_t> done;  // by slot
   bool orphaned = false;           // the Consumer is gone; the last outstanding Received deletes this
+  bool user_closed = false;        // Consumer::close() ran
+
+  /// Stops watching the producer and hangs up: the producer stops counting this consumer.
+  void disconnect() {
+    if (watcher.joinable()) {
+      std::uint64_t one = 1;
+      (void)!::write(stop_fd.get(), &one, sizeof one);
+      watcher.join();
+    }
+    sock.reset();
+  }
 
   /// `gpu_release`: n + 1 when message n (in `slot`) was released on the GPU, else 0.
   void release(std::uint32_t slot, std::uint64_t gpu_release = 0);
@@ -910,11 +931,7 @@ struct detail::ConsumerState {
 
   ~ConsumerState() {
     if (counted_blocking) control->blocking_consumers.fetch_sub(1, std::memory_order_seq_cst);
-    if (watcher.joinable()) {
-      std::uint64_t one = 1;
-      (void)!::write(stop_fd.get(), &one, sizeof one);
-      watcher.join();
-    }
+    disconnect();
   }
 
   void watch() {
@@ -1126,9 +1143,16 @@ Result<std::unique_ptr<Consumer>> Consumer::open(const std::string& name, Consum
   return std::unique_ptr<Consumer>(new Consumer(std::move(impl)));
 }
 
+void Consumer::close() {
+  impl_->disconnect();
+  impl_->user_closed = true;
+}
+bool Consumer::closed() const { return impl_->user_closed; }
+
 Result<Received> Consumer::receive(Duration timeout) {
   auto& m = *impl_;
   constexpr const char* call = "Consumer::receive";
+  if (m.user_closed) return fail(Errc::InvalidArgument, call, "the consumer is closed");
   auto& cb = *m.control;
   if (m.held >= m.slots)
     return fail(Errc::InvalidArgument, call, str_format("all {} ring buffers are held: release one first", m.slots));
@@ -1180,6 +1204,7 @@ Result<Received> Consumer::receive(Duration timeout) {
 }
 
 Result<Received> Consumer::try_receive() {
+  if (impl_->user_closed) return fail(Errc::InvalidArgument, "Consumer::try_receive", "the consumer is closed");
   std::uint64_t n = 0;
   std::uint32_t k = 0;
   if (!impl_->message_ready(n, k)) {
@@ -1191,9 +1216,13 @@ Result<Received> Consumer::try_receive() {
 
 void detail::ConsumerState::release(std::uint32_t slot, std::uint64_t gpu_release) {
   auto& m = *this;
+  --m.held;
+  if (m.user_closed) {  // hung up: our entry in the control block may be another consumer's now
+    if (orphaned && held == 0) delete this;
+    return;
+  }
   if (gpu_release != 0) m.self->gpu_release[slot].store(gpu_release, std::memory_order_relaxed);
   m.done[slot] = 1;
-  --m.held;
   while (m.released < m.expected && m.done[m.released_slot]) {
     m.done[m.released_slot] = 0;
     ++m.released;

@@ -236,6 +236,11 @@ class Producer {
   [[nodiscard]] Status flush(Duration timeout = kForever);
   /// Waits until at least `n` consumers are connected.
   [[nodiscard]] Status wait_for_consumers(std::uint32_t n, Duration timeout);
+  /// Ends the channel now: consumers see PeerLost after the messages already published, nobody
+  /// new connects, the name is free again. The ring stays mapped until the Producer is destroyed,
+  /// so pointers into published buffers stay valid; loan() and publish() fail from now on.
+  void close();
+  [[nodiscard]] bool closed() const;
 
  private:
   explicit Producer(std::unique_ptr<detail::ProducerState> state);
@@ -247,6 +252,12 @@ class Consumer {
   /// Connects to channel `name`, waiting up to `connect_timeout` for its producer to appear.
   [[nodiscard]] static Result<std::unique_ptr<Consumer>> open(const std::string& name, ConsumerOptions options = {});
   ~Consumer();
+
+  /// Hangs up now: the producer stops counting this consumer (its unreleased messages no longer
+  /// hold the producer back). The ring stays mapped until the Consumer is destroyed, so pointers
+  /// into received buffers stay valid (their slots may be written again); receive() fails from now on.
+  void close();
+  [[nodiscard]] bool closed() const;
 
   /// The next message, waiting at most `timeout`. PeerLost once the producer is gone and every
   /// message it published has been received.
