@@ -11,9 +11,15 @@ build=${LAVAFLOW_GPU_BUILD:-/tmp/lavaflow-gpu-build}
 mkdir -p "$out"
 [ -x /opt/gcc/bin/g++ ] && export CXX=${CXX:-/opt/gcc/bin/g++}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # OpenMPI there, run as root
+# The Python package is built for the python3 first on PATH (there: the one with PyTorch, CuPy
+# and pybind11), when it has pybind11.
+python_flags=()
+if py=$(command -v python3) && pybind=$("$py" -c "import pybind11; print(pybind11.get_cmake_dir())" 2> /dev/null); then
+  python_flags=(-DLAVAFLOW_PYTHON="$py" -Dpybind11_DIR="$pybind")
+fi
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLAVAFLOW_FUZZ_SECONDS=5
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLAVAFLOW_FUZZ_SECONDS=5 "${python_flags[@]}"
   cmake --build "$build" -j "$(nproc)"
 } > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
 "$build/apps/info/lavaflow-info" > "$out/info.txt" 2>&1

@@ -61,7 +61,7 @@ def test_two_python_processes_stream_numpy_arrays_zero_copy(rendezvous, channel_
 PRODUCER_THEN_HANG = """
 import sys, time, numpy as np, lavaflow
 name, directory = sys.argv[1], sys.argv[2]
-p = lavaflow.Producer(name, slot_size=4096, directory=directory)
+p = lavaflow.Producer(name, slot_size=4096, directory=directory, transport="shm")
 p.wait_for_consumers(1, timeout=20)
 for i in range(3):
     with p.loan() as buf:
@@ -102,7 +102,7 @@ def capsule_name(capsule):
 
 
 def test_dlpack_into_torch_and_numpy_zero_copy_both_capsule_kinds(rendezvous, channel_name):
-    with lavaflow.Producer(channel_name, slot_size=4096, slots=1, directory=rendezvous) as p:
+    with lavaflow.Producer(channel_name, slot_size=4096, slots=1, directory=rendezvous, transport="shm") as p:
         c = lavaflow.Consumer(channel_name, directory=rendezvous)
         p.wait_for_consumers(1, timeout=10)
         with p.loan() as buf:
@@ -147,7 +147,7 @@ def test_dlpack_into_torch_and_numpy_zero_copy_both_capsule_kinds(rendezvous, ch
 
 
 def test_released_messages_and_closed_channels_are_clear_errors(rendezvous, channel_name):
-    p = lavaflow.Producer(channel_name, slot_size=4096, slots=2, directory=rendezvous)
+    p = lavaflow.Producer(channel_name, slot_size=4096, slots=2, directory=rendezvous, transport="shm")
     c = lavaflow.Consumer(channel_name, directory=rendezvous)
     p.wait_for_consumers(1, timeout=10)
     with p.loan() as buf:
