@@ -27,6 +27,7 @@
 #include "local.hpp"
 #include "plot.hpp"
 #include "pool.hpp"
+#include "python.hpp"
 #include "run.hpp"
 
 using namespace lavaflow;
@@ -364,6 +365,12 @@ int main(int argc, char** argv) {
   pool->add_flag("--quick", pool_options.quick, "fewer batches and a shorter trace");
   pool->add_flag("--json", pool_options.json, "JSON rows and targets");
 
+  lfbench::PythonBenchOptions python_options;
+  auto* python = app.add_subcommand(
+      "python", "the Python layer's cost per message (receive, DLPack into NumPy/PyTorch, release) vs C++");
+  python->add_flag("--quick", python_options.quick, "fewer messages");
+  python->add_flag("--json", python_options.json, "JSON rows and the target");
+
   lfbench::InteropOptions io;
   auto* interop =
       app.add_subcommand("interop", "(CUDA GPU) kernels on imported memory and GPU frame hand-off vs CUDA IPC");
@@ -406,6 +413,7 @@ int main(int argc, char** argv) {
 
   if (alloc->parsed()) return bench_alloc(reps, json);
   if (pool->parsed()) return lfbench::bench_pool(pool_options);
+  if (python->parsed()) return lfbench::bench_python(python_options);
   if (local->parsed()) {
     if (quick) {
       cfg.iterations = 2000;

@@ -137,6 +137,14 @@ void extract_pool(const json& r, std::vector<Sample>& out) {
   }
 }
 
+void extract_python(const json& r, std::vector<Sample>& out) {
+  const std::string name = text_of(r, "name");
+  if (auto* s = add(out, r, "p50_ns", Better::Lower, name, "", "", "p25_ns", "p75_ns"); s && name != "cpp-receive") {
+    s->ref = BaselineRef{"cpp-receive", "", "", s->size};
+    s->baseline = "cpp-receive";
+  }
+}
+
 void extract_remote(const json& r, std::vector<Sample>& out) {
   const std::string name = text_of(r, "name"), kind = text_of(r, "kind");
   Sample* s = kind == "latency" ? add(out, r, "p50_ns", Better::Lower, name, "", kind)
@@ -188,6 +196,7 @@ std::optional<Extractor> extractor(std::string_view suite) {
   if (suite == "alloc") return extract_alloc;
   if (suite == "local") return extract_local;
   if (suite == "pool") return extract_pool;
+  if (suite == "python") return extract_python;
   if (suite == "remote") return extract_remote;
   if (suite == "collectives") return extract_collectives;
   if (suite == "interop") return extract_interop;

@@ -47,6 +47,7 @@ std::vector<Suite> suites() {
       {"alloc", true, "", false, {"--reps", "21"}},
       {"local", true, "", true, {"--quick"}},
       {"pool", true, "", false, {"--quick"}},
+      {"python", true, "", false, {"--quick"}},
       {"remote",
        LAVAFLOW_BENCH_REMOTE != 0,
        "the MPI transport is not built (LAVAFLOW_WITH_MPI)",
