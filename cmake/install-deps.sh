@@ -9,6 +9,7 @@ pkgs=(
   mpich libmpich-dev libgloo-dev
   opencl-headers ocl-icd-opencl-dev pocl-opencl-icd clinfo
   catch2 libcli11-dev nlohmann-json3-dev libnuma-dev xvfb libclang-rt-14-dev zlib1g-dev gnuplot-nox iproute2
+  python3-dev pybind11-dev python3-numpy python3-torch python3-pytest
 )
 missing=()
 for p in "${pkgs[@]}"; do
