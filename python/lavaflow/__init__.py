@@ -28,6 +28,8 @@ from ._lavaflow import (  # noqa: F401
     OutOfMemory,
     PeerLost,
     PermissionDenied,
+    Pool,
+    PooledBuffer,
     Producer,
     SystemCallError,
     Timeout,

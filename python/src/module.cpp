@@ -327,6 +327,41 @@ struct PyMessage {
 };
 
 // ---------------------------------------------------------------------------------------------
+// Pool
+
+struct PyPool {
+  std::shared_ptr<MemoryPool> pool;
+  MemoryPool& live() const {
+    if (!pool) raise_closed("the pool is closed");
+    return *pool;
+  }
+};
+
+/// A rented buffer; back to the pool at release() (or when it and its views are gone) once no
+/// view of it remains: a pooled block is rented again, so a view must never outlive the rent.
+struct PyPooled {
+  std::shared_ptr<MemoryPool> pool;  // the pool outlives its buffers' Python objects
+  std::optional<PooledBuffer> buffer;
+  bool release_asked = false;
+  Exported ex;
+
+  PooledBuffer& live() {
+    if (!buffer || release_asked) raise_closed("the buffer was released to its pool");
+    return *buffer;
+  }
+  void unpin() {
+    if (release_asked && ex.exports == 0) buffer.reset();
+  }
+};
+
+BufferKind buffer_kind_of(const std::string& name) {
+  for (int k = 1; k <= 6; ++k)
+    if (to_string(static_cast<BufferKind>(k)) == name) return static_cast<BufferKind>(k);
+  throw py::value_error("unknown buffer kind '" + name +
+                        "' (cpu-shared, cpu-numa, cpu-hugepages, cpu-gpu-pinned, gpu-device-local, gpu-host-visible)");
+}
+
+// ---------------------------------------------------------------------------------------------
 // Buffer protocol (PEP 3118), with the exports counted: views of a loan or message hold it, and
 // a message asked to release waits for the last of them.
 
@@ -404,7 +439,7 @@ py::dict array_interface(Exported& ex, std::uint64_t bytes) {
 struct DlpackOwner {
   PyObject* owner = nullptr;  // the loan or message; a strong reference
   std::int64_t shape = 0;
-  bool is_message = false;
+  enum class Kind { Loan, Message, Pooled } kind = Kind::Loan;
   dl::ManagedTensor legacy{};
   dl::ManagedTensorVersioned versioned{};
 };
@@ -416,14 +451,20 @@ void drop_owner(DlpackOwner* o) {
   PyGILState_STATE g = PyGILState_Ensure();
   try {
     py::handle h(o->owner);
-    if (o->is_message) {
-      auto* msg = h.cast<PyMessage*>();
-      --msg->ex.exports;
-      msg->unpin();
-    } else {
-      auto* l = h.cast<PyLoan*>();
-      --l->ex.exports;
-      l->unpin();
+    auto done = [](auto* t) {
+      --t->ex.exports;
+      t->unpin();
+    };
+    switch (o->kind) {
+      case DlpackOwner::Kind::Message:
+        done(h.cast<PyMessage*>());
+        break;
+      case DlpackOwner::Kind::Loan:
+        done(h.cast<PyLoan*>());
+        break;
+      case DlpackOwner::Kind::Pooled:
+        done(h.cast<PyPooled*>());
+        break;
     }
   } catch (...) {
     PyErr_Clear();
@@ -452,7 +493,7 @@ void versioned_capsule_destructor(PyObject* capsule) {
 
 /// __dlpack__(stream=None, max_version=None, dl_device=None, copy=None) over `ex`.
 template <class Sync>
-py::object to_dlpack(py::handle self, Exported& ex, bool is_message, const py::object& stream,
+py::object to_dlpack(py::handle self, Exported& ex, DlpackOwner::Kind kind, const py::object& stream,
                      const py::object& max_version, const py::object& dl_device, const py::object& copy, Sync&& sync) {
   if (!copy.is_none() && copy.cast<bool>())
     throw py::buffer_error("lavaflow shares its buffers and never copies them (copy=True)");
@@ -475,7 +516,7 @@ py::object to_dlpack(py::handle self, Exported& ex, bool is_message, const py::o
   auto* o = new DlpackOwner;
   o->owner = Py_NewRef(self.ptr());
   o->shape = static_cast<std::int64_t>(ex.bytes);
-  o->is_message = is_message;
+  o->kind = kind;
   const dl::Tensor tensor{ex.place.data, ex.place.device, 1, {dl::kUInt, 8, 1}, &o->shape, nullptr, 0};
   ++ex.exports;
   PyObject* capsule = nullptr;
@@ -500,8 +541,9 @@ py::tuple dlpack_device(const Exported& ex) {
 // ---------------------------------------------------------------------------------------------
 // lavaflow.info()
 
-py::dict info() {
+py::dict info(const std::optional<PyPool>& pool) {
   py::dict out;
+  if (pool && pool->pool) out["pool"] = py::module_::import("json").attr("loads")(pool->pool->stats().to_json());
   out["version"] = LAVAFLOW_PY_VERSION;
   py::list vk;
   std::vector<DeviceCapabilities> devices;
@@ -631,14 +673,15 @@ PYBIND11_MODULE(_lavaflow, m) {
           [](py::object self, py::object stream, py::object max_version, py::object dl_device, py::object copy) {
             auto& l = self.cast<PyLoan&>();
             (void)l.live();
-            return to_dlpack(self, l.ex, false, stream, max_version, dl_device, copy, [&](std::uintptr_t s) {
+            return to_dlpack(self, l.ex, DlpackOwner::Kind::Loan, stream, max_version, dl_device, copy,
+                             [&](std::uintptr_t s) {
 #if LAVAFLOW_PY_CUDA
-              l.ex.stream = reinterpret_cast<cudaStream_t>(s);
-              if (l.box->cuda) check(l.box->cuda->imports.wait(*l.ex.stream, *l.loan));
+                               l.ex.stream = reinterpret_cast<cudaStream_t>(s);
+                               if (l.box->cuda) check(l.box->cuda->imports.wait(*l.ex.stream, *l.loan));
 #else
               (void)s;
 #endif
-            });
+                             });
           },
           py::kw_only(), py::arg("stream") = py::none(), py::arg("max_version") = py::none(),
           py::arg("dl_device") = py::none(), py::arg("copy") = py::none())
@@ -761,14 +804,15 @@ PYBIND11_MODULE(_lavaflow, m) {
           [](py::object self, py::object stream, py::object max_version, py::object dl_device, py::object copy) {
             auto& msg = self.cast<PyMessage&>();
             msg.check_live();
-            return to_dlpack(self, msg.ex, true, stream, max_version, dl_device, copy, [&](std::uintptr_t s) {
+            return to_dlpack(self, msg.ex, DlpackOwner::Kind::Message, stream, max_version, dl_device, copy,
+                             [&](std::uintptr_t s) {
 #if LAVAFLOW_PY_CUDA
-              msg.ex.stream = reinterpret_cast<cudaStream_t>(s);
-              if (msg.box->cuda) check(msg.box->cuda->imports.wait(*msg.ex.stream, *msg.message));
+                               msg.ex.stream = reinterpret_cast<cudaStream_t>(s);
+                               if (msg.box->cuda) check(msg.box->cuda->imports.wait(*msg.ex.stream, *msg.message));
 #else
               (void)s;
 #endif
-            });
+                             });
           },
           py::kw_only(), py::arg("stream") = py::none(), py::arg("max_version") = py::none(),
           py::arg("dl_device") = py::none(), py::arg("copy") = py::none())
@@ -859,5 +903,79 @@ PYBIND11_MODULE(_lavaflow, m) {
       .def_property_readonly("slot_size", [](PyConsumer& c) { return c.live().consumer->slot_size(); })
       .def_property_readonly("closed", [](PyConsumer& c) { return !c.box; });
 
-  m.def("info", &info, "The accelerators of this machine and what can share memory with what, as dicts.");
+  // ---- Pool
+  py::class_<PyPooled> pooled(m, "PooledBuffer", py::buffer_protocol(),
+                              "A buffer rented from a Pool (buffer protocol, __array_interface__, DLPack).");
+  install_buffer_protocol<PyPooled>(pooled);
+  pooled.def_property_readonly("size", [](PyPooled& b) { return b.live().size(); })
+      .def_property_readonly("capacity", [](PyPooled& b) { return b.live().capacity(); })
+      .def_property_readonly("kind", [](PyPooled& b) { return std::string(to_string(b.live().kind())); })
+      .def_property_readonly("data_ptr", [](PyPooled& b) { return reinterpret_cast<std::uintptr_t>(b.ex.place.data); })
+      .def_property_readonly("views", [](PyPooled& b) { return b.ex.exports; })
+      .def_property_readonly("released", [](PyPooled& b) { return !b.buffer || b.release_asked; })
+      .def_property_readonly("__array_interface__",
+                             [](PyPooled& b) {
+                               (void)b.live();
+                               return array_interface(b.ex, b.ex.bytes);
+                             })
+      .def(
+          "__dlpack__",
+          [](py::object self, py::object stream, py::object max_version, py::object dl_device, py::object copy) {
+            auto& b = self.cast<PyPooled&>();
+            (void)b.live();
+            return to_dlpack(self, b.ex, DlpackOwner::Kind::Pooled, stream, max_version, dl_device, copy,
+                             [](std::uintptr_t) {});
+          },
+          py::kw_only(), py::arg("stream") = py::none(), py::arg("max_version") = py::none(),
+          py::arg("dl_device") = py::none(), py::arg("copy") = py::none())
+      .def("__dlpack_device__", [](PyPooled& b) { return dlpack_device(b.ex); })
+      .def(
+          "release",
+          [](PyPooled& b) {
+            b.release_asked = true;
+            b.unpin();
+          },
+          "Returns the buffer to its pool once no view of it remains.")
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](PyPooled& b, py::object, py::object, py::object) {
+        b.release_asked = true;
+        b.unpin();
+        return false;
+      });
+
+  py::class_<PyPool>(m, "Pool", "A memory pool: host (and with vulkan=True, GPU) buffers rented from cached segments.")
+      .def(py::init([](bool vulkan, std::uint64_t segment_bytes, std::optional<std::uint64_t> max_cached_bytes) {
+             PoolOptions o;
+             if (vulkan) o.vulkan = take(VulkanContext::create());
+             if (segment_bytes) o.segment_bytes = segment_bytes;
+             if (max_cached_bytes) o.max_cached_bytes = *max_cached_bytes;
+             return PyPool{std::make_shared<MemoryPool>(take(MemoryPool::create(std::move(o))))};
+           }),
+           py::kw_only(), py::arg("vulkan") = false, py::arg("segment_bytes") = 0,
+           py::arg("max_cached_bytes") = py::none())
+      .def(
+          "rent",
+          [](PyPool& p, std::uint64_t size, const std::string& kind) {
+            auto b = take(p.live().rent(size, buffer_kind_of(kind)));
+            if (!b.host_ptr())
+              raise(Error(Errc::Unsupported, "Pool.rent", "device-local GPU memory has no host view here"));
+            PyPooled out;
+            out.pool = p.pool;
+            out.ex.bytes = b.size();
+            out.ex.shape = static_cast<Py_ssize_t>(b.size());
+            out.ex.place = {b.host_ptr(), {dl::kCPU, 0}};
+            out.buffer.emplace(std::move(b));
+            return out;
+          },
+          py::arg("size"), py::arg("kind") = "cpu-shared")
+      .def(
+          "trim", [](PyPool& p) { p.live().trim(); }, "Frees the cached memory no buffer uses.")
+      .def(
+          "stats", [](PyPool& p) { return py::module_::import("json").attr("loads")(p.live().stats().to_json()); },
+          "Statistics with PyTorch's memory_stats() keys.")
+      .def("close", [](PyPool& p) { p.pool.reset(); });
+
+  m.def("info", &info, py::arg("pool") = py::none(),
+        "The accelerators of this machine and what can share memory with what, as dicts (with a pool's "
+        "statistics when given one).");
 }
