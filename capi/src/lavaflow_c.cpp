@@ -12,6 +12,7 @@
 
 #include "lavaflow/lavaflow.h"
 #include "lavaflow/lavaflow.hpp"
+#include "lavaflow/mesh/launch.hpp"
 #if LAVAFLOW_C_CUDA
 #include "lavaflow/cuda/cuda.hpp"
 #endif
@@ -446,6 +447,110 @@ void lf_message_info_get(const lf_message* message, lf_message_info* info) {
 }
 const lf_buffer* lf_message_buffer(const lf_message* message) { return message ? &message->view : nullptr; }
 void lf_message_release(lf_message* message) { delete message; }
+
+}  // extern "C"
+
+// ---- collectives
+
+struct lf_communicator {
+  std::unique_ptr<mesh::Communicator> comm;
+};
+
+namespace {
+
+std::optional<mesh::DType> dtype_of(lf_dtype t) {
+  if (t < LF_F32 || t > LF_U8) return std::nullopt;
+  return static_cast<mesh::DType>(t);
+}
+std::optional<mesh::ReduceOp> op_of(lf_reduce_op op) {
+  if (op < LF_SUM || op > LF_AVERAGE) return std::nullopt;
+  return static_cast<mesh::ReduceOp>(op);
+}
+
+/// Checks the handle, type and element count, then runs one collective and waits for it.
+template <class F>
+lf_status collective(const char* call, lf_communicator* c, lf_dtype type, std::size_t count, bool has_buffers,
+                     std::int64_t timeout_ns, F&& start) {
+  return guarded(call, [&] {
+    if (!c) return invalid(call, "communicator is NULL");
+    if (!has_buffers && count != 0) return invalid(call, "a buffer is NULL");
+    const auto t = dtype_of(type);
+    if (!t) return invalid(call, "unknown element type");
+    const std::size_t element = mesh::size_of(*t);
+    if (count > SIZE_MAX / element / std::max<std::size_t>(1, c->comm->size()))
+      return invalid(call, "count too large for this group");
+    const mesh::CallOptions o{.timeout = duration_of(timeout_ns)};
+    auto s = start(*t, count * element, o).wait();
+    return s ? LF_OK : record(s.error());
+  });
+}
+
+template <class T>
+std::span<T> bytes(T* p, std::size_t n) {
+  return {p, p ? n : 0};
+}
+
+}  // namespace
+
+extern "C" {
+
+lf_status lf_communicator_open_launched(lf_communicator** out) {
+  constexpr const char* call = "lf_communicator_open_launched";
+  return guarded(call, [&] {
+    if (!out) return invalid(call, "out is NULL");
+    auto job = mesh::launched_job();
+    if (!job) return record(job.error());
+    auto m = mesh::mesh_from_launch(*job);
+    if (!m) return record(m.error());
+    auto c = m->communicator("world", mesh::launched_communicators(*job));
+    if (!c) return record(c.error());
+    *out = new lf_communicator{std::move(*c)};
+    return LF_OK;
+  });
+}
+void lf_communicator_destroy(lf_communicator* communicator) { delete communicator; }
+uint32_t lf_communicator_rank(const lf_communicator* c) { return c ? c->comm->rank() : 0; }
+uint32_t lf_communicator_size(const lf_communicator* c) { return c ? c->comm->size() : 0; }
+
+lf_status lf_all_reduce(lf_communicator* c, const void* send, void* recv, size_t count, lf_dtype type, lf_reduce_op op,
+                        int64_t timeout_ns) {
+  const auto o = op_of(op);
+  if (!o) return invalid("lf_all_reduce", "unknown reduction");
+  return collective("lf_all_reduce", c, type, count, send && recv, timeout_ns,
+                    [&](mesh::DType t, std::size_t n, auto opt) {
+                      return c->comm->all_reduce(bytes(static_cast<const std::byte*>(send), n),
+                                                 bytes(static_cast<std::byte*>(recv), n), t, *o, opt);
+                    });
+}
+lf_status lf_all_gather(lf_communicator* c, const void* send, void* recv, size_t count, lf_dtype type,
+                        int64_t timeout_ns) {
+  return collective("lf_all_gather", c, type, count, send && recv, timeout_ns,
+                    [&](mesh::DType t, std::size_t n, auto opt) {
+                      return c->comm->all_gather(bytes(static_cast<const std::byte*>(send), n),
+                                                 bytes(static_cast<std::byte*>(recv), n * c->comm->size()), t, opt);
+                    });
+}
+lf_status lf_broadcast(lf_communicator* c, void* buffer, size_t count, uint32_t root, lf_dtype type,
+                       int64_t timeout_ns) {
+  return collective("lf_broadcast", c, type, count, buffer != nullptr, timeout_ns,
+                    [&](mesh::DType t, std::size_t n, auto opt) {
+                      return c->comm->broadcast(bytes(static_cast<std::byte*>(buffer), n), root, t, opt);
+                    });
+}
+lf_status lf_reduce_scatter(lf_communicator* c, const void* send, void* recv, size_t count, lf_dtype type,
+                            lf_reduce_op op, int64_t timeout_ns) {
+  const auto o = op_of(op);
+  if (!o) return invalid("lf_reduce_scatter", "unknown reduction");
+  return collective("lf_reduce_scatter", c, type, count, send && recv, timeout_ns,
+                    [&](mesh::DType t, std::size_t n, auto opt) {
+                      return c->comm->reduce_scatter(bytes(static_cast<const std::byte*>(send), n * c->comm->size()),
+                                                     bytes(static_cast<std::byte*>(recv), n), t, *o, opt);
+                    });
+}
+lf_status lf_barrier(lf_communicator* c, int64_t timeout_ns) {
+  return collective("lf_barrier", c, LF_U8, 0, true, timeout_ns,
+                    [&](mesh::DType, std::size_t, auto opt) { return c->comm->barrier(opt); });
+}
 
 // ---- CUDA
 

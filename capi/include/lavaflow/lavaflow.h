@@ -252,6 +252,33 @@ LF_API void lf_cuda_buffer_destroy(lf_cuda_buffer* buffer);
 /** The CUDA device pointer (a CUdeviceptr / void* in device memory). */
 LF_API void* lf_cuda_buffer_pointer(const lf_cuda_buffer* buffer);
 
+/* ------------------------------------------------------------------------------------------ */
+/* Collectives over a job's ranks (the mesh's native backend; jobs started by lavaflow-launch). */
+
+typedef struct lf_communicator lf_communicator;
+typedef enum lf_dtype { LF_F32 = 0, LF_F16 = 1, LF_BF16 = 2, LF_I32 = 3, LF_I64 = 4, LF_U8 = 5 } lf_dtype;
+typedef enum lf_reduce_op { LF_SUM = 0, LF_PRODUCT = 1, LF_MIN = 2, LF_MAX = 3, LF_AVERAGE = 4 } lf_reduce_op;
+
+/** The "world" group of this process's job, started by `lavaflow-launch -n N`: LF_NOT_FOUND when
+ * it was not. Collective over the job: every rank calls it. */
+LF_API lf_status lf_communicator_open_launched(lf_communicator** out);
+LF_API void lf_communicator_destroy(lf_communicator* communicator);
+LF_API uint32_t lf_communicator_rank(const lf_communicator* communicator);
+LF_API uint32_t lf_communicator_size(const lf_communicator* communicator);
+/** Every rank makes the same calls in the same order. `count` is in elements of `type`; `send`
+ * may equal `recv`. A rank missing for `timeout_ns` makes the others' calls LF_TIMEOUT naming it. */
+LF_API lf_status lf_all_reduce(lf_communicator* communicator, const void* send, void* recv, size_t count, lf_dtype type,
+                               lf_reduce_op op, int64_t timeout_ns);
+/** recv holds size × count elements: every rank's send, in rank order. */
+LF_API lf_status lf_all_gather(lf_communicator* communicator, const void* send, void* recv, size_t count, lf_dtype type,
+                               int64_t timeout_ns);
+LF_API lf_status lf_broadcast(lf_communicator* communicator, void* buffer, size_t count, uint32_t root, lf_dtype type,
+                              int64_t timeout_ns);
+/** send holds size × count elements; recv (count) gets this rank's block of the reduction. */
+LF_API lf_status lf_reduce_scatter(lf_communicator* communicator, const void* send, void* recv, size_t count,
+                                   lf_dtype type, lf_reduce_op op, int64_t timeout_ns);
+LF_API lf_status lf_barrier(lf_communicator* communicator, int64_t timeout_ns);
+
 #ifdef __cplusplus
 }
 #endif
