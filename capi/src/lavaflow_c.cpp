@@ -93,7 +93,16 @@ Duration duration_of(std::int64_t ns) {
   return ns < 0 ? kForever : std::chrono::duration_cast<Duration>(std::chrono::nanoseconds(ns));
 }
 
-std::optional<BufferKind> kind_of_c(lf_buffer_kind k) {
+/// An enum argument's value without loading it as the enum: a C caller may pass any int, and a
+/// value outside a C++ enum's range is undefined behaviour once read as that enum.
+template <class E>
+int raw(const E& e) {
+  std::underlying_type_t<E> v;
+  std::memcpy(&v, &e, sizeof v);
+  return static_cast<int>(v);
+}
+
+std::optional<BufferKind> kind_of_c(int k) {
   switch (k) {
     case LF_GPU_DEVICE_LOCAL:
     case LF_GPU_HOST_VISIBLE:
@@ -127,7 +136,7 @@ const char* lf_status_name(lf_status status) {
       "LF_UNSUPPORTED", "LF_OUT_OF_MEMORY",     "LF_NOT_FOUND",   "LF_TIMEOUT",          "LF_WOULD_BLOCK",
       "LF_PEER_LOST",   "LF_PERMISSION_DENIED", "LF_UNREACHABLE", "LF_SYSTEM",           "LF_DRIVER",
       "LF_INTERNAL"};
-  const auto i = static_cast<int>(status);
+  const auto i = raw(status);
   return i >= 0 && i < static_cast<int>(std::size(names)) ? names[i] : "unknown";
 }
 
@@ -159,7 +168,7 @@ lf_status lf_buffer_allocate(lf_context* context, lf_buffer_kind kind, uint64_t 
   constexpr const char* call = "lf_buffer_allocate";
   return guarded(call, [&] {
     if (!out) return invalid(call, "out is NULL");
-    const auto k = kind_of_c(kind);
+    const auto k = kind_of_c(raw(kind));
     if (!k) return invalid(call, "unknown buffer kind");
     if ((is_gpu(*k) || *k == BufferKind::CpuGpuPinned) && !context)
       return invalid(call, "GPU kinds and CPU_GPU_PINNED need a context");
@@ -253,7 +262,7 @@ lf_status lf_pool_rent(lf_pool* pool, lf_buffer_kind kind, uint64_t size, lf_buf
   constexpr const char* call = "lf_pool_rent";
   return guarded(call, [&] {
     if (!pool || !out) return invalid(call, "pool or out is NULL");
-    const auto k = kind_of_c(kind);
+    const auto k = kind_of_c(raw(kind));
     if (!k) return invalid(call, "unknown buffer kind");
     auto b = pool->pool.rent(size, *k);
     if (!b) return record(b.error());
@@ -281,7 +290,7 @@ lf_status lf_pool_stats_json(const lf_pool* pool, char* buffer, size_t capacity,
 
 namespace {
 
-std::optional<WaitMode> wait_of(lf_wait_mode w) {
+std::optional<WaitMode> wait_of(int w) {
   switch (w) {
     case LF_WAIT_SPIN_THEN_BLOCK:
       return WaitMode::SpinThenBlock;
@@ -307,7 +316,7 @@ lf_status lf_producer_create(const char* name, const lf_producer_options* option
     o.slots = in.slots;
     o.slot_size = in.slot_size;
     o.max_consumers = in.max_consumers;
-    switch (in.policy) {
+    switch (raw(in.policy)) {
       case LF_FULL_BLOCK:
         o.policy = FullPolicy::Block;
         break;
@@ -320,10 +329,10 @@ lf_status lf_producer_create(const char* name, const lf_producer_options* option
       default:
         return invalid(call, "unknown full policy");
     }
-    const auto w = wait_of(in.wait);
+    const auto w = wait_of(raw(in.wait));
     if (!w) return invalid(call, "unknown wait mode");
     o.wait = *w;
-    switch (in.transport) {
+    switch (raw(in.transport)) {
       case LF_TRANSPORT_AUTO:
         break;
       case LF_TRANSPORT_SHM:
@@ -411,7 +420,7 @@ lf_status lf_consumer_open(const char* name, const lf_consumer_options* options,
     const lf_consumer_options defaults = LF_CONSUMER_OPTIONS_INIT;
     const lf_consumer_options& in = options ? *options : defaults;
     ConsumerOptions o;
-    const auto w = wait_of(in.wait);
+    const auto w = wait_of(raw(in.wait));
     if (!w) return invalid(call, "unknown wait mode");
     o.wait = *w;
     if (in.connect_timeout_ns < 0) return invalid(call, "connect_timeout_ns is negative");
@@ -458,18 +467,18 @@ struct lf_communicator {
 
 namespace {
 
-std::optional<mesh::DType> dtype_of(lf_dtype t) {
+std::optional<mesh::DType> dtype_of(int t) {
   if (t < LF_F32 || t > LF_U8) return std::nullopt;
   return static_cast<mesh::DType>(t);
 }
-std::optional<mesh::ReduceOp> op_of(lf_reduce_op op) {
+std::optional<mesh::ReduceOp> op_of(int op) {
   if (op < LF_SUM || op > LF_AVERAGE) return std::nullopt;
   return static_cast<mesh::ReduceOp>(op);
 }
 
 /// Checks the handle, type and element count, then runs one collective and waits for it.
 template <class F>
-lf_status collective(const char* call, lf_communicator* c, lf_dtype type, std::size_t count, bool has_buffers,
+lf_status collective(const char* call, lf_communicator* c, int type, std::size_t count, bool has_buffers,
                      std::int64_t timeout_ns, F&& start) {
   return guarded(call, [&] {
     if (!c) return invalid(call, "communicator is NULL");
@@ -514,9 +523,9 @@ uint32_t lf_communicator_size(const lf_communicator* c) { return c ? c->comm->si
 
 lf_status lf_all_reduce(lf_communicator* c, const void* send, void* recv, size_t count, lf_dtype type, lf_reduce_op op,
                         int64_t timeout_ns) {
-  const auto o = op_of(op);
+  const auto o = op_of(raw(op));
   if (!o) return invalid("lf_all_reduce", "unknown reduction");
-  return collective("lf_all_reduce", c, type, count, send && recv, timeout_ns,
+  return collective("lf_all_reduce", c, raw(type), count, send && recv, timeout_ns,
                     [&](mesh::DType t, std::size_t n, auto opt) {
                       return c->comm->all_reduce(bytes(static_cast<const std::byte*>(send), n),
                                                  bytes(static_cast<std::byte*>(recv), n), t, *o, opt);
@@ -524,7 +533,7 @@ lf_status lf_all_reduce(lf_communicator* c, const void* send, void* recv, size_t
 }
 lf_status lf_all_gather(lf_communicator* c, const void* send, void* recv, size_t count, lf_dtype type,
                         int64_t timeout_ns) {
-  return collective("lf_all_gather", c, type, count, send && recv, timeout_ns,
+  return collective("lf_all_gather", c, raw(type), count, send && recv, timeout_ns,
                     [&](mesh::DType t, std::size_t n, auto opt) {
                       return c->comm->all_gather(bytes(static_cast<const std::byte*>(send), n),
                                                  bytes(static_cast<std::byte*>(recv), n * c->comm->size()), t, opt);
@@ -532,16 +541,16 @@ lf_status lf_all_gather(lf_communicator* c, const void* send, void* recv, size_t
 }
 lf_status lf_broadcast(lf_communicator* c, void* buffer, size_t count, uint32_t root, lf_dtype type,
                        int64_t timeout_ns) {
-  return collective("lf_broadcast", c, type, count, buffer != nullptr, timeout_ns,
+  return collective("lf_broadcast", c, raw(type), count, buffer != nullptr, timeout_ns,
                     [&](mesh::DType t, std::size_t n, auto opt) {
                       return c->comm->broadcast(bytes(static_cast<std::byte*>(buffer), n), root, t, opt);
                     });
 }
 lf_status lf_reduce_scatter(lf_communicator* c, const void* send, void* recv, size_t count, lf_dtype type,
                             lf_reduce_op op, int64_t timeout_ns) {
-  const auto o = op_of(op);
+  const auto o = op_of(raw(op));
   if (!o) return invalid("lf_reduce_scatter", "unknown reduction");
-  return collective("lf_reduce_scatter", c, type, count, send && recv, timeout_ns,
+  return collective("lf_reduce_scatter", c, raw(type), count, send && recv, timeout_ns,
                     [&](mesh::DType t, std::size_t n, auto opt) {
                       return c->comm->reduce_scatter(bytes(static_cast<const std::byte*>(send), n * c->comm->size()),
                                                      bytes(static_cast<std::byte*>(recv), n), t, *o, opt);
