@@ -7,21 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CHECK(call)                                                                                  \
-  do {                                                                                               \
-    lf_status s_ = (call);                                                                           \
-    if (s_ != LF_OK) {                                                                               \
-      printf("capi collectives: FAILED %s -> %s: %s\n", #call, lf_status_name(s_), lf_last_error()); \
-      return 1;                                                                                      \
-    }                                                                                                \
-  } while (0)
-#define EXPECT(cond)                                                     \
-  do {                                                                   \
-    if (!(cond)) {                                                       \
-      printf("capi collectives: FAILED line %d: %s\n", __LINE__, #cond); \
-      return 1;                                                          \
-    }                                                                    \
-  } while (0)
+#define LF_TEST_NAME "capi collectives"
+#include "check.h"
 
 enum { kCount = 10007 };
 static const int64_t kTimeout = 30000000000LL;

@@ -9,21 +9,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define CHECK(call)                                                                                             \
-  do {                                                                                                          \
-    lf_status s_ = (call);                                                                                      \
-    if (s_ != LF_OK) {                                                                                          \
-      fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #call, lf_status_name(s_), lf_last_error()); \
-      return 1;                                                                                                 \
-    }                                                                                                           \
-  } while (0)
-#define EXPECT(cond)                                                      \
-  do {                                                                    \
-    if (!(cond)) {                                                        \
-      fprintf(stderr, "%s:%d: expected %s\n", __FILE__, __LINE__, #cond); \
-      return 1;                                                           \
-    }                                                                     \
-  } while (0)
+#define LF_TEST_NAME "capi example"
+#include "check.h"
 
 enum { kMessages = 200, kWords = 1024 };
 
