@@ -13,6 +13,7 @@
 #include "lavaflow/core/location.hpp"
 #include "lavaflow/core/pool.hpp"
 #include "lavaflow/core/transfer.hpp"
+#include "lavaflow/core/unified_buffer.hpp"
 #include "lavaflow/core/unique_fd.hpp"
 #include "lavaflow/core/unix_socket.hpp"
 #include "lavaflow/core/vulkan_context.hpp"
