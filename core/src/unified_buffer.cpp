@@ -8,6 +8,7 @@
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/detail/vk_call.hpp"
 #include "lavaflow/core/gpu_buffer.hpp"
+#include "lavaflow/core/gpu_semaphore.hpp"
 #include "lavaflow/core/pool.hpp"
 
 namespace lavaflow {
@@ -18,6 +19,10 @@ namespace {
 struct Side {
   std::optional<GpuBuffer> owned;
   PooledBuffer rented;
+  const Buffer& get() const {
+    if (owned) return *owned;
+    return rented;
+  }
   vk::Buffer buffer;
   std::uint64_t offset = 0;
   std::byte* host = nullptr;
@@ -48,7 +53,11 @@ struct UnifiedBytes::Impl {
   UnifiedOptions options;
   Side device;
   std::optional<Side> host;  // none when both sides are the device memory
-  vk::raii::Semaphore timeline{nullptr};
+  // The timeline: exportable where the driver can (other APIs then order their work on it), else
+  // a plain one. `timeline` is whichever exists.
+  std::optional<GpuSemaphore> shareable;
+  vk::raii::Semaphore own{nullptr};
+  vk::Semaphore timeline;
   vk::raii::CommandPool commands{nullptr};
   // Copies still on the GPU, with the value that ends each: their command buffers live until then.
   std::deque<std::pair<std::uint64_t, vk::raii::CommandBuffer>> in_flight;
@@ -59,20 +68,28 @@ struct UnifiedBytes::Impl {
 
   explicit Impl(VulkanContext c) : ctx(std::move(c)) {}
 
-  UnifiedSync at(std::uint64_t value) const { return {*timeline, value}; }
+  UnifiedSync at(std::uint64_t value) const { return {timeline, value}; }
+
+  std::uint64_t reached() const {
+    std::uint64_t v = 0;
+    const auto& dev = ctx.device();
+    const auto r = dev.getDispatcher()->vkGetSemaphoreCounterValue(*dev, timeline, &v);
+    if (r != VK_SUCCESS)
+      throw vk::SystemError(vk::make_error_code(static_cast<vk::Result>(r)), "vkGetSemaphoreCounterValue");
+    return v;
+  }
 
   /// Waits on the host until the timeline reaches `value`.
   Status wait(std::uint64_t value, const char* call) const {
     return detail::vk_call(call, [&]() -> Status {
-      const vk::Semaphore s = *timeline;
       const auto ns = static_cast<std::uint64_t>(std::chrono::nanoseconds(options.timeout).count());
-      if (ctx.device().waitSemaphores(vk::SemaphoreWaitInfo({}, s, value), ns) == vk::Result::eTimeout) {
+      if (ctx.device().waitSemaphores(vk::SemaphoreWaitInfo({}, timeline, value), ns) == vk::Result::eTimeout) {
         // Name what holds it up: a device access whose promised signal never came, or a copy.
-        const std::uint64_t reached = timeline.getCounterValue();
-        if (reached < promised)
+        const std::uint64_t now = reached();
+        if (now < promised)
           return fail(Errc::Timeout, call,
                       str_format("device work that promised to signal {} has not (signal it, or UnifiedBytes::signal)",
-                                 reached + 1));
+                                 now + 1));
         return fail(Errc::Timeout, call, str_format("GPU copy ending at {} not done in time", value));
       }
       return {};
@@ -85,8 +102,8 @@ struct UnifiedBytes::Impl {
     const Side& dst = to_device ? device : *host;
     return detail::vk_call(call, [&]() -> Result<std::uint64_t> {
       const auto& dev = ctx.device();
-      const std::uint64_t reached = timeline.getCounterValue();
-      while (!in_flight.empty() && in_flight.front().first <= reached) in_flight.pop_front();
+      const std::uint64_t now = reached();
+      while (!in_flight.empty() && in_flight.front().first <= now) in_flight.pop_front();
       vk::raii::CommandBuffers cbs(dev, {*commands, vk::CommandBufferLevel::ePrimary, 1});
       vk::raii::CommandBuffer cb = std::move(cbs[0]);
       cb.begin({vk::CommandBufferUsageFlagBits::eOneTimeSubmit});
@@ -97,7 +114,7 @@ struct UnifiedBytes::Impl {
       }
       cb.end();
       const std::uint64_t wait_value = issued, signal_value = issued + 1;
-      const vk::Semaphore s = *timeline;
+      const vk::Semaphore s = timeline;
       const vk::PipelineStageFlags stage = vk::PipelineStageFlagBits::eAllCommands;
       const vk::TimelineSemaphoreSubmitInfo values(wait_value, signal_value);
       const vk::CommandBuffer raw = *cb;
@@ -138,9 +155,17 @@ Result<UnifiedBytes> UnifiedBytes::create(const VulkanContext& ctx, std::uint64_
     if (!h.host) return fail(Errc::Internal, call, "host-visible memory without a mapping");
     impl->host.emplace(std::move(h));
   }
+  if (GpuSemaphore::supported(ctx, SemaphoreKind::Timeline, false)) {
+    LF_TRY(auto t, GpuSemaphore::create(ctx, SemaphoreKind::Timeline));
+    impl->shareable.emplace(std::move(t));
+    impl->timeline = impl->shareable->semaphore();
+  }
   LF_TRY_STATUS(detail::vk_call(call, [&]() -> Status {
-    const vk::SemaphoreTypeCreateInfo type(vk::SemaphoreType::eTimeline, 0);
-    impl->timeline = vk::raii::Semaphore(ctx.device(), vk::SemaphoreCreateInfo({}, &type));
+    if (!impl->shareable) {
+      const vk::SemaphoreTypeCreateInfo type(vk::SemaphoreType::eTimeline, 0);
+      impl->own = vk::raii::Semaphore(ctx.device(), vk::SemaphoreCreateInfo({}, &type));
+      impl->timeline = *impl->own;
+    }
     impl->commands =
         vk::raii::CommandPool(ctx.device(), {vk::CommandPoolCreateFlagBits::eTransient, ctx.queue_family()});
     return {};
@@ -152,6 +177,8 @@ std::uint64_t UnifiedBytes::size() const { return impl_->bytes; }
 bool UnifiedBytes::shared() const { return !impl_->host; }
 Newest UnifiedBytes::newest() const { return impl_->newest; }
 std::uint64_t UnifiedBytes::uploads() const { return impl_->uploads; }
+const Buffer& UnifiedBytes::device_buffer() const { return impl_->device.get(); }
+const GpuSemaphore* UnifiedBytes::shareable_timeline() const { return impl_->shareable ? &*impl_->shareable : nullptr; }
 std::uint64_t UnifiedBytes::downloads() const { return impl_->downloads; }
 
 Result<std::span<std::byte>> UnifiedBytes::host(Access access) {
@@ -186,13 +213,13 @@ Result<DeviceAccess> UnifiedBytes::device(Access access) {
 Status UnifiedBytes::signal(const DeviceAccess& access) {
   constexpr const char* call = "UnifiedBytes::signal";
   auto& m = *impl_;
-  if (access.signal.semaphore != *m.timeline || access.signal.value == 0 || access.signal.value > m.issued)
+  if (access.signal.semaphore != m.timeline || access.signal.value == 0 || access.signal.value > m.issued)
     return fail(Errc::InvalidArgument, call, "not an access of this buffer");
   return detail::vk_call(call, [&]() -> Status {
     // The value it waits for first: the access's signals come in order.
     LF_TRY_STATUS(m.wait(access.wait.value, call));
-    if (m.timeline.getCounterValue() < access.signal.value)
-      m.ctx.device().signalSemaphore(vk::SemaphoreSignalInfo(*m.timeline, access.signal.value));
+    if (m.reached() < access.signal.value)
+      m.ctx.device().signalSemaphore(vk::SemaphoreSignalInfo(m.timeline, access.signal.value));
     return {};
   });
 }

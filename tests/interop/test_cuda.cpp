@@ -324,3 +324,28 @@ TEST_CASE("CUDA writes and reads every message ordered on the GPU both ways: a s
   CU_OK(cudaStreamDestroy(ps));
   CU_OK(cudaStreamDestroy(cs));
 }
+
+TEST_CASE("unified buffer: CUDA works on the device side through the adapter, ordered by the buffer's timeline") {
+  auto f = setup();
+  constexpr std::uint64_t size = (4 << 20) + 12;
+  auto u = lftest::ok(UnifiedBytes::create(f.vk, size));
+  if (!u.shareable_timeline()) lftest::skip("the Vulkan driver cannot export a timeline semaphore for CUDA to wait on");
+  auto mem = lftest::ok(f.cu.import_buffer(u.device_buffer()));
+  auto timeline = lftest::ok(f.cu.import_semaphore(*u.shareable_timeline()));
+  for (int round = 1; round <= 3; ++round) {
+    INFO("round " << round);
+    auto h = lftest::ok(u.host(Access::Write));
+    std::memset(h.data(), round, size);
+    // The upload (where the sides are apart) is queued on Vulkan; CUDA waits for it on its stream,
+    // changes every byte in place and signals; the host's next read downloads after that signal.
+    const auto a = lftest::ok(u.device(Access::ReadWrite));
+    lftest::ok(timeline.wait(nullptr, a.wait.value));
+    CU_OK(lf_kernel_xor(mem.data(), mem.data(), 0xa5, size, nullptr));
+    lftest::ok(timeline.signal(nullptr, a.signal.value));
+    const auto back = lftest::ok(u.host(Access::Read));
+    const auto want = static_cast<std::byte>(round ^ 0xa5);
+    CHECK(std::all_of(back.begin(), back.end(), [&](std::byte b) { return b == want; }));
+  }
+  if (!u.shared()) CHECK((u.uploads() == 3 && u.downloads() == 3));
+  lftest::ok(u.synchronize());
+}

@@ -12,6 +12,7 @@
 #include <span>
 #include <type_traits>
 
+#include "lavaflow/core/buffer.hpp"
 #include "lavaflow/core/duration.hpp"
 #include "lavaflow/core/error.hpp"
 #include "lavaflow/core/vulkan_context.hpp"
@@ -19,6 +20,7 @@
 namespace lavaflow {
 
 class MemoryPool;
+class GpuSemaphore;
 
 enum class Access : std::uint8_t { Read, Write, ReadWrite };
 
@@ -85,6 +87,14 @@ class UnifiedBytes {
   [[nodiscard]] Status to_host();
   /// Waits for every queued transfer and every promised device signal.
   [[nodiscard]] Status synchronize();
+
+  /// The device side as a lava-flow buffer: what another API imports (cuda::Interop::import_buffer)
+  /// to work on it; DeviceAccess::offset is relative to its VkBuffer, not to this range.
+  [[nodiscard]] const Buffer& device_buffer() const;
+  /// The timeline the accesses wait on and signal, as a semaphore other APIs can import (CUDA:
+  /// Interop::import_semaphore); null where the driver cannot export timelines (then only Vulkan
+  /// work, or a host signal, can keep an access's promise).
+  [[nodiscard]] const GpuSemaphore* shareable_timeline() const;
 
   /// GPU copies made so far in each direction.
   [[nodiscard]] std::uint64_t uploads() const;
