@@ -1,0 +1,79 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+// Collectives on Vulkan buffers, with the reduction in a Vulkan compute shader: any vendor's GPU,
+// and lavapipe. The ranks of a group that share a host meet in one shared host-memory segment
+// that every rank's device imports (VK_EXT_external_memory_host), so each rank's GPU reads its
+// peers' staging directly; a host Communicator of the same group (the native backend) orders the
+// steps and brings timeouts, lost-rank detection and call matching. When the group spans hosts,
+// each rank's GPU stages through its own pinned host memory and the host communicator carries the
+// exchange (the native backend's hierarchical scheme). Design note 0019 gives the algorithms.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vulkan/vulkan.hpp>
+
+#include "lavaflow/core/gpu_buffer.hpp"
+#include "lavaflow/core/vulkan_context.hpp"
+#include "lavaflow/mesh/collectives.hpp"
+
+namespace lavaflow::mesh {
+
+/// A range of a Vulkan buffer on the collective's device, made with TRANSFER_SRC and TRANSFER_DST
+/// usage (every lava-flow GpuBuffer is).
+struct DeviceSpan {
+  vk::Buffer buffer;
+  std::uint64_t offset = 0;
+  std::uint64_t size = 0;
+};
+
+/// The user's range of a GpuBuffer (or its first `bytes` bytes).
+[[nodiscard]] DeviceSpan device_span(const GpuBuffer& buffer);
+[[nodiscard]] DeviceSpan device_span(const GpuBuffer& buffer, std::uint64_t bytes);
+
+struct VulkanCollectiveOptions {
+  /// Names the host's shared segment: the same on every rank of the group, different for every
+  /// group and every job that may run at the same time on the host.
+  std::string key;
+  /// Staging per rank and step: a power of two, 4 KiB … 64 MiB (lowered to what the device can
+  /// bind as one storage buffer).
+  std::uint64_t chunk_bytes = 4 << 20;
+  Duration attach_timeout = std::chrono::seconds(30);
+  /// Stage through the host communicator even when every rank shares this host (what a group
+  /// spanning hosts does; for tests and comparisons).
+  bool stage_through_host = false;
+};
+
+/// One rank's Vulkan collectives over `host`'s group. Calls are collective and in the same order
+/// on every rank, as with Communicator (and matched the same way: a rank whose call differs gets
+/// an error naming both calls). Each call returns when its result is in `recv` on the device;
+/// the caller's earlier GPU work on its buffers must have completed, and later work may start at
+/// once. Not thread-safe; the context's queue is used from the calling thread.
+class VulkanCollectives {
+ public:
+  /// Collective over the group's ranks: attaches to the host's segment (created by the group's
+  /// rank 0, unlinked as soon as every rank has mapped it) and imports it into `ctx`'s device.
+  /// `host` and `ctx` must outlive the result.
+  [[nodiscard]] static Result<std::unique_ptr<VulkanCollectives>> open(const VulkanContext& ctx, Communicator& host,
+                                                                       VulkanCollectiveOptions options);
+  virtual ~VulkanCollectives() = default;
+
+  [[nodiscard]] virtual std::uint32_t rank() const = 0;
+  [[nodiscard]] virtual std::uint32_t size() const = 0;
+  /// Whether the ranks share one host's segment (reduction on the GPU) or stage through the host
+  /// communicator (the group spans hosts).
+  [[nodiscard]] virtual bool shared_segment() const = 0;
+
+  /// recv = op over every rank's send (the same length everywhere; send may be recv).
+  [[nodiscard]] virtual Status all_reduce(DeviceSpan send, DeviceSpan recv, DType type, ReduceOp op,
+                                          CallOptions options = {}) = 0;
+  /// recv (size × send's length) = every rank's send, in rank order.
+  [[nodiscard]] virtual Status all_gather(DeviceSpan send, DeviceSpan recv, DType type, CallOptions options = {}) = 0;
+  /// recv (send's length ÷ size) = this rank's block of op over every rank's send.
+  [[nodiscard]] virtual Status reduce_scatter(DeviceSpan send, DeviceSpan recv, DType type, ReduceOp op,
+                                              CallOptions options = {}) = 0;
+  /// Every rank's buffer becomes root's.
+  [[nodiscard]] virtual Status broadcast(DeviceSpan buffer, std::uint32_t root, DType type,
+                                         CallOptions options = {}) = 0;
+};
+
+}  // namespace lavaflow::mesh

@@ -1,0 +1,646 @@
+// SPDX-License-Identifier: MIT
+#include "lavaflow/mesh/vulkan.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstring>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "lavaflow/core/detail/format.hpp"
+#include "lavaflow/core/detail/vk_call.hpp"
+#include "lavaflow/core/location.hpp"
+#include "lavaflow/core/unique_fd.hpp"
+#include "lavaflow/mesh/native.hpp"
+
+namespace lavaflow::mesh {
+
+DeviceSpan device_span(const GpuBuffer& buffer) { return {buffer.buffer(), buffer.offset(), buffer.size()}; }
+
+DeviceSpan device_span(const GpuBuffer& buffer, std::uint64_t bytes) {
+  return {buffer.buffer(), buffer.offset(), std::min(bytes, buffer.size())};
+}
+
+#if LAVAFLOW_MESH_VULKAN
+
+namespace {
+
+constexpr std::uint32_t kReduceSpirv[] =
+#include "reduce.comp.inc"
+    ;
+
+constexpr std::uint32_t kLocalSize = 256;  // reduce.comp's local_size_x
+/// Parts of a step that ranks reduce apart begin on this boundary: a whole number of elements of
+/// every type and of 32-bit words (the shader's unit).
+constexpr std::uint64_t kPartAlign = 256;
+/// An all_reduce step up to this many bytes is reduced whole by every rank (one synchronisation);
+/// above it each rank reduces its part and the others copy it (two synchronisations, each byte
+/// reduced once). On a GPU a second synchronisation costs a host round trip and a submission,
+/// which the flat form saves until reading every peer's data costs more.
+constexpr std::uint64_t kFlatBytes = 64 << 10;
+
+enum class Kind : std::uint32_t { AllReduce = 1, AllGather, ReduceScatter, Broadcast, Failed };
+
+std::string_view kind_name(Kind k) {
+  switch (k) {
+    case Kind::AllReduce:
+      return "all_reduce";
+    case Kind::AllGather:
+      return "all_gather";
+    case Kind::ReduceScatter:
+      return "reduce_scatter";
+    case Kind::Broadcast:
+      return "broadcast";
+    case Kind::Failed:
+      return "failure";
+  }
+  return "unknown call";
+}
+
+/// What each rank says at every synchronisation: its call (so that mismatched calls are an error,
+/// not corrupt data) or that it has failed (so that its peers fail at once, not at their timeout).
+struct Record {
+  std::uint64_t seq = 0;    ///< the call's number on this communicator
+  std::uint64_t bytes = 0;  ///< send's length
+  std::uint32_t kind = 0;
+  std::uint32_t type = 0;
+  std::uint32_t op = 0;
+  std::uint32_t root = 0;
+  friend bool operator==(const Record&, const Record&) = default;
+};
+static_assert(sizeof(Record) == 32);
+
+std::string describe(const Record& r) {
+  const auto k = static_cast<Kind>(r.kind);
+  if (k == Kind::Failed) return str_format("failed ({})", to_string(static_cast<Errc>(r.type)));
+  std::string s = str_format("call {}: {} of {} bytes", r.seq, kind_name(k), r.bytes);
+  if (r.type <= static_cast<std::uint32_t>(DType::U8)) s += str_format(" {}", to_string(static_cast<DType>(r.type)));
+  if (k == Kind::AllReduce || k == Kind::ReduceScatter)
+    if (r.op <= static_cast<std::uint32_t>(ReduceOp::Average))
+      s += str_format(" {}", to_string(static_cast<ReduceOp>(r.op)));
+  if (k == Kind::Broadcast) s += str_format(" from {}", r.root);
+  return s;
+}
+
+Status within(const char* call, Status s) {
+  if (!s) return std::unexpected(s.error().within(call));
+  return s;
+}
+
+/// A page-aligned host mapping imported into the device as one buffer (VK_EXT_external_memory_host).
+struct HostImport {
+  vk::raii::Buffer buffer = nullptr;
+  vk::raii::DeviceMemory memory = nullptr;
+};
+
+Result<HostImport> import_host(const VulkanContext& ctx, std::byte* base, std::uint64_t bytes) {
+  constexpr auto handle = vk::ExternalMemoryHandleTypeFlagBits::eHostAllocationEXT;
+  const auto& dev = ctx.device();
+  return detail::vk_call("VulkanCollectives: host memory import", [&]() -> Result<HostImport> {
+    HostImport h;
+    const auto props = dev.getMemoryHostPointerPropertiesEXT(handle, base);
+    LF_TRY(const std::uint32_t type,
+           ctx.find_memory_type(props.memoryTypeBits, vk::MemoryPropertyFlagBits::eHostVisible));
+    vk::ExternalMemoryBufferCreateInfo ext(handle);
+    h.buffer = vk::raii::Buffer(
+        dev, vk::BufferCreateInfo({}, bytes,
+                                  vk::BufferUsageFlagBits::eStorageBuffer | vk::BufferUsageFlagBits::eTransferSrc |
+                                      vk::BufferUsageFlagBits::eTransferDst,
+                                  vk::SharingMode::eExclusive, {}, &ext));
+    vk::ImportMemoryHostPointerInfoEXT import(handle, base);
+    h.memory = vk::raii::DeviceMemory(dev, vk::MemoryAllocateInfo(bytes, type, &import));
+    h.buffer.bindMemory(*h.memory, 0);
+    return h;
+  });
+}
+
+/// An mmap that is unmapped with its owner.
+class Mapping {
+ public:
+  Mapping() = default;
+  Mapping(std::byte* p, std::uint64_t n) : p_(p), n_(n) {}
+  Mapping(Mapping&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(o.n_) {}
+  Mapping& operator=(Mapping&& o) noexcept {
+    if (this != &o) {
+      reset();
+      p_ = std::exchange(o.p_, nullptr);
+      n_ = o.n_;
+    }
+    return *this;
+  }
+  ~Mapping() { reset(); }
+  void reset() {
+    if (p_) ::munmap(p_, n_);
+    p_ = nullptr;
+  }
+  [[nodiscard]] std::byte* data() const { return p_; }
+
+ private:
+  std::byte* p_ = nullptr;
+  std::uint64_t n_ = 0;
+};
+
+class Collectives final : public VulkanCollectives {
+ public:
+  Collectives(const VulkanContext& ctx, Communicator& host) : ctx_(ctx), host_(host) {}
+
+  Status init(VulkanCollectiveOptions o) {
+    constexpr const char* call = "VulkanCollectives::open";
+    n_ = host_.size();
+    me_ = host_.rank();
+    if (!std::has_single_bit(o.chunk_bytes) || o.chunk_bytes < (4u << 10) || o.chunk_bytes > (64u << 20))
+      return fail(Errc::InvalidArgument, call,
+                  str_format("chunk_bytes {} is not a power of two in 4 KiB … 64 MiB", o.chunk_bytes));
+    if (o.key.empty()) return fail(Errc::InvalidArgument, call, "an empty key names no segment");
+    const auto& caps = ctx_.capabilities();
+    if (!caps.memory_host_import || !ctx_.has_extension(VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME))
+      return fail(Errc::Unsupported, call,
+                  str_format("device {} lacks VK_EXT_external_memory_host", caps.identity.name));
+    const auto limits = ctx_.physical_device().getProperties().limits;
+    // Every rank's region (two staging buffers and a scratch) must fit one storage-buffer binding,
+    // and each reduce-scatter piece must be at least one part.
+    chunk_ = std::max<std::uint64_t>(o.chunk_bytes, std::bit_ceil(std::uint64_t{n_} * kPartAlign));
+    while (chunk_ > (4u << 10) && 3 * chunk_ * n_ > limits.maxStorageBufferRange) chunk_ /= 2;
+    if (3 * chunk_ * n_ > limits.maxStorageBufferRange)
+      return fail(Errc::Unsupported, call,
+                  str_format("{} ranks need more than the device's {}-byte storage buffer range", n_,
+                             limits.maxStorageBufferRange));
+    max_groups_ = std::max<std::uint32_t>(1, std::min<std::uint32_t>(limits.maxComputeWorkGroupCount[0], 1u << 16));
+    stride_ = 3 * chunk_;
+
+    // One host or several: the ranks compare where they run.
+    auto here = HostIdentity::detect();
+    const std::uint64_t mine = here ? name_hash(here->hostname + "/" + here->boot_id) : name_hash("unknown");
+    std::vector<std::uint64_t> hosts(n_);
+    LF_TRY_STATUS(
+        within(call, host_
+                         .all_gather(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(hosts)),
+                                     DType::U8, {.timeout = o.attach_timeout})
+                         .wait()));
+    shared_ = std::ranges::all_of(hosts, [&](std::uint64_t h) { return h == mine; }) && !o.stage_through_host;
+
+    const auto align =
+        std::max<std::uint64_t>(static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE)), caps.host_import_alignment);
+    if (shared_) {
+      LF_TRY_STATUS(attach(o, align));
+    } else {
+      bytes_ = (stride_ + align - 1) / align * align;
+      void* p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED)
+        return std::unexpected(from_errno(errno, "mmap", str_format("{} bytes", bytes_)).within(call));
+      map_ = Mapping(static_cast<std::byte*>(p), bytes_);
+    }
+    auto imported = import_host(ctx_, map_.data(), bytes_);
+    LF_TRY_STATUS(agree(imported ? Status{} : Status(std::unexpected(imported.error())), o.attach_timeout, call));
+    seg_ = std::move(*imported);
+    return detail::vk_call("VulkanCollectives: pipeline", [&] { make_pipeline(); });
+  }
+
+  std::uint32_t rank() const override { return me_; }
+  std::uint32_t size() const override { return n_; }
+  bool shared_segment() const override { return shared_; }
+
+  Status all_reduce(DeviceSpan send, DeviceSpan recv, DType type, ReduceOp op, CallOptions options) override {
+    LF_TRY_STATUS(check_args(Kind::AllReduce, send, recv, type, op, send.size == recv.size, "send and recv differ"));
+    return run(Kind::AllReduce, send.size, type, op, 0, options, [&](const Deadline& d) {
+      return shared_ ? shared_all_reduce(send, recv, type, op, d) : staged_all_reduce(send, recv, type, op, d);
+    });
+  }
+
+  Status all_gather(DeviceSpan send, DeviceSpan recv, DType type, CallOptions options) override {
+    LF_TRY_STATUS(check_args(Kind::AllGather, send, recv, type, ReduceOp::Sum, recv.size == send.size * n_,
+                             "recv is not size × send"));
+    return run(Kind::AllGather, send.size, type, ReduceOp::Sum, 0, options,
+               [&](const Deadline& d) { return gather(send, recv, d); });
+  }
+
+  Status reduce_scatter(DeviceSpan send, DeviceSpan recv, DType type, ReduceOp op, CallOptions options) override {
+    LF_TRY_STATUS(
+        check_args(Kind::ReduceScatter, send, recv, type, op, send.size == recv.size * n_, "send is not size × recv"));
+    return run(Kind::ReduceScatter, send.size, type, op, 0, options,
+               [&](const Deadline& d) { return scatter(send, recv, type, op, d); });
+  }
+
+  Status broadcast(DeviceSpan buffer, std::uint32_t root, DType type, CallOptions options) override {
+    if (root >= n_)
+      return fail(Errc::InvalidArgument, "VulkanCollectives::broadcast",
+                  str_format("root {} is not a rank of {}", root, n_));
+    LF_TRY_STATUS(check_args(Kind::Broadcast, buffer, buffer, type, ReduceOp::Sum, true, ""));
+    return run(Kind::Broadcast, buffer.size, type, ReduceOp::Sum, root, options,
+               [&](const Deadline& d) { return bcast(buffer, root, d); });
+  }
+
+ private:
+  // ---- set-up ----
+
+  /// Rank 0 creates the segment, the others map it, and rank 0 unlinks it as soon as everyone has
+  /// (so that nothing stays in /dev/shm after a crash); each stage ends with every rank learning
+  /// whether all succeeded.
+  Status attach(const VulkanCollectiveOptions& o, std::uint64_t align) {
+    constexpr const char* call = "VulkanCollectives::open";
+    bytes_ = (stride_ * n_ + align - 1) / align * align;
+    const std::string name = str_format("/lavaflow-vkc-{:016x}", name_hash(o.key));
+    UniqueFd fd;
+    Status created;
+    if (me_ == 0) {
+      fd = UniqueFd(::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600));
+      if (!fd)
+        created = std::unexpected(from_errno(errno, "shm_open", str_format("/dev/shm{} (key '{}')", name, o.key)));
+      else if (::ftruncate(fd.get(), static_cast<off_t>(bytes_)) != 0)
+        created = std::unexpected(from_errno(errno, "ftruncate", str_format("/dev/shm{}", name)));
+      if (!created && fd) ::shm_unlink(name.c_str());
+    }
+    LF_TRY_STATUS(agree(created, o.attach_timeout, call));
+    Status opened;
+    if (me_ != 0) {
+      fd = UniqueFd(::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0));
+      struct stat st {};
+      if (!fd)
+        opened = std::unexpected(from_errno(errno, "shm_open", str_format("/dev/shm{}", name)));
+      else if (::fstat(fd.get(), &st) != 0)
+        opened = std::unexpected(from_errno(errno, "fstat", str_format("/dev/shm{}", name)));
+      else if (static_cast<std::uint64_t>(st.st_size) != bytes_)
+        opened = fail(Errc::Malformed, "fstat",
+                      str_format("/dev/shm{} holds {} bytes, not the {} this group needs", name, st.st_size, bytes_));
+    }
+    if (opened) {
+      void* p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+      if (p == MAP_FAILED)
+        opened = std::unexpected(from_errno(errno, "mmap", str_format("{} bytes of /dev/shm{}", bytes_, name)));
+      else
+        map_ = Mapping(static_cast<std::byte*>(p), bytes_);
+    }
+    const auto all = agree(opened, o.attach_timeout, call);
+    if (me_ == 0) ::shm_unlink(name.c_str());
+    return all;
+  }
+
+  /// Every rank learns whether every rank's `mine` succeeded; a rank that failed returns its own
+  /// error, the others one naming it.
+  Status agree(const Status& mine, Duration timeout, const char* call) {
+    const std::int32_t ok = mine ? 1 : 0;
+    std::vector<std::int32_t> all(n_);
+    LF_TRY_STATUS(within(call, host_
+                                   .all_gather(std::as_bytes(std::span(&ok, 1)), std::as_writable_bytes(std::span(all)),
+                                               DType::I32, {.timeout = timeout})
+                                   .wait()));
+    if (!mine) return std::unexpected(mine.error().within(call));
+    for (std::uint32_t r = 0; r < n_; ++r)
+      if (!all[r])
+        return fail(Errc::PeerLost, call, str_format("rank {} of group '{}' failed to set up", r, host_.group()));
+    return {};
+  }
+
+  void make_pipeline() {
+    const auto& dev = ctx_.device();
+    vk::DescriptorSetLayoutBinding binding(0, vk::DescriptorType::eStorageBuffer, 1, vk::ShaderStageFlagBits::eCompute);
+    set_layout_ = vk::raii::DescriptorSetLayout(dev, vk::DescriptorSetLayoutCreateInfo({}, binding));
+    vk::PushConstantRange push(vk::ShaderStageFlagBits::eCompute, 0, sizeof(Push));
+    layout_ = vk::raii::PipelineLayout(dev, vk::PipelineLayoutCreateInfo({}, *set_layout_, push));
+    vk::raii::ShaderModule module(dev, vk::ShaderModuleCreateInfo({}, sizeof kReduceSpirv, kReduceSpirv));
+    vk::ComputePipelineCreateInfo info(
+        {}, vk::PipelineShaderStageCreateInfo({}, vk::ShaderStageFlagBits::eCompute, *module, "main"), *layout_);
+    pipeline_ = vk::raii::Pipeline(dev, nullptr, info);
+    vk::DescriptorPoolSize size(vk::DescriptorType::eStorageBuffer, 1);
+    pool_ = vk::raii::DescriptorPool(
+        dev, vk::DescriptorPoolCreateInfo(vk::DescriptorPoolCreateFlagBits::eFreeDescriptorSet, 1, size));
+    set_ = std::move(vk::raii::DescriptorSets(dev, vk::DescriptorSetAllocateInfo(*pool_, *set_layout_)).front());
+    vk::DescriptorBufferInfo whole(*seg_.buffer, 0, bytes_);
+    dev.updateDescriptorSets(vk::WriteDescriptorSet(*set_, 0, 0, vk::DescriptorType::eStorageBuffer, {}, whole), {});
+    commands_ = vk::raii::CommandPool(
+        dev, vk::CommandPoolCreateInfo(vk::CommandPoolCreateFlagBits::eResetCommandBuffer, ctx_.queue_family()));
+    cb_ = std::move(vk::raii::CommandBuffers(dev, {*commands_, vk::CommandBufferLevel::ePrimary, 1}).front());
+    fence_ = vk::raii::Fence(dev, vk::FenceCreateInfo{});
+  }
+
+  // ---- calls ----
+
+  Status check_args(Kind kind, const DeviceSpan& a, const DeviceSpan& b, DType type, ReduceOp op, bool sizes_agree,
+                    const char* sizes_why) {
+    const std::string call = str_format("VulkanCollectives::{}", kind_name(kind));
+    if (static_cast<std::uint8_t>(type) > static_cast<std::uint8_t>(DType::U8) ||
+        static_cast<std::uint8_t>(op) > static_cast<std::uint8_t>(ReduceOp::Average))
+      return fail(Errc::InvalidArgument, call, "unknown element type or reduce op");
+    if ((a.size && !a.buffer) || (b.size && !b.buffer)) return fail(Errc::InvalidArgument, call, "a null buffer");
+    if (!sizes_agree)
+      return fail(Errc::InvalidArgument, call, str_format("{} ({} and {} bytes)", sizes_why, a.size, b.size));
+    if (a.size % size_of(type) || b.size % size_of(type))
+      return fail(Errc::InvalidArgument, call, str_format("not a whole number of {} elements", to_string(type)));
+    if (broken_) return std::unexpected(*broken_);
+    return {};
+  }
+
+  template <class Body>
+  Status run(Kind kind, std::uint64_t bytes, DType type, ReduceOp op, std::uint32_t root, CallOptions options,
+             Body&& body) {
+    call_ = Record{++seq_,
+                   bytes,
+                   static_cast<std::uint32_t>(kind),
+                   static_cast<std::uint32_t>(type),
+                   static_cast<std::uint32_t>(op),
+                   root};
+    const Deadline deadline(options.timeout);
+    auto s = bytes == 0 ? sync(deadline) : body(deadline);
+    if (!s) {
+      const std::string call = str_format("VulkanCollectives::{}", kind_name(kind));
+      // Peers still waiting in a synchronisation learn of it at once; a rank that failed in one
+      // has been told already (and its host communicator is broken).
+      if (!synced_failure_) {
+        call_ = Record{seq_, 0, static_cast<std::uint32_t>(Kind::Failed), static_cast<std::uint32_t>(s.error().code())};
+        (void)sync(Deadline(std::chrono::seconds(1)));
+      }
+      broken_ = s.error().call().starts_with("VulkanCollectives") ? s.error() : s.error().within(call);
+      return std::unexpected(*broken_);
+    }
+    return s;
+  }
+
+  /// Every rank has reached this point of the same call (and each rank's writes before it are
+  /// visible to the others).
+  Status sync(const Deadline& deadline) {
+    std::vector<Record> all(n_);
+    const auto s = host_
+                       .all_gather(std::as_bytes(std::span(&call_, 1)), std::as_writable_bytes(std::span(all)),
+                                   DType::U8, {.timeout = deadline.left()})
+                       .wait();
+    if (!s) {
+      synced_failure_ = true;
+      return s;
+    }
+    for (std::uint32_t r = 0; r < n_; ++r) {
+      if (all[r] == call_) continue;
+      synced_failure_ = true;
+      const std::string call = str_format("VulkanCollectives::{}", kind_name(static_cast<Kind>(call_.kind)));
+      if (all[r].kind == static_cast<std::uint32_t>(Kind::Failed))
+        return fail(Errc::PeerLost, call,
+                    str_format("rank {} of group '{}' failed its part of call {} ({})", r, host_.group(), seq_,
+                               describe(all[r])));
+      return fail(Errc::InvalidArgument, call,
+                  str_format("rank {} of group '{}' made {}, this rank {}", r, host_.group(), describe(all[r]),
+                             describe(call_)));
+    }
+    return {};
+  }
+
+  // GPU work: one command buffer per phase, submitted and waited for with the fence.
+  struct Push {
+    std::uint32_t src, stride, dst, units, ranks, dtype, op;
+  };
+
+  void begin() {
+    cb_.reset();
+    cb_.begin({vk::CommandBufferUsageFlagBits::eOneTimeSubmit});
+  }
+
+  /// Orders everything before against everything after, the host (other ranks' reads) included.
+  void barrier() {
+    vk::MemoryBarrier b(vk::AccessFlagBits::eMemoryWrite, vk::AccessFlagBits::eMemoryRead |
+                                                              vk::AccessFlagBits::eMemoryWrite |
+                                                              vk::AccessFlagBits::eHostRead);
+    cb_.pipelineBarrier(vk::PipelineStageFlagBits::eAllCommands,
+                        vk::PipelineStageFlagBits::eAllCommands | vk::PipelineStageFlagBits::eHost, {}, b, {}, {});
+  }
+
+  void copy(vk::Buffer src, std::uint64_t src_off, vk::Buffer dst, std::uint64_t dst_off, std::uint64_t n) {
+    if (n) cb_.copyBuffer(src, dst, vk::BufferCopy(src_off, dst_off, n));
+  }
+
+  /// out (segment offset `dst`) = op over the `ranks` inputs at `src`, `src + stride`, …
+  void reduce(std::uint64_t src, std::uint64_t dst, std::uint64_t n, DType type, ReduceOp op) {
+    const std::uint64_t unit = type == DType::I64 ? 8 : 4;
+    const Push p{static_cast<std::uint32_t>(src / 4),
+                 static_cast<std::uint32_t>(stride_ / 4),
+                 static_cast<std::uint32_t>(dst / 4),
+                 static_cast<std::uint32_t>((n + unit - 1) / unit),
+                 n_,
+                 static_cast<std::uint32_t>(type),
+                 static_cast<std::uint32_t>(op)};
+    cb_.bindPipeline(vk::PipelineBindPoint::eCompute, *pipeline_);
+    cb_.bindDescriptorSets(vk::PipelineBindPoint::eCompute, *layout_, 0, *set_, {});
+    cb_.pushConstants<Push>(*layout_, vk::ShaderStageFlagBits::eCompute, 0, p);
+    cb_.dispatch(std::min<std::uint32_t>(max_groups_, (p.units + kLocalSize - 1) / kLocalSize), 1, 1);
+  }
+
+  Status submit(const Deadline& deadline) {
+    return detail::vk_call("VulkanCollectives: GPU step", [&]() -> Status {
+      barrier();
+      cb_.end();
+      ctx_.device().resetFences(*fence_);
+      vk::CommandBuffer raw = *cb_;
+      ctx_.queue().submit(vk::SubmitInfo({}, {}, raw), *fence_);
+      const auto left = deadline.left();
+      const auto ns = left == kForever ? UINT64_MAX : static_cast<std::uint64_t>(left.count());
+      if (ctx_.device().waitForFences(*fence_, VK_TRUE, ns) == vk::Result::eTimeout) {
+        // The queue still holds this submission: wait for it without bound before anything else
+        // reuses the command buffer (a GPU that never finishes is a lost device, not a timeout).
+        (void)ctx_.device().waitForFences(*fence_, VK_TRUE, UINT64_MAX);
+        return fail(Errc::Timeout, "vkWaitForFences", "a collective's GPU step outlived the call's timeout");
+      }
+      return {};
+    });
+  }
+
+  [[nodiscard]] std::uint64_t stage(std::uint32_t r, std::uint32_t b) const { return r * stride_ + b * chunk_; }
+  [[nodiscard]] std::uint64_t scratch(std::uint32_t r) const { return r * stride_ + 2 * chunk_; }
+  std::uint32_t flip() { return static_cast<std::uint32_t>(step_++ & 1); }
+  [[nodiscard]] vk::Buffer seg() const { return *seg_.buffer; }
+
+  Status shared_all_reduce(DeviceSpan send, DeviceSpan recv, DType type, ReduceOp op, const Deadline& d) {
+    for (std::uint64_t at = 0; at < send.size; at += chunk_) {
+      const std::uint64_t len = std::min(chunk_, send.size - at);
+      const std::uint32_t b = flip();
+      begin();
+      copy(send.buffer, send.offset + at, seg(), stage(me_, b), len);
+      LF_TRY_STATUS(submit(d));
+      LF_TRY_STATUS(sync(d));
+      begin();
+      if (len <= kFlatBytes) {
+        reduce(stage(0, b), scratch(me_), len, type, op);
+        barrier();
+        copy(seg(), scratch(me_), recv.buffer, recv.offset + at, len);
+        LF_TRY_STATUS(submit(d));
+        continue;
+      }
+      const std::uint64_t part = ((len + n_ - 1) / n_ + kPartAlign - 1) & ~(kPartAlign - 1);
+      auto piece = [&](std::uint32_t r) {
+        const std::uint64_t from = std::min(len, r * part);
+        return std::pair{from, std::min(len, from + part) - from};
+      };
+      const auto [mine_at, mine_len] = piece(me_);
+      if (mine_len) {
+        reduce(stage(0, b) + mine_at, stage(me_, b) + mine_at, mine_len, type, op);
+        barrier();
+        copy(seg(), stage(me_, b) + mine_at, recv.buffer, recv.offset + at + mine_at, mine_len);
+      }
+      LF_TRY_STATUS(submit(d));
+      LF_TRY_STATUS(sync(d));
+      begin();
+      for (std::uint32_t r = 0; r < n_; ++r) {
+        const auto [from, n] = piece(r);
+        if (r != me_) copy(seg(), stage(r, b) + from, recv.buffer, recv.offset + at + from, n);
+      }
+      LF_TRY_STATUS(submit(d));
+    }
+    return {};
+  }
+
+  Status gather(DeviceSpan send, DeviceSpan recv, const Deadline& d) {
+    if (!shared_) {
+      // Each step: this rank's piece, then every rank's piece side by side after it.
+      const std::uint64_t piece = std::max<std::uint64_t>(kPartAlign, (chunk_ * 2 / (n_ + 1)) & ~(kPartAlign - 1));
+      for (std::uint64_t at = 0; at < send.size; at += piece) {
+        const std::uint64_t len = std::min(piece, send.size - at);
+        begin();
+        copy(send.buffer, send.offset + at, seg(), 0, len);
+        LF_TRY_STATUS(submit(d));
+        LF_TRY_STATUS(
+            host(d, host_.all_gather(host_span(0, len), host_span(piece, len * n_), DType::U8, {.timeout = d.left()})));
+        begin();
+        for (std::uint32_t r = 0; r < n_; ++r)
+          copy(seg(), piece + r * len, recv.buffer, recv.offset + r * send.size + at, len);
+        LF_TRY_STATUS(submit(d));
+      }
+      return {};
+    }
+    for (std::uint64_t at = 0; at < send.size; at += chunk_) {
+      const std::uint64_t len = std::min(chunk_, send.size - at);
+      const std::uint32_t b = flip();
+      begin();
+      copy(send.buffer, send.offset + at, seg(), stage(me_, b), len);
+      LF_TRY_STATUS(submit(d));
+      LF_TRY_STATUS(sync(d));
+      begin();
+      for (std::uint32_t r = 0; r < n_; ++r)
+        copy(seg(), stage(r, b), recv.buffer, recv.offset + r * send.size + at, len);
+      LF_TRY_STATUS(submit(d));
+    }
+    return {};
+  }
+
+  Status scatter(DeviceSpan send, DeviceSpan recv, DType type, ReduceOp op, const Deadline& d) {
+    // Each step takes the same piece of every rank's block: n pieces side by side in the staging.
+    const std::uint64_t piece = std::max<std::uint64_t>(kPartAlign, (chunk_ / n_) & ~(kPartAlign - 1));
+    for (std::uint64_t at = 0; at < recv.size; at += piece) {
+      const std::uint64_t len = std::min(piece, recv.size - at);
+      const std::uint32_t b = shared_ ? flip() : 0;
+      const std::uint64_t base = shared_ ? stage(me_, b) : 0;
+      begin();
+      for (std::uint32_t r = 0; r < n_; ++r)
+        copy(send.buffer, send.offset + r * recv.size + at, seg(), base + r * piece, len);
+      LF_TRY_STATUS(submit(d));
+      if (shared_) {
+        LF_TRY_STATUS(sync(d));
+        begin();
+        reduce(stage(0, b) + me_ * piece, scratch(me_), len, type, op);
+        barrier();
+        copy(seg(), scratch(me_), recv.buffer, recv.offset + at, len);
+      } else {
+        // The host communicator reduces the pieces laid out block by block: a reduce_scatter of
+        // n × piece bytes whose block is a whole piece, so only `len` of it is this step's.
+        LF_TRY_STATUS(host(d, host_.reduce_scatter(host_span(0, n_ * piece), host_span(2 * chunk_, piece), type, op,
+                                                   {.timeout = d.left()})));
+        begin();
+        copy(seg(), 2 * chunk_, recv.buffer, recv.offset + at, len);
+      }
+      LF_TRY_STATUS(submit(d));
+    }
+    return {};
+  }
+
+  Status bcast(DeviceSpan buffer, std::uint32_t root, const Deadline& d) {
+    for (std::uint64_t at = 0; at < buffer.size; at += chunk_) {
+      const std::uint64_t len = std::min(chunk_, buffer.size - at);
+      const std::uint32_t b = shared_ ? flip() : 0;
+      if (me_ == root) {
+        begin();
+        copy(buffer.buffer, buffer.offset + at, seg(), stage(shared_ ? root : 0, b), len);
+        LF_TRY_STATUS(submit(d));
+      }
+      if (shared_) {
+        LF_TRY_STATUS(sync(d));
+      } else {
+        LF_TRY_STATUS(host(d, host_.broadcast(host_span(0, len), root, DType::U8, {.timeout = d.left()})));
+      }
+      if (me_ != root) {
+        begin();
+        copy(seg(), stage(shared_ ? root : 0, b), buffer.buffer, buffer.offset + at, len);
+        LF_TRY_STATUS(submit(d));
+      }
+    }
+    return {};
+  }
+
+  Status staged_all_reduce(DeviceSpan send, DeviceSpan recv, DType type, ReduceOp op, const Deadline& d) {
+    for (std::uint64_t at = 0; at < send.size; at += chunk_) {
+      const std::uint64_t len = std::min(chunk_, send.size - at);
+      begin();
+      copy(send.buffer, send.offset + at, seg(), 0, len);
+      LF_TRY_STATUS(submit(d));
+      const auto data = host_span(0, len);
+      LF_TRY_STATUS(host(d, host_.all_reduce(data, data, type, op, {.timeout = d.left()})));
+      begin();
+      copy(seg(), 0, recv.buffer, recv.offset + at, len);
+      LF_TRY_STATUS(submit(d));
+    }
+    return {};
+  }
+
+  /// A host collective of the staged path; the host communicator reports (and remembers) failures.
+  Status host(const Deadline& d, Work w) {
+    auto s = w.wait(d.left());
+    if (!s) synced_failure_ = true;
+    return s;
+  }
+
+  [[nodiscard]] std::span<std::byte> host_span(std::uint64_t at, std::uint64_t n) const {
+    return {map_.data() + at, n};
+  }
+
+  const VulkanContext& ctx_;
+  Communicator& host_;
+  std::uint32_t n_ = 1, me_ = 0;
+  std::uint64_t chunk_ = 0, stride_ = 0, bytes_ = 0;
+  std::uint32_t max_groups_ = 1;
+  bool shared_ = false;
+  Mapping map_;
+  HostImport seg_;
+  vk::raii::DescriptorSetLayout set_layout_ = nullptr;
+  vk::raii::PipelineLayout layout_ = nullptr;
+  vk::raii::Pipeline pipeline_ = nullptr;
+  vk::raii::DescriptorPool pool_ = nullptr;
+  vk::raii::DescriptorSet set_ = nullptr;
+  vk::raii::CommandPool commands_ = nullptr;
+  vk::raii::CommandBuffer cb_ = nullptr;
+  vk::raii::Fence fence_ = nullptr;
+  Record call_;
+  std::uint64_t seq_ = 0, step_ = 0;
+  bool synced_failure_ = false;
+  std::optional<Error> broken_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<VulkanCollectives>> VulkanCollectives::open(const VulkanContext& ctx, Communicator& host,
+                                                                   VulkanCollectiveOptions options) {
+  auto c = std::make_unique<Collectives>(ctx, host);
+  LF_TRY_STATUS(c->init(std::move(options)));
+  return std::unique_ptr<VulkanCollectives>(std::move(c));
+}
+
+#else
+
+Result<std::unique_ptr<VulkanCollectives>> VulkanCollectives::open(const VulkanContext&, Communicator&,
+                                                                   VulkanCollectiveOptions) {
+  return fail(Errc::Unsupported, "VulkanCollectives::open", "built without glslc, so without the reduction shader");
+}
+
+#endif
+
+}  // namespace lavaflow::mesh

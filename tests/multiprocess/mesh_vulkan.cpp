@@ -1,0 +1,185 @@
+// SPDX-License-Identifier: MIT
+// Vulkan collectives in a job started by lavaflow-launch: every op × element type × reduce op on
+// GpuBuffers of the first Vulkan device (lavapipe here), through the shared segment with the
+// reduction in the compute shader, and staged through the host communicator; results checked
+// against the reference on every rank.
+//   lavaflow-launch -n N mesh_vulkan            every rank prints "mesh-vulkan rank R: OK"
+//   lavaflow-launch -n N mesh_vulkan mismatch   rank 0 calls another op: every rank gets
+//                                               InvalidArgument naming both calls
+//   lavaflow-launch -n N mesh_vulkan exit       the last rank exits after one call: the others
+//                                               get PeerLost naming it
+//   lavaflow-launch -n N mesh_vulkan late       the last rank never calls: the others get Timeout
+//                                               naming it within the call's timeout
+// Exit 77 when no device can import host memory (the test is then a visible skip).
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <thread>
+
+#include "lavaflow/core/detail/format.hpp"
+#include "lavaflow/core/transfer.hpp"
+#include "lavaflow/mesh/launch.hpp"
+#include "lavaflow/mesh/native.hpp"
+#include "lavaflow/mesh/vulkan.hpp"
+#include "mesh_reference.hpp"
+
+using namespace lavaflow;
+using namespace lavaflow::mesh;
+using namespace lftest::mesh_ref;
+
+namespace {
+
+int failures = 0;
+std::uint32_t me = 0;
+
+void expect(bool ok, const std::string& what) {
+  if (!ok && failures++ < 10) std::printf("mesh-vulkan rank %u: FAILED: %s\n", me, what.c_str());
+}
+
+Result<GpuBuffer> buffer_with(const VulkanContext& ctx, const std::vector<std::byte>& bytes, std::uint64_t size = 0) {
+  LF_TRY(auto b, GpuBuffer::allocate(ctx, {.size = std::max<std::uint64_t>({size, bytes.size(), 1})}));
+  if (!bytes.empty()) LF_TRY_STATUS(upload(ctx, b, bytes));
+  return b;
+}
+
+std::vector<std::byte> read(const VulkanContext& ctx, const GpuBuffer& b, std::size_t n) {
+  std::vector<std::byte> out(n);
+  if (n) expect(download(ctx, b, out).has_value(), "download");
+  return out;
+}
+
+void every_op(const VulkanContext& ctx, VulkanCollectives& vc, const char* how) {
+  const std::uint32_t n = vc.size(), r = vc.rank();
+  for (DType t : kTypes)
+    for (ReduceOp op : kOps)
+      for (std::size_t count : {std::size_t{3}, std::size_t{40'001}}) {
+        const std::string what = str_format("{} {} {} × {}", how, to_string(t), to_string(op), count);
+        const auto mine = encode(inputs(r, count, t), t);
+        auto send = buffer_with(ctx, mine);
+        auto recv = buffer_with(ctx, {}, mine.size());
+        if (!send || !recv) return expect(false, "allocate");
+        auto s = vc.all_reduce(device_span(*send, mine.size()), device_span(*recv, mine.size()), t, op);
+        expect(s && read(ctx, *recv, mine.size()) == expected(n, count, t, op),
+               "all_reduce " + what + (s ? "" : ": " + s.error().message()));
+        // In place.
+        s = vc.all_reduce(device_span(*send, mine.size()), device_span(*send, mine.size()), t, op);
+        expect(s && read(ctx, *send, mine.size()) == expected(n, count, t, op), "in-place all_reduce " + what);
+
+        const auto big = encode(inputs(r, count * n, t), t);
+        const auto want = expected(n, count * n, t, op);
+        auto bsend = buffer_with(ctx, big);
+        if (!bsend) return expect(false, "allocate");
+        s = vc.reduce_scatter(device_span(*bsend, big.size()), device_span(*recv, mine.size()), t, op);
+        const auto block = read(ctx, *recv, mine.size());
+        expect(
+            s && std::equal(block.begin(), block.end(), want.begin() + static_cast<std::ptrdiff_t>(r * block.size())),
+            "reduce_scatter " + what + (s ? "" : ": " + s.error().message()));
+      }
+  for (std::size_t count : {std::size_t{1}, std::size_t{5000}, std::size_t{300'001}}) {
+    const auto mine = encode(inputs(r, count, DType::U8), DType::U8);
+    std::vector<std::byte> want;
+    for (std::uint32_t j = 0; j < n; ++j) {
+      const auto e = encode(inputs(j, count, DType::U8), DType::U8);
+      want.insert(want.end(), e.begin(), e.end());
+    }
+    auto send = buffer_with(ctx, mine);
+    auto all = buffer_with(ctx, {}, want.size());
+    if (!send || !all) return expect(false, "allocate");
+    auto s = vc.all_gather(device_span(*send, mine.size()), device_span(*all, want.size()), DType::U8);
+    expect(s && read(ctx, *all, want.size()) == want, str_format("{} all_gather of {} bytes", how, count));
+    const auto root_data = encode(inputs(n - 1, count, DType::U8), DType::U8);
+    auto buf = buffer_with(ctx, r == n - 1 ? root_data : std::vector<std::byte>(count));
+    if (!buf) return expect(false, "allocate");
+    s = vc.broadcast(device_span(*buf, count), n - 1, DType::U8);
+    expect(s && read(ctx, *buf, count) == root_data, str_format("{} broadcast of {} bytes", how, count));
+  }
+  // Bad arguments are refused on the calling rank before any exchange.
+  auto a = buffer_with(ctx, {}, 64);
+  if (!a) return expect(false, "allocate");
+  const auto bad = vc.all_reduce(device_span(*a, 64), device_span(*a, 60), DType::F32, ReduceOp::Sum);
+  expect(!bad && bad.error().code() == Errc::InvalidArgument, "send and recv of different sizes refused");
+  const auto odd = vc.all_gather(device_span(*a, 6), device_span(*a, 6 * n), DType::F32);
+  expect(!odd && odd.error().code() == Errc::InvalidArgument, "a partial element refused");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "all";
+  auto job = launched_job();
+  if (!job) {
+    std::printf("mesh-vulkan: FAILED: %s\n", job.error().message().c_str());
+    return 1;
+  }
+  me = job->rank;
+  auto ctx = VulkanContext::create();
+  if (!ctx) {
+    std::printf("mesh-vulkan rank %u: SKIP: %s\n", me, ctx.error().message().c_str());
+    return 77;
+  }
+  if (!ctx->capabilities().memory_host_import) {
+    std::printf("mesh-vulkan rank %u: SKIP: %s cannot import host memory\n", me,
+                ctx->capabilities().identity.name.c_str());
+    return 77;
+  }
+  auto mesh = mesh_from_launch(*job);
+  auto host = mesh ? mesh->communicator("world", launched_communicators(*job)) : std::unexpected(mesh.error());
+  if (!host) {
+    std::printf("mesh-vulkan rank %u: FAILED: %s\n", me, host.error().message().c_str());
+    return 1;
+  }
+  Communicator& comm = **host;
+  const std::uint32_t n = comm.size();
+  auto vc = VulkanCollectives::open(*ctx, comm, {.key = job->key + "-vk", .chunk_bytes = 256 << 10});
+  if (!vc) {
+    std::printf("mesh-vulkan rank %u: FAILED: open: %s\n", me, vc.error().message().c_str());
+    return 1;
+  }
+  expect((*vc)->shared_segment(), "ranks of one host share the segment");
+  auto buf = buffer_with(*ctx, encode(inputs(me, 16, DType::F32), DType::F32));
+  if (!buf) return 1;
+  const auto span = device_span(*buf, 64);
+  const CallOptions quick{.timeout = std::chrono::seconds(5)};
+
+  if (mode == "mismatch") {
+    const auto s = me == 0 ? (*vc)->broadcast(span, 0, DType::F32, quick)
+                           : (*vc)->all_reduce(span, span, DType::F32, ReduceOp::Sum, quick);
+    expect(!s && s.error().code() == Errc::InvalidArgument &&
+               s.error().message().find("broadcast") != std::string::npos &&
+               s.error().message().find("all_reduce") != std::string::npos,
+           s ? "mismatched calls succeeded" : "not InvalidArgument naming both calls: " + s.error().message());
+    const auto after = (*vc)->all_reduce(span, span, DType::F32, ReduceOp::Sum, quick);
+    expect(!after, "a call after a failure fails at once");
+    if (!failures) std::printf("mesh-vulkan rank %u: mismatch OK (%s)\n", me, s.error().message().c_str());
+    return failures ? 1 : 0;
+  }
+  if (mode == "exit" || mode == "late") {
+    expect((*vc)->all_reduce(span, span, DType::F32, ReduceOp::Sum, quick).has_value(), "the call before");
+    if (me == n - 1) {
+      if (mode == "exit") _exit(3);
+      std::this_thread::sleep_for(std::chrono::seconds(8));  // outlives the others' calls
+      return 0;
+    }
+    const auto t0 = Clock::now();
+    const auto s = (*vc)->all_reduce(span, span, DType::F32, ReduceOp::Sum, quick);
+    const Errc want = mode == "exit" ? Errc::PeerLost : Errc::Timeout;
+    expect(!s && s.error().code() == want && s.error().message().find(std::to_string(n - 1)) != std::string::npos,
+           s ? "the call without the last rank succeeded" : "not the named failure: " + s.error().message());
+    expect(Clock::now() - t0 < std::chrono::seconds(7), "the failure came within the call's timeout");
+    if (!failures) std::printf("mesh-vulkan rank %u: %s OK (%s)\n", me, mode.c_str(), s.error().message().c_str());
+    return failures ? 1 : 0;
+  }
+
+  every_op(*ctx, **vc, "shared");
+  auto staged = VulkanCollectives::open(
+      *ctx, comm, {.key = job->key + "-vk-staged", .chunk_bytes = 64 << 10, .stage_through_host = true});
+  expect(staged.has_value(), staged ? "" : "open staged: " + staged.error().message());
+  if (staged) {
+    expect(!(*staged)->shared_segment(), "staging when asked to");
+    every_op(*ctx, **staged, "staged");
+  }
+  if (!failures)
+    std::printf("mesh-vulkan rank %u: OK (%u ranks on %s)\n", me, n, ctx->capabilities().identity.name.c_str());
+  return failures ? 1 : 0;
+}
