@@ -115,11 +115,11 @@ int main(int argc, char** argv) {
   me = job->rank;
   auto ctx = VulkanContext::create();
   if (!ctx) {
-    std::printf("mesh-vulkan rank %u: SKIP: %s\n", me, ctx.error().message().c_str());
+    std::printf("LAVAFLOW-SKIP: mesh-vulkan rank %u: SKIP: %s\n", me, ctx.error().message().c_str());
     return 77;
   }
   if (!ctx->capabilities().memory_host_import) {
-    std::printf("mesh-vulkan rank %u: SKIP: %s cannot import host memory\n", me,
+    std::printf("LAVAFLOW-SKIP: mesh-vulkan rank %u: SKIP: %s cannot import host memory\n", me,
                 ctx->capabilities().identity.name.c_str());
     return 77;
   }

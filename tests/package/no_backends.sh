@@ -32,7 +32,7 @@ cmake --build "$bin" > "$bin.build-all.log" 2>&1 || { tail -40 "$bin.build-all.l
 rm -rf "$bin/prefix"
 cmake --install "$bin" --prefix "$bin/prefix" > /dev/null
 bash "$(dirname "$0")/check_install.sh" "$bin/prefix" "$bin" core transports mesh c
-for c in cuda opencl opengl mpi mesh_mpi; do
+for c in cuda opencl opengl mpi mesh_mpi mesh_cuda; do
   if cmake -S "$(dirname "$0")/consumer" -B "$bin/consumer-$c" -G "$generator" -DCMAKE_PREFIX_PATH="$bin/prefix" \
        -DCMAKE_CXX_COMPILER="$cxx" -DLAVAFLOW_COMPONENTS="core;transports;$c" > "$bin.consumer-$c.log" 2>&1 ||
      ! grep -q "lavaflow component '$c' is not part of this installation" "$bin.consumer-$c.log"; then

@@ -1,0 +1,265 @@
+// SPDX-License-Identifier: MIT
+#include "lavaflow/mesh_cuda/cuda_collectives.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <deque>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernels.hpp"
+#include "lavaflow/core/detail/format.hpp"
+#include "lavaflow/core/location.hpp"
+#include "lavaflow/mesh/native.hpp"
+
+namespace lavaflow::mesh {
+
+namespace {
+
+namespace k = cuda_kernels;
+
+Status cuda_ok(cudaError_t e, const char* call) {
+  if (e == cudaSuccess) return {};
+  (void)cudaGetLastError();  // a non-sticky error must not be reported again by the next call
+  return fail(e == cudaErrorMemoryAllocation ? Errc::OutOfMemory : Errc::Driver, call,
+              str_format("{} ({})", cudaGetErrorString(e), cudaGetErrorName(e)));
+}
+
+std::string_view kind_name(std::uint32_t kind) {
+  switch (kind) {
+    case k::kAllReduce:
+      return "all_reduce";
+    case k::kAllGather:
+      return "all_gather";
+    case k::kReduceScatter:
+      return "reduce_scatter";
+    default:
+      return "broadcast";
+  }
+}
+
+/// What every rank publishes at open: where it runs and its staging's IPC handle.
+struct Card {
+  std::uint64_t host = 0;
+  std::int32_t pid = 0;
+  std::int32_t ok = 0;
+  cudaIpcMemHandle_t handle{};
+  char device_uuid[16]{};
+};
+
+class Collectives final : public CudaCollectives {
+ public:
+  explicit Collectives(Communicator& host) : host_(host) {}
+
+  ~Collectives() override {
+    if (!region_) return;
+    if (opened_) {
+      // Peers may still read this rank's staging in kernels of theirs: every rank's work ends,
+      // then all leave together (bounded: a lost peer must not hang the destructor).
+      (void)cudaSetDevice(device_);
+      (void)cudaDeviceSynchronize();
+      (void)host_.barrier({.timeout = std::chrono::seconds(10)}).wait();
+    }
+    for (std::uint32_t q = 0; q < n_; ++q)
+      if (q != me_ && regions_[q]) (void)cudaIpcCloseMemHandle(regions_[q]);
+    (void)cudaFree(region_);
+    if (error_) (void)cudaFreeHost(error_);
+  }
+
+  Status init(const CudaCollectiveOptions& o) {
+    constexpr const char* call = "CudaCollectives::open";
+    n_ = host_.size();
+    me_ = host_.rank();
+    if (n_ > k::kMaxRanks)
+      return fail(Errc::Unsupported, call, str_format("{} ranks (at most {} on one host)", n_, k::kMaxRanks));
+    if (!std::has_single_bit(o.chunk_bytes) || o.chunk_bytes < (64u << 10) || o.chunk_bytes > (256u << 20))
+      return fail(Errc::InvalidArgument, call,
+                  str_format("chunk_bytes {} is not a power of two in 64 KiB … 256 MiB", o.chunk_bytes));
+    chunk_ = o.chunk_bytes;
+    Card mine;
+    Status made = [&]() -> Status {
+      device_ = o.device;
+      if (device_ < 0) LF_TRY_STATUS(cuda_ok(cudaGetDevice(&device_), "cudaGetDevice"));
+      LF_TRY_STATUS(cuda_ok(cudaSetDevice(device_), "cudaSetDevice"));
+      cudaDeviceProp prop{};
+      LF_TRY_STATUS(cuda_ok(cudaGetDeviceProperties(&prop, device_), "cudaGetDeviceProperties"));
+      std::memcpy(mine.device_uuid, prop.uuid.bytes, sizeof mine.device_uuid);
+      void* p = nullptr;
+      LF_TRY_STATUS(cuda_ok(cudaMalloc(&p, k::kFlagBytes + 2 * chunk_), "cudaMalloc"));
+      region_ = static_cast<unsigned char*>(p);
+      LF_TRY_STATUS(cuda_ok(cudaMemset(region_, 0, k::kFlagBytes), "cudaMemset"));
+      LF_TRY_STATUS(cuda_ok(cudaIpcGetMemHandle(&mine.handle, region_), "cudaIpcGetMemHandle"));
+      LF_TRY_STATUS(
+          cuda_ok(cudaHostAlloc(reinterpret_cast<void**>(&error_), sizeof(k::ErrorRecord), cudaHostAllocMapped),
+                  "cudaHostAlloc"));
+      *error_ = {};
+      // Loaded now, not at the first call: a lazy load while a peer's kernel waits can deadlock.
+      LF_TRY_STATUS(cuda_ok(k::preload(), "cudaFuncGetAttributes"));
+      LF_TRY_STATUS(cuda_ok(cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_device_), error_, 0),
+                            "cudaHostGetDevicePointer"));
+      return cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    }();
+    auto here = HostIdentity::detect();
+    mine.host = here ? name_hash(here->hostname + "/" + here->boot_id) : 0;
+    mine.pid = static_cast<std::int32_t>(::getpid());
+    mine.ok = made ? 1 : 0;
+    std::vector<Card> cards(n_);
+    auto exchanged = host_
+                         .all_gather(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(cards)),
+                                     DType::U8, {.timeout = o.attach_timeout})
+                         .wait();
+    if (!exchanged) return std::unexpected(exchanged.error().within(call));
+    if (!made) return std::unexpected(made.error().within(call));
+    for (std::uint32_t q = 0; q < n_; ++q) {
+      if (!cards[q].ok)
+        return fail(Errc::PeerLost, call, str_format("rank {} of group '{}' failed to set up", q, host_.group()));
+      if (cards[q].host != mine.host || !mine.host)
+        return fail(Errc::Unsupported, call,
+                    str_format("rank {} of group '{}' runs on another host: CUDA collectives need every rank on one "
+                               "host (use the native backend across hosts)",
+                               q, host_.group()));
+    }
+    regions_.assign(n_, nullptr);
+    regions_[me_] = region_;
+    Status mapped;
+    for (std::uint32_t q = 0; q < n_ && mapped; ++q) {
+      if (q == me_) continue;
+      void* p = nullptr;
+      const auto e = cudaIpcOpenMemHandle(&p, cards[q].handle, cudaIpcMemLazyEnablePeerAccess);
+      if (e != cudaSuccess)
+        mapped = std::unexpected(cuda_ok(e, "cudaIpcOpenMemHandle")
+                                     .error()
+                                     .within(str_format("rank {} (pid {})'s staging", q, cards[q].pid)));
+      else
+        regions_[q] = static_cast<unsigned char*>(p);
+    }
+    // Every rank learns whether all could map all.
+    const std::int32_t ok = mapped ? 1 : 0;
+    std::vector<std::int32_t> all(n_);
+    auto agreed = host_
+                      .all_gather(std::as_bytes(std::span(&ok, 1)), std::as_writable_bytes(std::span(all)), DType::I32,
+                                  {.timeout = o.attach_timeout})
+                      .wait();
+    if (!agreed) return std::unexpected(agreed.error().within(call));
+    if (!mapped) return std::unexpected(mapped.error().within(call));
+    for (std::uint32_t q = 0; q < n_; ++q)
+      if (!all[q])
+        return fail(Errc::Unsupported, call,
+                    str_format("rank {} of group '{}' cannot map its peers' CUDA memory", q, host_.group()));
+    opened_ = true;
+    return {};
+  }
+
+  std::uint32_t rank() const override { return me_; }
+  std::uint32_t size() const override { return n_; }
+  int device() const override { return device_; }
+
+  Status all_reduce(const void* send, void* recv, std::uint64_t bytes, DType type, ReduceOp op, cudaStream_t stream,
+                    CallOptions options) override {
+    return enqueue(k::kAllReduce, send, recv, bytes, type, op, 0, stream, options);
+  }
+  Status all_gather(const void* send, void* recv, std::uint64_t bytes, DType type, cudaStream_t stream,
+                    CallOptions options) override {
+    return enqueue(k::kAllGather, send, recv, bytes, type, ReduceOp::Sum, 0, stream, options);
+  }
+  Status reduce_scatter(const void* send, void* recv, std::uint64_t bytes, DType type, ReduceOp op, cudaStream_t stream,
+                        CallOptions options) override {
+    return enqueue(k::kReduceScatter, send, recv, bytes, type, op, 0, stream, options);
+  }
+  Status broadcast(void* buffer, std::uint64_t bytes, std::uint32_t root, DType type, cudaStream_t stream,
+                   CallOptions options) override {
+    return enqueue(k::kBroadcast, buffer, buffer, bytes, type, ReduceOp::Sum, root, stream, options);
+  }
+
+  Status check() const override {
+    const volatile k::ErrorRecord* v = error_;
+    const k::ErrorRecord e{v->code, v->rank, v->call, 0};
+    if (e.code == k::kNone) return {};
+    const auto known = std::ranges::find(recent_, e.call, &std::pair<std::uint32_t, std::string>::first);
+    const std::string what =
+        known != recent_.end() ? known->second : str_format("call {} of group '{}'", e.call, host_.group());
+    const std::string call = "CudaCollectives";
+    switch (e.code) {
+      case k::kTimeout:
+        return fail(Errc::Timeout, call, str_format("rank {} did not reach {} in time", e.rank, what));
+      case k::kMismatch:
+        return fail(Errc::InvalidArgument, call, str_format("rank {} made another call than {}", e.rank, what));
+      default:
+        return fail(Errc::PeerLost, call, str_format("rank {} failed before {}", e.rank, what));
+    }
+  }
+
+ private:
+  Status enqueue(std::uint32_t kind, const void* send, void* recv, std::uint64_t bytes, DType type, ReduceOp op,
+                 std::uint32_t root, cudaStream_t stream, CallOptions options) {
+    const std::string call = str_format("CudaCollectives::{}", kind_name(kind));
+    if (static_cast<std::uint8_t>(type) > static_cast<std::uint8_t>(DType::U8) ||
+        static_cast<std::uint8_t>(op) > static_cast<std::uint8_t>(ReduceOp::Average))
+      return fail(Errc::InvalidArgument, call, "unknown element type or reduce op");
+    if (bytes % size_of(type))
+      return fail(Errc::InvalidArgument, call,
+                  str_format("{} bytes are not whole {} elements", bytes, to_string(type)));
+    if (bytes && (!send || !recv)) return fail(Errc::InvalidArgument, call, "a null buffer");
+    if (root >= n_) return fail(Errc::InvalidArgument, call, str_format("root {} is not a rank of {}", root, n_));
+    LF_TRY_STATUS(check());
+    if (bytes == 0) return {};
+    k::Launch l{};
+    l.kind = kind;
+    l.dtype = static_cast<std::uint32_t>(type);
+    l.op = static_cast<std::uint32_t>(op);
+    l.ranks = n_;
+    l.me = me_;
+    l.root = root;
+    l.call = ++calls_;
+    // The signature tells apart calls that would exchange differently; its top bit is never set.
+    l.signature = static_cast<std::uint32_t>(
+        name_hash(str_format("{}/{}/{}/{}/{}", kind, l.dtype,
+                             kind == k::kAllReduce || kind == k::kReduceScatter ? l.op : 0, bytes, root)) &
+        0x7fffffffu);
+    for (std::uint32_t q = 0; q < n_; ++q) l.regions[q] = regions_[q];
+    l.send = send;
+    l.recv = recv;
+    l.bytes = bytes;
+    l.chunk = chunk_;
+    l.timeout_ns = options.timeout == kForever || options.timeout > std::chrono::hours(24 * 365)
+                       ? UINT64_MAX
+                       : static_cast<std::uint64_t>(std::max(options.timeout, Duration::zero()).count());
+    l.error = error_device_;
+    recent_.emplace_back(l.call, str_format("call {} of group '{}' ({} of {} bytes {})", l.call, host_.group(),
+                                            kind_name(kind), bytes, to_string(type)));
+    if (recent_.size() > 256) recent_.pop_front();
+    int current = -1;
+    (void)cudaGetDevice(&current);
+    if (current != device_) LF_TRY_STATUS(cuda_ok(cudaSetDevice(device_), "cudaSetDevice"));
+    auto s = cuda_ok(k::launch(l, stream), "cudaLaunchKernel");
+    if (current != device_ && current >= 0) (void)cudaSetDevice(current);
+    if (!s) return std::unexpected(s.error().within(call));
+    return {};
+  }
+
+  Communicator& host_;
+  std::uint32_t n_ = 1, me_ = 0;
+  int device_ = 0;
+  std::uint64_t chunk_ = 0;
+  unsigned char* region_ = nullptr;
+  std::vector<unsigned char*> regions_;
+  k::ErrorRecord* error_ = nullptr;  // written by the GPU: read through a volatile pointer
+  bool opened_ = false;
+  k::ErrorRecord* error_device_ = nullptr;
+  std::uint32_t calls_ = 0;
+  std::deque<std::pair<std::uint32_t, std::string>> recent_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<CudaCollectives>> CudaCollectives::open(Communicator& host, CudaCollectiveOptions options) {
+  auto c = std::make_unique<Collectives>(host);
+  LF_TRY_STATUS(c->init(options));
+  return std::unique_ptr<CudaCollectives>(std::move(c));
+}
+
+}  // namespace lavaflow::mesh

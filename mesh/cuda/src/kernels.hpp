@@ -1,0 +1,62 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+// The CUDA collectives' kernels behind a plain launcher (nvcc never sees lava-flow's C++23
+// headers). Each rank's region of CUDA memory, mapped by every peer, starts with its flags and
+// holds two staging buffers after them.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace lavaflow::mesh::cuda_kernels {
+
+inline constexpr std::uint32_t kMaxRanks = 16;
+/// Blocks per call, the same on every rank: block i of every rank handles the same slices and
+/// synchronises only with block i of the others.
+inline constexpr std::uint32_t kBlocks = 32;
+inline constexpr std::uint32_t kThreads = 512;
+inline constexpr std::uint64_t kFlagBytes = 4096;
+/// An all_reduce step up to this many bytes is reduced whole by every rank (one synchronisation);
+/// above it each rank reduces its part and the others read it (two).
+inline constexpr std::uint64_t kOneShotBytes = 256 << 10;
+
+enum Kind : std::uint32_t { kAllReduce = 1, kAllGather, kReduceScatter, kBroadcast };
+enum Failure : std::uint32_t { kNone = 0, kTimeout, kMismatch, kPeerFailed };
+
+/// Where a rank's kernels report the first failure (host memory mapped into the device).
+struct ErrorRecord {
+  std::uint32_t code;
+  std::uint32_t rank;  ///< the peer it concerns
+  std::uint32_t call;
+  std::uint32_t pad;
+};
+
+/// The start of each rank's region.
+struct Flags {
+  /// Per block and round: (epoch << 32) | call signature, written when the block's data of that
+  /// round is in place.
+  unsigned long long slot[kBlocks][2];
+  /// Steps this rank's block has run (read and written by that block only).
+  std::uint32_t epoch[kBlocks];
+  /// Set once when this rank has failed: its peers stop waiting for it.
+  std::uint32_t failed;
+};
+static_assert(sizeof(Flags) <= kFlagBytes);
+
+struct Launch {
+  std::uint32_t kind, dtype, op, ranks, me, root;
+  std::uint32_t signature;  ///< the same on every rank for the same call
+  std::uint32_t call;       ///< the call's number, for errors
+  unsigned char* regions[kMaxRanks];
+  const void* send;
+  void* recv;
+  std::uint64_t bytes;  ///< as the API's `bytes`
+  std::uint64_t chunk;  ///< one staging buffer
+  std::uint64_t timeout_ns;
+  ErrorRecord* error;
+};
+
+cudaError_t launch(const Launch& l, cudaStream_t stream);
+/// Loads the kernels' module into the current context.
+cudaError_t preload();
+
+}  // namespace lavaflow::mesh::cuda_kernels

@@ -1,0 +1,204 @@
+// SPDX-License-Identifier: MIT
+// CUDA collectives in a job started by lavaflow-launch (rank r on CUDA device r mod the device
+// count): every op × element type × reduce op as kernels over the peers' mapped staging, one-shot
+// and two-shot, in place, captured in a CUDA graph and replayed; results checked against the
+// reference on every rank.
+//   lavaflow-launch -n N mesh_cuda            every rank prints "mesh-cuda rank R: OK"
+//   lavaflow-launch -n N mesh_cuda mismatch   rank 0 calls another op: every rank's check()
+//                                             reports InvalidArgument naming a peer
+//   lavaflow-launch -n N mesh_cuda exit       the last rank exits after one call: the others'
+//                                             kernels stop at the call's timeout naming it
+//   lavaflow-launch -n N mesh_cuda late       the last rank never calls: the same
+// Exit 77 (a visible skip) without a CUDA device.
+#include <cuda_runtime_api.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <thread>
+
+#include "lavaflow/core/detail/format.hpp"
+#include "lavaflow/mesh/launch.hpp"
+#include "lavaflow/mesh_cuda/cuda_collectives.hpp"
+#include "mesh_reference.hpp"
+
+using namespace lavaflow;
+using namespace lavaflow::mesh;
+using namespace lftest::mesh_ref;
+
+namespace {
+
+int failures = 0;
+std::uint32_t me = 0;
+
+void expect(bool ok, const std::string& what) {
+  if (!ok && failures++ < 10) std::printf("mesh-cuda rank %u: FAILED: %s\n", me, what.c_str());
+}
+
+/// Device memory that frees itself.
+struct DeviceBytes {
+  void* p = nullptr;
+  std::size_t n = 0;
+  explicit DeviceBytes(std::size_t bytes, const std::vector<std::byte>& init = {})
+      : n(std::max<std::size_t>(bytes, 1)) {
+    if (cudaMalloc(&p, n) != cudaSuccess) p = nullptr;
+    if (p && !init.empty()) (void)cudaMemcpy(p, init.data(), init.size(), cudaMemcpyHostToDevice);
+  }
+  DeviceBytes(const DeviceBytes&) = delete;
+  ~DeviceBytes() { (void)cudaFree(p); }
+  std::vector<std::byte> read(std::size_t bytes) const {
+    std::vector<std::byte> out(bytes);
+    (void)cudaMemcpy(out.data(), p, bytes, cudaMemcpyDeviceToHost);
+    return out;
+  }
+};
+
+/// Waits for the stream and reports the collectives' state.
+Status finish(CudaCollectives& c, cudaStream_t s) {
+  if (cudaStreamSynchronize(s) != cudaSuccess) return fail(Errc::Driver, "cudaStreamSynchronize", "stream failed");
+  return c.check();
+}
+
+void every_op(CudaCollectives& c, cudaStream_t st) {
+  const std::uint32_t n = c.size(), r = c.rank();
+  for (DType t : kTypes)
+    for (ReduceOp op : kOps)
+      for (std::size_t count : {std::size_t{3}, std::size_t{40'001}, std::size_t{300'001}}) {
+        const std::string what = str_format("{} {} × {}", to_string(t), to_string(op), count);
+        const auto mine = encode(inputs(r, count, t), t);
+        DeviceBytes send(mine.size(), mine), recv(mine.size());
+        auto s = c.all_reduce(send.p, recv.p, mine.size(), t, op, st);
+        if (s) s = finish(c, st);
+        expect(s && recv.read(mine.size()) == expected(n, count, t, op),
+               "all_reduce " + what + (s ? "" : ": " + s.error().message()));
+        s = c.all_reduce(send.p, send.p, mine.size(), t, op, st);
+        if (s) s = finish(c, st);
+        expect(s && send.read(mine.size()) == expected(n, count, t, op), "in-place all_reduce " + what);
+
+        const auto big = encode(inputs(r, count * n, t), t);
+        const auto want = expected(n, count * n, t, op);
+        DeviceBytes bsend(big.size(), big);
+        s = c.reduce_scatter(bsend.p, recv.p, mine.size(), t, op, st);
+        if (s) s = finish(c, st);
+        const auto block = recv.read(mine.size());
+        expect(
+            s && std::equal(block.begin(), block.end(), want.begin() + static_cast<std::ptrdiff_t>(r * block.size())),
+            "reduce_scatter " + what + (s ? "" : ": " + s.error().message()));
+      }
+  for (std::size_t count : {std::size_t{1}, std::size_t{5000}, std::size_t{3'000'001}}) {
+    const auto mine = encode(inputs(r, count, DType::U8), DType::U8);
+    std::vector<std::byte> want;
+    for (std::uint32_t j = 0; j < n; ++j) {
+      const auto e = encode(inputs(j, count, DType::U8), DType::U8);
+      want.insert(want.end(), e.begin(), e.end());
+    }
+    DeviceBytes send(count, mine), all(want.size());
+    auto s = c.all_gather(send.p, all.p, count, DType::U8, st);
+    if (s) s = finish(c, st);
+    expect(s && all.read(want.size()) == want, str_format("all_gather of {} bytes", count));
+    const auto root_data = encode(inputs(n - 1, count, DType::U8), DType::U8);
+    DeviceBytes buf(count, r == n - 1 ? root_data : std::vector<std::byte>(count));
+    s = c.broadcast(buf.p, count, n - 1, DType::U8, st);
+    if (s) s = finish(c, st);
+    expect(s && buf.read(count) == root_data, str_format("broadcast of {} bytes", count));
+  }
+  // Captured once, replayed with new inputs: each replay is a new call on every rank.
+  const std::size_t count = 100'000;
+  DeviceBytes send(count * 4), recv(count * 4);
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  bool captured = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+  const auto enq = c.all_reduce(send.p, recv.p, count * 4, DType::F32, ReduceOp::Sum, st);
+  captured = cudaStreamEndCapture(st, &graph) == cudaSuccess && captured && enq;
+  captured = captured && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
+  expect(captured, "all_reduce captured in a CUDA graph");
+  for (std::uint32_t replay = 0; captured && replay < 3; ++replay) {
+    auto v = inputs(r + replay, count, DType::F32);
+    const auto bytes = encode(v, DType::F32);
+    (void)cudaMemcpy(send.p, bytes.data(), bytes.size(), cudaMemcpyHostToDevice);
+    auto s = cudaGraphLaunch(exec, st) == cudaSuccess ? finish(c, st) : fail(Errc::Driver, "cudaGraphLaunch", "");
+    std::vector<double> acc(count, 0);
+    for (std::uint32_t j = 0; j < n; ++j) {
+      const auto in = inputs(j + replay, count, DType::F32);
+      for (std::size_t e = 0; e < count; ++e) acc[e] += in[e];
+    }
+    expect(s && recv.read(count * 4) == encode(acc, DType::F32), str_format("graph replay {}", replay));
+  }
+  if (exec) (void)cudaGraphExecDestroy(exec);
+  if (graph) (void)cudaGraphDestroy(graph);
+  const auto bad = c.all_reduce(send.p, recv.p, 6, DType::F32, ReduceOp::Sum, st);
+  expect(!bad && bad.error().code() == Errc::InvalidArgument, "a partial element refused");
+  const auto root = c.broadcast(send.p, 4, n, DType::F32, st);
+  expect(!root && root.error().code() == Errc::InvalidArgument, "a root outside the group refused");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "all";
+  auto job = launched_job();
+  if (!job) {
+    std::printf("mesh-cuda: FAILED: %s\n", job.error().message().c_str());
+    return 1;
+  }
+  me = job->rank;
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("LAVAFLOW-SKIP: mesh-cuda rank %u: SKIP: no CUDA device\n", me);
+    return 77;
+  }
+  const int device = static_cast<int>(me % static_cast<std::uint32_t>(devices));
+  (void)cudaSetDevice(device);
+  auto mesh = mesh_from_launch(*job);
+  auto host = mesh ? mesh->communicator("world", launched_communicators(*job)) : std::unexpected(mesh.error());
+  if (!host) {
+    std::printf("mesh-cuda rank %u: FAILED: %s\n", me, host.error().message().c_str());
+    return 1;
+  }
+  const std::uint32_t n = (*host)->size();
+  auto c = CudaCollectives::open(**host, {.device = device, .chunk_bytes = 1 << 20});
+  if (!c) {
+    std::printf("mesh-cuda rank %u: FAILED: open: %s\n", me, c.error().message().c_str());
+    return 1;
+  }
+  cudaStream_t st = nullptr;
+  (void)cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+  DeviceBytes buf(64, encode(inputs(me, 16, DType::F32), DType::F32));
+  const CallOptions quick{.timeout = std::chrono::seconds(5)};
+
+  if (mode == "mismatch") {
+    auto s = me == 0 ? (*c)->broadcast(buf.p, 64, 0, DType::F32, st, quick)
+                     : (*c)->all_reduce(buf.p, buf.p, 64, DType::F32, ReduceOp::Sum, st, quick);
+    if (s) s = finish(**c, st);
+    expect(!s && s.error().code() == Errc::InvalidArgument,
+           s ? "mismatched calls succeeded" : "not InvalidArgument: " + s.error().message());
+    expect(!(*c)->all_reduce(buf.p, buf.p, 64, DType::F32, ReduceOp::Sum, st, quick), "a call after a failure fails");
+    if (!failures) std::printf("mesh-cuda rank %u: mismatch OK (%s)\n", me, s.error().message().c_str());
+    return failures ? 1 : 0;
+  }
+  if (mode == "exit" || mode == "late") {
+    auto first = (*c)->all_reduce(buf.p, buf.p, 64, DType::F32, ReduceOp::Sum, st, quick);
+    expect(first && finish(**c, st), "the call before");
+    if (me == n - 1) {
+      if (mode == "exit") _exit(3);
+      std::this_thread::sleep_for(std::chrono::seconds(8));
+      return 0;
+    }
+    const auto t0 = Clock::now();
+    auto s = (*c)->all_reduce(buf.p, buf.p, 64, DType::F32, ReduceOp::Sum, st, quick);
+    if (s) s = finish(**c, st);
+    expect(!s && s.error().code() == Errc::Timeout &&
+               s.error().message().find(str_format("rank {}", n - 1)) != std::string::npos,
+           s ? "the call without the last rank succeeded" : "not a timeout naming it: " + s.error().message());
+    expect(Clock::now() - t0 < std::chrono::seconds(7), "the failure came within the call's timeout");
+    if (!failures) std::printf("mesh-cuda rank %u: %s OK (%s)\n", me, mode.c_str(), s.error().message().c_str());
+    // The peers' staging stays mapped until the process ends: the destructor's barrier would wait
+    // for the rank that left.
+    std::fflush(stdout);
+    _exit(failures ? 1 : 0);
+  }
+
+  every_op(**c, st);
+  if (!failures) std::printf("mesh-cuda rank %u: OK (%u ranks, device %d of %d)\n", me, n, device, devices);
+  return failures ? 1 : 0;
+}
