@@ -85,6 +85,33 @@ uint to_bf16(float f) {
 
 float from_bf16(uint h) { return uintBitsToFloat(h << 16); }
 
+// a / n rounded to nearest even, as the host divides. A shader's division may be off by an ulp
+// (it need not be correctly rounded), so the quotient is formed by integer long division of the
+// significand instead (exact for normal quotients; a GPU may flush subnormal ones anyway); n beyond
+// 128 leaves too few quotient bits and takes the shader's division.
+float divide(float a, uint n) {
+  if (a == 0.0 || isinf(a) || isnan(a) || n > 128u) return a / float(n);
+  const uint x = floatBitsToUint(a);
+  const uint biased = (x >> 23) & 0xffu;
+  uint m = x & 0x7fffffu;
+  int e = -149;
+  if (biased != 0u) {
+    m |= 0x800000u;
+    e = int(biased) - 150;
+  }
+  const int lift = 31 - findMSB(m);  // the significand's top bit to bit 31
+  const uint num = m << uint(lift);
+  uint q = num / n;
+  const bool sticky = num % n != 0u;
+  const int shift = findMSB(q) - 23;  // at least 1 for n <= 128
+  const uint dropped = q & ((1u << uint(shift)) - 1u);
+  const uint half_way = 1u << uint(shift - 1);
+  q >>= uint(shift);
+  if (dropped > half_way || (dropped == half_way && (sticky || (q & 1u) != 0u))) q += 1u;
+  const float r = ldexp(float(q), e - lift + shift);
+  return (x & 0x80000000u) != 0u ? -r : r;
+}
+
 float half_of(uint word, uint lane) {
   const uint h = (word >> (16u * lane)) & 0xffffu;
   return p.dtype == F16 ? from_f16(h) : from_bf16(h);
@@ -156,7 +183,7 @@ void reduce_unit(uint u) {
   if (p.dtype == F32) {
     float acc = uintBitsToFloat(first);
     for (uint r = 1u; r < p.ranks; ++r) acc = combine_f(acc, uintBitsToFloat(seg.w[p.src + r * p.stride + u]));
-    if (p.op == AVERAGE) acc /= float(p.ranks);
+    if (p.op == AVERAGE) acc = divide(acc, p.ranks);
     result = floatBitsToUint(acc);
   } else if (p.dtype == I32) {
     int acc = int(first);
@@ -169,7 +196,7 @@ void reduce_unit(uint u) {
       const uint word = seg.w[p.src + r * p.stride + u];
       acc = vec2(combine_f(acc.x, half_of(word, 0u)), combine_f(acc.y, half_of(word, 1u)));
     }
-    if (p.op == AVERAGE) acc /= float(p.ranks);
+    if (p.op == AVERAGE) acc = vec2(divide(acc.x, p.ranks), divide(acc.y, p.ranks));
     result = round_half(acc.x) | (round_half(acc.y) << 16);
   } else {  // U8
     uvec4 acc = uvec4(first & 0xffu, (first >> 8) & 0xffu, (first >> 16) & 0xffu, first >> 24);
