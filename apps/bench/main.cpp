@@ -36,7 +36,7 @@ namespace {
 
 /// A program installed beside this one (the build tree keeps them together too): no build-tree
 /// path is compiled into the binary.
-[[maybe_unused]] std::string sibling(const char* name) {
+std::string sibling(const char* name) {
   char self[4096] = {};
   const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
   if (n <= 0) return name;
@@ -359,6 +359,18 @@ int main(int argc, char** argv) {
   collectives->add_flag("--json", json, "JSON rows");
   collectives->add_option("--plot", plot, "bus bandwidth against size (PNG, gnuplot)");
 
+  std::uint64_t dev_ranks = 2, dev_max = 0;
+  std::string dev_backend = "vulkan";
+  auto* device_coll = app.add_subcommand(
+      "device-collectives",
+      "collectives on GPU buffers: Vulkan (compute-shader reduction) or CUDA (kernels, graphs, NCCL where built) "
+      "vs the same calls staged through host memory (starts itself under lavaflow-launch -n --ranks)");
+  lfapp::add_whole(*device_coll, "--ranks", dev_ranks, "ranks (processes on this host)", 2, 16);
+  device_coll->add_option("--backend", dev_backend, "vulkan or cuda")->check(CLI::IsMember({"vulkan", "cuda"}));
+  lfapp::add_whole(*device_coll, "--max-size", dev_max, "largest size, bytes per rank (0: the backend's default)", 0,
+                   1u << 30);
+  device_coll->add_flag("--json", json, "JSON rows");
+
   lfbench::PoolBenchOptions pool_options;
   auto* pool = app.add_subcommand(
       "pool", "memory pool: host rent+return vs malloc, Vulkan warm rent vs fresh allocation, a churn trace");
@@ -445,6 +457,22 @@ int main(int argc, char** argv) {
     std::puts("lavaflow-bench remote: skipped, the MPI transport is not built (LAVAFLOW_WITH_MPI)");
     return 77;
 #endif
+  }
+  if (device_coll->parsed()) {
+    // lavaflow-launch is installed beside lavaflow-bench, and in the build tree under apps/launch.
+    std::string launch = sibling("lavaflow-launch");
+    if (::access(launch.c_str(), X_OK) != 0) launch = sibling("../launch/lavaflow-launch");
+    std::vector<std::string> args = {
+        launch,      "-n",       std::to_string(dev_ranks), sibling("lavaflow-bench-device-collectives"),
+        "--backend", dev_backend};
+    if (dev_max) args.insert(args.end(), {"--max-size", std::to_string(dev_max)});
+    if (json) args.emplace_back("--json");
+    std::vector<char*> raw;
+    for (auto& a : args) raw.push_back(a.data());
+    raw.push_back(nullptr);
+    ::execv(raw[0], raw.data());
+    std::fprintf(stderr, "lavaflow-bench device-collectives: cannot start %s: %s\n", raw[0], std::strerror(errno));
+    return 1;
   }
   if (collectives->parsed()) {
 #if LAVAFLOW_BENCH_COLLECTIVES

@@ -21,32 +21,35 @@ layout(push_constant) uniform Params {
   uint dst;     // word offset of the output (may be one of the inputs)
   uint units;   // units to reduce
   uint ranks;
-  uint dtype;   // mesh::DType
-  uint op;      // mesh::ReduceOp
 }
 p;
+
+// The element type and the operation are fixed per pipeline, so that the inner loop has no
+// branches on them.
+layout(constant_id = 0) const uint DTYPE = 0u;  // mesh::DType
+layout(constant_id = 1) const uint OP = 0u;     // mesh::ReduceOp
 
 const uint F32 = 0u, F16 = 1u, BF16 = 2u, I32 = 3u, I64 = 4u, U8 = 5u;
 const uint SUM = 0u, PRODUCT = 1u, MIN = 2u, MAX = 3u, AVERAGE = 4u;
 
 float combine_f(float a, float b) {
-  if (p.op == PRODUCT) return a * b;
-  if (p.op == MIN) return min(a, b);
-  if (p.op == MAX) return max(a, b);
+  if (OP == PRODUCT) return a * b;
+  if (OP == MIN) return min(a, b);
+  if (OP == MAX) return max(a, b);
   return a + b;
 }
 
 int combine_i(int a, int b) {
-  if (p.op == PRODUCT) return a * b;
-  if (p.op == MIN) return min(a, b);
-  if (p.op == MAX) return max(a, b);
+  if (OP == PRODUCT) return a * b;
+  if (OP == MIN) return min(a, b);
+  if (OP == MAX) return max(a, b);
   return a + b;
 }
 
 uint combine_u8(uint a, uint b) {
-  if (p.op == PRODUCT) return (a * b) & 0xffu;
-  if (p.op == MIN) return min(a, b);
-  if (p.op == MAX) return max(a, b);
+  if (OP == PRODUCT) return (a * b) & 0xffu;
+  if (OP == MIN) return min(a, b);
+  if (OP == MAX) return max(a, b);
   return (a + b) & 0xffu;
 }
 
@@ -114,10 +117,10 @@ float divide(float a, uint n) {
 
 float half_of(uint word, uint lane) {
   const uint h = (word >> (16u * lane)) & 0xffffu;
-  return p.dtype == F16 ? from_f16(h) : from_bf16(h);
+  return DTYPE == F16 ? from_f16(h) : from_bf16(h);
 }
 
-uint round_half(float f) { return p.dtype == F16 ? to_f16(f) : to_bf16(f); }
+uint round_half(float f) { return DTYPE == F16 ? to_f16(f) : to_bf16(f); }
 
 // 64-bit two's complement integers as (low, high) words.
 uvec2 add64(uvec2 a, uvec2 b) {
@@ -159,44 +162,44 @@ uvec2 divide64(uvec2 a, uint n) {
 }
 
 uvec2 combine64(uvec2 a, uvec2 b) {
-  if (p.op == PRODUCT) return mul64(a, b);
-  if (p.op == MIN) return less64(b, a) ? b : a;
-  if (p.op == MAX) return less64(a, b) ? b : a;
+  if (OP == PRODUCT) return mul64(a, b);
+  if (OP == MIN) return less64(b, a) ? b : a;
+  if (OP == MAX) return less64(a, b) ? b : a;
   return add64(a, b);
 }
 
 void reduce_unit(uint u) {
-  if (p.dtype == I64) {
+  if (DTYPE == I64) {
     const uint at = 2u * u;
     uvec2 acc = uvec2(seg.w[p.src + at], seg.w[p.src + at + 1u]);
     for (uint r = 1u; r < p.ranks; ++r) {
       const uint q = p.src + r * p.stride + at;
       acc = combine64(acc, uvec2(seg.w[q], seg.w[q + 1u]));
     }
-    if (p.op == AVERAGE) acc = divide64(acc, p.ranks);
+    if (OP == AVERAGE) acc = divide64(acc, p.ranks);
     seg.w[p.dst + at] = acc.x;
     seg.w[p.dst + at + 1u] = acc.y;
     return;
   }
   const uint first = seg.w[p.src + u];
   uint result = 0u;
-  if (p.dtype == F32) {
+  if (DTYPE == F32) {
     float acc = uintBitsToFloat(first);
     for (uint r = 1u; r < p.ranks; ++r) acc = combine_f(acc, uintBitsToFloat(seg.w[p.src + r * p.stride + u]));
-    if (p.op == AVERAGE) acc = divide(acc, p.ranks);
+    if (OP == AVERAGE) acc = divide(acc, p.ranks);
     result = floatBitsToUint(acc);
-  } else if (p.dtype == I32) {
+  } else if (DTYPE == I32) {
     int acc = int(first);
     for (uint r = 1u; r < p.ranks; ++r) acc = combine_i(acc, int(seg.w[p.src + r * p.stride + u]));
-    if (p.op == AVERAGE) acc /= int(p.ranks);
+    if (OP == AVERAGE) acc /= int(p.ranks);
     result = uint(acc);
-  } else if (p.dtype == F16 || p.dtype == BF16) {
+  } else if (DTYPE == F16 || DTYPE == BF16) {
     vec2 acc = vec2(half_of(first, 0u), half_of(first, 1u));
     for (uint r = 1u; r < p.ranks; ++r) {
       const uint word = seg.w[p.src + r * p.stride + u];
       acc = vec2(combine_f(acc.x, half_of(word, 0u)), combine_f(acc.y, half_of(word, 1u)));
     }
-    if (p.op == AVERAGE) acc = vec2(divide(acc.x, p.ranks), divide(acc.y, p.ranks));
+    if (OP == AVERAGE) acc = vec2(divide(acc.x, p.ranks), divide(acc.y, p.ranks));
     result = round_half(acc.x) | (round_half(acc.y) << 16);
   } else {  // U8
     uvec4 acc = uvec4(first & 0xffu, (first >> 8) & 0xffu, (first >> 16) & 0xffu, first >> 24);
@@ -205,7 +208,7 @@ void reduce_unit(uint u) {
       acc = uvec4(combine_u8(acc.x, word & 0xffu), combine_u8(acc.y, (word >> 8) & 0xffu),
                   combine_u8(acc.z, (word >> 16) & 0xffu), combine_u8(acc.w, word >> 24));
     }
-    if (p.op == AVERAGE) acc /= p.ranks;
+    if (OP == AVERAGE) acc /= p.ranks;
     result = acc.x | (acc.y << 8) | (acc.z << 16) | (acc.w << 24);
   }
   seg.w[p.dst + u] = result;

@@ -304,10 +304,7 @@ class Collectives final : public VulkanCollectives {
     set_layout_ = vk::raii::DescriptorSetLayout(dev, vk::DescriptorSetLayoutCreateInfo({}, binding));
     vk::PushConstantRange push(vk::ShaderStageFlagBits::eCompute, 0, sizeof(Push));
     layout_ = vk::raii::PipelineLayout(dev, vk::PipelineLayoutCreateInfo({}, *set_layout_, push));
-    vk::raii::ShaderModule module(dev, vk::ShaderModuleCreateInfo({}, sizeof kReduceSpirv, kReduceSpirv));
-    vk::ComputePipelineCreateInfo info(
-        {}, vk::PipelineShaderStageCreateInfo({}, vk::ShaderStageFlagBits::eCompute, *module, "main"), *layout_);
-    pipeline_ = vk::raii::Pipeline(dev, nullptr, info);
+    module_ = vk::raii::ShaderModule(dev, vk::ShaderModuleCreateInfo({}, sizeof kReduceSpirv, kReduceSpirv));
     vk::DescriptorPoolSize size(vk::DescriptorType::eStorageBuffer, 1);
     pool_ = vk::raii::DescriptorPool(
         dev, vk::DescriptorPoolCreateInfo(vk::DescriptorPoolCreateFlagBits::eFreeDescriptorSet, 1, size));
@@ -334,6 +331,8 @@ class Collectives final : public VulkanCollectives {
     if (a.size % size_of(type) || b.size % size_of(type))
       return fail(Errc::InvalidArgument, call, str_format("not a whole number of {} elements", to_string(type)));
     if (broken_) return std::unexpected(*broken_);
+    if (shared_ && (kind == Kind::AllReduce || kind == Kind::ReduceScatter))
+      return detail::vk_call("VulkanCollectives: reduction pipeline", [&] { (void)pipeline(type, op); });
     return {};
   }
 
@@ -391,7 +390,7 @@ class Collectives final : public VulkanCollectives {
 
   // GPU work: one command buffer per phase, submitted and waited for with the fence.
   struct Push {
-    std::uint32_t src, stride, dst, units, ranks, dtype, op;
+    std::uint32_t src, stride, dst, units, ranks;
   };
 
   void begin() {
@@ -412,17 +411,28 @@ class Collectives final : public VulkanCollectives {
     if (n) cb_.copyBuffer(src, dst, vk::BufferCopy(src_off, dst_off, n));
   }
 
+  /// The reduction's pipeline for `type` and `op` (specialisation constants), made on first use.
+  const vk::raii::Pipeline& pipeline(DType type, ReduceOp op) {
+    auto& p = pipelines_[static_cast<std::size_t>(type) * 5 + static_cast<std::size_t>(op)];
+    if (!p) {
+      const std::array<std::uint32_t, 2> values{static_cast<std::uint32_t>(type), static_cast<std::uint32_t>(op)};
+      const std::array<vk::SpecializationMapEntry, 2> entries{vk::SpecializationMapEntry(0, 0, 4),
+                                                              vk::SpecializationMapEntry(1, 4, 4)};
+      vk::SpecializationInfo spec(entries, vk::ArrayProxyNoTemporaries<const std::uint32_t>(values));
+      vk::ComputePipelineCreateInfo info(
+          {}, vk::PipelineShaderStageCreateInfo({}, vk::ShaderStageFlagBits::eCompute, *module_, "main", &spec),
+          *layout_);
+      p.emplace(ctx_.device(), nullptr, info);
+    }
+    return *p;
+  }
+
   /// out (segment offset `dst`) = op over the `ranks` inputs at `src`, `src + stride`, …
   void reduce(std::uint64_t src, std::uint64_t dst, std::uint64_t n, DType type, ReduceOp op) {
     const std::uint64_t unit = type == DType::I64 ? 8 : 4;
-    const Push p{static_cast<std::uint32_t>(src / 4),
-                 static_cast<std::uint32_t>(stride_ / 4),
-                 static_cast<std::uint32_t>(dst / 4),
-                 static_cast<std::uint32_t>((n + unit - 1) / unit),
-                 n_,
-                 static_cast<std::uint32_t>(type),
-                 static_cast<std::uint32_t>(op)};
-    cb_.bindPipeline(vk::PipelineBindPoint::eCompute, *pipeline_);
+    const Push p{static_cast<std::uint32_t>(src / 4), static_cast<std::uint32_t>(stride_ / 4),
+                 static_cast<std::uint32_t>(dst / 4), static_cast<std::uint32_t>((n + unit - 1) / unit), n_};
+    cb_.bindPipeline(vk::PipelineBindPoint::eCompute, *pipeline(type, op));
     cb_.bindDescriptorSets(vk::PipelineBindPoint::eCompute, *layout_, 0, *set_, {});
     cb_.pushConstants<Push>(*layout_, vk::ShaderStageFlagBits::eCompute, 0, p);
     cb_.dispatch(std::min<std::uint32_t>(max_groups_, (p.units + kLocalSize - 1) / kLocalSize), 1, 1);
@@ -530,10 +540,12 @@ class Collectives final : public VulkanCollectives {
     for (std::uint64_t at = 0; at < recv.size; at += piece) {
       const std::uint64_t len = std::min(piece, recv.size - at);
       const std::uint32_t b = shared_ ? flip() : 0;
-      const std::uint64_t base = shared_ ? stage(me_, b) : 0;
+      // Shared: every rank's pieces at the same places (part me of each staging is read by rank
+      // me). Staged: packed, so that the host communicator reduces n × len bytes.
+      const std::uint64_t base = shared_ ? stage(me_, b) : 0, step = shared_ ? piece : len;
       begin();
       for (std::uint32_t r = 0; r < n_; ++r)
-        copy(send.buffer, send.offset + r * recv.size + at, seg(), base + r * piece, len);
+        copy(send.buffer, send.offset + r * recv.size + at, seg(), base + r * step, len);
       LF_TRY_STATUS(submit(d));
       if (shared_) {
         LF_TRY_STATUS(sync(d));
@@ -542,9 +554,7 @@ class Collectives final : public VulkanCollectives {
         barrier();
         copy(seg(), scratch(me_), recv.buffer, recv.offset + at, len);
       } else {
-        // The host communicator reduces the pieces laid out block by block: a reduce_scatter of
-        // n × piece bytes whose block is a whole piece, so only `len` of it is this step's.
-        LF_TRY_STATUS(host(d, host_.reduce_scatter(host_span(0, n_ * piece), host_span(2 * chunk_, piece), type, op,
+        LF_TRY_STATUS(host(d, host_.reduce_scatter(host_span(0, n_ * len), host_span(2 * chunk_, len), type, op,
                                                    {.timeout = d.left()})));
         begin();
         copy(seg(), 2 * chunk_, recv.buffer, recv.offset + at, len);
@@ -613,7 +623,8 @@ class Collectives final : public VulkanCollectives {
   HostImport seg_;
   vk::raii::DescriptorSetLayout set_layout_ = nullptr;
   vk::raii::PipelineLayout layout_ = nullptr;
-  vk::raii::Pipeline pipeline_ = nullptr;
+  vk::raii::ShaderModule module_ = nullptr;
+  std::array<std::optional<vk::raii::Pipeline>, 6 * 5> pipelines_;  // by type × op
   vk::raii::DescriptorPool pool_ = nullptr;
   vk::raii::DescriptorSet set_ = nullptr;
   vk::raii::CommandPool commands_ = nullptr;
