@@ -94,7 +94,7 @@ __device__ bool await(const Launch& l, std::uint32_t round, std::uint32_t epoch)
             ok = fail(l, kPeerFailed, q);
             break;
           }
-          if (*reinterpret_cast<volatile std::uint32_t*>(&l.error->code) != 0) {  // another block failed
+          if (*reinterpret_cast<volatile std::uint32_t*>(&flags(l, l.me)->failed) != 0) {  // another block failed
             ok = 0;
             break;
           }
@@ -278,7 +278,9 @@ __device__ void copy(unsigned char* dst, const unsigned char* src, std::uint64_t
 __global__ void __launch_bounds__(kThreads) collective(Launch l) {
   const std::uint32_t i = blockIdx.x;
   __shared__ int broken;
-  if (threadIdx.x == 0) broken = *reinterpret_cast<volatile std::uint32_t*>(&l.error->code) != 0;
+  // This rank's own flag, not the host-mapped record: a read across the bus on every call would
+  // cost more than a small collective.
+  if (threadIdx.x == 0) broken = *reinterpret_cast<volatile std::uint32_t*>(&flags(l, l.me)->failed) != 0;
   __syncthreads();
   if (broken) return;
   const std::uint32_t n = l.ranks, me = l.me;
