@@ -165,6 +165,17 @@ void extract_collectives(const json& r, std::vector<Sample>& out) {
     }
 }
 
+/// GPU-buffer collectives: lava-flow's rows against the same calls staged through host memory.
+void extract_device_collectives(const json& r, std::vector<Sample>& out) {
+  const std::string name = text_of(r, "name"), op = text_of(r, "op");
+  const std::string variant = text_of(r, "dtype") + " " + std::to_string(size_of(r, "ranks")) + " ranks";
+  for (auto [metric, better] : {std::pair{"p50_ns", Better::Lower}, std::pair{"busbw_gbps", Better::Higher}})
+    if (auto* s = add(out, r, metric, better, name, op, variant); s && name.starts_with("lavaflow")) {
+      s->ref = BaselineRef{"staged", op, variant, s->size};
+      s->baseline = "staged";
+    }
+}
+
 void extract_interop(const json& r, std::vector<Sample>& out) {
   const std::string name = text_of(r, "name");
   const auto m = r.find("mps");
@@ -199,6 +210,7 @@ std::optional<Extractor> extractor(std::string_view suite) {
   if (suite == "python") return extract_python;
   if (suite == "remote") return extract_remote;
   if (suite == "collectives") return extract_collectives;
+  if (suite == "device-collectives") return extract_device_collectives;
   if (suite == "interop") return extract_interop;
   return std::nullopt;
 }

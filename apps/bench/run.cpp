@@ -58,6 +58,7 @@ std::vector<Suite> suites() {
        "the mesh's MPI part is not built (LAVAFLOW_WITH_MPI)",
        true,
        {"--max-size", "65536"}},
+      {"device-collectives", true, "", false, {"--max-size", "65536"}},
       {"interop",
        LAVAFLOW_BENCH_INTEROP != 0,
        "the CUDA adapter is not built (LAVAFLOW_WITH_CUDA)",
