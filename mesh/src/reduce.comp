@@ -32,10 +32,11 @@ layout(constant_id = 1) const uint OP = 0u;     // mesh::ReduceOp
 const uint F32 = 0u, F16 = 1u, BF16 = 2u, I32 = 3u, I64 = 4u, U8 = 5u;
 const uint SUM = 0u, PRODUCT = 1u, MIN = 2u, MAX = 3u, AVERAGE = 4u;
 
+// NaN wins min and max, and ties keep the second operand, exactly as the host reduction.
 float combine_f(float a, float b) {
   if (OP == PRODUCT) return a * b;
-  if (OP == MIN) return min(a, b);
-  if (OP == MAX) return max(a, b);
+  if (OP == MIN) return isnan(a) || a < b ? a : b;
+  if (OP == MAX) return isnan(a) || a > b ? a : b;
   return a + b;
 }
 

@@ -106,8 +106,11 @@ Result<HostImport> import_host(const VulkanContext& ctx, std::byte* base, std::u
   return detail::vk_call("VulkanCollectives: host memory import", [&]() -> Result<HostImport> {
     HostImport h;
     const auto props = dev.getMemoryHostPointerPropertiesEXT(handle, base);
+    // Coherent where the device offers it: the memory is never flushed or invalidated by hand.
+    auto coherent = ctx.find_memory_type(
+        props.memoryTypeBits, vk::MemoryPropertyFlagBits::eHostVisible | vk::MemoryPropertyFlagBits::eHostCoherent);
     LF_TRY(const std::uint32_t type,
-           ctx.find_memory_type(props.memoryTypeBits, vk::MemoryPropertyFlagBits::eHostVisible));
+           coherent ? coherent : ctx.find_memory_type(props.memoryTypeBits, vk::MemoryPropertyFlagBits::eHostVisible));
     vk::ExternalMemoryBufferCreateInfo ext(handle);
     h.buffer = vk::raii::Buffer(
         dev, vk::BufferCreateInfo({}, bytes,
@@ -163,21 +166,11 @@ class Collectives final : public VulkanCollectives {
     if (!caps.memory_host_import || !ctx_.has_extension(VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME))
       return fail(Errc::Unsupported, call,
                   str_format("device {} lacks VK_EXT_external_memory_host", caps.identity.name));
-    const auto limits = ctx_.physical_device().getProperties().limits;
-    // Every rank's region (two staging buffers and a scratch) must fit one storage-buffer binding,
-    // and each reduce-scatter piece must be at least one part.
-    chunk_ = std::max<std::uint64_t>(o.chunk_bytes, std::bit_ceil(std::uint64_t{n_} * kPartAlign));
-    while (chunk_ > (4u << 10) && 3 * chunk_ * n_ > limits.maxStorageBufferRange) chunk_ /= 2;
-    if (3 * chunk_ * n_ > limits.maxStorageBufferRange)
-      return fail(Errc::Unsupported, call,
-                  str_format("{} ranks need more than the device's {}-byte storage buffer range", n_,
-                             limits.maxStorageBufferRange));
-    max_groups_ = std::max<std::uint32_t>(1, std::min<std::uint32_t>(limits.maxComputeWorkGroupCount[0], 1u << 16));
-    stride_ = 3 * chunk_;
-
     // One host or several: the ranks compare where they run.
     auto here = HostIdentity::detect();
-    const std::uint64_t mine = here ? name_hash(here->hostname + "/" + here->boot_id) : name_hash("unknown");
+    // A host that cannot say who it is stages: sharing a segment with a rank elsewhere would fail.
+    const std::uint64_t mine = here ? name_hash(here->hostname + "/" + here->boot_id)
+                                    : name_hash(str_format("unknown host, pid {}", ::getpid()));
     std::vector<std::uint64_t> hosts(n_);
     LF_TRY_STATUS(
         within(call, host_
@@ -185,6 +178,20 @@ class Collectives final : public VulkanCollectives {
                                      DType::U8, {.timeout = o.attach_timeout})
                          .wait()));
     shared_ = std::ranges::all_of(hosts, [&](std::uint64_t h) { return h == mine; }) && !o.stage_through_host;
+
+    // The storage-buffer binding covers every rank's region (two staging buffers and a scratch)
+    // when shared, this rank's own when staged; each reduce-scatter piece is at least one part.
+    const auto limits = ctx_.physical_device().getProperties().limits;
+    const std::uint64_t regions = shared_ ? n_ : 1, least = std::bit_ceil(std::uint64_t{n_} * kPartAlign);
+    chunk_ = std::max<std::uint64_t>(o.chunk_bytes, least);
+    while (chunk_ > least && 3 * chunk_ * regions > limits.maxStorageBufferRange) chunk_ /= 2;
+    if (3 * chunk_ * regions > limits.maxStorageBufferRange)
+      return fail(Errc::Unsupported, call,
+                  str_format("{} ranks need more than the device's {}-byte storage buffer range", n_,
+                             limits.maxStorageBufferRange));
+    max_groups_ = std::max<std::uint32_t>(1, std::min<std::uint32_t>(limits.maxComputeWorkGroupCount[0], 1u << 16));
+    stride_ = 3 * chunk_;
+    range_ = stride_ * regions;
 
     const auto align =
         std::max<std::uint64_t>(static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE)), caps.host_import_alignment);
@@ -215,15 +222,15 @@ class Collectives final : public VulkanCollectives {
   }
 
   Status all_gather(DeviceSpan send, DeviceSpan recv, DType type, CallOptions options) override {
-    LF_TRY_STATUS(check_args(Kind::AllGather, send, recv, type, ReduceOp::Sum, recv.size == send.size * n_,
-                             "recv is not size × send"));
+    LF_TRY_STATUS(check_args(Kind::AllGather, send, recv, type, ReduceOp::Sum,
+                             send.size <= recv.size / n_ && recv.size == send.size * n_, "recv is not size × send"));
     return run(Kind::AllGather, send.size, type, ReduceOp::Sum, 0, options,
                [&](const Deadline& d) { return gather(send, recv, d); });
   }
 
   Status reduce_scatter(DeviceSpan send, DeviceSpan recv, DType type, ReduceOp op, CallOptions options) override {
-    LF_TRY_STATUS(
-        check_args(Kind::ReduceScatter, send, recv, type, op, send.size == recv.size * n_, "send is not size × recv"));
+    LF_TRY_STATUS(check_args(Kind::ReduceScatter, send, recv, type, op,
+                             recv.size <= send.size / n_ && send.size == recv.size * n_, "send is not size × recv"));
     return run(Kind::ReduceScatter, send.size, type, op, 0, options,
                [&](const Deadline& d) { return scatter(send, recv, type, op, d); });
   }
@@ -249,13 +256,20 @@ class Collectives final : public VulkanCollectives {
     const std::string name = str_format("/lavaflow-vkc-{:016x}", name_hash(o.key));
     UniqueFd fd;
     Status created;
+    // Rank 0 unlinks on every way out, a failed agreement included.
+    struct Unlink {
+      const std::string* name = nullptr;
+      ~Unlink() {
+        if (name) ::shm_unlink(name->c_str());
+      }
+    } unlink;
     if (me_ == 0) {
       fd = UniqueFd(::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600));
       if (!fd)
         created = std::unexpected(from_errno(errno, "shm_open", str_format("/dev/shm{} (key '{}')", name, o.key)));
       else if (::ftruncate(fd.get(), static_cast<off_t>(bytes_)) != 0)
         created = std::unexpected(from_errno(errno, "ftruncate", str_format("/dev/shm{}", name)));
-      if (!created && fd) ::shm_unlink(name.c_str());
+      if (fd) unlink.name = &name;
     }
     LF_TRY_STATUS(agree(created, o.attach_timeout, call));
     Status opened;
@@ -277,9 +291,7 @@ class Collectives final : public VulkanCollectives {
       else
         map_ = Mapping(static_cast<std::byte*>(p), bytes_);
     }
-    const auto all = agree(opened, o.attach_timeout, call);
-    if (me_ == 0) ::shm_unlink(name.c_str());
-    return all;
+    return agree(opened, o.attach_timeout, call);
   }
 
   /// Every rank learns whether every rank's `mine` succeeded; a rank that failed returns its own
@@ -309,7 +321,7 @@ class Collectives final : public VulkanCollectives {
     pool_ = vk::raii::DescriptorPool(
         dev, vk::DescriptorPoolCreateInfo(vk::DescriptorPoolCreateFlagBits::eFreeDescriptorSet, 1, size));
     set_ = std::move(vk::raii::DescriptorSets(dev, vk::DescriptorSetAllocateInfo(*pool_, *set_layout_)).front());
-    vk::DescriptorBufferInfo whole(*seg_.buffer, 0, bytes_);
+    vk::DescriptorBufferInfo whole(*seg_.buffer, 0, range_);
     dev.updateDescriptorSets(vk::WriteDescriptorSet(*set_, 0, 0, vk::DescriptorType::eStorageBuffer, {}, whole), {});
     commands_ = vk::raii::CommandPool(
         dev, vk::CommandPoolCreateInfo(vk::CommandPoolCreateFlagBits::eResetCommandBuffer, ctx_.queue_family()));
@@ -346,7 +358,10 @@ class Collectives final : public VulkanCollectives {
                    static_cast<std::uint32_t>(op),
                    root};
     const Deadline deadline(options.timeout);
-    auto s = bytes == 0 ? sync(deadline) : body(deadline);
+    // Driver exceptions while recording end this call like any failure (and reach the peers).
+    auto s = bytes == 0 ? sync(deadline)
+                        : detail::vk_call(str_format("VulkanCollectives::{}", kind_name(kind)),
+                                          [&]() -> Status { return body(deadline); });
     if (!s) {
       const std::string call = str_format("VulkanCollectives::{}", kind_name(kind));
       // Peers still waiting in a synchronisation learn of it at once; a rank that failed in one
@@ -616,7 +631,7 @@ class Collectives final : public VulkanCollectives {
   const VulkanContext& ctx_;
   Communicator& host_;
   std::uint32_t n_ = 1, me_ = 0;
-  std::uint64_t chunk_ = 0, stride_ = 0, bytes_ = 0;
+  std::uint64_t chunk_ = 0, stride_ = 0, bytes_ = 0, range_ = 0;
   std::uint32_t max_groups_ = 1;
   bool shared_ = false;
   Mapping map_;

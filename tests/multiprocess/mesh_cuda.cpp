@@ -61,6 +61,7 @@ Status finish(CudaCollectives& c, cudaStream_t s) {
 
 void every_op(CudaCollectives& c, cudaStream_t st) {
   const std::uint32_t n = c.size(), r = c.rank();
+  DeviceBytes send_probe(64), recv_probe(64);
   for (DType t : kTypes)
     for (ReduceOp op : kOps)
       for (std::size_t count : {std::size_t{3}, std::size_t{40'001}, std::size_t{300'001}}) {
@@ -102,6 +103,21 @@ void every_op(CudaCollectives& c, cudaStream_t st) {
     if (s) s = finish(c, st);
     expect(s && buf.read(count) == root_data, str_format("broadcast of {} bytes", count));
   }
+  // NaN, signed zeros and ties: bit for bit what the host reduction gives.
+  for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max}) {
+    const bool nan = op != ReduceOp::Sum;
+    const auto v = special_inputs(r, nan);
+    const auto bytes = std::as_bytes(std::span(v));
+    DeviceBytes send(bytes.size(), {bytes.begin(), bytes.end()});
+    auto s = c.all_reduce(send.p, send.p, bytes.size(), DType::F32, op, st);
+    if (s) s = finish(c, st);
+    expect(s && send.read(bytes.size()) == special_expected(n, op, nan),
+           str_format("all_reduce of NaN, ±0 and ties, {}", to_string(op)));
+  }
+  // Misaligned buffers are refused, not a GPU fault.
+  const auto misaligned =
+      c.all_reduce(static_cast<const std::byte*>(send_probe.p) + 2, recv_probe.p, 8, DType::F32, ReduceOp::Sum, st);
+  expect(!misaligned && misaligned.error().code() == Errc::InvalidArgument, "a misaligned buffer refused");
   // Captured once, replayed with new inputs: each replay is a new call on every rank.
   const std::size_t count = 100'000;
   DeviceBytes send(count * 4), recv(count * 4);

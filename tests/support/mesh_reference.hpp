@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
+#include <span>
 #include <vector>
 
 #include "lavaflow/mesh/collectives.hpp"
@@ -100,4 +102,26 @@ inline std::vector<std::byte> expected(std::uint32_t ranks, std::size_t count, D
 constexpr DType kTypes[] = {DType::F32, DType::F16, DType::BF16, DType::I32, DType::I64, DType::U8};
 constexpr ReduceOp kOps[] = {ReduceOp::Sum, ReduceOp::Product, ReduceOp::Min, ReduceOp::Max, ReduceOp::Average};
 
+}  // namespace lftest::mesh_ref
+
+namespace lftest::mesh_ref {
+/// Rank r's f32 inputs with the values where backends are most likely to part from the host
+/// reduction: NaN (first or second operand, for min and max only), signed zeros and ties.
+inline std::vector<float> special_inputs(std::uint32_t r, bool with_nan) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> v = {r % 2 ? -0.0f : 0.0f, r % 2 ? 0.0f : -0.0f, 1.0f, float(r), -float(r) * 0.5f};
+  if (with_nan) v.insert(v.end(), {r == 0 ? nan : 2.0f, r == 1 ? nan : 3.0f});
+  return v;
+}
+/// The host reduction (lavaflow::mesh::reduce) of every rank's special_inputs: the definition the
+/// device backends must match bit for bit.
+inline std::vector<std::byte> special_expected(std::uint32_t ranks, lavaflow::mesh::ReduceOp op, bool with_nan) {
+  std::vector<std::vector<float>> all;
+  for (std::uint32_t r = 0; r < ranks; ++r) all.push_back(special_inputs(r, with_nan));
+  std::vector<std::span<const std::byte>> in;
+  for (const auto& v : all) in.push_back(std::as_bytes(std::span(v)));
+  std::vector<std::byte> out(in[0].size());
+  (void)lavaflow::mesh::reduce(in, out, lavaflow::mesh::DType::F32, op);
+  return out;
+}
 }  // namespace lftest::mesh_ref

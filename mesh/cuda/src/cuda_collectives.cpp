@@ -7,7 +7,9 @@
 #include <bit>
 #include <cstring>
 #include <deque>
+#include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -45,6 +47,7 @@ std::string_view kind_name(std::uint32_t kind) {
 /// What every rank publishes at open: where it runs and its staging's IPC handle.
 struct Card {
   std::uint64_t host = 0;
+  std::uint64_t chunk = 0;  ///< every rank locates its peers' staging with its own: they must agree
   std::int32_t pid = 0;
   std::int32_t ok = 0;
   cudaIpcMemHandle_t handle{};
@@ -59,15 +62,19 @@ class Collectives final : public CudaCollectives {
     if (!region_) return;
     if (opened_) {
       // Peers may still read this rank's staging in kernels of theirs: every rank's work ends,
-      // then all leave together (bounded: a lost peer must not hang the destructor).
+      // then all leave together. Both bounded: a lost peer must not hang the destructor, and then
+      // this rank's memory is left mapped rather than freed under a peer that may still read it.
       (void)cudaSetDevice(device_);
-      (void)cudaDeviceSynchronize();
-      (void)host_.barrier({.timeout = std::chrono::seconds(10)}).wait();
+      const Deadline d(std::chrono::seconds(10));
+      while (cudaEventQuery(done_) == cudaErrorNotReady && !d.passed()) std::this_thread::yield();
+      const bool ended = cudaEventQuery(done_) == cudaSuccess;
+      if (!host_.barrier({.timeout = std::chrono::seconds(10)}).wait() || !ended) return;
     }
     for (std::uint32_t q = 0; q < n_; ++q)
       if (q != me_ && regions_[q]) (void)cudaIpcCloseMemHandle(regions_[q]);
     (void)cudaFree(region_);
     if (error_) (void)cudaFreeHost(error_);
+    if (done_) (void)cudaEventDestroy(done_);
   }
 
   Status init(const CudaCollectiveOptions& o) {
@@ -97,6 +104,7 @@ class Collectives final : public CudaCollectives {
           cuda_ok(cudaHostAlloc(reinterpret_cast<void**>(&error_), sizeof(k::ErrorRecord), cudaHostAllocMapped),
                   "cudaHostAlloc"));
       *error_ = {};
+      LF_TRY_STATUS(cuda_ok(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate"));
       // Loaded now, not at the first call: a lazy load while a peer's kernel waits can deadlock.
       LF_TRY_STATUS(cuda_ok(k::preload(), "cudaFuncGetAttributes"));
       LF_TRY_STATUS(cuda_ok(cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_device_), error_, 0),
@@ -106,6 +114,7 @@ class Collectives final : public CudaCollectives {
     auto here = HostIdentity::detect();
     mine.host = here ? name_hash(here->hostname + "/" + here->boot_id) : 0;
     mine.pid = static_cast<std::int32_t>(::getpid());
+    mine.chunk = chunk_;
     mine.ok = made ? 1 : 0;
     std::vector<Card> cards(n_);
     auto exchanged = host_
@@ -117,6 +126,10 @@ class Collectives final : public CudaCollectives {
     for (std::uint32_t q = 0; q < n_; ++q) {
       if (!cards[q].ok)
         return fail(Errc::PeerLost, call, str_format("rank {} of group '{}' failed to set up", q, host_.group()));
+      if (cards[q].chunk != chunk_)
+        return fail(Errc::InvalidArgument, call,
+                    str_format("rank {} of group '{}' opened with chunk_bytes {}, this rank with {}", q, host_.group(),
+                               cards[q].chunk, chunk_));
       if (cards[q].host != mine.host || !mine.host)
         return fail(Errc::Unsupported, call,
                     str_format("rank {} of group '{}' runs on another host: CUDA collectives need every rank on one "
@@ -176,8 +189,11 @@ class Collectives final : public CudaCollectives {
   }
 
   Status check() const override {
-    const volatile k::ErrorRecord* v = error_;
-    const k::ErrorRecord e{v->code, v->rank, v->call, 0};
+    const unsigned long long packed = reinterpret_cast<const volatile k::ErrorRecord*>(error_)->packed;
+    struct {
+      std::uint32_t code, rank, call;
+    } e{static_cast<std::uint32_t>(packed & 0xff), static_cast<std::uint32_t>((packed >> 8) & 0xffffff),
+        static_cast<std::uint32_t>(packed >> 32)};
     if (e.code == k::kNone) return {};
     const auto known = std::ranges::find(recent_, e.call, &std::pair<std::uint32_t, std::string>::first);
     const std::string what =
@@ -188,6 +204,9 @@ class Collectives final : public CudaCollectives {
         return fail(Errc::Timeout, call, str_format("rank {} did not reach {} in time", e.rank, what));
       case k::kMismatch:
         return fail(Errc::InvalidArgument, call, str_format("rank {} made another call than {}", e.rank, what));
+      case k::kCorrupt:
+        return fail(Errc::Malformed, call,
+                    str_format("rank {}'s flag holds a step no peer can be at during {}", e.rank, what));
       default:
         return fail(Errc::PeerLost, call, str_format("rank {} failed before {}", e.rank, what));
     }
@@ -200,10 +219,15 @@ class Collectives final : public CudaCollectives {
     if (static_cast<std::uint8_t>(type) > static_cast<std::uint8_t>(DType::U8) ||
         static_cast<std::uint8_t>(op) > static_cast<std::uint8_t>(ReduceOp::Average))
       return fail(Errc::InvalidArgument, call, "unknown element type or reduce op");
+    if (bytes > UINT64_MAX / 2 / n_)  // the kernels address n × bytes
+      return fail(Errc::InvalidArgument, call, str_format("{} bytes per rank overflow {} ranks' buffers", bytes, n_));
     if (bytes % size_of(type))
       return fail(Errc::InvalidArgument, call,
                   str_format("{} bytes are not whole {} elements", bytes, to_string(type)));
     if (bytes && (!send || !recv)) return fail(Errc::InvalidArgument, call, "a null buffer");
+    if ((reinterpret_cast<std::uintptr_t>(send) | reinterpret_cast<std::uintptr_t>(recv)) % size_of(type))
+      return fail(Errc::InvalidArgument, call,
+                  str_format("buffers not aligned to their {}-byte {} elements", size_of(type), to_string(type)));
     if (root >= n_) return fail(Errc::InvalidArgument, call, str_format("root {} is not a rank of {}", root, n_));
     LF_TRY_STATUS(check());
     if (bytes == 0) return {};
@@ -235,7 +259,17 @@ class Collectives final : public CudaCollectives {
     int current = -1;
     (void)cudaGetDevice(&current);
     if (current != device_) LF_TRY_STATUS(cuda_ok(cudaSetDevice(device_), "cudaSetDevice"));
+    // Calls share this rank's staging and epochs: one on another stream waits for the last.
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    (void)cudaStreamIsCapturing(stream, &capturing);
+    const bool captured = capturing != cudaStreamCaptureStatusNone;
+    if (!captured && last_stream_ && *last_stream_ != stream)
+      LF_TRY_STATUS(cuda_ok(cudaStreamWaitEvent(stream, done_, 0), "cudaStreamWaitEvent"));
     auto s = cuda_ok(k::launch(l, stream), "cudaLaunchKernel");
+    if (s && !captured) {
+      s = cuda_ok(cudaEventRecord(done_, stream), "cudaEventRecord");
+      last_stream_ = stream;
+    }
     if (current != device_ && current >= 0) (void)cudaSetDevice(current);
     if (!s) return std::unexpected(s.error().within(call));
     return {};
@@ -249,6 +283,8 @@ class Collectives final : public CudaCollectives {
   std::vector<unsigned char*> regions_;
   k::ErrorRecord* error_ = nullptr;  // written by the GPU: read through a volatile pointer
   bool opened_ = false;
+  cudaEvent_t done_ = nullptr;               ///< recorded after this rank's last call
+  std::optional<cudaStream_t> last_stream_;  ///< the stream of that call
   k::ErrorRecord* error_device_ = nullptr;
   std::uint32_t calls_ = 0;
   std::deque<std::pair<std::uint32_t, std::string>> recent_;

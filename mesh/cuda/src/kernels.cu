@@ -49,12 +49,11 @@ __device__ unsigned char* staging(const Launch& l, std::uint32_t rank, std::uint
 
 __device__ Flags* flags(const Launch& l, std::uint32_t rank) { return reinterpret_cast<Flags*>(l.regions[rank]); }
 
-/// Records the first failure of this rank and tells the peers; returns false for convenience.
+/// Records the first failure of this rank (one 64-bit word, so the host never reads half of it)
+/// and tells the peers; returns false for convenience.
 __device__ bool fail(const Launch& l, std::uint32_t code, std::uint32_t rank) {
-  if (atomicCAS_system(&l.error->code, 0u, code) == 0u) {
-    l.error->rank = rank;
-    l.error->call = l.call;
-  }
+  const unsigned long long record = (static_cast<unsigned long long>(l.call) << 32) | (rank << 8) | code;
+  (void)atomicCAS_system(&l.error->packed, 0ull, record);
   *reinterpret_cast<volatile std::uint32_t*>(&flags(l, l.me)->failed) = 1;
   __threadfence_system();
   return false;
@@ -84,9 +83,15 @@ __device__ bool await(const Launch& l, std::uint32_t round, std::uint32_t epoch)
       for (std::uint32_t spins = 0;; ++spins) {
         const unsigned long long v = *slot;
         const auto e = static_cast<std::uint32_t>(v >> 32);
-        if (static_cast<std::int32_t>(e - epoch) >= 0) {
-          // A peer one step ahead has passed this step, so it made this call too.
-          if (e == epoch && static_cast<std::uint32_t>(v) != l.signature) ok = fail(l, kMismatch, q);
+        if (e == epoch) {
+          if (static_cast<std::uint32_t>(v) != l.signature) ok = fail(l, kMismatch, q);
+          break;
+        }
+        // A peer is at most one step ahead (it waits for this rank's next step), and only in round
+        // 0: it has passed this step, so it made this call too. Anything else is not a peer's slot.
+        if (round == 0 && e == epoch + 1) break;
+        if (static_cast<std::int32_t>(e - epoch) > 0) {
+          ok = fail(l, kCorrupt, q);
           break;
         }
         if ((spins & 255) == 0) {
@@ -172,10 +177,10 @@ __device__ A combine(A a, A b, std::uint32_t op) {
     switch (op) {
       case kProduct:
         return a * b;
-      case kMin:
-        return fminf(a, b);
+      case kMin:  // NaN wins and ties keep the second operand, exactly as the host reduction
+        return isnan(a) || a < b ? a : b;
       case kMax:
-        return fmaxf(a, b);
+        return isnan(a) || a > b ? a : b;
       default:
         return a + b;
     }

@@ -20,14 +20,12 @@ inline constexpr std::uint64_t kFlagBytes = 4096;
 inline constexpr std::uint64_t kOneShotBytes = 256 << 10;
 
 enum Kind : std::uint32_t { kAllReduce = 1, kAllGather, kReduceScatter, kBroadcast };
-enum Failure : std::uint32_t { kNone = 0, kTimeout, kMismatch, kPeerFailed };
+enum Failure : std::uint32_t { kNone = 0, kTimeout, kMismatch, kPeerFailed, kCorrupt };
 
-/// Where a rank's kernels report the first failure (host memory mapped into the device).
+/// Where a rank's kernels report the first failure (host memory mapped into the device): one
+/// word, (call << 32) | (peer << 8) | Failure, written once.
 struct ErrorRecord {
-  std::uint32_t code;
-  std::uint32_t rank;  ///< the peer it concerns
-  std::uint32_t call;
-  std::uint32_t pad;
+  unsigned long long packed;
 };
 
 /// The start of each rank's region.
