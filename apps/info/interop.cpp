@@ -196,4 +196,23 @@ InteropReport interop_report(const std::vector<lavaflow::DeviceCapabilities>& vk
   return r;
 }
 
+lavaflow::Accelerators accelerators(const std::vector<lavaflow::DeviceCapabilities>& vk,
+                                    std::vector<std::string>& notes) {
+  auto acc = lavaflow::Accelerators::from(vk);
+  auto note = [&](const char* api, const lavaflow::Status& s) {
+    if (!s) notes.push_back(str_format("{}: {}", api, s.error().message()));
+  };
+#if LAVAFLOW_INFO_CUDA
+  note("CUDA", lavaflow::cuda::add_devices(acc));
+#endif
+#if LAVAFLOW_INFO_OPENCL
+  note("OpenCL", lavaflow::cl::add_devices(acc));
+#endif
+#if LAVAFLOW_INFO_OPENGL
+  note("OpenGL", lavaflow::gl::add_devices(acc));
+#endif
+  (void)note;
+  return acc;
+}
+
 }  // namespace lfinfo

@@ -31,4 +31,9 @@ struct InteropReport {
 
 [[nodiscard]] InteropReport interop_report(const std::vector<lavaflow::DeviceCapabilities>& vulkan);
 
+/// The accelerator list: Vulkan's devices with what every built adapter adds, merged by UUID;
+/// an adapter that could not list its devices leaves its reason in `notes`.
+[[nodiscard]] lavaflow::Accelerators accelerators(const std::vector<lavaflow::DeviceCapabilities>& vulkan,
+                                                  std::vector<std::string>& notes);
+
 }  // namespace lfinfo

@@ -76,6 +76,8 @@ int main(int argc, char** argv) {
   const auto rows = strategies(topo, ctx ? &*ctx : nullptr);
   const auto trows = transports(*loc, ctx ? &*ctx : nullptr);
   const auto interop = lfinfo::interop_report(devices ? *devices : std::vector<DeviceCapabilities>{});
+  std::vector<std::string> acc_notes;
+  const auto acc = lfinfo::accelerators(devices ? *devices : std::vector<DeviceCapabilities>{}, acc_notes);
 
   if (json) {
     using Json = nlohmann::ordered_json;
@@ -134,6 +136,26 @@ int main(int argc, char** argv) {
                                   {"semaphore", m.semaphore},
                                   {"semaphore_how", m.semaphore_how}});
     j["interop"] = std::move(report);
+    Json accs = Json::array();
+    for (std::size_t i = 0; i < acc.list().size(); ++i) {
+      const auto& a = acc.list()[i];
+      Json apis = Json::array();
+      for (const auto& d : a.apis)
+        apis.push_back({{"api", to_string(d.api)}, {"name", d.name}, {"index", d.index}, {"detail", d.detail}});
+      Json shares = Json::array();
+      for (std::size_t k = 0; k < acc.list().size(); ++k)
+        if (auto how = acc.share(i, k); !how.empty()) shares.push_back({{"with", k}, {"how", how}});
+      accs.push_back({{"name", a.name},
+                      {"uuid", a.uuid ? to_string(*a.uuid) : ""},
+                      {"type", device_type_name(a.type)},
+                      {"memory_bytes", a.memory_bytes},
+                      {"memory_budget_bytes", a.memory_budget_bytes},
+                      {"pci_address", a.pci_address},
+                      {"numa_node", a.numa_node},
+                      {"apis", apis},
+                      {"shares_memory_with", shares}});
+    }
+    j["accelerators"] = {{"list", accs}, {"notes", acc_notes}};
     std::puts(j.dump().c_str());
     return 0;
   }
@@ -182,6 +204,18 @@ int main(int argc, char** argv) {
   for (const auto& d : interop.devices)
     std::printf("  %-7s %s\n          %s\n", d.api.c_str(), d.name.c_str(), d.detail.c_str());
   for (const auto& n : interop.notes) std::printf("  %s\n", n.c_str());
+  std::printf("\nAccelerators (every API's devices, matched by UUID)\n");
+  for (std::size_t i = 0; i < acc.list().size(); ++i) {
+    const auto& a = acc.list()[i];
+    std::printf("  [%zu] %s (%s), %llu MiB%s%s%s\n", i, a.name.c_str(), device_type_name(a.type).c_str(),
+                static_cast<unsigned long long>(a.memory_bytes >> 20),
+                a.memory_budget_bytes ? str_format(", budget {} MiB", a.memory_budget_bytes >> 20).c_str() : "",
+                a.pci_address.empty() ? "" : (", PCI " + a.pci_address).c_str(),
+                a.numa_node >= 0 ? str_format(", NUMA node {}", a.numa_node).c_str() : "");
+    for (const auto& d : a.apis)
+      std::printf("      %-7s %s [%u]\n", std::string(to_string(d.api)).c_str(), d.name.c_str(), d.index);
+  }
+  for (const auto& n : acc_notes) std::printf("  %s\n", n.c_str());
   std::printf("\nInterop matrix (exporter -> importer: memory | semaphores)\n");
   for (const auto& m : interop.matrix)
     std::printf("  %s -> %s\n      memory:     %-3s %s\n      semaphores: %-3s %s\n", m.exporter.c_str(),

@@ -68,6 +68,25 @@ DeviceCapabilities query_capabilities(const vk::raii::PhysicalDevice& pd, std::u
   for (std::uint32_t i = 0; i < mem.memoryHeapCount; ++i)
     if (mem.memoryHeaps[i].flags & vk::MemoryHeapFlagBits::eDeviceLocal)
       c.device_local_bytes += mem.memoryHeaps[i].size;
+  // Query-only extensions: the device need not enable them for the physical device to answer.
+  bool pci = false, budget = false;
+  for (const auto& e : pd.enumerateDeviceExtensionProperties()) {
+    pci = pci || std::strcmp(e.extensionName, VK_EXT_PCI_BUS_INFO_EXTENSION_NAME) == 0;
+    budget = budget || std::strcmp(e.extensionName, VK_EXT_MEMORY_BUDGET_EXTENSION_NAME) == 0;
+  }
+  if (pci) {
+    const auto b = pd.getProperties2<vk::PhysicalDeviceProperties2, vk::PhysicalDevicePCIBusInfoPropertiesEXT>()
+                       .get<vk::PhysicalDevicePCIBusInfoPropertiesEXT>();
+    c.pci_address = str_format("{:04x}:{:02x}:{:02x}.{:x}", b.pciDomain, b.pciBus, b.pciDevice, b.pciFunction);
+  }
+  if (budget) {
+    const auto m =
+        pd.getMemoryProperties2<vk::PhysicalDeviceMemoryProperties2, vk::PhysicalDeviceMemoryBudgetPropertiesEXT>();
+    const auto& heaps = m.get<vk::PhysicalDeviceMemoryProperties2>().memoryProperties;
+    const auto& b = m.get<vk::PhysicalDeviceMemoryBudgetPropertiesEXT>();
+    for (std::uint32_t i = 0; i < heaps.memoryHeapCount; ++i)
+      if (heaps.memoryHeaps[i].flags & vk::MemoryHeapFlagBits::eDeviceLocal) c.device_local_budget += b.heapBudget[i];
+  }
 
   if (mem_fd) {
     vk::PhysicalDeviceExternalBufferInfo bi({},

@@ -606,6 +606,31 @@ py::dict info(const std::optional<PyPool>& pool) {
   }
   out["cuda_devices"] = cu;
   out["interop"] = matrix;
+  // The accelerator manager's list: every API's devices matched by UUID.
+  auto acc = Accelerators::from(devices);
+#if LAVAFLOW_PY_CUDA
+  (void)cuda::add_devices(acc);  // its failure is cuda_error above
+#endif
+  py::list accelerators;
+  for (std::size_t i = 0; i < acc.list().size(); ++i) {
+    const auto& a = acc.list()[i];
+    py::dict e;
+    e["name"] = a.name;
+    e["uuid"] = a.uuid ? to_string(*a.uuid) : std::string();
+    e["type"] = device_type_name(a.type);
+    e["memory_bytes"] = a.memory_bytes;
+    e["pci_address"] = a.pci_address;
+    e["numa_node"] = a.numa_node;
+    py::list apis;
+    for (const auto& d : a.apis) apis.append(std::string(to_string(d.api)));
+    e["apis"] = apis;
+    py::list shares;
+    for (std::size_t k = 0; k < acc.list().size(); ++k)
+      if (auto how = acc.share(i, k); !how.empty()) shares.append(py::make_tuple(k, how));
+    e["shares_memory_with"] = shares;
+    accelerators.append(e);
+  }
+  out["accelerators"] = accelerators;
   return out;
 }
 

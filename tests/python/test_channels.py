@@ -215,6 +215,11 @@ def test_info_lists_devices_and_interop():
     for d in i["vulkan_devices"]:
         assert {"name", "type", "driver", "device_uuid", "memory_fd_export"} <= d.keys()
     assert "cuda_devices" in i
+    # The accelerator list: each Vulkan device is one accelerator that Vulkan reaches.
+    uuids = {a["uuid"] for a in i["accelerators"] if "Vulkan" in a["apis"]}
+    assert {d["device_uuid"] for d in i["vulkan_devices"]} == uuids
+    for a in i["accelerators"]:
+        assert {"name", "type", "memory_bytes", "pci_address", "numa_node", "shares_memory_with"} <= a.keys()
 
 
 # ---- Python and C++ on the two ends of one channel (lavaflow-demo's verified stream)

@@ -152,6 +152,28 @@ Result<std::vector<DeviceInfo>> devices() {
   return out;
 }
 
+Status add_devices(Accelerators& accelerators) {
+  LF_TRY(auto list, devices());
+  for (const auto& d : list) {
+    char bus[32] = {};
+    std::string pci;
+    if (cudaDeviceGetPCIBusId(bus, sizeof bus, d.ordinal) == cudaSuccess) {
+      pci = bus;
+      std::ranges::transform(pci, pci.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    } else {
+      (void)cudaGetLastError();
+    }
+    int integrated = 0;
+    (void)cudaDeviceGetAttribute(&integrated, cudaDevAttrIntegrated, d.ordinal);
+    accelerators.add({Api::Cuda, d.name, static_cast<std::uint32_t>(d.ordinal),
+                      str_format("compute {}.{}, {}", d.compute_major, d.compute_minor,
+                                 d.mps ? "MPS active" : "no MPS (processes time-slice)")},
+                     d.uuid, d.memory_bytes, std::move(pci),
+                     integrated ? vk::PhysicalDeviceType::eIntegratedGpu : vk::PhysicalDeviceType::eDiscreteGpu);
+  }
+  return {};
+}
+
 // ----- Interop
 
 Result<Interop> Interop::create(const Uuid& device_uuid) {

@@ -145,6 +145,21 @@ Result<std::vector<DeviceInfo>> devices() {
   return out;
 }
 
+Status add_devices(Accelerators& accelerators) {
+  LF_TRY(auto list, devices());
+  std::uint32_t index = 0;
+  for (const auto& d : list) {
+    cl_ulong memory = 0;
+    (void)clGetDeviceInfo(d.device, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof memory, &memory, nullptr);
+    accelerators.add({Api::OpenCL, str_format("{} ({})", d.name, d.platform_name), index++,
+                      str_format("{}; external memory fd {}{}", d.version, d.external_memory_fd ? "yes" : "no",
+                                 d.host_pointer_path ? "; CPU device: host pointers in place" : "")},
+                     d.uuid_known ? std::optional<Uuid>(d.device_uuid) : std::nullopt, memory, {},
+                     d.cpu ? vk::PhysicalDeviceType::eCpu : vk::PhysicalDeviceType::eOther);
+  }
+  return {};
+}
+
 std::string_view to_string(ImportPath p) noexcept {
   return p == ImportPath::ExternalMemory ? "external-memory (cl_khr_external_memory_opaque_fd)"
                                          : "host-pointer (CL_MEM_USE_HOST_PTR, zero copy on a CPU device)";

@@ -115,6 +115,19 @@ Result<Capabilities> query_current() {
   return c;
 }
 
+Status add_devices(Accelerators& accelerators) {
+  LF_TRY(auto egl, EglHeadless::create());
+  LF_TRY_STATUS(egl.make_current());
+  LF_TRY_STATUS(load_functions());
+  LF_TRY(auto caps, query_current());
+  const std::string detail = str_format("{}; memory objects (fd) {}, semaphores (fd) {}", caps.version,
+                                        caps.memory_object_fd ? "yes" : "no", caps.semaphore_fd ? "yes" : "no");
+  if (caps.device_uuids.empty()) accelerators.add({Api::OpenGL, caps.renderer, 0, detail}, std::nullopt);
+  for (std::uint32_t i = 0; i < caps.device_uuids.size(); ++i)
+    accelerators.add({Api::OpenGL, caps.renderer, i, detail}, caps.device_uuids[i]);
+  return {};
+}
+
 Result<GLenum> internal_format(PixelFormat f) {
   switch (f) {
     case PixelFormat::Rgba8:

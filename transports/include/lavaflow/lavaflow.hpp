@@ -12,6 +12,7 @@
 #include "lavaflow/core/gpu_semaphore.hpp"
 #include "lavaflow/core/location.hpp"
 #include "lavaflow/core/pool.hpp"
+#include "lavaflow/core/accelerators.hpp"
 #include "lavaflow/core/transfer.hpp"
 #include "lavaflow/core/unified_buffer.hpp"
 #include "lavaflow/core/unique_fd.hpp"

@@ -27,6 +27,10 @@ struct DeviceCapabilities {
   std::string driver_info;
   std::uint32_t api_version = 0;
   std::uint64_t device_local_bytes = 0;
+  /// What this process may still allocate there (VK_EXT_memory_budget); 0 when unknown.
+  std::uint64_t device_local_budget = 0;
+  /// "dddd:bb:dd.f" (VK_EXT_pci_bus_info); empty for devices without one (lavapipe).
+  std::string pci_address;
   bool memory_fd_export = false;    ///< opaque-fd export of buffer memory
   bool memory_fd_import = false;    ///< opaque-fd import of buffer memory
   bool memory_host_import = false;  ///< VK_EXT_external_memory_host

@@ -19,6 +19,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "lavaflow/core/accelerators.hpp"
 #include "lavaflow/core/buffer.hpp"
 #include "lavaflow/core/error.hpp"
 #include "lavaflow/core/gpu_buffer.hpp"
@@ -52,6 +53,9 @@ struct DeviceInfo {
 /// The CUDA devices of this machine; Unsupported (with the runtime's reason) when there is no
 /// driver or no device.
 [[nodiscard]] Result<std::vector<DeviceInfo>> devices();
+/// Adds the CUDA devices to the accelerator list (merged by UUID with what Vulkan saw); the
+/// runtime's reason when there is no driver or device.
+[[nodiscard]] Status add_devices(Accelerators& accelerators);
 
 /// Memory imported from Vulkan and mapped as a linear device pointer.
 class ExternalBuffer {

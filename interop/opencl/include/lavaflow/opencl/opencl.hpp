@@ -24,6 +24,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "lavaflow/core/accelerators.hpp"
 #include "lavaflow/core/buffer.hpp"
 #include "lavaflow/core/error.hpp"
 #include "lavaflow/core/gpu_semaphore.hpp"
@@ -52,6 +53,8 @@ struct DeviceInfo {
 /// Every OpenCL device of every platform (empty when there is no ICD).
 [[nodiscard]] Result<std::vector<DeviceInfo>> devices();
 [[nodiscard]] Result<DeviceInfo> describe(cl_device_id device);
+/// Adds the OpenCL devices to the accelerator list (merged by UUID where cl_khr_device_uuid gives one).
+[[nodiscard]] Status add_devices(Accelerators& accelerators);
 
 enum class ImportPath : std::uint8_t { ExternalMemory, HostPointer };
 [[nodiscard]] std::string_view to_string(ImportPath p) noexcept;

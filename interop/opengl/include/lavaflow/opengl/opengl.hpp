@@ -17,6 +17,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "lavaflow/core/accelerators.hpp"
 #include "lavaflow/core/buffer.hpp"
 #include "lavaflow/core/error.hpp"
 #include "lavaflow/core/gpu_image.hpp"
@@ -44,6 +45,10 @@ struct Capabilities {
 
 /// Reads the current context's capabilities (load_functions() first).
 [[nodiscard]] Result<Capabilities> query_current();
+
+/// Adds the GL devices a headless context reaches (its GL_DEVICE_UUID_EXTs) to the accelerator
+/// list, merged by UUID. Makes and releases a context of its own.
+[[nodiscard]] Status add_devices(Accelerators& accelerators);
 
 /// A headless GL 4.5 core context on the EGL device platform. Picks the EGL device whose GL device
 /// UUID equals `device_uuid` (e.g. the Vulkan exporter's), or the first usable one.
