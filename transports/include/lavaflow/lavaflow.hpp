@@ -3,6 +3,7 @@
 /// @file Everything a user of lava-flow's memory and channels includes: lavaflow::core (memory,
 /// Vulkan context, descriptors, fd passing) and lavaflow::transports (channels, routing, the local
 /// transports). Adapters (lavaflow/cuda, /opencl, /opengl) and MPI (lavaflow/mpi) have their own.
+#include "lavaflow/core/accelerators.hpp"
 #include "lavaflow/core/buffer.hpp"
 #include "lavaflow/core/cpu_buffer.hpp"
 #include "lavaflow/core/duration.hpp"
@@ -12,7 +13,6 @@
 #include "lavaflow/core/gpu_semaphore.hpp"
 #include "lavaflow/core/location.hpp"
 #include "lavaflow/core/pool.hpp"
-#include "lavaflow/core/accelerators.hpp"
 #include "lavaflow/core/transfer.hpp"
 #include "lavaflow/core/unified_buffer.hpp"
 #include "lavaflow/core/unique_fd.hpp"
