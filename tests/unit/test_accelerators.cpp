@@ -12,7 +12,7 @@ TEST_CASE("accelerators: Vulkan's devices, other APIs merged by UUID, best() nam
   auto acc = Accelerators::discover();
   if (!acc || acc->list().empty())
     lftest::skip("no Vulkan device: " + (acc ? std::string("none") : acc.error().message()));
-  const auto& first = acc->list().front();
+  const Accelerator first = acc->list().front();  // a copy: add() may move the list
   REQUIRE(first.uuid.has_value());
   REQUIRE(first.reachable_from(Api::Vulkan));
   REQUIRE_FALSE(first.reachable_from(Api::Cuda));
