@@ -4,28 +4,10 @@
 #include <algorithm>
 #include <fstream>
 
+#include "device_type_rank.hpp"
 #include "lavaflow/core/detail/format.hpp"
 
 namespace lavaflow {
-
-namespace {
-
-int type_rank(vk::PhysicalDeviceType t) {
-  switch (t) {
-    case vk::PhysicalDeviceType::eDiscreteGpu:
-      return 0;
-    case vk::PhysicalDeviceType::eIntegratedGpu:
-      return 1;
-    case vk::PhysicalDeviceType::eVirtualGpu:
-      return 2;
-    case vk::PhysicalDeviceType::eCpu:
-      return 3;
-    default:
-      return 4;
-  }
-}
-
-}  // namespace
 
 std::string_view to_string(Api api) noexcept {
   switch (api) {
@@ -139,8 +121,9 @@ Result<const Accelerator*> Accelerators::best(const AcceleratorNeeds& needs) con
       why += str_format("{}{}: {}", why.empty() ? "" : "; ", a.name, lacks);
       continue;
     }
-    if (!pick || type_rank(a.type) < type_rank(pick->type) ||
-        (type_rank(a.type) == type_rank(pick->type) && a.memory_bytes > pick->memory_bytes))
+    if (!pick || detail::device_type_rank(a.type) < detail::device_type_rank(pick->type) ||
+        (detail::device_type_rank(a.type) == detail::device_type_rank(pick->type) &&
+         a.memory_bytes > pick->memory_bytes))
       pick = &a;
   }
   if (!pick)

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "device_type_rank.hpp"
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/detail/vk_call.hpp"
 #include "vulkan_state.hpp"
@@ -120,21 +121,6 @@ DeviceCapabilities query_capabilities(const vk::raii::PhysicalDevice& pd, std::u
   return c;
 }
 
-int type_rank(vk::PhysicalDeviceType t) {
-  switch (t) {
-    case vk::PhysicalDeviceType::eDiscreteGpu:
-      return 0;
-    case vk::PhysicalDeviceType::eIntegratedGpu:
-      return 1;
-    case vk::PhysicalDeviceType::eVirtualGpu:
-      return 2;
-    case vk::PhysicalDeviceType::eCpu:
-      return 3;
-    default:
-      return 4;
-  }
-}
-
 Result<std::uint32_t> pick_device(const std::vector<DeviceCapabilities>& devs, const DeviceSelector& sel) {
   const char* call = "VulkanContext::create";
   if (devs.empty()) return fail(Errc::NotFound, call, "no Vulkan physical device (is a Vulkan driver installed?)");
@@ -156,7 +142,7 @@ Result<std::uint32_t> pick_device(const std::vector<DeviceCapabilities>& devs, c
   }
   const DeviceCapabilities* best = nullptr;
   for (const auto& d : devs)
-    if (usable(d) && (!best || type_rank(d.type) < type_rank(best->type))) best = &d;
+    if (usable(d) && (!best || detail::device_type_rank(d.type) < detail::device_type_rank(best->type))) best = &d;
   if (!best) return fail(Errc::Unsupported, call, "no Vulkan 1.2 device found");
   return best->index;
 }
