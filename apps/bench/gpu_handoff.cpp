@@ -5,11 +5,10 @@
 //   exists — waits on the GPU, reads it and writes a reply of the same size that A's next kernel,
 //   queued likewise, waits for. Each of A's kernels stamps the GPU's global timer as it starts, so
 //   a round trip is the distance between two stamps; the rows give round trip / 2.
-//     lavaflow      two channels (A→B, B→A); every wait and signal on the channels' timelines,
-//                   reads queued ahead of publication (Consumer::upcoming), slots released on the GPU
-//                   (variant "timeline"); or the same protocol with flags in lava-flow memory that
-//                   the streams write and wait on (cuStreamWriteValue64 / cuStreamWaitValue64,
-//                   variant "flag"), to choose between them
+//     lavaflow      two channels (A→B, B→A); every wait and signal through cuda::ChannelImports on
+//                   the channels' counters, reads queued ahead of publication (Consumer::upcoming),
+//                   slots released on the GPU; the counters are timeline semaphores (variant
+//                   "timeline") or the GPU flags of flag channels (variant "flag")
 //     cuda-ipc      CUDA IPC memory and IPC events; an IPC event wait only sees records already
 //                   made, so each host tells the other over a socket when it has recorded
 //     same-process  the same ping-pong on two streams of one process, ordered by events (the floor)
@@ -17,7 +16,6 @@
 //   interval between B's checks, against the same fill + verify on two streams of one process.
 #include "gpu_handoff.hpp"
 
-#include <cuda.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -212,11 +210,13 @@ class TempDir {
   std::string path_;
 };
 
-ProducerOptions gpu_producer(const VulkanContext& vk, const std::string& dir, std::uint64_t size, std::uint32_t slots) {
+ProducerOptions gpu_producer(const VulkanContext& vk, const std::string& dir, std::uint64_t size, std::uint32_t slots,
+                             GpuSyncKind sync = GpuSyncKind::Semaphore) {
   return {.slots = slots,
           .slot_size = size,
           .wait = WaitMode::BusyPoll,
           .host_wait_for_gpu_release = false,
+          .gpu_sync = sync,
           .transport = TransportKind::Vulkan,
           .vulkan = &vk,
           .directory = dir};
@@ -250,53 +250,6 @@ Status gpu_release(Consumer& in, cuda::ChannelImports& imports, cudaStream_t s, 
   return imports.release(s, r);
 }
 
-/// Stream memory operations, looked up in the driver (the runtime API has none).
-struct MemOps {
-  using Wait = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned);
-  using Write = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned);
-  Wait wait = nullptr;
-  Write write = nullptr;
-};
-
-Result<MemOps> mem_ops() {
-  MemOps m;
-  cudaDriverEntryPointQueryResult st{};
-  void* p = nullptr;
-  if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue64", &p, 12000, cudaEnableDefault, &st) != cudaSuccess ||
-      st != cudaDriverEntryPointSuccess || !p)
-    return fail(Errc::Unsupported, "gpu-pingpong flag", "the driver has no cuStreamWaitValue64");
-  m.wait = reinterpret_cast<MemOps::Wait>(p);
-  if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue64", &p, 12000, cudaEnableDefault, &st) != cudaSuccess ||
-      st != cudaDriverEntryPointSuccess || !p)
-    return fail(Errc::Unsupported, "gpu-pingpong flag", "the driver has no cuStreamWriteValue64");
-  m.write = reinterpret_cast<MemOps::Write>(p);
-  return m;
-}
-
-#define DRV_OK(expr)                                                                              \
-  do {                                                                                            \
-    if (CUresult r_ = (expr); r_ != CUDA_SUCCESS)                                                 \
-      return fail(Errc::System, #expr, str_format("CUDA driver error {}", static_cast<int>(r_))); \
-  } while (0)
-
-/// The flag words of the "flag" variant, in one ring buffer of a one-slot channel of their own
-/// (lava-flow memory imported by both processes): each side's "written" and "released" counters.
-enum FlagWord : unsigned { kPingWritten = 0, kPongWritten = 8, kPingReleased = 16, kPongReleased = 24 };
-
-struct Flags {
-  MemOps ops;
-  CUdeviceptr base = 0;
-  Status wait(cudaStream_t s, FlagWord w, std::uint64_t value) const {
-    if (value == 0) return {};
-    DRV_OK(ops.wait(reinterpret_cast<CUstream>(s), base + w, value, CU_STREAM_WAIT_VALUE_GEQ));
-    return {};
-  }
-  Status write(cudaStream_t s, FlagWord w, std::uint64_t value) const {
-    DRV_OK(ops.write(reinterpret_cast<CUstream>(s), base + w, value, CU_STREAM_WRITE_VALUE_DEFAULT));
-    return {};
-  }
-};
-
 /// The device of this process's Vulkan context, for the peer (same GPU as the parent's).
 Result<VulkanContext> peer_context() {
   auto devs = cuda::devices();
@@ -307,34 +260,27 @@ Result<VulkanContext> peer_context() {
 
 // ----- gpu-pingpong
 
+/// The peer's mode for each kind of channel.
+const char* pingpong_mode(GpuSyncKind kind) {
+  return kind == GpuSyncKind::Flag ? "pingpong-flag" : "pingpong-lavaflow";
+}
+const char* variant_of(GpuSyncKind kind) { return kind == GpuSyncKind::Flag ? "flag" : "timeline"; }
+
 Result<GpuRow> pingpong_lavaflow(const VulkanContext& vk, const cuda::Interop& cu, std::uint64_t size, int rounds,
-                                 bool mps, bool flag) {
+                                 bool mps, GpuSyncKind kind) {
   constexpr const char* call = "gpu-pingpong lavaflow";
   TempDir dir;
   if (dir.path().empty()) return std::unexpected(from_errno(errno, "mkdtemp"));
   const int total = rounds + kWarmup;
-  Peer peer(spawn_self({"lavaflow-bench", "interop-peer", flag ? "pingpong-flag" : "pingpong-lavaflow", dir.path(),
-                        std::to_string(size), std::to_string(total)}));
+  Peer peer(spawn_self({"lavaflow-bench", "interop-peer", pingpong_mode(kind), dir.path(), std::to_string(size),
+                        std::to_string(total)}));
   if (!peer.started()) return fail(Errc::System, "posix_spawn", "cannot start the peer process");
-  LF_TRY(auto ping, Producer::create("ping", gpu_producer(vk, dir.path(), size, kPingPongSlots)));
-  if (!ping->has_gpu_timeline()) return fail(Errc::Unsupported, call, "the channel has no shared timeline semaphore");
+  LF_TRY(auto ping, Producer::create("ping", gpu_producer(vk, dir.path(), size, kPingPongSlots, kind)));
+  if (ping->gpu_sync() != kind)
+    return fail(Errc::Unsupported, call, str_format("the channel cannot order GPU work with {}s", variant_of(kind)));
   LF_TRY(auto pong, Consumer::open("pong", gpu_consumer(vk, dir.path())));
   LF_TRY_STATUS(ping->wait_for_consumers(1, 30s));
   cuda::ChannelImports out(cu), in(cu);
-  std::unique_ptr<Producer> flag_channel;
-  std::optional<Flags> flags;
-  if (flag) {
-    LF_TRY(flag_channel, Producer::create("flags", gpu_producer(vk, dir.path(), 4096, 1)));
-    LF_TRY_STATUS(flag_channel->wait_for_consumers(1, 30s));
-    LF_TRY(auto loan, flag_channel->loan(1s));
-    LF_TRY(const auto* mem, out.buffer(loan));
-    GPU_OK(cudaMemset(mem->data(), 0, 4096));
-    GPU_OK(cudaDeviceSynchronize());
-    LF_TRY(auto info, flag_channel->publish(std::move(loan)));
-    (void)info;
-    LF_TRY(auto ops, mem_ops());
-    flags = Flags{ops, reinterpret_cast<CUdeviceptr>(mem->data())};
-  }
   StreamOwner s;
   LF_TRY_STATUS(create(s));
   LF_TRY_STATUS(load_kernels(s.s));
@@ -346,108 +292,56 @@ Result<GpuRow> pingpong_lavaflow(const VulkanContext& vk, const cuda::Interop& c
   for (int i = 0; i < total; ++i) {
     LF_TRY(auto loan, ping->loan(10s));
     LF_TRY(const auto* dst, out.buffer(loan));
-    if (flags) {
-      if (i >= int(kPingPongSlots))
-        LF_TRY_STATUS(flags->wait(s.s, kPingReleased, std::uint64_t(i) - kPingPongSlots + 1));
-    } else {
-      LF_TRY_STATUS(out.wait(s.s, loan));
-    }
+    LF_TRY_STATUS(out.wait(s.s, loan));
     const void* src = seed.p;
     if (i > 0) {  // the reply to round i - 1, queued before it exists
       LF_TRY(auto up, pong->upcoming(std::uint64_t(i - 1)));
       LF_TRY(const auto* b, in.buffer(up));
-      if (flags)
-        LF_TRY_STATUS(flags->wait(s.s, kPongWritten, std::uint64_t(i)));
-      else
-        LF_TRY_STATUS(in.wait(s.s, up));
+      LF_TRY_STATUS(in.wait(s.s, up));
       src = b->data();
     }
     GPU_OK(lf_kernel_relay(dst->data(), src, size, stamps.words() + i, s.s));
-    if (flags)
-      LF_TRY_STATUS(flags->write(s.s, kPingWritten, std::uint64_t(i) + 1));
-    else
-      LF_TRY_STATUS(out.signal(s.s, loan));
+    LF_TRY_STATUS(out.signal(s.s, loan));
     LF_TRY(auto info, ping->publish(std::move(loan), {.size = size}));
     (void)info;
-    if (i == 0) continue;
-    if (flags) {
-      LF_TRY(auto r, pong->receive(10s));
-      LF_TRY_STATUS(flags->write(s.s, kPongReleased, std::uint64_t(i)));
-    } else {
-      LF_TRY_STATUS(gpu_release(*pong, in, s.s, std::uint64_t(i - 1)));
-    }
+    if (i > 0) LF_TRY_STATUS(gpu_release(*pong, in, s.s, std::uint64_t(i - 1)));
   }
   LF_TRY(auto last, pong->upcoming(std::uint64_t(total - 1)));
-  if (flags) {
-    LF_TRY_STATUS(flags->wait(s.s, kPongWritten, std::uint64_t(total)));
-    GPU_OK(lf_kernel_stamp(stamps.words() + total, s.s));
-    LF_TRY(auto r, pong->receive(10s));
-    LF_TRY_STATUS(flags->write(s.s, kPongReleased, std::uint64_t(total)));
-  } else {
-    LF_TRY_STATUS(in.wait(s.s, last));
-    GPU_OK(lf_kernel_stamp(stamps.words() + total, s.s));
-    LF_TRY_STATUS(gpu_release(*pong, in, s.s, std::uint64_t(total - 1)));
-  }
+  LF_TRY_STATUS(in.wait(s.s, last));
+  GPU_OK(lf_kernel_stamp(stamps.words() + total, s.s));
+  LF_TRY_STATUS(gpu_release(*pong, in, s.s, std::uint64_t(total - 1)));
   LF_TRY_STATUS(finish(s.s, 60s, call));
   LF_TRY(auto t, read_words(stamps, std::size_t(total) + 1));
   ping.reset();
   pong.reset();
-  flag_channel.reset();
   LF_TRY_STATUS(peer.join(call));
-  return pingpong_row("gpu-pingpong-lavaflow", flag ? "flag" : "timeline", size, mps, half_round_trips(t));
+  return pingpong_row("gpu-pingpong-lavaflow", variant_of(kind), size, mps, half_round_trips(t));
 }
 
-Status pingpong_lavaflow_peer(const std::string& dir, std::uint64_t size, int total, bool flag) {
+Status pingpong_lavaflow_peer(const std::string& dir, std::uint64_t size, int total, GpuSyncKind kind) {
   LF_TRY(auto vk, peer_context());
   LF_TRY(auto cu, cuda::Interop::create(vk));
   // Opened in the opposite order to the parent's: its ping exists (or comes), our pong is what
   // its consumer waits for.
   LF_TRY(auto ping, Consumer::open("ping", gpu_consumer(vk, dir)));
-  LF_TRY(auto pong, Producer::create("pong", gpu_producer(vk, dir, size, kPingPongSlots)));
+  LF_TRY(auto pong, Producer::create("pong", gpu_producer(vk, dir, size, kPingPongSlots, kind)));
   LF_TRY_STATUS(pong->wait_for_consumers(1, 30s));
   cuda::ChannelImports out(cu), in(cu);
   StreamOwner s;
   LF_TRY_STATUS(create(s));
   LF_TRY_STATUS(load_kernels(s.s));
-  std::unique_ptr<Consumer> fc;
-  std::optional<Received> fm;
-  std::optional<Flags> flags;
-  if (flag) {
-    LF_TRY(fc, Consumer::open("flags", gpu_consumer(vk, dir)));
-    LF_TRY(auto got, fc->receive(30s));
-    fm.emplace(std::move(got));
-    LF_TRY(const auto* mem, in.buffer(*fm));
-    LF_TRY(auto ops, mem_ops());
-    flags.emplace(Flags{ops, reinterpret_cast<CUdeviceptr>(mem->data())});
-  }
   for (int i = 0; i < total; ++i) {
     LF_TRY(auto loan, pong->loan(10s));
     LF_TRY(const auto* dst, out.buffer(loan));
-    if (flags) {
-      if (i >= int(kPingPongSlots))
-        LF_TRY_STATUS(flags->wait(s.s, kPongReleased, std::uint64_t(i) - kPingPongSlots + 1));
-    } else {
-      LF_TRY_STATUS(out.wait(s.s, loan));
-    }
+    LF_TRY_STATUS(out.wait(s.s, loan));
     LF_TRY(auto up, ping->upcoming(std::uint64_t(i)));
     LF_TRY(const auto* src, in.buffer(up));
-    if (flags)
-      LF_TRY_STATUS(flags->wait(s.s, kPingWritten, std::uint64_t(i) + 1));
-    else
-      LF_TRY_STATUS(in.wait(s.s, up));
+    LF_TRY_STATUS(in.wait(s.s, up));
     GPU_OK(lf_kernel_relay(dst->data(), src->data(), size, nullptr, s.s));
-    if (flags)
-      LF_TRY_STATUS(flags->write(s.s, kPongWritten, std::uint64_t(i) + 1));
-    else
-      LF_TRY_STATUS(out.signal(s.s, loan));
+    LF_TRY_STATUS(out.signal(s.s, loan));
     LF_TRY(auto info, pong->publish(std::move(loan), {.size = size}));
     (void)info;
-    if (flags) {
-      LF_TRY(auto r, ping->receive(10s));
-      LF_TRY_STATUS(flags->write(s.s, kPingReleased, std::uint64_t(i) + 1));
-    } else {
-      LF_TRY_STATUS(gpu_release(*ping, in, s.s, std::uint64_t(i)));
-    }
+    LF_TRY_STATUS(gpu_release(*ping, in, s.s, std::uint64_t(i)));
   }
   LF_TRY_STATUS(finish(s.s, 60s, "gpu-pingpong peer"));
   return pong->flush(30s);
@@ -610,7 +504,7 @@ GpuRow stream_row(std::string name, std::string variant, std::uint64_t size, boo
 }
 
 Result<GpuRow> stream_lavaflow(const VulkanContext& vk, const cuda::Interop& cu, std::uint64_t size, int frames,
-                               std::uint32_t slots, bool mps) {
+                               std::uint32_t slots, bool mps, GpuSyncKind kind) {
   constexpr const char* call = "gpu-stream lavaflow";
   TempDir dir;
   if (dir.path().empty()) return std::unexpected(from_errno(errno, "mkdtemp"));
@@ -623,8 +517,9 @@ Result<GpuRow> stream_lavaflow(const VulkanContext& vk, const cuda::Interop& cu,
                        theirs.get()));
   theirs.reset();
   if (!peer.started()) return fail(Errc::System, "posix_spawn", "cannot start the peer process");
-  LF_TRY(auto out, Producer::create("frames", gpu_producer(vk, dir.path(), size, slots)));
-  if (!out->has_gpu_timeline()) return fail(Errc::Unsupported, call, "the channel has no shared timeline semaphore");
+  LF_TRY(auto out, Producer::create("frames", gpu_producer(vk, dir.path(), size, slots, kind)));
+  if (out->gpu_sync() != kind)
+    return fail(Errc::Unsupported, call, str_format("the channel cannot order GPU work with {}s", variant_of(kind)));
   LF_TRY_STATUS(out->wait_for_consumers(1, 30s));
   cuda::ChannelImports imports(cu);
   StreamOwner s;
@@ -640,7 +535,7 @@ Result<GpuRow> stream_lavaflow(const VulkanContext& vk, const cuda::Interop& cu,
     return fail(Errc::PeerLost, call, "the verifying process sent no report");
   out.reset();
   LF_TRY_STATUS(peer.join(call));
-  return stream_row("gpu-stream-lavaflow", "timeline", size, mps, r);
+  return stream_row("gpu-stream-lavaflow", variant_of(kind), size, mps, r);
 }
 
 Status stream_lavaflow_peer(const std::string& dir, std::uint64_t size, int frames, int fd) {
@@ -715,10 +610,10 @@ Result<std::vector<GpuRow>> gpu_pingpong(const VulkanContext& vk, const cuda::In
   if (size == 0 || size % 16 != 0)
     return fail(Errc::InvalidArgument, "gpu-pingpong", str_format("frame size {} is not a multiple of 16", size));
   std::vector<GpuRow> rows;
-  LF_TRY(auto lf, pingpong_lavaflow(vk, cu, size, rounds, mps, false));
-  rows.push_back(std::move(lf));
-  LF_TRY(auto flag, pingpong_lavaflow(vk, cu, size, rounds, mps, true));
-  rows.push_back(std::move(flag));
+  for (auto kind : {GpuSyncKind::Semaphore, GpuSyncKind::Flag}) {
+    LF_TRY(auto lf, pingpong_lavaflow(vk, cu, size, rounds, mps, kind));
+    rows.push_back(std::move(lf));
+  }
   LF_TRY(auto ipc, pingpong_cuda_ipc(size, rounds, mps));
   rows.push_back(std::move(ipc));
   LF_TRY(auto same, pingpong_same_process(size, rounds, mps));
@@ -732,8 +627,10 @@ Result<std::vector<GpuRow>> gpu_stream(const VulkanContext& vk, const cuda::Inte
     return fail(Errc::InvalidArgument, "gpu-stream", str_format("frame size {} is not a multiple of 8", size));
   if (slots == 0 || slots > 62) return fail(Errc::InvalidArgument, "gpu-stream", str_format("{} slots", slots));
   std::vector<GpuRow> rows;
-  LF_TRY(auto lf, stream_lavaflow(vk, cu, size, frames, slots, mps));
-  rows.push_back(std::move(lf));
+  for (auto kind : {GpuSyncKind::Semaphore, GpuSyncKind::Flag}) {
+    LF_TRY(auto lf, stream_lavaflow(vk, cu, size, frames, slots, mps, kind));
+    rows.push_back(std::move(lf));
+  }
   LF_TRY(auto same, stream_same_process(size, frames, slots, mps));
   rows.push_back(std::move(same));
   return rows;
@@ -746,8 +643,8 @@ int gpu_handoff_peer(int argc, char** argv) {
   const std::uint64_t size = std::stoull(argv[4]);
   const int count = std::stoi(argv[5]);
   Status ok = fail(Errc::InvalidArgument, "interop-peer", "unknown mode " + mode);
-  if (mode == "pingpong-lavaflow" || mode == "pingpong-flag")
-    ok = pingpong_lavaflow_peer(argv[3], size, count, mode == "pingpong-flag");
+  for (auto kind : {GpuSyncKind::Semaphore, GpuSyncKind::Flag})
+    if (mode == pingpong_mode(kind)) ok = pingpong_lavaflow_peer(argv[3], size, count, kind);
   if (mode == "pingpong-cuda-ipc") ok = pingpong_cuda_ipc_peer(std::stoi(argv[3]), size, count);
   if (mode == "stream-lavaflow" && argc == 7) ok = stream_lavaflow_peer(argv[3], size, count, std::stoi(argv[6]));
   if (!ok) {

@@ -141,9 +141,9 @@ int bench_interop(const InteropOptions& o) {
   }
   for (const auto& e : errors) std::fprintf(stderr, "interop: %s\n", e.c_str());
 
-  auto find = [&](std::string_view name, std::uint64_t size) -> const GpuRow* {
+  auto find = [&](std::string_view name, std::uint64_t size, std::string_view variant = {}) -> const GpuRow* {
     for (const auto& r : rows)
-      if (r.name == name && r.size == size) return &r;
+      if (r.name == name && r.size == size && (variant.empty() || r.variant == variant)) return &r;
     return nullptr;
   };
   struct Target {
@@ -154,23 +154,29 @@ int bench_interop(const InteropOptions& o) {
   std::vector<Target> targets;
   if (copy)
     targets.push_back({"copy kernel: imported / cudaMalloc", copy->imported_gbs / copy->malloc_gbs, 0.97, false});
-  if (auto* lf = find("gpu-pingpong-lavaflow", 64), *same = find("gpu-pingpong-same-process", 64),
-      *ipc = find("gpu-pingpong-cuda-ipc", 64);
-      lf && same && ipc) {
-    if (dev.mps) {
-      targets.push_back({"gpu-pingpong 64 B p50: lavaflow / same-process", lf->p50_ns / same->p50_ns, 1.2, true});
-      targets.push_back({"gpu-pingpong 64 B p50: lavaflow / cuda-ipc", lf->p50_ns / ipc->p50_ns, 0.8, true});
-    } else {
-      targets.push_back({"gpu-pingpong 64 B p50: lavaflow / cuda-ipc", lf->p50_ns / ipc->p50_ns, 1.0, true});
+  // Each way of ordering the hand-off (timeline semaphores, GPU flags) against the same baselines.
+  for (std::string_view variant : {"timeline", "flag"}) {
+    if (auto* lf = find("gpu-pingpong-lavaflow", 64, variant), *same = find("gpu-pingpong-same-process", 64),
+        *ipc = find("gpu-pingpong-cuda-ipc", 64);
+        lf && same && ipc) {
+      if (dev.mps) {
+        targets.push_back({str_format("gpu-pingpong 64 B p50: lavaflow {} / same-process", variant),
+                           lf->p50_ns / same->p50_ns, 1.2, true});
+        targets.push_back({str_format("gpu-pingpong 64 B p50: lavaflow {} / cuda-ipc", variant),
+                           lf->p50_ns / ipc->p50_ns, 0.8, true});
+      } else {
+        targets.push_back({str_format("gpu-pingpong 64 B p50: lavaflow {} / cuda-ipc", variant),
+                           lf->p50_ns / ipc->p50_ns, 1.0, true});
+      }
     }
-  }
-  for (std::uint64_t size : {std::uint64_t{1} << 20, std::uint64_t{16} << 20}) {
-    const auto *lf = find("gpu-stream-lavaflow", size), *same = find("gpu-stream-same-process", size);
-    if (!lf || !same) continue;
-    const double limit = dev.mps ? (size > (1u << 20) ? 0.9 : 0.8) : 0.5;
-    if (!dev.mps && size == (1u << 20)) continue;  // no target without MPS at 1 MiB
-    targets.push_back({str_format("gpu-stream {} MiB GB/s: lavaflow / same-process", size >> 20), lf->gbps / same->gbps,
-                       limit, false});
+    for (std::uint64_t size : {std::uint64_t{1} << 20, std::uint64_t{16} << 20}) {
+      const auto *lf = find("gpu-stream-lavaflow", size, variant), *same = find("gpu-stream-same-process", size);
+      if (!lf || !same) continue;
+      const double limit = dev.mps ? (size > (1u << 20) ? 0.9 : 0.8) : 0.5;
+      if (!dev.mps && size == (1u << 20)) continue;  // no target without MPS at 1 MiB
+      targets.push_back({str_format("gpu-stream {} MiB GB/s: lavaflow {} / same-process", size >> 20, variant),
+                         lf->gbps / same->gbps, limit, false});
+    }
   }
 
   if (o.json) {

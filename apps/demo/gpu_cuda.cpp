@@ -37,11 +37,12 @@ Status wait_stream(cudaStream_t s, Duration timeout, const char* what) {
 }
 
 /// The CUDA device under a channel's Vulkan ring, when it has one and the channel orders GPU work.
-Result<cuda::Interop> interop_for(const VulkanContext* vk, bool timeline, const char* call) {
+Result<cuda::Interop> interop_for(const VulkanContext* vk, std::optional<GpuSyncKind> sync, const char* call) {
   if (!vk) return fail(Errc::Unsupported, call, "the ring is not in Vulkan memory");
-  if (!timeline)
+  if (!sync)
     return fail(Errc::Unsupported, call,
-                str_format("device {} cannot share a timeline semaphore", vk->capabilities().identity.name));
+                str_format("the channel orders no GPU work: device {} cannot share a timeline semaphore",
+                           vk->capabilities().identity.name));
   auto cu = cuda::Interop::create(*vk);
   if (!cu) return std::unexpected(cu.error().within(call));
   return cu;
@@ -168,7 +169,7 @@ class CudaVerifier final : public GpuVerifier {
 
 Result<std::unique_ptr<GpuWriter>> make_cuda_writer(const Producer& producer) {
   constexpr const char* call = "CUDA writer";
-  LF_TRY(auto cu, interop_for(producer.vulkan(), producer.has_gpu_timeline(), call));
+  LF_TRY(auto cu, interop_for(producer.vulkan(), producer.gpu_sync(), call));
   if (producer.slot_size() < kStampBytes)
     return fail(Errc::InvalidArgument, call, "slots too small for the write stamp");
   auto w = std::make_unique<CudaWriter>(std::move(cu));
@@ -178,12 +179,17 @@ Result<std::unique_ptr<GpuWriter>> make_cuda_writer(const Producer& producer) {
 
 Result<std::unique_ptr<GpuVerifier>> make_cuda_verifier(const Consumer& consumer) {
   constexpr const char* call = "CUDA verifier";
-  LF_TRY(auto cu, interop_for(consumer.vulkan(), consumer.has_gpu_timeline(), call));
-  if (!consumer.gpu_release_timeline())
-    return fail(Errc::Unsupported, call, "the channel gives this consumer no release timeline");
+  LF_TRY(auto cu, interop_for(consumer.vulkan(), consumer.gpu_sync(), call));
   auto v = std::make_unique<CudaVerifier>(std::move(cu));
   LF_TRY_STATUS(v->init());
   return v;
+}
+
+bool cuda_writes(std::string_view api) {
+  if (api == "cuda") return true;
+  if (api != "gpu" && api != "auto") return false;
+  auto devices = cuda::devices();
+  return devices && !devices->empty();
 }
 
 }  // namespace lfdemo

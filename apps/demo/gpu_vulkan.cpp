@@ -159,9 +159,11 @@ class FrameProgram {
 };
 
 /// The Vulkan device of a channel whose GPU work can be ordered across processes.
-Result<const VulkanContext*> device_for(const VulkanContext* vk, bool timeline, const char* call) {
+Result<const VulkanContext*> device_for(const VulkanContext* vk, std::optional<GpuSyncKind> sync, const char* call) {
   if (!vk) return fail(Errc::Unsupported, call, "the ring is not in Vulkan memory");
-  if (!timeline)
+  if (sync == GpuSyncKind::Flag)
+    return fail(Errc::Unsupported, call, "the channel orders GPU work with flags, which Vulkan queues cannot wait on");
+  if (!sync)
     return fail(Errc::Unsupported, call,
                 str_format("device {} cannot share a timeline semaphore", vk->capabilities().identity.name));
   return vk;
@@ -281,7 +283,7 @@ class VulkanVerifier final : public GpuVerifier {
 
 Result<std::unique_ptr<GpuWriter>> make_vulkan_writer(const Producer& producer) {
   constexpr const char* call = "Vulkan writer";
-  LF_TRY(const VulkanContext* vk, device_for(producer.vulkan(), producer.has_gpu_timeline(), call));
+  LF_TRY(const VulkanContext* vk, device_for(producer.vulkan(), producer.gpu_sync(), call));
   return detail::vk_call(call, [&]() -> Result<std::unique_ptr<GpuWriter>> {
     return std::make_unique<VulkanWriter>(*vk, producer.slots());
   });
@@ -289,7 +291,7 @@ Result<std::unique_ptr<GpuWriter>> make_vulkan_writer(const Producer& producer) 
 
 Result<std::unique_ptr<GpuVerifier>> make_vulkan_verifier(const Consumer& consumer) {
   constexpr const char* call = "Vulkan verifier";
-  LF_TRY(const VulkanContext* vk, device_for(consumer.vulkan(), consumer.has_gpu_timeline(), call));
+  LF_TRY(const VulkanContext* vk, device_for(consumer.vulkan(), consumer.gpu_sync(), call));
   const GpuSemaphore* released = consumer.gpu_release_timeline();
   if (!released) return fail(Errc::Unsupported, call, "the channel gives this consumer no release timeline");
   LF_TRY(auto counters, GpuBuffer::allocate(*vk, {.size = 64, .memory = GpuMemory::HostVisible}));

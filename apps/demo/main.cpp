@@ -96,7 +96,7 @@ Result<std::uint64_t> write_message(const Producer& p, const Loan& loan, std::ui
                                     bool corrupt, std::optional<Stager>& stager, std::vector<std::byte>& scratch) {
   // A consumer's GPU may still be reading the slot: the CPU writes only after its release.
   for (const auto& w : loan.gpu_waits())
-    if (auto ok = w.source->wait(w.value, 30s); !ok) return std::unexpected(ok.error());
+    if (auto ok = wait_on_host(w, 30s); !ok) return std::unexpected(ok.error());
   if (auto bytes = loan.bytes(); !bytes.empty()) {
     lfapp::fill_message(bytes.first(size), seq);
     const auto sum = lfapp::checksum(bytes.first(size));
@@ -118,7 +118,7 @@ Result<std::uint64_t> write_message(const Producer& p, const Loan& loan, std::ui
 Status check_message(const Consumer& c, const Received& r, std::optional<Stager>& stager,
                      std::vector<std::byte>& scratch) {
   if (auto w = r.gpu_wait())  // written by the producer's GPU: read once that write is done
-    if (auto ok = w->source->wait(w->value, 30s); !ok) return std::unexpected(ok.error());
+    if (auto ok = wait_on_host(*w, 30s); !ok) return std::unexpected(ok.error());
   std::span<const std::byte> view = r.bytes();
   if (view.empty() && r.info().size > 0) {
     if (!stager) {
@@ -156,6 +156,8 @@ int produce(const Options& a, ProducerSummary* summary = nullptr) {
                     .slot_size = slot_size,
                     .timestamps = true,
                     .host_wait_for_gpu_release = !gpu_wanted,
+                    // CUDA on both ends: flags in GPU memory are the faster hand-off (note 0015).
+                    .gpu_sync = lfdemo::cuda_writes(a.verify) ? GpuSyncKind::Flag : GpuSyncKind::Semaphore,
                     .transport = a.transport,
                     .directory = a.dir};
   auto p = Producer::create(name, o);

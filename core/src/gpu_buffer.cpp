@@ -58,10 +58,14 @@ Result<GpuBuffer> GpuBuffer::allocate(const VulkanContext& ctx, const GpuBufferO
 
   LF_TRY(impl->buffer, detail::vk_call("vkCreateBuffer", [&] { return make_buffer(dev, buffer_size, o.usage); }));
   const auto req = impl->buffer.getMemoryRequirements();
+  constexpr auto mapped = vk::MemoryPropertyFlagBits::eHostVisible | vk::MemoryPropertyFlagBits::eHostCoherent;
   const auto wanted = o.memory == GpuMemory::DeviceLocal
                           ? vk::MemoryPropertyFlags(vk::MemoryPropertyFlagBits::eDeviceLocal)
-                          : vk::MemoryPropertyFlagBits::eHostVisible | vk::MemoryPropertyFlagBits::eHostCoherent;
-  LF_TRY(const std::uint32_t type, ctx.find_memory_type(req.memoryTypeBits, wanted));
+                      : o.memory == GpuMemory::HostVisible ? mapped
+                                                           : mapped | vk::MemoryPropertyFlagBits::eDeviceLocal;
+  auto found = ctx.find_memory_type(req.memoryTypeBits, wanted);
+  if (!found && o.memory == GpuMemory::DeviceLocalMapped) found = ctx.find_memory_type(req.memoryTypeBits, mapped);
+  LF_TRY(const std::uint32_t type, std::move(found));
 
   vk::MemoryDedicatedAllocateInfo dedicated({}, *impl->buffer);
   vk::ExportMemoryAllocateInfo export_info(kHandle, &dedicated);

@@ -232,12 +232,16 @@ TEST_CASE("a CUDA stream waits on a channel's timeline and reads each received r
   CU_OK(cudaStreamDestroy(stream));
 }
 
-TEST_CASE("a consumer process reads every channel message with CUDA, ordered by the timeline, no CPU wait") {
+TEST_CASE("a consumer process reads every channel message with CUDA, ordered by the timeline or GPU flags") {
   auto f = setup();
+  const auto kind = GENERATE(GpuSyncKind::Semaphore, GpuSyncKind::Flag);
   const auto dir = lftest::channel_dir();
-  auto prod = lftest::ok(Producer::create(
-      "cuda-proc",
-      {.slots = 4, .slot_size = 1 << 20, .transport = TransportKind::Vulkan, .vulkan = &f.vk, .directory = dir}));
+  auto prod = lftest::ok(Producer::create("cuda-proc", {.slots = 4,
+                                                        .slot_size = 1 << 20,
+                                                        .gpu_sync = kind,
+                                                        .transport = TransportKind::Vulkan,
+                                                        .vulkan = &f.vk,
+                                                        .directory = dir}));
   const std::uint64_t count = 200;
   const pid_t pid = lftest::run({LAVAFLOW_CUDA_PEER, "consume", dir.string(), "cuda-proc", std::to_string(count)});
   lftest::ok(prod->wait_for_consumers(1, std::chrono::seconds(30)));
@@ -257,11 +261,16 @@ TEST_CASE("a consumer process reads every channel message with CUDA, ordered by 
     const std::uint64_t n = 1000 + (i * 7919) % 1000000;
     lftest::fill(st.bytes().first(n), i);
     auto sig = loan.gpu_signal();
+    // A Vulkan queue signals a timeline; a GPU flag is raised here once the copy is done (on a
+    // flag channel the consumer's CUDA stream still waits for it on the GPU).
+    const bool queue_signals = sig && sig->kind() == GpuSyncKind::Semaphore;
     slot.emplace(lftest::submit_copy(f.vk, st.buffer(), 0, static_cast<GpuBuffer&>(loan.buffer()).buffer(), 0, n,
-                                     std::nullopt, sig));
-    if (!sig)  // no shared timeline: the copy must be finished before the hand-off
+                                     std::nullopt, queue_signals ? sig : std::nullopt));
+    if (!queue_signals) {
       REQUIRE(f.vk.device().waitForFences(*slot->fence, VK_TRUE, 10'000'000'000ull) == vk::Result::eSuccess);
-    lftest::ok(prod->publish(std::move(loan), {.size = n}));  // no CPU wait when the channel has a timeline
+      if (sig) lftest::ok(signal_on_host(*sig));
+    }
+    lftest::ok(prod->publish(std::move(loan), {.size = n}));
   }
   CHECK(lftest::wait_exit(pid) == 0);
 }
@@ -271,15 +280,17 @@ TEST_CASE("CUDA writes and reads every message ordered on the GPU both ways: a s
   const auto dir = lftest::channel_dir();
   constexpr std::uint32_t kSlots = 2;
   constexpr std::uint64_t kBytes = 1 << 20;
+  const auto kind = GENERATE(GpuSyncKind::Semaphore, GpuSyncKind::Flag);
   auto prod = lftest::ok(Producer::create("cuda-both", {.slots = kSlots,
                                                         .slot_size = kBytes,
                                                         .host_wait_for_gpu_release = false,
+                                                        .gpu_sync = kind,
                                                         .transport = TransportKind::Vulkan,
                                                         .vulkan = &f.vk,
                                                         .directory = dir}));
-  if (!prod->has_gpu_timeline()) lftest::skip("the channel has no shared timeline semaphore on this device");
+  if (prod->gpu_sync() != kind) lftest::skip("the channel cannot order GPU work with timelines on this device");
   auto con = lftest::ok(Consumer::open("cuda-both", {.host_wait_for_gpu = false, .vulkan = &f.vk, .directory = dir}));
-  REQUIRE(con->gpu_release_timeline() != nullptr);
+  REQUIRE(con->gpu_sync() == kind);
   cuda::ChannelImports out(f.cu), in(f.cu);
   cudaStream_t ps, cs;
   CU_OK(cudaStreamCreateWithFlags(&ps, cudaStreamNonBlocking));
@@ -318,8 +329,10 @@ TEST_CASE("CUDA writes and reads every message ordered on the GPU both ways: a s
   // reads in flight.
   CHECK(loans_with_waits > 0);
   CHECK(loans_with_waits <= kCount - kSlots);
-  CHECK(in.imported() == kSlots);
-  CHECK(out.imported() == kSlots);
+  // The ring buffers, and on a flag channel the flag block.
+  const std::size_t flags = kind == GpuSyncKind::Flag ? 1 : 0;
+  CHECK(in.imported() == kSlots + flags);
+  CHECK(out.imported() == kSlots + flags);
   CU_OK(cudaFree(errors));
   CU_OK(cudaStreamDestroy(ps));
   CU_OK(cudaStreamDestroy(cs));

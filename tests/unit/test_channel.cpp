@@ -723,3 +723,145 @@ TEST_CASE("close() ends the channel at once while the objects, and pointers into
   auto again = lftest::ok(Producer::create("closing", popts(dir)));
   CHECK(std::filesystem::exists(dir / "closing.sock"));
 }
+
+// Flag channels keep the same protocol in GPU memory words instead of timeline semaphores. Only
+// CUDA streams write and wait on them on the GPU (tests/interop, GPU tier); here the host stands
+// in for both GPUs through signal_on_host, which is how the protocol runs on any Vulkan device.
+TEST_CASE("flag channel: written and release counters in GPU memory order the hand-off and slot reuse") {
+  auto ctx = lftest::context_or_skip();
+  auto dir = lftest::channel_dir();
+  auto o = popts(dir, TransportKind::Vulkan);
+  o.slots = 2;
+  o.slot_size = 4096;
+  o.vulkan = &ctx;
+  o.gpu_sync = GpuSyncKind::Flag;
+  auto p = lftest::ok(Producer::create("flags", o));
+  REQUIRE(p->gpu_sync() == GpuSyncKind::Flag);
+  CHECK_FALSE(p->has_gpu_timeline());
+  CHECK(p->route().reason.find("GPU work ordered by flags") != std::string::npos);
+  auto c = lftest::ok(Consumer::open("flags", copts(dir)));  // receive() waits on the host
+  lftest::ok(p->wait_for_consumers(1, 5s));
+  CHECK(c->gpu_sync() == GpuSyncKind::Flag);
+
+  // Written: the consumer's receive waits until the producer's counter reaches the message.
+  GpuSync written;
+  {
+    auto loan = lftest::ok(p->loan(1s));
+    const auto signal = loan.gpu_signal();
+    REQUIRE(signal.has_value());
+    written = *signal;
+    CHECK(written.kind() == GpuSyncKind::Flag);
+    CHECK(written.value == 1);
+    CHECK_FALSE(written.semaphore);
+    CHECK(written.flag_offset % 8 == 0);
+    lftest::ok(p->publish(std::move(loan), {.size = 16, .user_tag = 5}));
+  }
+  CHECK(lftest::ok(gpu_sync_value(written)) == 0);
+  auto early = c->receive(100ms);
+  REQUIRE_FALSE(early.has_value());
+  CHECK(early.error().code() == Errc::Timeout);
+  std::thread writer([&] {
+    std::this_thread::sleep_for(50ms);
+    lftest::ok(signal_on_host(written));  // the producer's "GPU" finishes the write
+  });
+  const auto t0 = Clock::now();
+  auto r = lftest::ok(c->receive(5s));
+  writer.join();
+  CHECK(Clock::now() - t0 < 2s);
+  CHECK(r.info().user_tag == 5);
+  REQUIRE(r.gpu_wait().has_value());
+  const auto seen = *r.gpu_wait();
+  CHECK(seen.kind() == GpuSyncKind::Flag);
+  CHECK(seen.value == 1);
+  CHECK(lftest::ok(gpu_sync_value(seen)) == 1);  // the consumer's mapping of the same word
+
+  // Release on the GPU: the slot comes back only once the consumer's counter says the read is done.
+  auto rel = lftest::ok(r.gpu_release());
+  CHECK(rel.kind() == GpuSyncKind::Flag);
+  CHECK(rel.value == 1);
+  CHECK(rel.flag_offset != seen.flag_offset);
+  r.release();
+  publish(*p, 6, 16);  // slot 1
+  (void)lftest::ok(c->receive(5s));
+  auto blocked = p->loan(100ms);  // slot 0 again: the consumer's GPU still reads message 0
+  REQUIRE_FALSE(blocked.has_value());
+  CHECK(blocked.error().message().find("GPU did not finish reading") != std::string::npos);
+  lftest::ok(signal_on_host(rel));
+  { auto loan = lftest::ok(p->loan(1s)); }
+
+  // Signals only go up; waits are bounded; a flag that is not a word of its buffer is refused.
+  lftest::ok(signal_on_host(GpuSync{.value = 0, .flag_buffer = rel.flag_buffer, .flag_offset = rel.flag_offset}));
+  CHECK(lftest::ok(gpu_sync_value(rel)) == 1);
+  CHECK(lftest::err(
+            wait_on_host(GpuSync{.value = 9, .flag_buffer = rel.flag_buffer, .flag_offset = rel.flag_offset}, 20ms))
+            .code() == Errc::Timeout);
+  CHECK(lftest::err(gpu_sync_value(GpuSync{.flag_buffer = rel.flag_buffer, .flag_offset = 3})).code() ==
+        Errc::InvalidArgument);
+  CHECK(lftest::err(gpu_sync_value(GpuSync{.flag_buffer = rel.flag_buffer, .flag_offset = 1ull << 40})).code() ==
+        Errc::InvalidArgument);
+  CHECK(lftest::err(signal_on_host(GpuSync{.value = 1})).code() == Errc::InvalidArgument);  // neither kind
+}
+
+TEST_CASE("flag channel: producer-side GPU waits, a dead consumer's owed releases, a dead producer's writes") {
+  auto ctx = lftest::context_or_skip();
+  auto dir = lftest::channel_dir();
+  auto o = popts(dir, TransportKind::Vulkan);
+  o.slots = 1;
+  o.slot_size = 4096;
+  o.vulkan = &ctx;
+  o.gpu_sync = GpuSyncKind::Flag;
+  o.host_wait_for_gpu_release = false;
+  auto p = lftest::ok(Producer::create("flagwait", o));
+  auto c = lftest::ok(Consumer::open("flagwait", copts(dir)));
+  lftest::ok(p->wait_for_consumers(1, 5s));
+  publish(*p, 1, 16);  // not GPU-ordered: nothing to wait for
+  {
+    auto r = lftest::ok(c->receive(5s));
+    CHECK_FALSE(r.gpu_wait().has_value());
+    (void)lftest::ok(r.gpu_release());
+  }
+  // The producer's next loan of the slot carries the consumer's release as a flag wait.
+  {
+    auto loan = lftest::ok(p->loan(1s));
+    REQUIRE(loan.gpu_waits().size() == 1);
+    const auto owed = loan.gpu_waits()[0];
+    CHECK(owed.kind() == GpuSyncKind::Flag);
+    CHECK(owed.value == 1);
+    CHECK(lftest::ok(gpu_sync_value(owed)) == 0);
+    // The consumer goes away owing it: the producer raises it so that no queue of its own hangs.
+    c.reset();
+    lftest::ok(wait_on_host(owed, 5s));
+  }
+
+  // A producer that dies having promised a GPU write: the consumer's receive says PeerLost, and
+  // the written counter is raised for the GPU work it queued ahead.
+  auto o2 = o;
+  o2.slots = 4;
+  auto p2 = lftest::ok(Producer::create("flaglost", o2));
+  auto c2 = lftest::ok(Consumer::open("flaglost", copts(dir)));
+  lftest::ok(p2->wait_for_consumers(1, 5s));
+  auto ahead = lftest::ok(c2->upcoming(1));
+  CHECK(ahead.gpu_wait.kind() == GpuSyncKind::Flag);
+  CHECK(ahead.gpu_wait.value == 2);
+  {
+    auto loan = lftest::ok(p2->loan(1s));
+    (void)loan.gpu_signal();
+    lftest::ok(p2->publish(std::move(loan), {.size = 16}));
+  }
+  p2.reset();
+  auto r = c2->receive(5s);
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code() == Errc::PeerLost);
+  CHECK(r.error().message().find("before its GPU finished writing message 0") != std::string::npos);
+  lftest::ok(wait_on_host(ahead.gpu_wait, 5s));
+}
+
+TEST_CASE("flag channel: asked for on a route without GPU memory, there is no GPU ordering") {
+  auto dir = lftest::channel_dir();
+  auto o = popts(dir, TransportKind::Shm);
+  o.gpu_sync = GpuSyncKind::Flag;
+  auto p = lftest::ok(Producer::create("flagshm", o));
+  CHECK_FALSE(p->gpu_sync().has_value());
+  auto loan = lftest::ok(p->loan(1s));
+  CHECK_FALSE(loan.gpu_signal_point().has_value());
+}

@@ -58,3 +58,24 @@ TEST_CASE("handshake decoder refuses wrong fd counts, bad geometry, truncation a
   t[6] = std::byte{77};
   CHECK(lftest::err(decode(t, 3)).cause().find("unknown message type") != std::string::npos);
 }
+
+TEST_CASE("handshake: a flag channel's block is one more fd, GPU memory of its size, never beside a timeline") {
+  auto w = sample();
+  ExportDescriptor block;
+  block.kind = BufferKind::GpuHostVisible;
+  block.allocation_size = block.buffer_size = block.size = kFlagBlockSize;
+  w.flag_block = block;
+  auto back = std::get<Welcome>(lftest::ok(decode(encode(w), 4)));
+  REQUIRE(back.flag_block.has_value());
+  CHECK(back.flag_block->size == kFlagBlockSize);
+  CHECK(lftest::err(decode(encode(w), 3)).cause().find("expected 4") != std::string::npos);
+  auto both = w;
+  both.timeline = true;
+  CHECK(lftest::err(decode(encode(both), 5)).cause().find("both a timeline and a flag block") != std::string::npos);
+  auto cpu = w;
+  cpu.flag_block->kind = BufferKind::CpuShared;
+  CHECK(lftest::err(decode(encode(cpu), 4)).cause().find("not GPU memory") != std::string::npos);
+  auto small = w;
+  small.flag_block->size = small.flag_block->buffer_size = small.flag_block->allocation_size = 64;
+  CHECK(lftest::err(decode(encode(small), 4)).cause().find("the flag block has 64 bytes") != std::string::npos);
+}

@@ -29,6 +29,7 @@
 #include "lavaflow/core/cpu_buffer.hpp"
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/detail/vk_call.hpp"
+#include "lavaflow/core/gpu_buffer.hpp"
 #include "lavaflow/core/unix_socket.hpp"
 #include "lavaflow/core/vulkan_context.hpp"
 #include "lavaflow/transports/local.hpp"
@@ -91,8 +92,8 @@ struct ControlBlock {
   std::atomic<std::uint32_t> closed;  // producer closed the channel in order
   std::uint32_t drop_oldest;          // 1: the producer may advance consumers' `next` (DropOldest)
   std::uint32_t producer_blocks;      // 1: the producer may sleep on space_futex (not BusyPoll)
-  // Held by a consumer signalling the shared timeline for a dead producer: a timeline signal may
-  // only raise the value, so the read of the current value and the signal go together.
+  // Held by a consumer raising the written counter (timeline or flag) for a dead producer: a
+  // counter may only go up, so the read of the current value and the raise go together.
   alignas(64) std::atomic<std::uint32_t> timeline_lock;
   SharedConsumer consumers[kMaxConsumers];
   SharedSlot ring[kMaxSlots];
@@ -162,6 +163,50 @@ Status wait_until(Ready ready, Aborted aborted, std::atomic<std::uint32_t>& word
     waiters.fetch_sub(1, std::memory_order_seq_cst);
   }
 }
+
+// ---------------------------------------------------------------------------------------------
+// GPU counters seen from the host.
+
+/// A flag's word in the mapping of its block. Counters written by GPU work and peers are read
+/// with single aligned 64-bit accesses, which cannot tear.
+std::atomic_ref<std::uint64_t> flag_word(const GpuSync& sync) {
+  return std::atomic_ref<std::uint64_t>(
+      *reinterpret_cast<std::uint64_t*>(sync.flag_buffer->host_ptr() + sync.flag_offset));
+}
+
+Status check_flag(const GpuSync& sync, const char* call) {
+  const auto* b = sync.flag_buffer;
+  if (b->host_ptr() == nullptr) return fail(Errc::InvalidArgument, call, "the flag's buffer is not mapped on the host");
+  if (sync.flag_offset % 8 != 0 || sync.flag_offset > b->size() || b->size() - sync.flag_offset < 8)
+    return fail(Errc::InvalidArgument, call,
+                str_format("flag offset {} is not an aligned word of the {}-byte buffer", sync.flag_offset, b->size()));
+  return {};
+}
+
+/// One of a channel's counters: a timeline semaphore or a flag word (empty: no GPU ordering).
+class Counter {
+ public:
+  Counter() = default;
+  explicit Counter(const GpuSemaphore& s) : sem_(&s) {}
+  Counter(const Buffer& block, std::uint64_t offset) : block_(&block), offset_(offset) {}
+  explicit operator bool() const { return sem_ || block_; }
+  [[nodiscard]] GpuSync at(std::uint64_t v) const {
+    if (sem_) return GpuSync{.semaphore = sem_->semaphore(), .value = v, .source = sem_};
+    return GpuSync{.value = v, .flag_buffer = block_, .flag_offset = offset_};
+  }
+  [[nodiscard]] Result<std::uint64_t> value() const { return gpu_sync_value(at(0)); }
+  [[nodiscard]] Status wait(std::uint64_t v, Duration timeout) const { return wait_on_host(at(v), timeout); }
+  /// Raises the counter to `v` unless it is there already.
+  Status raise(std::uint64_t v) const {
+    LF_TRY(auto now, value());
+    return now < v ? signal_on_host(at(v)) : Status{};
+  }
+
+ private:
+  const GpuSemaphore* sem_ = nullptr;
+  const Buffer* block_ = nullptr;
+  std::uint64_t offset_ = 0;
+};
 
 // ---------------------------------------------------------------------------------------------
 // Rendezvous: a private directory, a lock file held by the live producer, a SEQPACKET socket.
@@ -310,6 +355,8 @@ struct detail::ProducerState {
   // n + 1 when that consumer's GPU is done reading message n. Set before the index's state turns
   // active and never replaced, so the producer thread reads it without a lock.
   std::array<std::unique_ptr<GpuSemaphore>, kMaxConsumers> release;
+  // Flag channels instead: the written counter and every consumer index's release counter.
+  std::unique_ptr<Buffer> flag_block;
   bool loan_out = false;
   std::thread service;
 
@@ -330,6 +377,17 @@ struct detail::ProducerState {
   bool user_closed = false;  // Producer::close() ran
 
   ~ProducerState() { close(); }
+
+  /// Value n + 1: message n's GPU writes are done.
+  [[nodiscard]] Counter written() const {
+    if (flag_block) return Counter(*flag_block, 0);
+    return timeline ? Counter(*timeline) : Counter();
+  }
+  /// Value n + 1: consumer `index`'s GPU is done reading message n.
+  [[nodiscard]] Counter released_by(std::uint32_t index) const {
+    if (flag_block) return Counter(*flag_block, detail::kFlagStride * (1 + index));
+    return release[index] ? Counter(*release[index]) : Counter();
+  }
 
   /// Ends the channel: consumers see it closed, nobody new is admitted, the names are removed.
   /// The ring stays mapped until this state is deleted.
@@ -400,7 +458,8 @@ struct detail::ProducerState {
   /// and only up to what was published, so a later consumer at this index (which starts at the
   /// head) still signals above them.
   void release_gpu_waits(std::uint32_t index) {
-    if (!release[index]) return;
+    const auto counter = released_by(index);
+    if (!counter) return;
     const auto& c = control->consumers[index];
     const std::uint64_t published = control->write_seq.load(std::memory_order_acquire);
     std::uint64_t owed = 0;
@@ -408,22 +467,22 @@ struct detail::ProducerState {
       const std::uint64_t v = c.gpu_release[k].load(std::memory_order_acquire);
       if (v <= published) owed = std::max(owed, v);
     }
-    auto now = release[index]->value();
-    if (now && *now < owed) (void)release[index]->signal(owed);
+    (void)counter.raise(owed);
   }
 
   /// The GPU releases that writing message `seq` into slot `slot` must wait for: those of active
   /// consumers that released the slot's previous message on their GPU.
   [[nodiscard]] std::vector<GpuSync> release_waits(std::uint64_t seq, std::uint32_t slot) {
     std::vector<GpuSync> waits;
-    if (!timeline || seq < options.slots) return waits;
+    if (!written() || seq < options.slots) return waits;
     const std::uint64_t expect = seq - options.slots + 1;
     for (std::uint32_t i = 0; i < slots_used; ++i) {
       const auto& c = control->consumers[i];
-      if (c.state.load(std::memory_order_acquire) != 1 || !release[i]) continue;
+      const auto counter = released_by(i);
+      if (c.state.load(std::memory_order_acquire) != 1 || !counter) continue;
       if (c.gpu_release[slot].load(std::memory_order_acquire) != expect) continue;
-      if (auto now = release[i]->value(); now && *now >= expect) continue;  // read long done: nothing to wait on
-      waits.push_back({release[i]->semaphore(), expect, release[i].get()});
+      if (auto now = counter.value(); now && *now >= expect) continue;  // read long done: nothing to wait on
+      waits.push_back(counter.at(expect));
     }
     return waits;
   }
@@ -526,6 +585,13 @@ void detail::ProducerState::admit(UniqueFd sock) {
     release_fd = std::move(*rex);
     fds.push_back(release_fd.get());
     w.release_timeline = true;
+  }
+  if (flag_block) {
+    auto fex = flag_block->export_handle();
+    if (!fex) return (void)send_refuse(sock.get(), fex.error().message());
+    w.flag_block = fex->descriptor;
+    exports.push_back(std::move(*fex));
+    fds.push_back(exports.back().fd.get());
   }
   // Start the consumer at the current head: it sees every message published from now on.
   auto& c = control->consumers[index];
@@ -663,7 +729,20 @@ Result<std::unique_ptr<Producer>> Producer::create(const std::string& name, Prod
     impl->ring.push_back(std::move(*b));
   }
 
-  if (impl->transport->kind() == TransportKind::Vulkan && impl->env.vulkan) {
+  const bool gpu_ring = impl->transport->kind() == TransportKind::Vulkan && impl->env.vulkan;
+  if (o.gpu_sync == GpuSyncKind::Flag && gpu_ring) {
+    auto block = GpuBuffer::allocate(*impl->env.vulkan,
+                                     {.size = detail::kFlagBlockSize, .memory = GpuMemory::DeviceLocalMapped});
+    if (!block) return std::unexpected(block.error().within(call));
+    if (!block->host_ptr())
+      return fail(Errc::Unsupported, call, "the device has no host-visible memory for the channel's GPU flags");
+    std::memset(block->host_ptr(), 0, detail::kFlagBlockSize);
+    impl->flag_block = std::make_unique<GpuBuffer>(std::move(*block));
+    impl->route.reason +=
+        "; GPU work ordered by flags in GPU memory (CUDA streams wait on them; other APIs on the host)";
+    if (auto note = gpu_sharing_note(impl->env.vulkan->capabilities()); !note.empty())
+      impl->route.reason += "; " + note;
+  } else if (gpu_ring) {
     const auto& caps = impl->env.vulkan->capabilities();
     if (caps.timeline_semaphore && caps.timeline_fd_export) {
       auto sem = GpuSemaphore::create(*impl->env.vulkan, SemaphoreKind::Timeline);
@@ -722,7 +801,7 @@ Result<Loan> Producer::loan(Duration timeout) {
   auto waits = m.release_waits(seq, m.write_slot);
   if (!waits.empty() && m.options.host_wait_for_gpu_release) {
     for (const auto& w : waits)
-      if (auto ok = w.source->wait(w.value, fail_fast ? Duration::zero() : deadline.left()); !ok) {
+      if (auto ok = wait_on_host(w, fail_fast ? Duration::zero() : deadline.left()); !ok) {
         if (ok.error().code() != Errc::Timeout) return std::unexpected(ok.error());
         if (fail_fast || timeout == Duration::zero())
           return fail(Errc::WouldBlock, call, "a consumer's GPU is still reading the slot's previous message");
@@ -788,10 +867,16 @@ Result<MessageInfo> Producer::publish(Loan&& loan, vk::Fence gpu_done, MessageIn
 }
 
 bool Producer::has_gpu_timeline() const { return impl_->timeline.has_value(); }
+std::optional<GpuSyncKind> Producer::gpu_sync() const {
+  if (!impl_->written()) return std::nullopt;
+  return impl_->flag_block ? GpuSyncKind::Flag : GpuSyncKind::Semaphore;
+}
 
 std::optional<GpuSync> Loan::gpu_signal_point() const {
-  if (!impl_ || !impl_->timeline) return std::nullopt;
-  return GpuSync{impl_->timeline->semaphore(), seq_ + 1, &*impl_->timeline};
+  if (!impl_) return std::nullopt;
+  const auto written = impl_->written();
+  if (!written) return std::nullopt;
+  return written.at(seq_ + 1);
 }
 
 std::optional<GpuSync> Loan::gpu_signal() {
@@ -884,6 +969,8 @@ struct detail::ConsumerState {
   bool contended_next = false;                   // DropOldest: the producer may move `next` too, so claim by CAS
   std::optional<GpuSemaphore> timeline;          // imported shared timeline (Vulkan transport)
   std::optional<GpuSemaphore> release_timeline;  // ours, owned by the producer: value n + 1 = read of n done
+  std::unique_ptr<Buffer> flag_block;            // flag channels instead of the two timelines
+  std::uint32_t index = 0;                       // ours among the consumers (our flag in the block)
   std::uint64_t last_gpu_release = 0;            // the highest value handed out by gpu_release()
   // The highest timeline value a GPU wait of ours may be blocked on (message n: n + 1). Should
   // the producer die before its GPU signals it, the watcher signals it so no queue of ours hangs;
@@ -929,6 +1016,15 @@ struct detail::ConsumerState {
     return cursor_slot;
   }
 
+  [[nodiscard]] Counter written() const {
+    if (flag_block) return Counter(*flag_block, 0);
+    return timeline ? Counter(*timeline) : Counter();
+  }
+  [[nodiscard]] Counter released_by_us() const {
+    if (flag_block) return Counter(*flag_block, detail::kFlagStride * (1 + index));
+    return release_timeline ? Counter(*release_timeline) : Counter();
+  }
+
   ~ConsumerState() {
     if (counted_blocking) control->blocking_consumers.fetch_sub(1, std::memory_order_seq_cst);
     disconnect();
@@ -946,8 +1042,8 @@ struct detail::ConsumerState {
         {
           std::lock_guard lock(gpu_mutex);
           lost_reason = str_format("producer (pid {}) hung up: it exited or was killed", producer_pid);
-          if (timeline) {
-            const auto now = timeline->value();
+          if (const auto w = written()) {
+            const auto now = w.value();
             lost_at = now ? *now : 0;
           }
           lost.store(true, std::memory_order_seq_cst);
@@ -963,7 +1059,8 @@ struct detail::ConsumerState {
   /// consumers may be signalling the same timeline: one at a time (a peer that holds the lock
   /// longer than a moment is ignored rather than waited for).
   void signal_owed() {
-    if (!timeline) return;
+    const auto w = written();
+    if (!w) return;
     const auto deadline = std::chrono::steady_clock::now() + 100ms;
     std::uint32_t unlocked = 0;
     bool locked = false;
@@ -972,7 +1069,7 @@ struct detail::ConsumerState {
       unlocked = 0;
       std::this_thread::yield();
     }
-    if (auto now = timeline->value(); now && *now < gpu_wait_high) (void)timeline->signal(gpu_wait_high);
+    (void)w.raise(gpu_wait_high);
     if (locked) control->timeline_lock.store(0, std::memory_order_release);
   }
 
@@ -1110,8 +1207,23 @@ Result<std::unique_ptr<Consumer>> Consumer::open(const std::string& name, Consum
     if (!b) return std::unexpected(b.error().within(call));
     impl->ring.push_back(std::move(*b));
   }
+  impl->index = w.consumer_index;
   if (w.release_timeline && !w.timeline)
     return fail(Errc::Malformed, call, "the producer announced a release timeline without the channel's timeline");
+  if (w.flag_block) {
+    if (impl->env.vulkan == nullptr)
+      return fail(
+          Errc::Malformed, call,
+          str_format("the producer announced GPU flags on a {} channel, which has no GPU device", to_string(*kind)));
+    auto block = impl->transport->import(impl->env, *w.flag_block, std::move(msg->fds[1 + w.slots]));
+    if (!block) return std::unexpected(block.error().within(call));
+    if ((*block)->host_ptr() == nullptr || (*block)->size() < detail::kFlagBlockSize)
+      return fail(Errc::Malformed, call, "the channel's flag block is not host-visible GPU memory of its size");
+    impl->flag_block = std::move(*block);
+    auto v = impl->released_by_us().value();
+    if (!v) return std::unexpected(v.error().within(call));
+    impl->last_gpu_release = *v;
+  }
   if (w.timeline) {
     if (impl->env.vulkan == nullptr)
       return fail(Errc::Malformed, call,
@@ -1156,6 +1268,7 @@ Result<Received> Consumer::receive(Duration timeout) {
   auto& cb = *m.control;
   if (m.held >= m.slots)
     return fail(Errc::InvalidArgument, call, str_format("all {} ring buffers are held: release one first", m.slots));
+  const Deadline dl(timeout);
   for (;;) {
     std::uint64_t n = 0;
     // Ready when the slot of message n carries n's publication marker.
@@ -1163,7 +1276,17 @@ Result<Received> Consumer::receive(Duration timeout) {
     auto ready = [&] { return m.message_ready(n, k); };
     if (!ready()) {
       auto gone = [&] { return m.gone(); };
-      LF_TRY_STATUS(wait_until(ready, gone, cb.data_futex, cb.consumers_waiting, m.options.wait, timeout, call));
+      LF_TRY_STATUS(wait_until(ready, gone, cb.data_futex, cb.consumers_waiting, m.options.wait, dl.left(), call));
+    }
+    // A message whose producer's GPU is still writing it stays in the ring until the write is
+    // done: a receive that times out waiting for it loses nothing.
+    if (m.options.host_wait_for_gpu && m.written() &&
+        (cb.ring[k].flags.load(std::memory_order_relaxed) & kGpuOrdered)) {
+      m.raise_gpu_wait(n + 1);
+      if (auto ok = m.written().wait(n + 1, dl.left()); !ok) {
+        if (ok.error().code() != Errc::Timeout) return std::unexpected(ok.error().within(call));
+        return fail(Errc::Timeout, call, str_format("the producer's GPU did not finish writing message {} in time", n));
+      }
     }
     if (m.contended_next) {
       if (!m.self->next.compare_exchange_strong(n, n + 1, std::memory_order_acq_rel)) continue;  // dropped under us
@@ -1188,10 +1311,10 @@ Result<Received> Consumer::receive(Duration timeout) {
     ++m.held;
     MessageInfo info{size, slot.tag.load(std::memory_order_relaxed), slot.timestamp_ns.load(std::memory_order_relaxed),
                      n};
-    const bool gpu_ordered = (slot.flags.load(std::memory_order_relaxed) & kGpuOrdered) && m.timeline;
+    const bool gpu_ordered = (slot.flags.load(std::memory_order_relaxed) & kGpuOrdered) && m.written();
     if (gpu_ordered) m.raise_gpu_wait(n + 1);
     if (gpu_ordered && m.options.host_wait_for_gpu) {
-      auto ok = m.timeline->wait(n + 1, timeout);
+      auto ok = m.written().wait(n + 1, dl.left());
       if (ok && m.lost_before(n + 1))
         ok = fail(Errc::PeerLost, call, str_format("{}, before its GPU finished writing message {}", m.lost_reason, n));
       if (!ok) {
@@ -1243,6 +1366,10 @@ std::uint64_t Consumer::slot_size() const { return impl_->slot_size; }
 std::int32_t Consumer::producer_pid() const { return impl_->producer_pid; }
 const VulkanContext* Consumer::vulkan() const { return impl_->env.vulkan; }
 bool Consumer::has_gpu_timeline() const { return impl_->timeline.has_value(); }
+std::optional<GpuSyncKind> Consumer::gpu_sync() const {
+  if (!impl_->written()) return std::nullopt;
+  return impl_->flag_block ? GpuSyncKind::Flag : GpuSyncKind::Semaphore;
+}
 
 const GpuSemaphore* Producer::gpu_timeline() const { return impl_->timeline ? &*impl_->timeline : nullptr; }
 const GpuSemaphore* Consumer::gpu_timeline() const { return impl_->timeline ? &*impl_->timeline : nullptr; }
@@ -1251,8 +1378,8 @@ std::uint64_t Consumer::next_sequence() const { return impl_->expected; }
 Result<Consumer::Upcoming> Consumer::upcoming(std::uint64_t sequence) {
   constexpr const char* call = "Consumer::upcoming";
   auto& m = *impl_;
-  if (!m.timeline)
-    return fail(Errc::Unsupported, call, "the channel has no shared timeline semaphore to order GPU work ahead");
+  if (!m.written())
+    return fail(Errc::Unsupported, call, "the channel has no GPU ordering (timeline or flags) to order GPU work ahead");
   if (m.contended_next)
     return fail(Errc::Unsupported, call, "under the DropOldest policy the producer may skip any message");
   if (sequence < m.expected)
@@ -1264,7 +1391,7 @@ Result<Consumer::Upcoming> Consumer::upcoming(std::uint64_t sequence) {
                            sequence, sequence - m.slots));
   m.raise_gpu_wait(sequence + 1);
   const auto slot = static_cast<std::uint32_t>(sequence % m.slots);
-  return Upcoming{sequence, m.ring[slot].get(), GpuSync{m.timeline->semaphore(), sequence + 1, &*m.timeline}};
+  return Upcoming{sequence, m.ring[slot].get(), m.written().at(sequence + 1)};
 }
 
 const GpuSemaphore* Consumer::gpu_release_timeline() const {
@@ -1273,22 +1400,23 @@ const GpuSemaphore* Consumer::gpu_release_timeline() const {
 
 std::optional<GpuSync> Received::gpu_wait() const {
   if (!impl_ || !gpu_ordered_) return std::nullopt;
-  return GpuSync{impl_->timeline->semaphore(), info_.sequence + 1, &*impl_->timeline};
+  return impl_->written().at(info_.sequence + 1);
 }
 
 Result<GpuSync> Received::gpu_release_point() const {
   constexpr const char* call = "Received::gpu_release";
   if (!impl_) return fail(Errc::InvalidArgument, call, "the message is already released");
   auto& m = *impl_;
-  if (!m.release_timeline)
+  const auto counter = m.released_by_us();
+  if (!counter)
     return fail(Errc::Unsupported, call,
-                "this channel has no shared timeline semaphore: finish the GPU read (fence) before releasing");
+                "this channel has no GPU ordering (timeline or flags): finish the GPU read (fence) before releasing");
   const std::uint64_t value = info_.sequence + 1;
   if (!gpu_released_ && value <= m.last_gpu_release)
     return fail(Errc::InvalidArgument, call,
                 str_format("message {} is older than one already released on the GPU: release in receive order",
                            info_.sequence));
-  return GpuSync{m.release_timeline->semaphore(), value, &*m.release_timeline};
+  return counter.at(value);
 }
 
 Result<GpuSync> Received::gpu_release() {
@@ -1336,6 +1464,55 @@ Result<std::unique_ptr<Producer>> Channel::create(const VulkanContext* vulkan, c
   options.peer = peer;
   options.host = me.host;
   return Producer::create(str_format("ch-{}-{}-{}", me.pid, peer.pid, now_ns() % 1'000'000'007ull), std::move(options));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The host's side of a GpuSync
+
+Result<std::uint64_t> gpu_sync_value(const GpuSync& sync) {
+  if (sync.kind() == GpuSyncKind::Semaphore) {
+    if (!sync.source) return fail(Errc::InvalidArgument, "gpu_sync_value", "GPU sync point without its semaphore");
+    return sync.source->value();
+  }
+  LF_TRY_STATUS(check_flag(sync, "gpu_sync_value"));
+  return flag_word(sync).load(std::memory_order_acquire);
+}
+
+Status wait_on_host(const GpuSync& sync, Duration timeout) {
+  constexpr const char* call = "wait_on_host";
+  if (sync.kind() == GpuSyncKind::Semaphore) {
+    if (!sync.source) return fail(Errc::InvalidArgument, call, "GPU sync point without its semaphore");
+    return sync.source->wait(sync.value, timeout);
+  }
+  LF_TRY_STATUS(check_flag(sync, call));
+  // GPU work writes the word with no way to wake a sleeper: poll, backing off to sleeps of up to
+  // 50 µs once the wait is clearly not about to end.
+  const auto word = flag_word(sync);
+  const Deadline dl(timeout);
+  for (std::uint32_t i = 0;; ++i) {
+    if (word.load(std::memory_order_acquire) >= sync.value) return {};
+    if (dl.passed()) return fail(Errc::Timeout, call, str_format("the GPU flag did not reach {} in time", sync.value));
+    if (i < 256)
+      cpu_relax();
+    else if (i < 512)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::min<Duration>(std::chrono::microseconds(50), dl.left()));
+  }
+}
+
+Status signal_on_host(const GpuSync& sync) {
+  if (sync.kind() == GpuSyncKind::Semaphore) {
+    if (!sync.source) return fail(Errc::InvalidArgument, "signal_on_host", "GPU sync point without its semaphore");
+    return sync.source->signal(sync.value);
+  }
+  LF_TRY_STATUS(check_flag(sync, "signal_on_host"));
+  // A plain store, not a read-modify-write: the block may be device memory behind the PCIe BAR,
+  // where locked operations are not atomic. Host raisers of one flag take turns (the channel's
+  // consumers raise the written counter under the control block's lock).
+  auto word = flag_word(sync);
+  if (word.load(std::memory_order_acquire) < sync.value) word.store(sync.value, std::memory_order_release);
+  return {};
 }
 
 }  // namespace lavaflow

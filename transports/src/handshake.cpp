@@ -11,6 +11,7 @@ constexpr std::size_t kMaxText = 1024;
 // The Welcome's semaphore byte: which semaphore fds follow the ring buffers.
 constexpr std::uint8_t kHasTimeline = 1;
 constexpr std::uint8_t kHasReleaseTimeline = 2;
+constexpr std::uint8_t kHasFlagBlock = 4;
 
 wire::Writer start(MessageType t) {
   wire::Writer w;
@@ -54,9 +55,11 @@ std::vector<std::byte> encode(const Welcome& m) {
   w.put(m.producer_pid);
   w.put_string(m.transport.substr(0, 64));
   w.put_string(m.route_reason.substr(0, kMaxText));
-  w.put(static_cast<std::uint8_t>((m.timeline ? kHasTimeline : 0) | (m.release_timeline ? kHasReleaseTimeline : 0)));
+  w.put(static_cast<std::uint8_t>((m.timeline ? kHasTimeline : 0) | (m.release_timeline ? kHasReleaseTimeline : 0) |
+                                  (m.flag_block ? kHasFlagBlock : 0)));
   put_blob(w, m.control.serialize());
   for (const auto& d : m.ring) put_blob(w, d.serialize());
+  if (m.flag_block) put_blob(w, m.flag_block->serialize());
   return std::move(w).take();
 }
 
@@ -105,13 +108,15 @@ Result<Handshake> decode(std::span<const std::byte> bytes, std::size_t fd_count)
       LF_TRY(m.transport, r.get_string(64));
       LF_TRY(m.route_reason, r.get_string(kMaxText));
       LF_TRY(auto sems, r.get<std::uint8_t>());
-      if ((sems & ~(kHasTimeline | kHasReleaseTimeline)) != 0)
+      if ((sems & ~(kHasTimeline | kHasReleaseTimeline | kHasFlagBlock)) != 0)
         return fail(Errc::Malformed, call, str_format("unknown semaphore flags {:#x}", sems));
       m.timeline = (sems & kHasTimeline) != 0;
       m.release_timeline = (sems & kHasReleaseTimeline) != 0;
+      const bool flags = (sems & kHasFlagBlock) != 0;
       if (m.release_timeline && !m.timeline)
         return fail(Errc::Malformed, call, "a release timeline without the channel's timeline");
-      LF_TRY_STATUS(expect_fds(1 + m.slots + (m.timeline ? 1 : 0) + (m.release_timeline ? 1 : 0)));
+      if (flags && m.timeline) return fail(Errc::Malformed, call, "both a timeline and a flag block");
+      LF_TRY_STATUS(expect_fds(1 + m.slots + (m.timeline ? 1 : 0) + (m.release_timeline ? 1 : 0) + (flags ? 1 : 0)));
       LF_TRY(auto cblob, get_blob(r, ExportDescriptor::kSerializedSize));
       LF_TRY(m.control, ExportDescriptor::deserialize(cblob));
       if (is_gpu(m.control.kind)) return fail(Errc::Malformed, call, "control block is not CPU shared memory");
@@ -122,6 +127,15 @@ Result<Handshake> decode(std::span<const std::byte> bytes, std::size_t fd_count)
           return fail(Errc::Malformed, call,
                       str_format("ring buffer {} has {} bytes, slots are {}", i, d.size, m.slot_size));
         m.ring.push_back(d);
+      }
+      if (flags) {
+        LF_TRY(auto blob, get_blob(r, ExportDescriptor::kSerializedSize));
+        LF_TRY(auto d, ExportDescriptor::deserialize(blob));
+        if (!is_gpu(d.kind)) return fail(Errc::Malformed, call, "the flag block is not GPU memory");
+        if (d.size < kFlagBlockSize)
+          return fail(Errc::Malformed, call,
+                      str_format("the flag block has {} bytes, {} needed", d.size, kFlagBlockSize));
+        m.flag_block = d;
       }
       LF_TRY_STATUS(r.expect_end());
       return m;

@@ -4,9 +4,11 @@
 // tests/fuzz/fuzz_handshake.cpp).
 //   consumer → producer: Hello   {ProcessLocation}
 //   producer → consumer: Welcome {consumer index, ring geometry, route, descriptors} + fds
-//                        (control block, ring buffers, timeline, release timeline)
+//                        (control block, ring buffers, then the timeline and release timeline
+//                        or the flag block)
 //                        Refuse  {reason}
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <variant>
@@ -18,9 +20,13 @@
 namespace lavaflow::detail {
 
 inline constexpr std::uint32_t kHandshakeMagic = 0x48434c46;  // "FLCH"
-inline constexpr std::uint16_t kHandshakeVersion = 2;
+inline constexpr std::uint16_t kHandshakeVersion = 3;
 inline constexpr std::uint32_t kMaxSlots = 62;  // + control + two semaphores: one frame of fds
+/// A flag channel's counters, 64-bit words one cache line apart: the written counter, then one
+/// release counter per consumer index.
+inline constexpr std::uint64_t kFlagStride = 64;
 inline constexpr std::uint32_t kMaxConsumers = 16;
+inline constexpr std::uint64_t kFlagBlockSize = kFlagStride * (1 + kMaxConsumers);
 inline constexpr std::uint64_t kMaxSlotSize = std::uint64_t{1} << 40;
 
 enum class MessageType : std::uint8_t { Hello = 1, Welcome = 2, Refuse = 3 };
@@ -42,6 +48,8 @@ struct Welcome {
   /// One more fd (after the timeline): this consumer's release timeline, which its GPU signals when
   /// it is done reading a message and the producer's GPU waits on before reusing the slot.
   bool release_timeline = false;
+  /// Flag channels, instead of the two timelines: one more fd, the GPU memory of the counters.
+  std::optional<ExportDescriptor> flag_block;
 };
 
 struct Refuse {

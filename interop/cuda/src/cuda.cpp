@@ -39,6 +39,8 @@ struct ExportableAllocation::Driver {
   decltype(&::cuGetErrorString) error_string = nullptr;
   decltype(&::cuDeviceGet) device_get = nullptr;
   decltype(&::cuDeviceGetAttribute) attribute = nullptr;
+  decltype(&::cuStreamWaitValue64) wait_value = nullptr;
+  decltype(&::cuStreamWriteValue64) write_value = nullptr;
 
   [[nodiscard]] bool posix_fd_supported(int ordinal) const {
     CUdevice dev = 0;
@@ -78,7 +80,8 @@ std::shared_ptr<const ExportableAllocation::Driver> load_driver() {
                   entry("cuMemUnmap", d->unmap) && entry("cuMemSetAccess", d->set_access) &&
                   entry("cuMemExportToShareableHandle", d->export_handle) &&
                   entry("cuGetErrorString", d->error_string) && entry("cuDeviceGet", d->device_get) &&
-                  entry("cuDeviceGetAttribute", d->attribute);
+                  entry("cuDeviceGetAttribute", d->attribute) && entry("cuStreamWaitValue64", d->wait_value) &&
+                  entry("cuStreamWriteValue64", d->write_value);
   return ok ? d : nullptr;
 }
 
@@ -438,8 +441,42 @@ Result<const ExternalBuffer*> ChannelImports::buffer(const Consumer::Upcoming& m
 }
 
 Status ChannelImports::wait(cudaStream_t stream, const Consumer::Upcoming& message) {
-  LF_TRY(const auto* sem, semaphore(message.gpu_wait));
-  return sem->wait(stream, message.gpu_wait.value);
+  return wait(stream, message.gpu_wait);
+}
+
+Result<CUdeviceptr> ChannelImports::flag_address(const GpuSync& sync) {
+  if (!cuda_->driver_)
+    return fail(Errc::Unsupported, "cuda::ChannelImports", "the CUDA driver lacks the stream memory operations");
+  if (sync.flag_offset % 8 != 0 || sync.flag_offset > sync.flag_buffer->size() ||
+      sync.flag_buffer->size() - sync.flag_offset < 8)
+    return fail(Errc::InvalidArgument, "cuda::ChannelImports",
+                str_format("flag offset {} is not an aligned word of the {}-byte buffer", sync.flag_offset,
+                           sync.flag_buffer->size()));
+  LF_TRY(const auto* b, import(*sync.flag_buffer));
+  return reinterpret_cast<CUdeviceptr>(b->data()) + sync.flag_offset;
+}
+
+Status ChannelImports::wait(cudaStream_t stream, const GpuSync& sync) {
+  if (sync.kind() == GpuSyncKind::Flag) {
+    LF_TRY(const auto at, flag_address(sync));
+    return cuda_->driver_->check(
+        cuda_->driver_->wait_value(reinterpret_cast<CUstream>(stream), at, sync.value, CU_STREAM_WAIT_VALUE_GEQ),
+        "cuStreamWaitValue64");
+  }
+  LF_TRY(const auto* sem, semaphore(sync));
+  return sem->wait(stream, sync.value);
+}
+
+// The default write orders the kernels' memory writes before the flag (a fence precedes it).
+Status ChannelImports::signal(cudaStream_t stream, const GpuSync& sync) {
+  if (sync.kind() == GpuSyncKind::Flag) {
+    LF_TRY(const auto at, flag_address(sync));
+    return cuda_->driver_->check(
+        cuda_->driver_->write_value(reinterpret_cast<CUstream>(stream), at, sync.value, CU_STREAM_WRITE_VALUE_DEFAULT),
+        "cuStreamWriteValue64");
+  }
+  LF_TRY(const auto* sem, semaphore(sync));
+  return sem->signal(stream, sync.value);
 }
 
 Result<const ExternalSemaphore*> ChannelImports::semaphore(const GpuSync& sync) {
@@ -454,15 +491,11 @@ Result<const ExternalSemaphore*> ChannelImports::semaphore(const GpuSync& sync) 
 Status ChannelImports::wait(cudaStream_t stream, const Received& message) {
   const auto sync = message.gpu_wait();
   if (!sync) return {};
-  LF_TRY(const auto* sem, semaphore(*sync));
-  return sem->wait(stream, sync->value);
+  return wait(stream, *sync);
 }
 
 Status ChannelImports::wait(cudaStream_t stream, const Loan& loan) {
-  for (const auto& sync : loan.gpu_waits()) {
-    LF_TRY(const auto* sem, semaphore(sync));
-    LF_TRY_STATUS(sem->wait(stream, sync.value));
-  }
+  for (const auto& sync : loan.gpu_waits()) LF_TRY_STATUS(wait(stream, sync));
   return {};
 }
 
@@ -472,17 +505,15 @@ Status ChannelImports::signal(cudaStream_t stream, Loan& loan) {
   const auto sync = loan.gpu_signal_point();
   if (!sync)
     return fail(Errc::Unsupported, "cuda::ChannelImports::signal",
-                "the channel has no shared timeline semaphore: synchronise the stream before publishing");
-  LF_TRY(const auto* sem, semaphore(*sync));
-  LF_TRY_STATUS(sem->signal(stream, sync->value));
+                "the channel has no GPU ordering (timeline or flags): synchronise the stream before publishing");
+  LF_TRY_STATUS(signal(stream, *sync));
   (void)loan.gpu_signal();
   return {};
 }
 
 Status ChannelImports::release(cudaStream_t stream, Received& message) {
   LF_TRY(auto sync, message.gpu_release_point());
-  LF_TRY(const auto* sem, semaphore(sync));
-  LF_TRY_STATUS(sem->signal(stream, sync.value));
+  LF_TRY_STATUS(signal(stream, sync));
   (void)message.gpu_release();
   return {};
 }

@@ -445,7 +445,8 @@ Status ChannelImports::wait(cl_command_queue queue, const Received& message) {
   if (!w) return {};
   if (!tried_)
     if (auto ok = setup(); !ok) return std::unexpected(ok.error().within(call));
-  if (!cl_ready_) return w->source->wait(w->value, std::chrono::seconds(60));
+  // OpenCL cannot wait on a GPU flag, nor without the semaphore bridge: the CPU waits then.
+  if (!cl_ready_ || w->kind() == GpuSyncKind::Flag) return wait_on_host(*w, std::chrono::seconds(60));
   LF_TRY_STATUS(bridge_submit(*consumer_->vulkan(), w->semaphore, w->value, vk_ready_->semaphore(), 0, call));
   return cl_->wait(queue, *cl_ready_);
 }

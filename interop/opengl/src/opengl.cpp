@@ -347,10 +347,14 @@ Result<const Buffer*> ChannelImports::buffer(const Received& message) {
     if (!imported) return std::unexpected(imported.error().within(call));
     it = cache_.emplace(key, std::move(*imported)).first;
   }
+  auto wait = message.gpu_wait();
+  if (wait && wait->kind() == GpuSyncKind::Flag) {  // GL cannot wait on a GPU flag: the CPU does
+    if (auto ok = wait_on_host(*wait, std::chrono::seconds(60)); !ok) return std::unexpected(ok.error().within(call));
+    wait.reset();
+  }
   if (gl_semaphore_) {
     // Vulkan signals (after the producer's timeline point, if any); GL waits for this buffer.
     const VulkanContext& vk = *consumer_->vulkan();
-    const auto wait = message.gpu_wait();
     const vk::Semaphore signal = vk_semaphore_->semaphore();
     const vk::Semaphore wait_sem = wait ? wait->semaphore : vk::Semaphore{};
     const std::uint64_t wait_value = wait ? wait->value : 0, signal_value = 0;
@@ -364,11 +368,10 @@ Result<const Buffer*> ChannelImports::buffer(const Received& message) {
     }
     gl_semaphore_->wait({it->second.name()});
     glFlush();  // the wait is queued before Vulkan may signal the semaphore again
-  } else if (const auto wait = message.gpu_wait()) {
+  } else if (wait) {
     // No semaphore to hand the message to GL through: the CPU waits for the producer's GPU (at
     // once when the consumer's receive() has already waited).
-    if (auto ok = wait->source->wait(wait->value, std::chrono::seconds(60)); !ok)
-      return std::unexpected(ok.error().within(call));
+    if (auto ok = wait_on_host(*wait, std::chrono::seconds(60)); !ok) return std::unexpected(ok.error().within(call));
   }
   return &it->second;
 }

@@ -10,7 +10,10 @@
 
 namespace lavaflow {
 
-enum class GpuMemory : std::uint8_t { DeviceLocal, HostVisible };
+/// DeviceLocalMapped: device-local memory the host can also map (a resizable BAR, or any memory on
+/// integrated and CPU drivers), else plain host-visible memory — for small words that GPU work
+/// polls (fast when local) and the host reads now and then.
+enum class GpuMemory : std::uint8_t { DeviceLocal, HostVisible, DeviceLocalMapped };
 
 struct GpuBufferOptions {
   std::uint64_t size = 0;

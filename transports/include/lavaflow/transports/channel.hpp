@@ -40,6 +40,16 @@ enum class FullPolicy : std::uint8_t {
   FailFast,    ///< loan() reports WouldBlock at once
 };
 
+/// How a channel's GPU work is ordered across processes (design note 0015).
+enum class GpuSyncKind : std::uint8_t {
+  /// Timeline semaphores: every API waits on them on the GPU (Vulkan, CUDA, OpenGL, OpenCL).
+  Semaphore,
+  /// 64-bit counters in GPU memory that CUDA streams write and wait on (cuStreamWriteValue64 /
+  /// cuStreamWaitValue64): the fastest hand-off between CUDA processes. Other APIs cannot wait on
+  /// them on the GPU; the host can (receive(), loan() and wait_on_host()).
+  Flag,
+};
+
 struct ProducerOptions {
   static constexpr std::uint32_t kHostSlots = 8;
   static constexpr std::uint32_t kGpuSlots = 32;
@@ -60,6 +70,10 @@ struct ProducerOptions {
   /// be written at once. Producers that write on the GPU set this false and put Loan::gpu_waits()
   /// in their own queue submission instead: then no CPU waits for any GPU.
   bool host_wait_for_gpu_release = true;
+  /// What GPU-ordered channels (Vulkan transport) order their GPU work with. Flag needs only the
+  /// Vulkan transport; Semaphore needs a device that exports timeline semaphores (else the
+  /// channel falls back to CPU fence waits, and says so in its route).
+  GpuSyncKind gpu_sync = GpuSyncKind::Semaphore;
   std::optional<TransportKind> transport;  ///< unset: route automatically; else force this one
   TransportSet transports;                 ///< in preference order; empty: lavaflow::local_transports()
   const VulkanContext* vulkan = nullptr;   ///< for the Vulkan transport; null = make one when needed
@@ -89,14 +103,28 @@ struct MessageInfo {
   std::uint64_t sequence = 0;      ///< 0, 1, 2, … per channel (set by publish)
 };
 
-/// A point on the channel's shared timeline semaphore (Vulkan transport on devices that export
-/// timeline semaphores as opaque fds): GPU work signals it (producer) or waits on it (consumer).
+/// A point on one of the channel's GPU counters: GPU work raises the counter to `value` (producer:
+/// the message is written; consumer: its read is done) or waits until it gets there. The counter is
+/// a timeline semaphore (Vulkan transport on devices that export them as opaque fds), or on flag
+/// channels a 64-bit word in GPU memory (GpuSyncKind::Flag).
 struct GpuSync {
-  vk::Semaphore semaphore;
+  vk::Semaphore semaphore;  ///< null for a flag
   std::uint64_t value = 0;
   /// The semaphore's owner, from which other APIs import it (GpuSemaphore::export_fd, once).
   const GpuSemaphore* source = nullptr;
+  /// A flag: the word at `flag_offset` of this buffer (import the buffer to reach it from CUDA).
+  /// Raise it in the order of `value` (one stream, or streams ordered among themselves).
+  const Buffer* flag_buffer = nullptr;
+  std::uint64_t flag_offset = 0;
+  [[nodiscard]] GpuSyncKind kind() const { return flag_buffer ? GpuSyncKind::Flag : GpuSyncKind::Semaphore; }
 };
+
+/// The host's side of a GpuSync, for either kind: the counter's value now; a wait of at most
+/// `timeout` until it reaches `sync.value` (Timeout otherwise); and raising it to `sync.value` for
+/// work the host did itself (a flag only ever moves up: a lower value leaves it as it is).
+[[nodiscard]] Result<std::uint64_t> gpu_sync_value(const GpuSync& sync);
+[[nodiscard]] Status wait_on_host(const GpuSync& sync, Duration timeout);
+[[nodiscard]] Status signal_on_host(const GpuSync& sync);
 
 /// The route a channel took, and why.
 struct ChannelRoute {
@@ -222,6 +250,9 @@ class Producer {
                                             Duration timeout = std::chrono::seconds(10));
   /// Whether GPU work is ordered through a shared timeline semaphore (else: fences, CPU waits).
   [[nodiscard]] bool has_gpu_timeline() const;
+  /// What orders GPU work on this channel; empty when nothing does (GPU writes are finished with
+  /// CPU fence waits).
+  [[nodiscard]] std::optional<GpuSyncKind> gpu_sync() const;
   /// The shared timeline itself (null without one): export_fd() hands it to CUDA or another API.
   [[nodiscard]] const GpuSemaphore* gpu_timeline() const;
 
@@ -271,6 +302,7 @@ class Consumer {
   /// The Vulkan context the ring was imported into (Vulkan transport), else null.
   [[nodiscard]] const VulkanContext* vulkan() const;
   [[nodiscard]] bool has_gpu_timeline() const;
+  [[nodiscard]] std::optional<GpuSyncKind> gpu_sync() const;
   /// The shared timeline itself (null without one): export_fd() hands it to CUDA or another API.
   [[nodiscard]] const GpuSemaphore* gpu_timeline() const;
   /// This consumer's release timeline (Received::gpu_release signals it), null without one.
@@ -288,7 +320,7 @@ class Consumer {
   /// still hands the message over later (its CPU release frees the slot; release it on the GPU,
   /// Received::gpu_release, as the queued work ends). For channels whose producer orders every
   /// message on the GPU (Loan::gpu_signal): ahead of a message published otherwise the queued
-  /// work waits for the next GPU-ordered one. Unsupported without a shared timeline and under
+  /// work waits for the next GPU-ordered one. Unsupported without GPU ordering and under
   /// FullPolicy::DropOldest (the producer may skip the slot); InvalidArgument for a message
   /// already received or one whose slot still holds a message this consumer has not released.
   /// Should the producer die first, the queued work is let go (what it reads is then undefined;

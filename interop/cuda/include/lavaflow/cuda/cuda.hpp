@@ -174,6 +174,7 @@ class Interop {
   [[nodiscard]] Result<ExportableAllocation> allocate_exportable(std::uint64_t size) const;
 
  private:
+  friend class ChannelImports;
   Interop(DeviceInfo info, std::shared_ptr<const ExportableAllocation::Driver> driver)
       : info_(std::move(info)), driver_(std::move(driver)) {}
   DeviceInfo info_;
@@ -192,9 +193,13 @@ class Interop {
 ///
 /// (Producers set ProducerOptions::host_wait_for_gpu_release = false and consumers
 /// ConsumerOptions::host_wait_for_gpu = false, or the channel waits on the host for them.)
-/// Without a shared timeline (a driver that cannot export one) wait() has nothing to wait for,
-/// and signal() and release() are Unsupported: then synchronise the stream before publishing or
-/// releasing. One ChannelImports serves one channel object; it must not outlive it.
+/// The channel's counters are timeline semaphores (imported as external semaphores) or, on flag
+/// channels (GpuSyncKind::Flag), words in GPU memory that the stream writes and waits on with
+/// stream memory operations — the faster of the two between CUDA processes.
+/// Without GPU ordering (a driver that cannot export timelines, on a semaphore channel) wait()
+/// has nothing to wait for, and signal() and release() are Unsupported: then synchronise the
+/// stream before publishing or releasing. One ChannelImports serves one channel object; it must
+/// not outlive it.
 class ChannelImports {
  public:
   explicit ChannelImports(const Interop& cuda) : cuda_(&cuda) {}
@@ -213,10 +218,16 @@ class ChannelImports {
   /// The message's slot may be written again once the work queued in `stream` so far is done
   /// (Received::gpu_release); the message can then be dropped at once.
   [[nodiscard]] Status release(cudaStream_t stream, Received& message);
+  /// Work after this in `stream` waits until the point is reached (either kind of GpuSync).
+  [[nodiscard]] Status wait(cudaStream_t stream, const GpuSync& sync);
+  /// Raises the point once the work queued in `stream` so far is done. Prefer signal(loan) and
+  /// release(message), which also tell the channel.
+  [[nodiscard]] Status signal(cudaStream_t stream, const GpuSync& sync);
   [[nodiscard]] std::size_t imported() const { return cache_.size(); }
 
  private:
   Result<const ExternalBuffer*> import(const lavaflow::Buffer& buffer);
+  Result<unsigned long long> flag_address(const GpuSync& sync);  // CUdeviceptr of a flag
   Result<const ExternalSemaphore*> semaphore(const GpuSync& sync);
   const Interop* cuda_;
   std::unordered_map<const lavaflow::Buffer*, ExternalBuffer> cache_;
