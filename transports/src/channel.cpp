@@ -737,9 +737,12 @@ Result<std::unique_ptr<Producer>> Producer::create(const std::string& name, Prod
     if (!block->host_ptr())
       return fail(Errc::Unsupported, call, "the device has no host-visible memory for the channel's GPU flags");
     std::memset(block->host_ptr(), 0, detail::kFlagBlockSize);
+    const bool local = static_cast<bool>(vk::MemoryPropertyFlags(block->descriptor().memory_flags) &
+                                         vk::MemoryPropertyFlagBits::eDeviceLocal);
     impl->flag_block = std::make_unique<GpuBuffer>(std::move(*block));
     impl->route.reason +=
-        "; GPU work ordered by flags in GPU memory (CUDA streams wait on them; other APIs on the host)";
+        str_format("; GPU work ordered by flags in {} memory (CUDA streams wait on them; other APIs on the host)",
+                   local ? "device-local" : "host");
     if (auto note = gpu_sharing_note(impl->env.vulkan->capabilities()); !note.empty())
       impl->route.reason += "; " + note;
   } else if (gpu_ring) {
