@@ -32,7 +32,6 @@ Result<std::unique_ptr<GpuVerifier>> make_gpu_verifier(const Consumer& consumer,
 }
 
 #if !LAVAFLOW_DEMO_CUDA
-bool cuda_writes(std::string_view) { return false; }
 Result<std::unique_ptr<GpuWriter>> make_cuda_writer(const Producer&) {
   return fail(Errc::Unsupported, "CUDA", "built without CUDA");
 }

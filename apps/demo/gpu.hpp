@@ -61,10 +61,6 @@ class GpuVerifier {
 [[nodiscard]] lavaflow::Result<std::unique_ptr<GpuVerifier>> make_gpu_verifier(const lavaflow::Consumer& consumer,
                                                                                std::string_view api);
 
-/// Whether `api` ("cuda", or "gpu"/"auto" on a machine with a CUDA device) makes the frames
-/// be written and verified by CUDA: then the channel can order them with flags.
-[[nodiscard]] bool cuda_writes(std::string_view api);
-
 // The implementations (gpu_cuda.cpp, gpu_vulkan.cpp); Unsupported where not built.
 [[nodiscard]] lavaflow::Result<std::unique_ptr<GpuWriter>> make_cuda_writer(const lavaflow::Producer& producer);
 [[nodiscard]] lavaflow::Result<std::unique_ptr<GpuVerifier>> make_cuda_verifier(const lavaflow::Consumer& consumer);

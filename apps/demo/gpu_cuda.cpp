@@ -185,11 +185,4 @@ Result<std::unique_ptr<GpuVerifier>> make_cuda_verifier(const Consumer& consumer
   return v;
 }
 
-bool cuda_writes(std::string_view api) {
-  if (api == "cuda") return true;
-  if (api != "gpu" && api != "auto") return false;
-  auto devices = cuda::devices();
-  return devices && !devices->empty();
-}
-
 }  // namespace lfdemo

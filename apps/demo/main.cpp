@@ -156,8 +156,6 @@ int produce(const Options& a, ProducerSummary* summary = nullptr) {
                     .slot_size = slot_size,
                     .timestamps = true,
                     .host_wait_for_gpu_release = !gpu_wanted,
-                    // CUDA on both ends: flags in GPU memory are the faster hand-off (note 0015).
-                    .gpu_sync = lfdemo::cuda_writes(a.verify) ? GpuSyncKind::Flag : GpuSyncKind::Semaphore,
                     .transport = a.transport,
                     .directory = a.dir};
   auto p = Producer::create(name, o);
