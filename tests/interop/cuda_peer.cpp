@@ -1,23 +1,119 @@
 // SPDX-License-Identifier: MIT
-// Helper process for the CUDA tests: a channel consumer whose CUDA stream waits on the channel's
-// timeline (no CPU wait for the producer's GPU work) and reads every message on the GPU.
+// Helper process for the CUDA tests.
 //   lavaflow_cuda_peer consume DIR NAME COUNT
-// Message i must hold lftest::fill(…, i). Exit 0 when all COUNT verified and each ring buffer was
-// imported once; 77 when CUDA cannot run here.
+//     A channel consumer whose CUDA stream waits on the channel's timeline (no CPU wait for the
+//     producer's GPU work) and reads every message on the GPU. Message i must hold
+//     lftest::fill(…, i). Exit 0 when all COUNT verified and each ring buffer was imported once.
+//   lavaflow_cuda_peer consume-peer DIR NAME COUNT
+//     A consumer on CUDA device 1 of a channel whose ring is on device 0: each message is copied
+//     to device 1 over the peer link (cudaMemcpyPeer), then checked there.
+//   lavaflow_cuda_peer import-allocation ALLOCATION_SIZE SIZE DEVICE SOCKET
+//     Receives a CUDA allocation's fd (device 0) on SOCKET, checks that wrong sizes and a non-CUDA
+//     fd are refused, maps it for DEVICE too, checks message 7 with a kernel on DEVICE and writes
+//     message 8 there.
+// Exit 77 when CUDA cannot run here.
 #include <cuda_runtime_api.h>
+#include <sys/mman.h>
 
 #include <cstdio>
 #include <string>
 
+#include "cuda_kernels.hpp"
+#include "lavaflow/core/unix_socket.hpp"
 #include "lavaflow/cuda/cuda.hpp"
 #include "lavaflow/transports/local.hpp"
 #include "vk_helpers.hpp"
 
 using namespace lavaflow;
 
+namespace {
+
+int failed(const char* what, const Error& e) {
+  std::fprintf(stderr, "cuda_peer: %s: %s\n", what, e.message().c_str());
+  return 1;
+}
+
+int consume_peer(const std::string& dir, const std::string& name, std::uint64_t count) {
+  auto c = Consumer::open(name, {.connect_timeout = std::chrono::seconds(20), .directory = dir});
+  if (!c) return failed("open", c.error());
+  if (!(*c)->vulkan()) return std::fprintf(stderr, "cuda_peer: channel is not on the Vulkan transport\n"), 1;
+  auto cu = cuda::Interop::create(*(*c)->vulkan());
+  if (!cu) return std::printf("LAVAFLOW-SKIP: %s\n", cu.error().message().c_str()), 77;
+  const int home = cu->device().ordinal, mine = home == 0 ? 1 : 0;
+  if (auto ok = cuda::enable_peer_access(mine, home); !ok) return failed("peer access", ok.error());
+  cuda::ChannelImports imports(*cu);
+  void* dst = nullptr;
+  if (cudaSetDevice(mine) != cudaSuccess || cudaMalloc(&dst, 1 << 20) != cudaSuccess) return 1;
+  std::vector<std::byte> seen;
+  for (std::uint64_t i = 0; i < count; ++i) {
+    auto r = (*c)->receive(std::chrono::seconds(20));
+    if (!r) return failed("receive", r.error());
+    auto src = imports.buffer(*r);
+    if (!src) return failed("import", src.error());
+    seen.resize(r->info().size);
+    if (cudaSetDevice(mine) != cudaSuccess ||
+        cudaMemcpyPeer(dst, mine, (*src)->data(), home, seen.size()) != cudaSuccess ||
+        cudaMemcpy(seen.data(), dst, seen.size(), cudaMemcpyDeviceToHost) != cudaSuccess)
+      return std::fprintf(stderr, "cuda_peer: peer copy failed\n"), 1;
+    if (auto bad = lftest::first_mismatch(seen, i); bad >= 0)
+      return std::fprintf(stderr, "cuda_peer: message %llu byte %lld differs on device %d\n",
+                          static_cast<unsigned long long>(i), bad, mine),
+             1;
+  }
+  std::printf("cuda_peer: %llu messages from device %d verified on device %d\n", static_cast<unsigned long long>(count),
+              home, mine);
+  return cudaFree(dst) == cudaSuccess ? 0 : 1;
+}
+
+int import_allocation(std::uint64_t allocation_size, std::uint64_t size, int device, int sock) {
+  auto msg = recv_message(sock, std::chrono::seconds(20));
+  if (!msg) return failed("recv", msg.error());
+  if (msg->fds.size() != 1) return std::fprintf(stderr, "cuda_peer: expected one fd\n"), 1;
+  auto devs = cuda::devices();
+  if (!devs || devs->empty()) return std::printf("LAVAFLOW-SKIP: no CUDA device\n"), 77;
+  auto cu = cuda::Interop::create(devs->front().uuid);
+  if (!cu) return failed("interop", cu.error());
+  const int fd = msg->fds[0].get();
+  // What a hostile sender could claim: a bigger allocation, a size beyond it, an fd of another kind.
+  if (cu->import_allocation(fd, allocation_size * 2, size, {device}))
+    return std::fprintf(stderr, "cuda_peer: a doubled allocation size was mapped\n"), 1;
+  if (cu->import_allocation(fd, allocation_size, allocation_size + 1, {device}))
+    return std::fprintf(stderr, "cuda_peer: a size beyond the allocation was accepted\n"), 1;
+  UniqueFd other(::memfd_create("not-cuda", MFD_CLOEXEC));
+  if (cu->import_allocation(other.get(), allocation_size, size))
+    return std::fprintf(stderr, "cuda_peer: a memfd was taken for a CUDA allocation\n"), 1;
+  auto mem = cu->import_allocation(fd, allocation_size, size, {device});
+  if (!mem) return failed("import_allocation", mem.error());
+  cudaStream_t s = nullptr;
+  unsigned long long* errors = nullptr;
+  unsigned long long bad = 1;
+  if (cudaSetDevice(device) != cudaSuccess || cudaStreamCreate(&s) != cudaSuccess ||
+      cudaMalloc(reinterpret_cast<void**>(&errors), sizeof *errors) != cudaSuccess ||
+      cudaMemset(errors, 0, sizeof *errors) != cudaSuccess ||
+      lf_kernel_check_frame(mem->data(), size, 7, 0, errors, nullptr, nullptr, s) != cudaSuccess ||
+      cudaMemcpy(&bad, errors, sizeof bad, cudaMemcpyDeviceToHost) != cudaSuccess)
+    return std::fprintf(stderr, "cuda_peer: reading the allocation on device %d failed\n", device), 1;
+  if (bad != 0) return std::fprintf(stderr, "cuda_peer: %llu words differ on device %d\n", bad, device), 1;
+  if (lf_kernel_fill_frame(mem->data(), size, 8, s) != cudaSuccess || cudaStreamSynchronize(s) != cudaSuccess)
+    return std::fprintf(stderr, "cuda_peer: writing the allocation on device %d failed\n", device), 1;
+  cudaFree(errors);
+  cudaStreamDestroy(s);
+  std::printf("cuda_peer: device %d read and wrote device 0's allocation of %llu bytes\n", device,
+              static_cast<unsigned long long>(size));
+  return 0;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  if (argc != 5 || std::string(argv[1]) != "consume") {
-    std::fprintf(stderr, "usage: lavaflow_cuda_peer consume DIR NAME COUNT\n");
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "consume-peer" && argc == 5) return consume_peer(argv[2], argv[3], std::stoull(argv[4]));
+  if (mode == "import-allocation" && argc == 6)
+    return import_allocation(std::stoull(argv[2]), std::stoull(argv[3]), std::stoi(argv[4]), std::stoi(argv[5]));
+  if (argc != 5 || mode != "consume") {
+    std::fprintf(stderr,
+                 "usage: lavaflow_cuda_peer consume|consume-peer DIR NAME COUNT\n"
+                 "       lavaflow_cuda_peer import-allocation ALLOCATION_SIZE SIZE DEVICE SOCKET\n");
     return 2;
   }
   const std::uint64_t count = std::stoull(argv[4]);

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "cuda_kernels.hpp"
+#include "lavaflow/core/unix_socket.hpp"
 #include "lavaflow/cuda/cuda.hpp"
 #include "support.hpp"
 
@@ -361,4 +362,96 @@ TEST_CASE("unified buffer: CUDA works on the device side through the adapter, or
   }
   if (!u.shared()) CHECK((u.uploads() == 3 && u.downloads() == 3));
   lftest::ok(u.synchronize());
+}
+
+// ----- peer links and peer-to-peer transfers (two GPUs; a visible skip with one)
+
+namespace {
+
+/// The two GPUs of the peer tests: ordinals 0 and 1, with peer access both ways.
+void require_two_peers() {
+  auto links = cuda::peer_links();
+  if (!links) lftest::skip("no CUDA device: " + links.error().message());
+  if (links->empty()) lftest::skip("one CUDA device: peer-to-peer needs two");
+  for (const auto& l : *links)
+    if ((l.from == 0 && l.to == 1) || (l.from == 1 && l.to == 0))
+      if (!l.access) lftest::skip("CUDA devices 0 and 1 have no peer access");
+}
+
+}  // namespace
+
+TEST_CASE("peer links describe every ordered pair of CUDA devices") {
+  auto devs = cuda::devices();
+  if (!devs) lftest::skip("no CUDA device: " + devs.error().message());
+  const auto links = lftest::ok(cuda::peer_links());
+  const std::size_t n = devs->size();
+  REQUIRE(links.size() == n * (n - 1));
+  for (const auto& l : links) {
+    std::printf("peer link %d -> %d: %s, access %d, atomics %d, rank %d, PCIe: %s\n", l.from, l.to,
+                std::string(cuda::to_string(l.path)).c_str(), l.access, l.native_atomics, l.performance_rank,
+                l.pcie_meet.c_str());
+    CHECK(l.from != l.to);
+    CHECK((l.path == cuda::PeerPath::None) == !l.access);
+  }
+  if (n < 2) lftest::skip("one CUDA device: no pair to describe");
+}
+
+TEST_CASE("a consumer process on GPU 1 receives from a producer on GPU 0 and copies each message over the peer link") {
+  require_two_peers();
+  auto f = setup();  // GPU 0
+  const auto dir = lftest::channel_dir();
+  auto prod = lftest::ok(Producer::create(
+      "cuda-p2p",
+      {.slots = 4, .slot_size = 1 << 20, .transport = TransportKind::Vulkan, .vulkan = &f.vk, .directory = dir}));
+  const std::uint64_t count = 100;
+  const pid_t pid = lftest::run({LAVAFLOW_CUDA_PEER, "consume-peer", dir.string(), "cuda-p2p", std::to_string(count)});
+  lftest::ok(prod->wait_for_consumers(1, std::chrono::seconds(30)));
+  cuda::ChannelImports imports(f.cu);
+  std::vector<std::byte> bytes(1 << 20);
+  for (std::uint64_t i = 0; i < count; ++i) {
+    auto loan = lftest::ok(prod->loan(std::chrono::seconds(20)));
+    const std::uint64_t n = 1000 + (i * 7919) % 1000000;
+    lftest::fill(std::span(bytes).first(n), i);
+    const auto* dst = lftest::ok(imports.buffer(loan));
+    CU_OK(cudaMemcpy(dst->data(), bytes.data(), n, cudaMemcpyHostToDevice));
+    CU_OK(cudaDeviceSynchronize());
+    lftest::ok(prod->publish(std::move(loan), {.size = n}));
+  }
+  CHECK(lftest::wait_exit(pid) == 0);
+}
+
+TEST_CASE("CUDA memory exported by one process is mapped by another, where kernels on a second GPU use it") {
+  auto f = setup();
+  int devices = 0;
+  CU_OK(cudaGetDeviceCount(&devices));
+  // With one GPU the other process still maps it (same device); the peer path needs two.
+  const int peer_device = devices > 1 ? 1 : 0;
+  if (peer_device == 1) require_two_peers();
+  const std::uint64_t size = (3 << 20) + 24;
+  auto alloc = f.cu.allocate_exportable(size);
+  if (!alloc) lftest::skip("no POSIX-fd CUDA allocations: " + alloc.error().message());
+  cudaStream_t s = nullptr;
+  CU_OK(cudaStreamCreate(&s));
+  CU_OK(lf_kernel_fill_frame(alloc->data(), size, 7, s));
+  CU_OK(cudaStreamSynchronize(s));
+  auto fd = lftest::ok(alloc->export_fd());
+  auto [mine, theirs] = lftest::ok(socket_pair());
+  const pid_t pid = lftest::spawn(LAVAFLOW_CUDA_PEER,
+                                  {"import-allocation", std::to_string(alloc->allocation_size()), std::to_string(size),
+                                   std::to_string(peer_device)},
+                                  theirs.get());
+  theirs.reset();
+  const int fds[] = {fd.get()};
+  lftest::ok(send_message(mine.get(), {}, fds));
+  CHECK(lftest::wait_exit(pid) == 0);
+  // The other process's kernel (on the second GPU when there is one) wrote message 8.
+  unsigned long long* errors = nullptr;
+  CU_OK(cudaMalloc(reinterpret_cast<void**>(&errors), sizeof *errors));
+  CU_OK(cudaMemset(errors, 0, sizeof *errors));
+  CU_OK(lf_kernel_check_frame(alloc->data(), size, 8, 0, errors, nullptr, nullptr, s));
+  unsigned long long bad = 1;
+  CU_OK(cudaMemcpy(&bad, errors, sizeof bad, cudaMemcpyDeviceToHost));
+  CHECK(bad == 0);
+  CU_OK(cudaFree(errors));
+  CU_OK(cudaStreamDestroy(s));
 }

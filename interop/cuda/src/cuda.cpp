@@ -3,9 +3,11 @@
 
 #include <cuda.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "lavaflow/core/detail/format.hpp"
+#include "pci.hpp"
 
 namespace lavaflow::cuda {
 
@@ -36,6 +38,8 @@ struct ExportableAllocation::Driver {
   decltype(&::cuMemUnmap) unmap = nullptr;
   decltype(&::cuMemSetAccess) set_access = nullptr;
   decltype(&::cuMemExportToShareableHandle) export_handle = nullptr;
+  decltype(&::cuMemImportFromShareableHandle) import_handle = nullptr;
+  decltype(&::cuMemGetAllocationPropertiesFromHandle) properties = nullptr;
   decltype(&::cuGetErrorString) error_string = nullptr;
   decltype(&::cuDeviceGet) device_get = nullptr;
   decltype(&::cuDeviceGetAttribute) attribute = nullptr;
@@ -74,14 +78,15 @@ bool entry(const char* name, F& out) {
 
 std::shared_ptr<const ExportableAllocation::Driver> load_driver() {
   auto d = std::make_shared<ExportableAllocation::Driver>();
-  const bool ok = entry("cuMemGetAllocationGranularity", d->granularity) && entry("cuMemCreate", d->create) &&
-                  entry("cuMemRelease", d->release) && entry("cuMemAddressReserve", d->reserve) &&
-                  entry("cuMemAddressFree", d->address_free) && entry("cuMemMap", d->map) &&
-                  entry("cuMemUnmap", d->unmap) && entry("cuMemSetAccess", d->set_access) &&
-                  entry("cuMemExportToShareableHandle", d->export_handle) &&
-                  entry("cuGetErrorString", d->error_string) && entry("cuDeviceGet", d->device_get) &&
-                  entry("cuDeviceGetAttribute", d->attribute) && entry("cuStreamWaitValue64", d->wait_value) &&
-                  entry("cuStreamWriteValue64", d->write_value);
+  const bool ok =
+      entry("cuMemGetAllocationGranularity", d->granularity) && entry("cuMemCreate", d->create) &&
+      entry("cuMemRelease", d->release) && entry("cuMemAddressReserve", d->reserve) &&
+      entry("cuMemAddressFree", d->address_free) && entry("cuMemMap", d->map) && entry("cuMemUnmap", d->unmap) &&
+      entry("cuMemSetAccess", d->set_access) && entry("cuMemExportToShareableHandle", d->export_handle) &&
+      entry("cuMemImportFromShareableHandle", d->import_handle) &&
+      entry("cuMemGetAllocationPropertiesFromHandle", d->properties) && entry("cuGetErrorString", d->error_string) &&
+      entry("cuDeviceGet", d->device_get) && entry("cuDeviceGetAttribute", d->attribute) &&
+      entry("cuStreamWaitValue64", d->wait_value) && entry("cuStreamWriteValue64", d->write_value);
   return ok ? d : nullptr;
 }
 
@@ -155,17 +160,23 @@ Result<std::vector<DeviceInfo>> devices() {
   return out;
 }
 
+namespace detail {
+std::string pci_address(int ordinal) {
+  char bus[32] = {};
+  if (cudaDeviceGetPCIBusId(bus, sizeof bus, ordinal) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return {};
+  }
+  std::string pci = bus;
+  std::ranges::transform(pci, pci.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return pci;
+}
+}  // namespace detail
+
 Status add_devices(Accelerators& accelerators) {
   LF_TRY(auto list, devices());
   for (const auto& d : list) {
-    char bus[32] = {};
-    std::string pci;
-    if (cudaDeviceGetPCIBusId(bus, sizeof bus, d.ordinal) == cudaSuccess) {
-      pci = bus;
-      std::ranges::transform(pci, pci.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-    } else {
-      (void)cudaGetLastError();
-    }
+    std::string pci = detail::pci_address(d.ordinal);
     int integrated = 0;
     (void)cudaDeviceGetAttribute(&integrated, cudaDevAttrIntegrated, d.ordinal);
     accelerators.add({Api::Cuda, d.name, static_cast<std::uint32_t>(d.ordinal),
@@ -284,6 +295,49 @@ Result<ExternalSemaphore> Interop::import_semaphore(const GpuSemaphore& semaphor
   return import_semaphore(semaphore.kind(), std::move(fd));
 }
 
+namespace {
+
+/// `e` with `why` in front of its cause: what the failure means here.
+Error explained(const Error& e, std::string_view why, const char* call) {
+  return Error(e.code(), e.call(), str_format("{} ({})", why, e.cause())).within(call);
+}
+
+/// Reserves an address range for `handle` (`alloc` bytes), maps it and grants read/write to every
+/// device in `devices`; releases what it made (not the handle) on failure.
+Result<CUdeviceptr> map_allocation(const ExportableAllocation::Driver& d, CUmemGenericAllocationHandle handle,
+                                   std::uint64_t alloc, std::size_t alignment, const std::vector<int>& devices,
+                                   const char* call, const char* map_failure) {
+  CUdeviceptr ptr = 0;
+  LF_TRY_STATUS(d.check(d.reserve(&ptr, alloc, alignment, 0, 0), "cuMemAddressReserve"));
+  if (auto ok = d.check(d.map(ptr, alloc, 0, handle, 0), "cuMemMap"); !ok) {
+    d.address_free(ptr, alloc);
+    return std::unexpected(explained(ok.error(), map_failure, call));
+  }
+  std::vector<CUmemAccessDesc> access(devices.size());
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    access[i].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access[i].location.id = devices[i];
+    access[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  }
+  if (auto ok = d.check(d.set_access(ptr, alloc, access.data(), access.size()), "cuMemSetAccess"); !ok) {
+    d.unmap(ptr, alloc);
+    d.address_free(ptr, alloc);
+    return std::unexpected(ok.error().within(call));
+  }
+  return ptr;
+}
+
+CUmemAllocationProp device_allocation(int ordinal) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = ordinal;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return prop;
+}
+
+}  // namespace
+
 Result<ExportableAllocation> Interop::allocate_exportable(std::uint64_t size) const {
   constexpr const char* call = "cuda::Interop::allocate_exportable";
   if (!driver_ || !info_.posix_fd_allocations)
@@ -291,11 +345,7 @@ Result<ExportableAllocation> Interop::allocate_exportable(std::uint64_t size) co
                 str_format("CUDA device {} cannot make POSIX-fd-shareable allocations (cuMemCreate)", info_.name));
   if (size == 0) return fail(Errc::InvalidArgument, call, "size is 0");
   const auto& d = *driver_;
-  CUmemAllocationProp prop{};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = info_.ordinal;
-  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  const CUmemAllocationProp prop = device_allocation(info_.ordinal);
   std::size_t granularity = 0;
   LF_TRY_STATUS(d.check(d.granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED),
                         "cuMemGetAllocationGranularity"));
@@ -305,28 +355,74 @@ Result<ExportableAllocation> Interop::allocate_exportable(std::uint64_t size) co
   LF_CUDA(cudaSetDevice(info_.ordinal));
   CUmemGenericAllocationHandle handle = 0;
   LF_TRY_STATUS(d.check(d.create(&handle, alloc, &prop, 0), "cuMemCreate"));
-  CUdeviceptr ptr = 0;
-  if (auto ok = d.check(d.reserve(&ptr, alloc, granularity, 0, 0), "cuMemAddressReserve"); !ok) {
+  auto ptr = map_allocation(d, handle, alloc, granularity, {info_.ordinal}, call, "mapping the new allocation");
+  if (!ptr) {
+    d.release(handle);
+    return std::unexpected(ptr.error());
+  }
+  return ExportableAllocation(driver_, handle, *ptr, size, alloc, info_.uuid);
+}
+
+Result<ExportableAllocation> Interop::import_allocation(int fd, std::uint64_t allocation_size, std::uint64_t size,
+                                                        const std::vector<int>& peers) const {
+  constexpr const char* call = "cuda::Interop::import_allocation";
+  if (!driver_ || !info_.posix_fd_allocations)
+    return fail(Errc::Unsupported, call,
+                str_format("CUDA device {} cannot import POSIX-fd-shareable allocations", info_.name));
+  if (fd < 0) return fail(Errc::InvalidArgument, call, "no fd");
+  if (size == 0 || size > allocation_size)
+    return fail(Errc::InvalidArgument, call,
+                str_format("size {} is not within the allocation's {} bytes", size, allocation_size));
+  const auto& d = *driver_;
+  const CUmemAllocationProp prop = device_allocation(info_.ordinal);
+  std::size_t granularity = 0;
+  LF_TRY_STATUS(
+      d.check(d.granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), "cuMemGetAllocationGranularity"));
+  if (allocation_size % granularity != 0)
+    return fail(Errc::InvalidArgument, call,
+                str_format("allocation size {} is not a multiple of the device's granularity {}", allocation_size,
+                           granularity));
+  int count = 0;
+  LF_CUDA(cudaGetDeviceCount(&count));
+  std::vector<int> devices{info_.ordinal};
+  for (int p : peers) {
+    if (p < 0 || p >= count)
+      return fail(Errc::InvalidArgument, call, str_format("device {} does not exist ({} CUDA devices)", p, count));
+    if (std::find(devices.begin(), devices.end(), p) != devices.end()) continue;
+    int can = 0;
+    LF_CUDA(cudaDeviceCanAccessPeer(&can, p, info_.ordinal));
+    if (!can)
+      return fail(Errc::Unsupported, call,
+                  str_format("CUDA device {} has no peer access to device {} ({})", p, info_.ordinal, info_.name));
+    devices.push_back(p);
+  }
+  LF_CUDA(cudaSetDevice(info_.ordinal));
+  CUmemGenericAllocationHandle handle = 0;
+  // The driver takes its own reference: the fd stays open and the caller's.
+  if (auto ok = d.check(d.import_handle(&handle, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)),
+                                        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+                        "cuMemImportFromShareableHandle");
+      !ok)
+    return std::unexpected(explained(ok.error(), str_format("fd {} is not a CUDA allocation's", fd), call));
+  CUmemAllocationProp got{};
+  if (auto ok = d.check(d.properties(&got, handle), "cuMemGetAllocationPropertiesFromHandle"); !ok) {
     d.release(handle);
     return std::unexpected(ok.error().within(call));
   }
-  auto undo = [&] {
-    d.address_free(ptr, alloc);
+  if (got.location.type != CU_MEM_LOCATION_TYPE_DEVICE || got.location.id != info_.ordinal) {
     d.release(handle);
-  };
-  if (auto ok = d.check(d.map(ptr, alloc, 0, handle, 0), "cuMemMap"); !ok) {
-    undo();
-    return std::unexpected(ok.error().within(call));
+    return fail(Errc::DeviceMismatch, call,
+                str_format("the allocation lives on {} {}, this interop is CUDA device {} ({})",
+                           got.location.type == CU_MEM_LOCATION_TYPE_DEVICE ? "CUDA device" : "location type",
+                           got.location.id, info_.ordinal, info_.name));
   }
-  CUmemAccessDesc access{};
-  access.location = prop.location;
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  if (auto ok = d.check(d.set_access(ptr, alloc, &access, 1), "cuMemSetAccess"); !ok) {
-    d.unmap(ptr, alloc);
-    undo();
-    return std::unexpected(ok.error().within(call));
+  const std::string too_small = str_format("the allocation is smaller than the {} bytes announced", allocation_size);
+  auto ptr = map_allocation(d, handle, allocation_size, granularity, devices, call, too_small.c_str());
+  if (!ptr) {
+    d.release(handle);
+    return std::unexpected(ptr.error());
   }
-  return ExportableAllocation(driver_, handle, ptr, size, alloc, info_.uuid);
+  return ExportableAllocation(driver_, handle, *ptr, size, allocation_size, info_.uuid);
 }
 
 // ----- owners
@@ -423,6 +519,16 @@ Result<Export> ExportableAllocation::export_for(const VulkanContext& ctx) const 
   UniqueFd fd(raw);
   LF_TRY_STATUS(fd.set_cloexec());
   return Export{desc, std::move(fd)};
+}
+
+Result<UniqueFd> ExportableAllocation::export_fd() const {
+  if (!driver_) return fail(Errc::InvalidArgument, "cuda::ExportableAllocation::export_fd", "moved-from allocation");
+  int raw = -1;
+  LF_TRY_STATUS(driver_->check(driver_->export_handle(&raw, handle_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+                               "cuMemExportToShareableHandle"));
+  UniqueFd fd(raw);
+  LF_TRY_STATUS(fd.set_cloexec());
+  return fd;
 }
 
 // ----- channel imports

@@ -16,6 +16,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -56,6 +57,33 @@ struct DeviceInfo {
 /// Adds the CUDA devices to the accelerator list (merged by UUID with what Vulkan saw); the
 /// runtime's reason when there is no driver or device.
 [[nodiscard]] Status add_devices(Accelerators& accelerators);
+
+/// How one GPU's copies and kernels reach another GPU's memory in this host.
+enum class PeerPath {
+  None,    ///< no direct access: data between them goes through host memory
+  PCIe,    ///< peer-to-peer over the PCIe fabric
+  NVLink,  ///< NVLink (directly or through an NVSwitch)
+};
+using lavaflow::to_string;  // lava-flow's overloads stay visible beside this one
+[[nodiscard]] std::string_view to_string(PeerPath p);
+
+/// The link from CUDA device `from` to device `to` (ordinals), as CUDA, NVML and sysfs see it.
+struct PeerLink {
+  int from = 0, to = 0;
+  PeerPath path = PeerPath::None;
+  bool access = false;          ///< kernels on `from` can read and write `to`'s memory (cudaDeviceCanAccessPeer)
+  bool native_atomics = false;  ///< atomics on `to`'s memory run over the link
+  int performance_rank = 0;     ///< CUDA's relative rank of the link (lower is faster)
+  /// Where the PCIe routes of the two GPUs meet: "switch <bdf>" (a bridge below the root port),
+  /// "root complex <domain:bus>" or "different root complexes"; empty when sysfs does not say.
+  std::string pcie_meet;
+};
+/// Every ordered pair of this host's CUDA devices. NVLink is told by NVML when the driver's
+/// library is there; without it a pair with peer access counts as PCIe.
+[[nodiscard]] Result<std::vector<PeerLink>> peer_links();
+/// Lets kernels and copies on `device` reach `peer`'s memory directly (cudaDeviceEnablePeerAccess;
+/// repeating it is fine). Unsupported when the pair has no peer access.
+[[nodiscard]] Status enable_peer_access(int device, int peer);
 
 /// Memory imported from Vulkan and mapped as a linear device pointer.
 class ExternalBuffer {
@@ -128,6 +156,11 @@ class ExportableAllocation {
   /// An fd and a descriptor under which `GpuBuffer::import(ctx, …)` takes this memory; refuses a
   /// context on another device.
   [[nodiscard]] Result<Export> export_for(const VulkanContext& ctx) const;
+  /// The allocation's POSIX fd for another CUDA process (Interop::import_allocation), which needs
+  /// allocation_size() and size() with it.
+  [[nodiscard]] Result<UniqueFd> export_fd() const;
+  /// The CUDA device whose memory this is.
+  [[nodiscard]] const Uuid& device() const { return device_; }
 
   struct Driver;  ///< driver entry points (private to the library)
 
@@ -172,6 +205,13 @@ class Interop {
 
   /// Allocates `size` bytes with cuMemCreate (POSIX fd handle), mapped read/write on this device.
   [[nodiscard]] Result<ExportableAllocation> allocate_exportable(std::uint64_t size) const;
+  /// Maps another process's allocation (ExportableAllocation::export_fd) that lives on this device,
+  /// read/write for this device and for each device in `peers` (ordinals; kernels and copies there
+  /// reach it over the peer link). The driver checks `allocation_size` against the real
+  /// allocation; `size` ≤ `allocation_size`. The fd stays the caller's.
+  [[nodiscard]] Result<ExportableAllocation> import_allocation(int fd, std::uint64_t allocation_size,
+                                                               std::uint64_t size,
+                                                               const std::vector<int>& peers = {}) const;
 
  private:
   friend class ChannelImports;
