@@ -16,38 +16,21 @@
 //   interval between B's checks, against the same fill + verify on two streams of one process.
 #include "gpu_handoff.hpp"
 
-#include <fcntl.h>
-#include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "cuda_kernels.hpp"
-#include "lavaflow/core/detail/format.hpp"
+#include "gpu_common.hpp"
 #include "lavaflow/lavaflow.hpp"
-
-extern char** environ;
 
 namespace lfbench {
 
-using namespace lavaflow;
-using namespace std::chrono_literals;
-
 namespace {
-
-#define GPU_OK(expr)                                                                                   \
-  do {                                                                                                 \
-    if (cudaError_t e_ = (expr); e_ != cudaSuccess) return std::unexpected(cuda::to_error(e_, #expr)); \
-  } while (0)
 
 /// Round trips measured after this many unmeasured ones (queues filled, caches and clocks warm).
 constexpr int kWarmup = 50;
@@ -59,48 +42,6 @@ double percentile(std::vector<double> v, double q) {
   std::sort(v.begin(), v.end());
   return v[static_cast<std::size_t>(q * double(v.size() - 1))];
 }
-
-struct DeviceMemory {
-  void* p = nullptr;
-  DeviceMemory() = default;
-  DeviceMemory(const DeviceMemory&) = delete;
-  DeviceMemory& operator=(const DeviceMemory&) = delete;
-  ~DeviceMemory() {
-    if (p) cudaFree(p);
-  }
-  [[nodiscard]] unsigned long long* words() const { return static_cast<unsigned long long*>(p); }
-};
-
-Status allocate(DeviceMemory& m, std::uint64_t bytes) {
-  GPU_OK(cudaMalloc(&m.p, bytes));
-  GPU_OK(cudaMemset(m.p, 0, bytes));
-  return {};
-}
-
-struct StreamOwner {
-  cudaStream_t s = nullptr;
-  StreamOwner() = default;
-  StreamOwner(const StreamOwner&) = delete;
-  StreamOwner& operator=(const StreamOwner&) = delete;
-  ~StreamOwner() {
-    if (s) cudaStreamDestroy(s);
-  }
-};
-
-Status create(StreamOwner& s) {
-  GPU_OK(cudaStreamCreateWithFlags(&s.s, cudaStreamNonBlocking));
-  return {};
-}
-
-struct EventOwner {
-  cudaEvent_t e = nullptr;
-  EventOwner() = default;
-  EventOwner(const EventOwner&) = delete;
-  EventOwner& operator=(const EventOwner&) = delete;
-  ~EventOwner() {
-    if (e) cudaEventDestroy(e);
-  }
-};
 
 /// Runs every kernel once: modules load lazily, and loading one while a stream is blocked on a
 /// wait for another process can deadlock.
@@ -115,18 +56,6 @@ Status load_kernels(cudaStream_t s) {
   GPU_OK(lf_kernel_stamp(c.words(), s));
   GPU_OK(cudaStreamSynchronize(s));
   return {};
-}
-
-/// Waits for `s` with a deadline: a peer that died leaves our stream waiting on the GPU forever.
-Status finish(cudaStream_t s, Duration timeout, const char* what) {
-  const Deadline dl(timeout);
-  for (;;) {
-    const cudaError_t e = cudaStreamQuery(s);
-    if (e == cudaSuccess) return {};
-    if (e != cudaErrorNotReady) return std::unexpected(cuda::to_error(e, what));
-    if (dl.passed()) return fail(Errc::Timeout, what, "the GPU work did not finish (a peer stopped signalling)");
-    std::this_thread::sleep_for(100us);
-  }
 }
 
 Result<std::vector<unsigned long long>> read_words(const DeviceMemory& m, std::size_t n) {
@@ -150,65 +79,6 @@ GpuRow pingpong_row(std::string name, std::string variant, std::uint64_t size, b
   r.p99_ns = percentile(halves, 0.99);
   return r;
 }
-
-pid_t spawn_self(std::vector<std::string> args, int keep_fd = -1) {
-  if (keep_fd >= 0) ::fcntl(keep_fd, F_SETFD, 0);
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  if (::posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), environ) != 0) return -1;
-  return pid;
-}
-
-int wait_child(pid_t pid) {
-  int st = 0;
-  while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-  }
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-/// The peer process of one measurement: killed and reaped if the measurement fails first.
-class Peer {
- public:
-  explicit Peer(pid_t pid) : pid_(pid) {}
-  Peer(const Peer&) = delete;
-  Peer& operator=(const Peer&) = delete;
-  ~Peer() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      wait_child(pid_);
-    }
-  }
-  [[nodiscard]] bool started() const { return pid_ > 0; }
-  Status join(const char* what) {
-    const int rc = wait_child(std::exchange(pid_, -1));
-    if (rc != 0) return fail(Errc::PeerLost, what, str_format("the peer process exited with {}", rc));
-    return {};
-  }
-
- private:
-  pid_t pid_;
-};
-
-/// A private rendezvous directory for one measurement's channels, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/lavaflow-bench-XXXXXX";
-    if (::mkdtemp(tmpl)) path_ = tmpl;
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
-  [[nodiscard]] const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 ProducerOptions gpu_producer(const VulkanContext& vk, const std::string& dir, std::uint64_t size, std::uint32_t slots,
                              GpuSyncKind sync = GpuSyncKind::Semaphore) {

@@ -19,6 +19,7 @@
 
 #include "cli.hpp"
 #include "interop.hpp"
+#include "p2p.hpp"
 #if LAVAFLOW_BENCH_INTEROP
 #include "gpu_handoff.hpp"
 #endif
@@ -312,6 +313,7 @@ int main(int argc, char** argv) {
   if (argc > 1 && !std::strcmp(argv[1], "_echo")) return lfbench::echo_main(argc, argv);
 #if LAVAFLOW_BENCH_INTEROP
   if (argc > 1 && !std::strcmp(argv[1], "interop-peer")) return lfbench::gpu_handoff_peer(argc, argv);
+  if (argc > 1 && !std::strcmp(argv[1], "p2p-peer")) return lfbench::p2p_peer(argc, argv);
 #endif
 
   CLI::App app{"lavaflow-bench: lava-flow's benchmarks, each next to a baseline measured in the same run.",
@@ -370,6 +372,9 @@ int main(int argc, char** argv) {
   lfapp::add_whole(*device_coll, "--max-size", dev_max, "largest size, bytes per rank (0: the backend's default)", 0,
                    1u << 30);
   device_coll->add_flag("--json", json, "JSON rows");
+  bool dev_no_staged = false;
+  device_coll->add_flag("--no-staged", dev_no_staged,
+                        "cuda: leave out the staged rows (slow at large sizes; NCCL is the baseline where it runs)");
 
   lfbench::PoolBenchOptions pool_options;
   auto* pool = app.add_subcommand(
@@ -391,6 +396,13 @@ int main(int argc, char** argv) {
   lfapp::add_whole(*interop, "--frames", io.frames, "gpu-stream frames at 1 MiB (a quarter at 16 MiB)", 16, 1'000'000);
   lfapp::add_whole(*interop, "--slots", io.slots, "gpu-stream ring buffers (0: the channel's default)", 0, 62);
   interop->add_flag("--json", io.json, "JSON rows");
+
+  lfbench::P2POptions p2p_options;
+  auto* p2p = app.add_subcommand(
+      "p2p", "(two CUDA GPUs) GPU0 -> GPU1: a channel across processes vs cudaMemcpyPeer vs staging through the host");
+  lfapp::add_whole(*p2p, "--min-size", p2p_options.min_size, "smallest transfer, bytes", 4096, 1ull << 34);
+  lfapp::add_whole(*p2p, "--max-size", p2p_options.max_size, "largest transfer, bytes (sizes go x4)", 4096, 1ull << 34);
+  p2p->add_flag("--json", p2p_options.json, "JSON rows");
 
   lfbench::RunOptions run_options;
   auto* run = app.add_subcommand(
@@ -467,6 +479,7 @@ int main(int argc, char** argv) {
         "--backend", dev_backend};
     if (dev_max) args.insert(args.end(), {"--max-size", std::to_string(dev_max)});
     if (json) args.emplace_back("--json");
+    if (dev_no_staged) args.emplace_back("--no-staged");
     std::vector<char*> raw;
     for (auto& a : args) raw.push_back(a.data());
     raw.push_back(nullptr);
@@ -495,9 +508,15 @@ int main(int argc, char** argv) {
 #endif
   }
 #if LAVAFLOW_BENCH_INTEROP
+  if (p2p->parsed()) {
+    if (p2p_options.min_size > p2p_options.max_size)
+      return std::fprintf(stderr, "lavaflow-bench p2p: --min-size is above --max-size\n"), 2;
+    return lfbench::bench_p2p(p2p_options);
+  }
   return lfbench::bench_interop(io);
 #else
-  std::puts("lavaflow-bench interop: skipped, the CUDA adapter is not built (LAVAFLOW_WITH_CUDA)");
+  std::printf("lavaflow-bench %s: skipped, the CUDA adapter is not built (LAVAFLOW_WITH_CUDA)\n",
+              p2p->parsed() ? "p2p" : "interop");
   return 77;
 #endif
 }
