@@ -2,11 +2,16 @@
 // lavaflow-bench p2p — GB/s from GPU 0 to GPU 1, per size, three ways measured in one run:
 //   p2p-lavaflow          a channel: a producer process on GPU 0 publishes ring buffers in GPU 0's
 //                         memory; the consumer process imports each ring buffer into CUDA once and
-//                         copies every message into GPU 1's memory over the peer link
-//                         (cudaMemcpyPeerAsync), two copies in flight, releasing each message as
-//                         its copy ends — the data never touches host memory
+//                         copies every message into its buffer on GPU 1 over the peer link, two
+//                         copies in flight, releasing each message as its copy ends — the data
+//                         never touches host memory. The copy runs on GPU 0 and writes GPU 1's
+//                         memory: Vulkan memory imported into CUDA is mapped for its own device
+//                         only, so GPU 1 cannot read it directly (a copy issued from GPU 1 goes
+//                         through the host). Variant "copy-engine": cudaMemcpyPeerAsync on a
+//                         GPU 0 stream; variant "kernel": a copy kernel on GPU 0.
 //   p2p-cuda-memcpy-peer  cudaMemcpyPeerAsync between two cudaMalloc buffers inside one process
-//                         with peer access on: the floor of the link
+//                         with peer access on, the faster of a GPU 0 and a GPU 1 stream: the
+//                         floor of the link
 //   p2p-host-staged       the same bytes through pinned host memory, in chunks on two streams
 //                         (device-to-host of one chunk overlapping host-to-device of the last)
 // Each row moves the same number of transfers after a warm-up; GB/s = bytes / wall time.
@@ -22,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_kernels.hpp"
 #include "gpu_common.hpp"
 #include "lavaflow/lavaflow.hpp"
 
@@ -32,7 +38,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct P2PRow {
-  std::string name;
+  std::string name, variant;
   std::uint64_t size = 0;
   int transfers = 0;
   double gbps = 0;
@@ -69,20 +75,30 @@ struct Pinned {
   }
 };
 
+/// The faster of the copy issued on GPU 0 (push) and on GPU 1 (pull).
 Result<P2PRow> memcpy_peer(std::uint64_t size, int transfers) {
   DeviceMemory src, dst;
   GPU_OK(cudaSetDevice(0));
   LF_TRY_STATUS(allocate(src, size));
   GPU_OK(cudaSetDevice(1));
   LF_TRY_STATUS(allocate(dst, size));
-  StreamOwner s;
-  LF_TRY_STATUS(create(s));
-  for (int i = 0; i < kWarmup; ++i) GPU_OK(cudaMemcpyPeerAsync(dst.p, 1, src.p, 0, size, s.s));
-  GPU_OK(cudaStreamSynchronize(s.s));
-  const auto t0 = Clock::now();
-  for (int i = 0; i < transfers; ++i) GPU_OK(cudaMemcpyPeerAsync(dst.p, 1, src.p, 0, size, s.s));
-  GPU_OK(cudaStreamSynchronize(s.s));
-  return P2PRow{"p2p-cuda-memcpy-peer", size, transfers, gbps(size, transfers, Clock::now() - t0)};
+  P2PRow best{"p2p-cuda-memcpy-peer", "", size, transfers, 0};
+  for (int device : {0, 1}) {
+    GPU_OK(cudaSetDevice(device));
+    StreamOwner s;
+    LF_TRY_STATUS(create(s));
+    for (int i = 0; i < kWarmup; ++i) GPU_OK(cudaMemcpyPeerAsync(dst.p, 1, src.p, 0, size, s.s));
+    GPU_OK(cudaStreamSynchronize(s.s));
+    const auto t0 = Clock::now();
+    for (int i = 0; i < transfers; ++i) GPU_OK(cudaMemcpyPeerAsync(dst.p, 1, src.p, 0, size, s.s));
+    GPU_OK(cudaStreamSynchronize(s.s));
+    const double g = gbps(size, transfers, Clock::now() - t0);
+    if (g > best.gbps) {
+      best.gbps = g;
+      best.variant = device == 0 ? "push" : "pull";
+    }
+  }
+  return best;
 }
 
 Result<P2PRow> host_staged(std::uint64_t size, int transfers) {
@@ -122,7 +138,7 @@ Result<P2PRow> host_staged(std::uint64_t size, int transfers) {
   const auto t0 = Clock::now();
   for (int i = 0; i < transfers; ++i) LF_TRY_STATUS(transfer());
   GPU_OK(cudaStreamSynchronize(up.s));
-  return P2PRow{"p2p-host-staged", size, transfers, gbps(size, transfers, Clock::now() - t0)};
+  return P2PRow{"p2p-host-staged", "copy-engine", size, transfers, gbps(size, transfers, Clock::now() - t0)};
 }
 
 /// What the consumer process reports: nanoseconds over the measured transfers.
@@ -131,7 +147,7 @@ struct PeerReport {
   std::int32_t transfers = 0;
 };
 
-Result<P2PRow> lavaflow_p2p(const VulkanContext& vk0, std::uint64_t size, int transfers) {
+Result<P2PRow> lavaflow_p2p(const VulkanContext& vk0, std::uint64_t size, int transfers, bool kernel) {
   constexpr const char* call = "p2p-lavaflow";
   TempDir dir;
   if (dir.path().empty()) return std::unexpected(from_errno(errno, "mkdtemp"));
@@ -140,8 +156,8 @@ Result<P2PRow> lavaflow_p2p(const VulkanContext& vk0, std::uint64_t size, int tr
     return std::unexpected(from_errno(errno, "socketpair"));
   UniqueFd mine(sv[0]), theirs(sv[1]);
   const int total = transfers + kWarmup;
-  Peer peer(spawn_self({"lavaflow-bench", "p2p-peer", dir.path(), std::to_string(size), std::to_string(total),
-                        std::to_string(theirs.get())},
+  Peer peer(spawn_self({"lavaflow-bench", "p2p-peer", kernel ? "kernel" : "copy-engine", dir.path(),
+                        std::to_string(size), std::to_string(total), std::to_string(theirs.get())},
                        theirs.get()));
   theirs.reset();
   if (!peer.started()) return fail(Errc::System, "posix_spawn", "cannot start the peer process");
@@ -163,23 +179,25 @@ Result<P2PRow> lavaflow_p2p(const VulkanContext& vk0, std::uint64_t size, int tr
   out.reset();
   LF_TRY_STATUS(peer.join(call));
   if (r.ns <= 0 || r.transfers != transfers) return fail(Errc::Malformed, call, "the consumer's report is wrong");
-  return P2PRow{"p2p-lavaflow", size, transfers, double(size) * transfers / double(r.ns)};
+  return P2PRow{"p2p-lavaflow", kernel ? "kernel" : "copy-engine", size, transfers,
+                double(size) * transfers / double(r.ns)};
 }
 
-Status lavaflow_p2p_peer(const std::string& dir, std::uint64_t size, int total, int fd) {
+Status lavaflow_p2p_peer(bool kernel, const std::string& dir, std::uint64_t size, int total, int fd) {
   constexpr const char* call = "p2p-lavaflow consumer";
   LF_TRY(auto devs, cuda::devices());
   if (devs.size() < 2) return fail(Errc::NotFound, call, "fewer than two CUDA devices");
-  // The ring lives in GPU 0's memory: import it there, and copy from it on GPU 1.
+  // The ring lives in GPU 0's memory: import it there; GPU 0 writes it into GPU 1's memory.
   LF_TRY(auto vk0, VulkanContext::create({.device = devs[0].uuid}));
   LF_TRY(auto cu0, cuda::Interop::create(vk0));
-  LF_TRY_STATUS(cuda::enable_peer_access(1, 0));
+  LF_TRY_STATUS(cuda::enable_peer_access(0, 1));
   LF_TRY(auto in, Consumer::open("p2p", {.connect_timeout = 60s, .vulkan = &vk0, .directory = dir}));
   cuda::ChannelImports imports(cu0);
   DeviceMemory dst;
   StreamOwner s;
   GPU_OK(cudaSetDevice(1));
   LF_TRY_STATUS(allocate(dst, size));
+  GPU_OK(cudaSetDevice(0));
   LF_TRY_STATUS(create(s));
   struct InFlight {
     Received message;
@@ -199,10 +217,13 @@ Status lavaflow_p2p_peer(const std::string& dir, std::uint64_t size, int total, 
     }
     LF_TRY(auto r, in->receive(60s));
     LF_TRY(const auto* src, imports.buffer(r));
-    GPU_OK(cudaSetDevice(1));
+    GPU_OK(cudaSetDevice(0));
     auto& f = inflight.emplace_back(InFlight{std::move(r), {}});
     GPU_OK(cudaEventCreateWithFlags(&f.done.e, cudaEventDisableTiming));
-    GPU_OK(cudaMemcpyPeerAsync(dst.p, 1, src->data(), 0, size, s.s));
+    if (kernel)
+      GPU_OK(lf_kernel_copy16(dst.p, src->data(), size, s.s));
+    else
+      GPU_OK(cudaMemcpyPeerAsync(dst.p, 1, src->data(), 0, size, s.s));
     GPU_OK(cudaEventRecord(f.done.e, s.s));
     if (inflight.size() > 2) LF_TRY_STATUS(retire());
   }
@@ -238,19 +259,21 @@ int bench_p2p(const P2POptions& o) {
   std::vector<P2PRow> rows;
   for (std::uint64_t size = o.min_size; size <= o.max_size; size *= 4) {
     const int n = transfers_for(size);
-    for (auto row : {lavaflow_p2p(*vk0, size, n), memcpy_peer(size, n), host_staged(size, n)}) {
+    for (auto row : {lavaflow_p2p(*vk0, size, n, false), memcpy_peer(size, n), host_staged(size, n),
+                     lavaflow_p2p(*vk0, size, n, true)}) {
       if (!row) return std::fprintf(stderr, "lavaflow-bench p2p: %s\n", row.error().message().c_str()), 1;
       rows.push_back(std::move(*row));
     }
   }
   // The target: across processes ≥ 0.95 × cudaMemcpyPeer inside one process at ≥ 64 MiB.
   nlohmann::json targets = nlohmann::json::array();
-  for (std::size_t i = 0; i + 1 < rows.size(); i += 3) {
+  for (std::size_t i = 0; i + 3 < rows.size(); i += 4) {
     const double ratio = rows[i].gbps / rows[i + 1].gbps;
     targets.push_back({{"name", str_format("p2p-lavaflow / p2p-cuda-memcpy-peer at {} B", rows[i].size)},
                        {"size", rows[i].size},
                        {"ratio", ratio},
                        {"vs_host_staged", rows[i].gbps / rows[i + 2].gbps},
+                       {"kernel_ratio", rows[i + 3].gbps / rows[i + 1].gbps},
                        {"target", rows[i].size >= (64u << 20) ? ">= 0.95" : "none"},
                        {"met", rows[i].size < (64u << 20) || ratio >= 0.95}});
   }
@@ -260,28 +283,30 @@ int bench_p2p(const P2POptions& o) {
   if (o.json) {
     nlohmann::json out = {{"link", path}, {"results", nlohmann::json::array()}, {"targets", targets}};
     for (const auto& r : rows)
-      out["results"].push_back({{"name", r.name}, {"size", r.size}, {"transfers", r.transfers}, {"gbps", r.gbps}});
+      out["results"].push_back(
+          {{"name", r.name}, {"variant", r.variant}, {"size", r.size}, {"transfers", r.transfers}, {"gbps", r.gbps}});
     std::puts(out.dump().c_str());
     return 0;
   }
   std::printf("lavaflow-bench p2p: GPU 0 (%s) -> GPU 1 (%s), link %s, performance rank %d\n", (*devs)[0].name.c_str(),
               (*devs)[1].name.c_str(), path.c_str(), l01.performance_rank);
-  std::printf("%-22s %12s %10s %10s\n", "name", "size", "transfers", "GB/s");
+  std::printf("%-22s %-12s %12s %10s %10s\n", "name", "variant", "size", "transfers", "GB/s");
   for (const auto& r : rows)
-    std::printf("%-22s %12llu %10d %10.2f\n", r.name.c_str(), static_cast<unsigned long long>(r.size), r.transfers,
-                r.gbps);
+    std::printf("%-22s %-12s %12llu %10d %10.2f\n", r.name.c_str(), r.variant.c_str(),
+                static_cast<unsigned long long>(r.size), r.transfers, r.gbps);
   std::printf("\nTargets (ratios within this run)\n");
   for (const auto& t : targets)
-    std::printf("  %-55s %7.3f  %s  (%.1f x host-staged)\n", t["name"].get<std::string>().c_str(),
+    std::printf("  %-55s %7.3f  %s  (%.1f x host-staged; kernel variant %.3f)\n", t["name"].get<std::string>().c_str(),
                 t["ratio"].get<double>(), t["target"] == "none" ? "-" : (t["met"].get<bool>() ? "met" : "NOT met"),
-                t["vs_host_staged"].get<double>());
+                t["vs_host_staged"].get<double>(), t["kernel_ratio"].get<double>());
   return 0;
 }
 
 int p2p_peer(int argc, char** argv) {
-  // lavaflow-bench p2p-peer DIR SIZE COUNT FD; started by this program only.
-  if (argc != 6) return 2;
-  auto ok = lavaflow_p2p_peer(argv[2], std::stoull(argv[3]), std::stoi(argv[4]), std::stoi(argv[5]));
+  // lavaflow-bench p2p-peer copy-engine|kernel DIR SIZE COUNT FD; started by this program only.
+  if (argc != 7) return 2;
+  auto ok = lavaflow_p2p_peer(std::string(argv[2]) == "kernel", argv[3], std::stoull(argv[4]), std::stoi(argv[5]),
+                              std::stoi(argv[6]));
   if (!ok) {
     std::fprintf(stderr, "p2p-peer: %s\n", ok.error().message().c_str());
     return 1;

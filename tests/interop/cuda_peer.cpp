@@ -40,7 +40,9 @@ int consume_peer(const std::string& dir, const std::string& name, std::uint64_t 
   auto cu = cuda::Interop::create(*(*c)->vulkan());
   if (!cu) return std::printf("LAVAFLOW-SKIP: %s\n", cu.error().message().c_str()), 77;
   const int home = cu->device().ordinal, mine = home == 0 ? 1 : 0;
-  if (auto ok = cuda::enable_peer_access(mine, home); !ok) return failed("peer access", ok.error());
+  // Vulkan memory imported into CUDA is mapped for its own device only: the ring's GPU writes
+  // into ours.
+  if (auto ok = cuda::enable_peer_access(home, mine); !ok) return failed("peer access", ok.error());
   cuda::ChannelImports imports(*cu);
   void* dst = nullptr;
   if (cudaSetDevice(mine) != cudaSuccess || cudaMalloc(&dst, 1 << 20) != cudaSuccess) return 1;

@@ -138,7 +138,11 @@ void every_op(CudaCollectives& c, cudaStream_t st) {
       const auto in = inputs(j + replay, count, DType::F32);
       for (std::size_t e = 0; e < count; ++e) acc[e] += in[e];
     }
-    expect(s && recv.read(count * 4) == encode(acc, DType::F32), str_format("graph replay {}", replay));
+    const auto got = recv.read(count * 4), want = encode(acc, DType::F32);
+    std::size_t first = 0;
+    while (first < got.size() && first < want.size() && got[first] == want[first]) ++first;
+    expect(s && got == want, str_format("graph replay {}: {}", replay,
+                                        !s ? s.error().message() : str_format("first differing byte {}", first)));
   }
   if (exec) (void)cudaGraphExecDestroy(exec);
   if (graph) (void)cudaGraphDestroy(graph);
