@@ -3,6 +3,9 @@
 # (pool), three repetitions each, compared with the committed baseline of this machine class,
 # ratios to same-run baselines only (the floor, a futex wake-up, malloc, a fresh Vulkan
 # allocation), so that a slower or busier machine of the same class is not a regression.
+# A class is the core count and the CPU model: the ratios themselves move between CPU models
+# (a cache-line transfer costs twice as much on one as on another), so a baseline recorded on
+# another model says nothing here.
 #
 # Threshold 50 %, beyond the spread: between runs on the 2-core CI VM the busy-poll ratios move by
 # a few percent and the blocking rows (scheduler wake-ups) by tens of percent, which their spread
@@ -11,9 +14,12 @@
 # Usage: regression.sh BENCH BASELINES_DIR
 set -uo pipefail
 bench=$1
-class="ci-$(nproc)core"
+# "Intel(R) Xeon(R) Processor" -> intel-xeon, "AMD EPYC" -> amd-epyc.
+model=$(sed -n 's/^model name[[:space:]]*:[[:space:]]*//p' /proc/cpuinfo | head -n 1)
+slug=$(printf '%s' "$model" | tr '[:upper:]' '[:lower:]' | sed -E 's/\((r|tm)\)//g; s/\b(processor|cpu)\b//g; s/[^a-z0-9]+/-/g; s/^-+|-+$//g')
+class="ci-$(nproc)core-${slug:-unknown}"
 baseline="$2/$class/run.json"
-[ -f "$baseline" ] || { echo "LAVAFLOW-SKIP: no benchmark baseline for machine class $class ($baseline)"; exit 77; }
+[ -f "$baseline" ] || { echo "LAVAFLOW-SKIP: no benchmark baseline for machine class $class ($model; bench/baselines/README.md says how to record one)"; exit 77; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 "$bench" run --suites local,pool --quick --repeat 3 --out "$work/run" || { echo "FAILED: bench run exited $?"; exit 1; }
