@@ -174,6 +174,8 @@ Result<P2PRow> lavaflow_p2p(const VulkanContext& vk0, std::uint64_t size, int tr
   }
   LF_TRY_STATUS(out->flush(120s));
   PeerReport r;
+  const timeval wait_at_most{.tv_sec = 120, .tv_usec = 0};  // a consumer stuck on its GPU
+  (void)::setsockopt(mine.get(), SOL_SOCKET, SO_RCVTIMEO, &wait_at_most, sizeof wait_at_most);
   if (::recv(mine.get(), &r, sizeof r, MSG_WAITALL) != sizeof r)
     return fail(Errc::PeerLost, call, "the consumer process sent no report");
   out.reset();

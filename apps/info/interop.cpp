@@ -94,6 +94,19 @@ void cuda_rows(const std::vector<lavaflow::DeviceCapabilities>& vk, InteropRepor
     }
   }
   if (devs->empty()) r.notes.push_back("CUDA: no device");
+  // Two GPUs of this host: how one reaches the other's memory.
+  auto links = lavaflow::cuda::peer_links();
+  if (!links) return r.notes.push_back("CUDA peer links: " + links.error().message());
+  for (const auto& l : *links) {
+    MatrixRow row{str_format("CUDA [{}]", l.from), str_format("CUDA [{}] (peer GPU)", l.to)};
+    row.memory = l.access;
+    const std::string pcie = l.pcie_meet.empty() ? "" : ", PCIe routes meet at " + l.pcie_meet;
+    row.memory_how = l.access ? str_format("peer access over {}{}{}", lavaflow::cuda::to_string(l.path),
+                                           l.native_atomics ? ", native atomics" : "", pcie)
+                              : "no peer access: through host memory" + pcie;
+    row.semaphore_how = "semaphores stay on their GPU: order with events or the channel's counters";
+    r.matrix.push_back(std::move(row));
+  }
 }
 #endif
 

@@ -53,7 +53,8 @@ int consume_peer(const std::string& dir, const std::string& name, std::uint64_t 
     auto src = imports.buffer(*r);
     if (!src) return failed("import", src.error());
     seen.resize(r->info().size);
-    if (cudaSetDevice(mine) != cudaSuccess ||
+    // Issued on the ring's device: it pushes into ours over the link (see enable_peer_access above).
+    if (cudaSetDevice(home) != cudaSuccess ||
         cudaMemcpyPeer(dst, mine, (*src)->data(), home, seen.size()) != cudaSuccess ||
         cudaMemcpy(seen.data(), dst, seen.size(), cudaMemcpyDeviceToHost) != cudaSuccess)
       return std::fprintf(stderr, "cuda_peer: peer copy failed\n"), 1;

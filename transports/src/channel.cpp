@@ -71,7 +71,7 @@ struct alignas(64) SharedSlot {
   std::atomic<std::uint64_t> size;
   std::atomic<std::uint64_t> tag;
   std::atomic<std::uint64_t> timestamp_ns;
-  std::atomic<std::uint64_t> flags;  // kGpuOrdered: wait for timeline value seq + 1 before reading
+  std::atomic<std::uint64_t> flags;  // kGpuOrdered: wait for the written counter's value seq + 1 before reading
 };
 constexpr std::uint64_t kGpuOrdered = 1;
 
@@ -177,6 +177,8 @@ std::atomic_ref<std::uint64_t> flag_word(const GpuSync& sync) {
 Status check_flag(const GpuSync& sync, const char* call) {
   const auto* b = sync.flag_buffer;
   if (b->host_ptr() == nullptr) return fail(Errc::InvalidArgument, call, "the flag's buffer is not mapped on the host");
+  if (reinterpret_cast<std::uintptr_t>(b->host_ptr()) % 8 != 0)
+    return fail(Errc::InvalidArgument, call, "the flag's buffer is not mapped at an 8-byte boundary");
   if (sync.flag_offset % 8 != 0 || sync.flag_offset > b->size() || b->size() - sync.flag_offset < 8)
     return fail(Errc::InvalidArgument, call,
                 str_format("flag offset {} is not an aligned word of the {}-byte buffer", sync.flag_offset, b->size()));
@@ -975,7 +977,7 @@ struct detail::ConsumerState {
   std::unique_ptr<Buffer> flag_block;            // flag channels instead of the two timelines
   std::uint32_t index = 0;                       // ours among the consumers (our flag in the block)
   std::uint64_t last_gpu_release = 0;            // the highest value handed out by gpu_release()
-  // The highest timeline value a GPU wait of ours may be blocked on (message n: n + 1). Should
+  // The highest written-counter value a GPU wait of ours may be blocked on (message n: n + 1). Should
   // the producer die before its GPU signals it, the watcher signals it so no queue of ours hangs;
   // a wait queued after that is signalled for at once. Guarded by gpu_mutex, with lost_at.
   std::mutex gpu_mutex;
@@ -1222,6 +1224,12 @@ Result<std::unique_ptr<Consumer>> Consumer::open(const std::string& name, Consum
     if (!block) return std::unexpected(block.error().within(call));
     if ((*block)->host_ptr() == nullptr || (*block)->size() < detail::kFlagBlockSize)
       return fail(Errc::Malformed, call, "the channel's flag block is not host-visible GPU memory of its size");
+    // Each counter is a 64-bit word on its own cache line: a block that starts off that grid
+    // would put them across lines (or split an atomic access).
+    if (reinterpret_cast<std::uintptr_t>((*block)->host_ptr()) % detail::kFlagStride != 0)
+      return fail(Errc::Malformed, call,
+                  str_format("the channel's flag block starts at offset {}, not on a {}-byte boundary",
+                             w.flag_block->offset, detail::kFlagStride));
     impl->flag_block = std::move(*block);
     auto v = impl->released_by_us().value();
     if (!v) return std::unexpected(v.error().within(call));
@@ -1510,11 +1518,17 @@ Status signal_on_host(const GpuSync& sync) {
     return sync.source->signal(sync.value);
   }
   LF_TRY_STATUS(check_flag(sync, "signal_on_host"));
-  // A plain store, not a read-modify-write: the block may be device memory behind the PCIe BAR,
-  // where locked operations are not atomic. Host raisers of one flag take turns (the channel's
-  // consumers raise the written counter under the control block's lock).
+  // Raise only, as one read-modify-write, so that two host raisers never take the word back
+  // down. In host memory (where the channel's block lands unless the device offers device-local
+  // host-visible memory) that is atomic; behind the PCIe BAR the CPU's locked operations may not
+  // be, which is why the channel's consumers also raise the written counter one at a time. The
+  // sequentially consistent exchange also drains a write-combining buffer before the next holder
+  // of that lock reads the word. GPU writes are plain stores: a stream that wrote a lower value
+  // after a host raise takes it down again (a peer's GPU work outliving the peer).
   auto word = flag_word(sync);
-  if (word.load(std::memory_order_acquire) < sync.value) word.store(sync.value, std::memory_order_release);
+  std::uint64_t now = word.load(std::memory_order_acquire);
+  while (now < sync.value && !word.compare_exchange_weak(now, sync.value, std::memory_order_seq_cst)) {
+  }
   return {};
 }
 

@@ -422,7 +422,7 @@ Result<ExportableAllocation> Interop::import_allocation(int fd, std::uint64_t al
     d.release(handle);
     return std::unexpected(ptr.error());
   }
-  return ExportableAllocation(driver_, handle, *ptr, size, allocation_size, info_.uuid);
+  return ExportableAllocation(driver_, handle, *ptr, size, allocation_size, info_.uuid, true);
 }
 
 // ----- owners
@@ -488,7 +488,8 @@ ExportableAllocation::ExportableAllocation(ExportableAllocation&& o) noexcept
       ptr_(std::exchange(o.ptr_, 0)),
       size_(o.size_),
       allocation_size_(o.allocation_size_),
-      device_(o.device_) {}
+      device_(o.device_),
+      imported_(o.imported_) {}
 ExportableAllocation& ExportableAllocation::operator=(ExportableAllocation&& o) noexcept {
   std::swap(driver_, o.driver_);
   std::swap(handle_, o.handle_);
@@ -496,6 +497,7 @@ ExportableAllocation& ExportableAllocation::operator=(ExportableAllocation&& o) 
   std::swap(size_, o.size_);
   std::swap(allocation_size_, o.allocation_size_);
   std::swap(device_, o.device_);
+  std::swap(imported_, o.imported_);
   return *this;
 }
 ExportableAllocation::~ExportableAllocation() {
@@ -507,6 +509,9 @@ ExportableAllocation::~ExportableAllocation() {
 
 Result<Export> ExportableAllocation::export_for(const VulkanContext& ctx) const {
   constexpr const char* call = "cuda::ExportableAllocation::export_for";
+  if (imported_)
+    return fail(Errc::Unsupported, call,
+                "the allocation was imported from another process: its real size is not known here");
   if (ctx.capabilities().identity.device_uuid != device_)
     return fail(
         Errc::DeviceMismatch, call,
@@ -552,7 +557,8 @@ Status ChannelImports::wait(cudaStream_t stream, const Consumer::Upcoming& messa
 
 Result<CUdeviceptr> ChannelImports::flag_address(const GpuSync& sync) {
   if (!cuda_->driver_)
-    return fail(Errc::Unsupported, "cuda::ChannelImports", "the CUDA driver lacks the stream memory operations");
+    return fail(Errc::Unsupported, "cuda::ChannelImports",
+                "the CUDA driver entry points (stream memory operations, cuMem*) could not be loaded");
   if (sync.flag_offset % 8 != 0 || sync.flag_offset > sync.flag_buffer->size() ||
       sync.flag_buffer->size() - sync.flag_offset < 8)
     return fail(Errc::InvalidArgument, "cuda::ChannelImports",

@@ -248,7 +248,8 @@ class Producer {
   /// buffer — then publishes. For drivers without exportable timeline semaphores.
   [[nodiscard]] Result<MessageInfo> publish(Loan&& loan, vk::Fence gpu_done, MessageInfo info = {},
                                             Duration timeout = std::chrono::seconds(10));
-  /// Whether GPU work is ordered through a shared timeline semaphore (else: fences, CPU waits).
+  /// Whether GPU work is ordered through a shared timeline semaphore. False on flag channels,
+  /// whose GPU work is ordered by flags (gpu_sync() says which), and without GPU ordering.
   [[nodiscard]] bool has_gpu_timeline() const;
   /// What orders GPU work on this channel; empty when nothing does (GPU writes are finished with
   /// CPU fence waits).

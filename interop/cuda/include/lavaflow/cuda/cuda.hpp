@@ -82,7 +82,8 @@ struct PeerLink {
 /// library is there; without it a pair with peer access counts as PCIe.
 [[nodiscard]] Result<std::vector<PeerLink>> peer_links();
 /// Lets kernels and copies on `device` reach `peer`'s memory directly (cudaDeviceEnablePeerAccess;
-/// repeating it is fine). Unsupported when the pair has no peer access.
+/// repeating it is fine). Unsupported when the pair has no peer access. Leaves `device` current on
+/// the calling thread.
 [[nodiscard]] Status enable_peer_access(int device, int peer);
 
 /// Memory imported from Vulkan and mapped as a linear device pointer.
@@ -154,7 +155,8 @@ class ExportableAllocation {
   [[nodiscard]] std::uint64_t size() const { return size_; }
   [[nodiscard]] std::uint64_t allocation_size() const { return allocation_size_; }
   /// An fd and a descriptor under which `GpuBuffer::import(ctx, …)` takes this memory; refuses a
-  /// context on another device.
+  /// context on another device, and an allocation imported from another process (Vulkan needs
+  /// the real allocation size, which such an import cannot vouch for).
   [[nodiscard]] Result<Export> export_for(const VulkanContext& ctx) const;
   /// The allocation's POSIX fd for another CUDA process (Interop::import_allocation), which needs
   /// allocation_size() and size() with it.
@@ -167,18 +169,20 @@ class ExportableAllocation {
  private:
   friend class Interop;
   ExportableAllocation(std::shared_ptr<const Driver> d, unsigned long long handle, unsigned long long ptr,
-                       std::uint64_t size, std::uint64_t allocation_size, Uuid device)
+                       std::uint64_t size, std::uint64_t allocation_size, Uuid device, bool imported = false)
       : driver_(std::move(d)),
         handle_(handle),
         ptr_(ptr),
         size_(size),
         allocation_size_(allocation_size),
-        device_(device) {}
+        device_(device),
+        imported_(imported) {}
   std::shared_ptr<const Driver> driver_;
   unsigned long long handle_ = 0;  // CUmemGenericAllocationHandle
   unsigned long long ptr_ = 0;     // CUdeviceptr
   std::uint64_t size_ = 0, allocation_size_ = 0;
   Uuid device_{};
+  bool imported_ = false;  // mapped from another process's fd: allocation_size_ is what it announced
 };
 
 /// The importer for one CUDA device, chosen by the exporter's UUID.
@@ -207,8 +211,9 @@ class Interop {
   [[nodiscard]] Result<ExportableAllocation> allocate_exportable(std::uint64_t size) const;
   /// Maps another process's allocation (ExportableAllocation::export_fd) that lives on this device,
   /// read/write for this device and for each device in `peers` (ordinals; kernels and copies there
-  /// reach it over the peer link). The driver checks `allocation_size` against the real
-  /// allocation; `size` ≤ `allocation_size`. The fd stays the caller's.
+  /// reach it over the peer link). `allocation_size` is the length mapped: the driver refuses one
+  /// beyond the real allocation, and a smaller one maps a prefix of it; `size` ≤ `allocation_size`.
+  /// The fd stays the caller's. Leaves this device current on the calling thread.
   [[nodiscard]] Result<ExportableAllocation> import_allocation(int fd, std::uint64_t allocation_size,
                                                                std::uint64_t size,
                                                                const std::vector<int>& peers = {}) const;
@@ -249,7 +254,7 @@ class ChannelImports {
   /// Makes `stream` wait until an upcoming message is written (Consumer::upcoming).
   [[nodiscard]] Status wait(cudaStream_t stream, const Consumer::Upcoming& message);
   /// Makes `stream` wait until the message's producer-side GPU work is done (no-op when the
-  /// message was not ordered through the channel's timeline).
+  /// message was not ordered through the channel's counters).
   [[nodiscard]] Status wait(cudaStream_t stream, const Received& message);
   /// Makes `stream` wait until every consumer's GPU is done with the slot's previous message.
   [[nodiscard]] Status wait(cudaStream_t stream, const Loan& loan);
