@@ -22,8 +22,16 @@ baseline="$2/$class/run.json"
 [ -f "$baseline" ] || { echo "LAVAFLOW-SKIP: no benchmark baseline for machine class $class ($model; bench/baselines/README.md says how to record one)"; exit 77; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-"$bench" run --suites local,pool --quick --repeat 3 --out "$work/run" || { echo "FAILED: bench run exited $?"; exit 1; }
-"$bench" compare --ratios-only --threshold 50 "$baseline" "$work/run"
-rc=$?
-[ $rc = 0 ] || { echo "FAILED: compare exited $rc against $baseline"; exit 1; }
+# A regression must show twice: a row that fails once in a noisy spell of the VM (another tenant,
+# a migration) and passes on the next run is noise; a slower hot path fails both runs.
+for attempt in 1 2; do
+  rm -rf "$work/run"
+  "$bench" run --suites local,pool --quick --repeat 3 --out "$work/run" || { echo "FAILED: bench run exited $?"; exit 1; }
+  "$bench" compare --ratios-only --threshold 50 "$baseline" "$work/run"
+  rc=$?
+  [ $rc = 0 ] && break
+  [ $rc = 1 ] && [ $attempt = 1 ] && { echo "regressions in run 1: running again to see whether they hold"; continue; }
+  echo "FAILED: compare exited $rc against $baseline"
+  exit 1
+done
 echo "bench regression: OK (against $class)"
