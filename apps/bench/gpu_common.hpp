@@ -68,8 +68,8 @@ inline Status create(StreamOwner& s) {
 struct EventOwner {
   cudaEvent_t e = nullptr;
   EventOwner() = default;
-  EventOwner(const EventOwner&) = delete;
-  EventOwner& operator=(const EventOwner&) = delete;
+  EventOwner(EventOwner&& o) noexcept : e(std::exchange(o.e, nullptr)) {}
+  EventOwner& operator=(EventOwner&&) = delete;
   ~EventOwner() {
     if (e) cudaEventDestroy(e);
   }

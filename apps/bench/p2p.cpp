@@ -55,16 +55,6 @@ double gbps(std::uint64_t size, int transfers, Clock::duration d) {
   return double(size) * transfers / double(std::chrono::nanoseconds(d).count());
 }
 
-struct Events {
-  cudaEvent_t e = nullptr;
-  Events() = default;
-  Events(Events&& o) noexcept : e(std::exchange(o.e, nullptr)) {}
-  Events& operator=(Events&&) = delete;
-  ~Events() {
-    if (e) cudaEventDestroy(e);
-  }
-};
-
 struct Pinned {
   void* p = nullptr;
   Pinned() = default;
@@ -106,7 +96,7 @@ Result<P2PRow> host_staged(std::uint64_t size, int transfers) {
   DeviceMemory src, dst;
   Pinned pinned[2];
   StreamOwner down, up;  // device → host on GPU 0, host → device on GPU 1
-  Events copied_out[2], copied_in[2];
+  EventOwner copied_out[2], copied_in[2];
   GPU_OK(cudaSetDevice(0));
   LF_TRY_STATUS(allocate(src, size));
   LF_TRY_STATUS(create(down));
@@ -203,7 +193,7 @@ Status lavaflow_p2p_peer(bool kernel, const std::string& dir, std::uint64_t size
   LF_TRY_STATUS(create(s));
   struct InFlight {
     Received message;
-    Events done;
+    EventOwner done;
   };
   std::deque<InFlight> inflight;
   auto retire = [&]() -> Status {

@@ -42,13 +42,16 @@ struct DeviceBytes {
   explicit DeviceBytes(std::size_t bytes, const std::vector<std::byte>& init = {})
       : n(std::max<std::size_t>(bytes, 1)) {
     if (cudaMalloc(&p, n) != cudaSuccess) p = nullptr;
-    // A copy from pageable memory may return before its DMA lands, and the test's stream does not
-    // wait for the legacy stream: wait here.
-    if (p && !init.empty() && cudaMemcpy(p, init.data(), init.size(), cudaMemcpyHostToDevice) == cudaSuccess)
-      (void)cudaDeviceSynchronize();
+    if (!init.empty()) write(init);
   }
   DeviceBytes(const DeviceBytes&) = delete;
   ~DeviceBytes() { (void)cudaFree(p); }
+  /// Copies `bytes` in and waits: a copy from pageable memory may return before its DMA lands, and
+  /// the test's stream does not wait for the legacy stream.
+  void write(const std::vector<std::byte>& bytes) const {
+    if (p && cudaMemcpy(p, bytes.data(), bytes.size(), cudaMemcpyHostToDevice) == cudaSuccess)
+      (void)cudaDeviceSynchronize();
+  }
   std::vector<std::byte> read(std::size_t bytes) const {
     std::vector<std::byte> out(bytes);
     (void)cudaMemcpy(out.data(), p, bytes, cudaMemcpyDeviceToHost);
@@ -134,8 +137,7 @@ void every_op(CudaCollectives& c, cudaStream_t st) {
   for (std::uint32_t replay = 0; captured && replay < 3; ++replay) {
     auto v = inputs(r + replay, count, DType::F32);
     const auto bytes = encode(v, DType::F32);
-    if (cudaMemcpy(send.p, bytes.data(), bytes.size(), cudaMemcpyHostToDevice) == cudaSuccess)
-      (void)cudaDeviceSynchronize();  // as in DeviceBytes
+    send.write(bytes);
     auto s = cudaGraphLaunch(exec, st) == cudaSuccess ? finish(c, st) : fail(Errc::Driver, "cudaGraphLaunch", "");
     std::vector<double> acc(count, 0);
     for (std::uint32_t j = 0; j < n; ++j) {

@@ -132,12 +132,30 @@ Result<cudaExternalMemory_t> import_memory(const DeviceInfo& info, std::uint64_t
 
 }  // namespace
 
-Result<std::vector<DeviceInfo>> devices() {
+namespace detail {
+Result<int> device_count() {
   int n = 0;
   if (auto e = cudaGetDeviceCount(&n); e != cudaSuccess) {
     (void)cudaGetLastError();
     return std::unexpected(to_error(e, "cudaGetDeviceCount"));
   }
+  return n;
+}
+
+std::string pci_address(int ordinal) {
+  char bus[32] = {};
+  if (cudaDeviceGetPCIBusId(bus, sizeof bus, ordinal) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return {};
+  }
+  std::string pci = bus;
+  std::ranges::transform(pci, pci.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return pci;
+}
+}  // namespace detail
+
+Result<std::vector<DeviceInfo>> devices() {
+  LF_TRY(const int n, detail::device_count());
   const auto driver = load_driver();
   std::vector<DeviceInfo> out;
   for (int i = 0; i < n; ++i) {
@@ -159,19 +177,6 @@ Result<std::vector<DeviceInfo>> devices() {
   }
   return out;
 }
-
-namespace detail {
-std::string pci_address(int ordinal) {
-  char bus[32] = {};
-  if (cudaDeviceGetPCIBusId(bus, sizeof bus, ordinal) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return {};
-  }
-  std::string pci = bus;
-  std::ranges::transform(pci, pci.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return pci;
-}
-}  // namespace detail
 
 Status add_devices(Accelerators& accelerators) {
   LF_TRY(auto list, devices());
@@ -382,8 +387,7 @@ Result<ExportableAllocation> Interop::import_allocation(int fd, std::uint64_t al
     return fail(Errc::InvalidArgument, call,
                 str_format("allocation size {} is not a multiple of the device's granularity {}", allocation_size,
                            granularity));
-  int count = 0;
-  LF_CUDA(cudaGetDeviceCount(&count));
+  LF_TRY(const int count, detail::device_count());
   std::vector<int> devices{info_.ordinal};
   for (int p : peers) {
     if (p < 0 || p >= count)

@@ -106,11 +106,7 @@ std::string pcie_meet(const std::string& a, const std::string& b) {
 }  // namespace
 
 Result<std::vector<PeerLink>> peer_links() {
-  int n = 0;
-  if (auto e = cudaGetDeviceCount(&n); e != cudaSuccess) {
-    (void)cudaGetLastError();
-    return std::unexpected(to_error(e, "cudaGetDeviceCount"));
-  }
+  LF_TRY(const int n, detail::device_count());
   std::vector<std::string> pci(static_cast<std::size_t>(n));
   for (int i = 0; i < n; ++i) pci[static_cast<std::size_t>(i)] = detail::pci_address(i);
   const Nvml nvml;
