@@ -13,6 +13,7 @@
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <thread>
@@ -59,6 +60,17 @@ struct DeviceBytes {
   }
 };
 
+/// "" when equal, else where and how much `got` differs from `want`.
+std::string difference(const std::vector<std::byte>& got, const std::vector<std::byte>& want) {
+  if (got == want) return "";
+  std::size_t first = got.size(), differ = 0;
+  for (std::size_t i = 0; i < std::min(got.size(), want.size()); ++i)
+    if (got[i] != want[i] && differ++ == 0) first = i;
+  return str_format(": {} of {} bytes differ, the first at {} (got {}, want {})", differ, want.size(), first,
+                    first < got.size() ? static_cast<int>(got[first]) : -1,
+                    first < want.size() ? static_cast<int>(want[first]) : -1);
+}
+
 /// Waits for the stream and reports the collectives' state.
 Status finish(CudaCollectives& c, cudaStream_t s) {
   if (cudaStreamSynchronize(s) != cudaSuccess) return fail(Errc::Driver, "cudaStreamSynchronize", "stream failed");
@@ -102,12 +114,14 @@ void every_op(CudaCollectives& c, cudaStream_t st) {
     DeviceBytes send(count, mine), all(want.size());
     auto s = c.all_gather(send.p, all.p, count, DType::U8, st);
     if (s) s = finish(c, st);
-    expect(s && all.read(want.size()) == want, str_format("all_gather of {} bytes", count));
+    const std::string gathered = s ? difference(all.read(want.size()), want) : ": " + s.error().message();
+    expect(gathered.empty(), str_format("all_gather of {} bytes{}", count, gathered));
     const auto root_data = encode(inputs(n - 1, count, DType::U8), DType::U8);
     DeviceBytes buf(count, r == n - 1 ? root_data : std::vector<std::byte>(count));
     s = c.broadcast(buf.p, count, n - 1, DType::U8, st);
     if (s) s = finish(c, st);
-    expect(s && buf.read(count) == root_data, str_format("broadcast of {} bytes", count));
+    const std::string broadcast = s ? difference(buf.read(count), root_data) : ": " + s.error().message();
+    expect(broadcast.empty(), str_format("broadcast of {} bytes{}", count, broadcast));
   }
   // NaN, signed zeros and ties: bit for bit what the host reduction gives.
   for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max}) {

@@ -8,8 +8,10 @@
 //
 // A staging buffer is rewritten two steps later; by then every peer has published the step in
 // between, which it does only after its reads of the earlier step (stream order), so no step
-// needs a closing synchronisation. Peers' staging is read with ld.global.cv: the same addresses
-// come back every other step, and a cached line from two steps ago would be stale.
+// needs a closing synchronisation. That holds per block because block i owns the same staging
+// bytes in every step of a call (a shorter last step is cut like the first). Peers' staging is
+// read with ld.global.cv: the same addresses come back every other step, and a cached line from
+// two steps ago would be stale.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -35,12 +37,22 @@ struct Range {
   std::uint64_t at, len;
 };
 
+/// Vectors each thread moves per pass of a copy or reduction loop.
+constexpr std::uint32_t kUnroll = 4;
+
 /// Slice `i` of `len` bytes cut in kBlocks slices on 16-byte boundaries (whole elements, whole
 /// vectors).
 __device__ Range slice(std::uint64_t len, std::uint32_t i, std::uint32_t parts = kBlocks) {
   const std::uint64_t per = ((len + parts - 1) / parts + 15) & ~std::uint64_t{15};
   const std::uint64_t at = lesser(len, i * per);
   return {at, lesser(len, at + per) - at};
+}
+
+/// `r` cut to end at `limit`: a shorter step keeps the slices of the call's first step, so that
+/// block i of every rank owns the same staging bytes in every step of a call.
+__device__ Range clip(Range r, std::uint64_t limit) {
+  const std::uint64_t at = lesser(r.at, limit);
+  return {at, lesser(r.at + r.len, limit) - at};
 }
 
 __device__ unsigned char* staging(const Launch& l, std::uint32_t rank, std::uint32_t buffer) {
@@ -224,7 +236,31 @@ __device__ void reduce(const Launch& l, unsigned char* out, unsigned char* const
   std::uint64_t done = 0;
   if ((reinterpret_cast<std::uintptr_t>(out) & 15) == 0) {
     const std::uint64_t vectors = len / 16;
-    for (std::uint64_t v = threadIdx.x; v < vectors; v += blockDim.x) {
+    const std::uint64_t stride = blockDim.x;
+    // kUnroll independent vectors per thread and pass: their loads from every rank are in flight
+    // together, which a peer's memory across the link needs to reach its bandwidth.
+    std::uint64_t v = threadIdx.x;
+    for (; v + (kUnroll - 1) * stride < vectors; v += kUnroll * stride) {
+      A acc[kUnroll][kPer];
+      uint4 raw[kUnroll];
+      for (std::uint32_t u = 0; u < kUnroll; ++u)
+        raw[u] = __ldcv(reinterpret_cast<const uint4*>(in[0] + offset) + v + u * stride);
+      for (std::uint32_t u = 0; u < kUnroll; ++u)
+        for (std::uint32_t k = 0; k < kPer; ++k) acc[u][k] = Elem<T>::load(reinterpret_cast<const T*>(&raw[u])[k]);
+      for (std::uint32_t r = 1; r < l.ranks; ++r) {
+        for (std::uint32_t u = 0; u < kUnroll; ++u)
+          raw[u] = __ldcv(reinterpret_cast<const uint4*>(in[r] + offset) + v + u * stride);
+        for (std::uint32_t u = 0; u < kUnroll; ++u)
+          for (std::uint32_t k = 0; k < kPer; ++k)
+            acc[u][k] = combine(acc[u][k], Elem<T>::load(reinterpret_cast<const T*>(&raw[u])[k]), l.op);
+      }
+      for (std::uint32_t u = 0; u < kUnroll; ++u) {
+        uint4 result;
+        for (std::uint32_t k = 0; k < kPer; ++k) reinterpret_cast<T*>(&result)[k] = finish<T>(acc[u][k], l.op, l.ranks);
+        reinterpret_cast<uint4*>(out)[v + u * stride] = result;
+      }
+    }
+    for (; v < vectors; v += stride) {
       A acc[kPer];
       uint4 raw = __ldcv(reinterpret_cast<const uint4*>(in[0] + offset) + v);
       for (std::uint32_t k = 0; k < kPer; ++k) acc[k] = Elem<T>::load(reinterpret_cast<const T*>(&raw)[k]);
@@ -274,7 +310,14 @@ __device__ void copy(unsigned char* dst, const unsigned char* src, std::uint64_t
     const std::uint64_t vectors = n / 16;
     const uint4* s = reinterpret_cast<const uint4*>(src);
     uint4* d = reinterpret_cast<uint4*>(dst);
-    for (std::uint64_t v = threadIdx.x; v < vectors; v += blockDim.x) d[v] = peer ? __ldcv(s + v) : s[v];
+    const std::uint64_t stride = blockDim.x;
+    std::uint64_t v = threadIdx.x;
+    for (; v + (kUnroll - 1) * stride < vectors; v += kUnroll * stride) {
+      uint4 r[kUnroll];
+      for (std::uint32_t u = 0; u < kUnroll; ++u) r[u] = peer ? __ldcv(s + v + u * stride) : s[v + u * stride];
+      for (std::uint32_t u = 0; u < kUnroll; ++u) d[v + u * stride] = r[u];
+    }
+    for (; v < vectors; v += stride) d[v] = peer ? __ldcv(s + v) : s[v];
     done = vectors * 16;
   }
   for (std::uint64_t b = done + threadIdx.x; b < n; b += blockDim.x) dst[b] = peer ? __ldcv(src + b) : src[b];
@@ -295,6 +338,12 @@ __global__ void __launch_bounds__(kThreads) collective(Launch l) {
   // Bytes per step: of each rank's input (all_reduce, all_gather, broadcast) or of each block
   // of the output (reduce_scatter, whose step holds that piece of all n blocks).
   const std::uint64_t piece = l.kind == kReduceScatter ? ((l.chunk / n) & ~std::uint64_t{15}) : l.chunk;
+  // Every step is cut like the first (the fullest) and the same way within an all_reduce: a
+  // block's peers wait for that block only, so a block whose bytes moved to another in a shorter
+  // step could still be reading them when a peer's other block writes them.
+  const std::uint64_t first = lesser(piece, l.bytes);
+  const bool one_shot = first <= kOneShotBytes;
+  const std::uint64_t part = ((first + n - 1) / n + 15) & ~std::uint64_t{15};
   unsigned char* stages[kMaxRanks];
   for (std::uint64_t at = 0; at < l.bytes; at += piece) {
     const std::uint64_t len = lesser(piece, l.bytes - at);
@@ -303,8 +352,8 @@ __global__ void __launch_bounds__(kThreads) collective(Launch l) {
     unsigned char* mine = stages[me];
     switch (l.kind) {
       case kAllReduce: {
-        if (len <= kOneShotBytes) {
-          const Range s = slice(len, i);
+        if (one_shot) {
+          const Range s = clip(slice(first, i), len);
           copy(mine + s.at, in + at + s.at, s.len, false);
           publish(l, 0, epoch);
           if (!await(l, 0, epoch)) return;
@@ -312,17 +361,16 @@ __global__ void __launch_bounds__(kThreads) collective(Launch l) {
           break;
         }
         // Reduce-scatter then all-gather: rank q reduces part q; block i handles slice i of each.
-        const std::uint64_t part = ((len + n - 1) / n + 15) & ~std::uint64_t{15};
         for (std::uint32_t q = 0; q < n; ++q) {
           const std::uint64_t p0 = lesser(len, q * part);
-          const Range s = slice(lesser(len, p0 + part) - p0, i);
+          const Range s = clip(slice(part, i), lesser(len, p0 + part) - p0);
           copy(mine + p0 + s.at, in + at + p0 + s.at, s.len, false);
         }
         publish(l, 0, epoch);
         if (!await(l, 0, epoch)) return;
         {
           const std::uint64_t p0 = lesser(len, me * part);
-          const Range s = slice(lesser(len, p0 + part) - p0, i);
+          const Range s = clip(slice(part, i), lesser(len, p0 + part) - p0);
           reduce_any(l, mine + p0 + s.at, stages, p0 + s.at, s.len);
           __syncthreads();
           copy(out + at + p0 + s.at, mine + p0 + s.at, s.len, false);
@@ -332,13 +380,13 @@ __global__ void __launch_bounds__(kThreads) collective(Launch l) {
         for (std::uint32_t q = 0; q < n; ++q) {
           if (q == me) continue;
           const std::uint64_t p0 = lesser(len, q * part);
-          const Range s = slice(lesser(len, p0 + part) - p0, i);
+          const Range s = clip(slice(part, i), lesser(len, p0 + part) - p0);
           copy(out + at + p0 + s.at, stages[q] + p0 + s.at, s.len, true);
         }
         break;
       }
       case kAllGather: {
-        const Range s = slice(len, i);
+        const Range s = clip(slice(first, i), len);
         copy(mine + s.at, in + at + s.at, s.len, false);
         publish(l, 0, epoch);
         if (!await(l, 0, epoch)) return;
@@ -346,7 +394,7 @@ __global__ void __launch_bounds__(kThreads) collective(Launch l) {
         break;
       }
       case kReduceScatter: {
-        const Range s = slice(len, i);
+        const Range s = clip(slice(first, i), len);
         for (std::uint32_t q = 0; q < n; ++q) copy(mine + q * piece + s.at, in + q * l.bytes + at + s.at, s.len, false);
         publish(l, 0, epoch);
         if (!await(l, 0, epoch)) return;
@@ -354,7 +402,7 @@ __global__ void __launch_bounds__(kThreads) collective(Launch l) {
         break;
       }
       default: {  // broadcast: from the root's staging, in place on every rank
-        const Range s = slice(len, i);
+        const Range s = clip(slice(first, i), len);
         auto* buffer = static_cast<unsigned char*>(l.recv);
         if (me == l.root) copy(mine + s.at, buffer + at + s.at, s.len, false);
         publish(l, 0, epoch);

@@ -12,7 +12,7 @@ namespace lavaflow::mesh::cuda_kernels {
 inline constexpr std::uint32_t kMaxRanks = 16;
 /// Blocks per call, the same on every rank: block i of every rank handles the same slices and
 /// synchronises only with block i of the others.
-inline constexpr std::uint32_t kBlocks = 32;
+inline constexpr std::uint32_t kBlocks = 64;
 inline constexpr std::uint32_t kThreads = 512;
 inline constexpr std::uint64_t kFlagBytes = 4096;
 /// An all_reduce step up to this many bytes is reduced whole by every rank (one synchronisation);
