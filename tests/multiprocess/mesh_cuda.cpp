@@ -138,34 +138,35 @@ void every_op(CudaCollectives& c, cudaStream_t st) {
   const auto misaligned =
       c.all_reduce(static_cast<const std::byte*>(send_probe.p) + 2, recv_probe.p, 8, DType::F32, ReduceOp::Sum, st);
   expect(!misaligned && misaligned.error().code() == Errc::InvalidArgument, "a misaligned buffer refused");
-  // Captured once, replayed with new inputs: each replay is a new call on every rank.
-  const std::size_t count = 100'000;
-  DeviceBytes send(count * 4), recv(count * 4);
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  bool captured = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
-  const auto enq = c.all_reduce(send.p, recv.p, count * 4, DType::F32, ReduceOp::Sum, st);
-  captured = cudaStreamEndCapture(st, &graph) == cudaSuccess && captured && enq;
-  captured = captured && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
-  expect(captured, "all_reduce captured in a CUDA graph");
-  for (std::uint32_t replay = 0; captured && replay < 3; ++replay) {
-    auto v = inputs(r + replay, count, DType::F32);
-    const auto bytes = encode(v, DType::F32);
-    send.write(bytes);
-    auto s = cudaGraphLaunch(exec, st) == cudaSuccess ? finish(c, st) : fail(Errc::Driver, "cudaGraphLaunch", "");
-    std::vector<double> acc(count, 0);
-    for (std::uint32_t j = 0; j < n; ++j) {
-      const auto in = inputs(j + replay, count, DType::F32);
-      for (std::size_t e = 0; e < count; ++e) acc[e] += in[e];
+  // Captured once, replayed with new inputs: each replay is a new call on every rank (staged and
+  // in LL lines).
+  for (const std::size_t count : {std::size_t{100'000}, std::size_t{1'000}}) {
+    DeviceBytes send(count * 4), recv(count * 4);
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    bool captured = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+    const auto enq = c.all_reduce(send.p, recv.p, count * 4, DType::F32, ReduceOp::Sum, st);
+    captured = cudaStreamEndCapture(st, &graph) == cudaSuccess && captured && enq;
+    captured = captured && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
+    expect(captured, str_format("all_reduce of {} floats captured in a CUDA graph", count));
+    for (std::uint32_t replay = 0; captured && replay < 3; ++replay) {
+      auto v = inputs(r + replay, count, DType::F32);
+      const auto bytes = encode(v, DType::F32);
+      send.write(bytes);
+      auto s = cudaGraphLaunch(exec, st) == cudaSuccess ? finish(c, st) : fail(Errc::Driver, "cudaGraphLaunch", "");
+      std::vector<double> acc(count, 0);
+      for (std::uint32_t j = 0; j < n; ++j) {
+        const auto in = inputs(j + replay, count, DType::F32);
+        for (std::size_t e = 0; e < count; ++e) acc[e] += in[e];
+      }
+      const auto want = encode(acc, DType::F32);
+      const std::string diff = s ? difference(recv.read(count * 4), want) : ": " + s.error().message();
+      expect(diff.empty(), str_format("graph replay {} of {} floats{}", replay, count, diff));
     }
-    const auto got = recv.read(count * 4), want = encode(acc, DType::F32);
-    std::size_t first = 0;
-    while (first < got.size() && first < want.size() && got[first] == want[first]) ++first;
-    expect(s && got == want, str_format("graph replay {}: {}", replay,
-                                        !s ? s.error().message() : str_format("first differing byte {}", first)));
+    if (exec) (void)cudaGraphExecDestroy(exec);
+    if (graph) (void)cudaGraphDestroy(graph);
   }
-  if (exec) (void)cudaGraphExecDestroy(exec);
-  if (graph) (void)cudaGraphDestroy(graph);
+  DeviceBytes send(64), recv(64);
   const auto bad = c.all_reduce(send.p, recv.p, 6, DType::F32, ReduceOp::Sum, st);
   expect(!bad && bad.error().code() == Errc::InvalidArgument, "a partial element refused");
   const auto root = c.broadcast(send.p, 4, n, DType::F32, st);

@@ -31,18 +31,34 @@ Status cuda_ok(cudaError_t e, const char* call) {
               str_format("{} ({})", cudaGetErrorString(e), cudaGetErrorName(e)));
 }
 
-std::string_view kind_name(std::uint32_t kind) {
+/// Tells apart calls that would exchange differently: the same on every rank for the same call.
+/// Its top bit is never set. Mixed from the numbers, not formatted: it is on every call's path.
+std::uint32_t call_signature(std::uint32_t kind, std::uint32_t dtype, std::uint32_t op, std::uint64_t bytes,
+                             std::uint32_t root) {
+  std::uint64_t h = 0x9e3779b97f4a7c15ull;
+  for (const std::uint64_t v :
+       {std::uint64_t{kind}, std::uint64_t{dtype}, std::uint64_t{op}, bytes, std::uint64_t{root}}) {
+    h = (h ^ v) * 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+  }
+  return static_cast<std::uint32_t>(h) & 0x7fffffffu;
+}
+
+/// "CudaCollectives::all_reduce" and so on: the API call's name.
+std::string_view call_name(std::uint32_t kind) {
   switch (kind) {
     case k::kAllReduce:
-      return "all_reduce";
+      return "CudaCollectives::all_reduce";
     case k::kAllGather:
-      return "all_gather";
+      return "CudaCollectives::all_gather";
     case k::kReduceScatter:
-      return "reduce_scatter";
+      return "CudaCollectives::reduce_scatter";
     default:
-      return "broadcast";
+      return "CudaCollectives::broadcast";
   }
 }
+
+std::string_view kind_name(std::uint32_t kind) { return call_name(kind).substr(sizeof("CudaCollectives::") - 1); }
 
 /// What every rank publishes at open: where it runs and its staging's IPC handle.
 struct Card {
@@ -96,9 +112,11 @@ class Collectives final : public CudaCollectives {
       LF_TRY_STATUS(cuda_ok(cudaGetDeviceProperties(&prop, device_), "cudaGetDeviceProperties"));
       std::memcpy(mine.device_uuid, prop.uuid.bytes, sizeof mine.device_uuid);
       void* p = nullptr;
-      LF_TRY_STATUS(cuda_ok(cudaMalloc(&p, k::kFlagBytes + 2 * chunk_), "cudaMalloc"));
+      const std::uint64_t control = k::kFlagBytes + k::ll_area_bytes(n_);
+      LF_TRY_STATUS(cuda_ok(cudaMalloc(&p, control + 2 * chunk_), "cudaMalloc"));
       region_ = static_cast<unsigned char*>(p);
-      LF_TRY_STATUS(cuda_ok(cudaMemset(region_, 0, k::kFlagBytes), "cudaMemset"));
+      // Epochs start at 0 and a call's is at least 1: no zeroed slot or LL word looks written.
+      LF_TRY_STATUS(cuda_ok(cudaMemset(region_, 0, control), "cudaMemset"));
       LF_TRY_STATUS(cuda_ok(cudaIpcGetMemHandle(&mine.handle, region_), "cudaIpcGetMemHandle"));
       LF_TRY_STATUS(
           cuda_ok(cudaHostAlloc(reinterpret_cast<void**>(&error_), sizeof(k::ErrorRecord), cudaHostAllocMapped),
@@ -195,9 +213,11 @@ class Collectives final : public CudaCollectives {
     } e{static_cast<std::uint32_t>(packed & 0xff), static_cast<std::uint32_t>((packed >> 8) & 0xffffff),
         static_cast<std::uint32_t>(packed >> 32)};
     if (e.code == k::kNone) return {};
-    const auto known = std::ranges::find(recent_, e.call, &std::pair<std::uint32_t, std::string>::first);
-    const std::string what =
-        known != recent_.end() ? known->second : str_format("call {} of group '{}'", e.call, host_.group());
+    const auto known = std::ranges::find(recent_, e.call, &Recent::call);
+    const std::string what = known != recent_.end()
+                                 ? str_format("call {} of group '{}' ({} of {} bytes {})", e.call, host_.group(),
+                                              kind_name(known->kind), known->bytes, to_string(known->type))
+                                 : str_format("call {} of group '{}'", e.call, host_.group());
     const std::string call = "CudaCollectives";
     switch (e.code) {
       case k::kTimeout:
@@ -215,20 +235,22 @@ class Collectives final : public CudaCollectives {
  private:
   Status enqueue(std::uint32_t kind, const void* send, void* recv, std::uint64_t bytes, DType type, ReduceOp op,
                  std::uint32_t root, cudaStream_t stream, CallOptions options) {
-    const std::string call = str_format("CudaCollectives::{}", kind_name(kind));
+    const std::string_view call = call_name(kind);  // a string only for an error: this is every call's path
     if (static_cast<std::uint8_t>(type) > static_cast<std::uint8_t>(DType::U8) ||
         static_cast<std::uint8_t>(op) > static_cast<std::uint8_t>(ReduceOp::Average))
-      return fail(Errc::InvalidArgument, call, "unknown element type or reduce op");
+      return fail(Errc::InvalidArgument, std::string(call), "unknown element type or reduce op");
     if (bytes > UINT64_MAX / 2 / n_)  // the kernels address n × bytes
-      return fail(Errc::InvalidArgument, call, str_format("{} bytes per rank overflow {} ranks' buffers", bytes, n_));
+      return fail(Errc::InvalidArgument, std::string(call),
+                  str_format("{} bytes per rank overflow {} ranks' buffers", bytes, n_));
     if (bytes % size_of(type))
-      return fail(Errc::InvalidArgument, call,
+      return fail(Errc::InvalidArgument, std::string(call),
                   str_format("{} bytes are not whole {} elements", bytes, to_string(type)));
-    if (bytes && (!send || !recv)) return fail(Errc::InvalidArgument, call, "a null buffer");
+    if (bytes && (!send || !recv)) return fail(Errc::InvalidArgument, std::string(call), "a null buffer");
     if ((reinterpret_cast<std::uintptr_t>(send) | reinterpret_cast<std::uintptr_t>(recv)) % size_of(type))
-      return fail(Errc::InvalidArgument, call,
+      return fail(Errc::InvalidArgument, std::string(call),
                   str_format("buffers not aligned to their {}-byte {} elements", size_of(type), to_string(type)));
-    if (root >= n_) return fail(Errc::InvalidArgument, call, str_format("root {} is not a rank of {}", root, n_));
+    if (root >= n_)
+      return fail(Errc::InvalidArgument, std::string(call), str_format("root {} is not a rank of {}", root, n_));
     LF_TRY_STATUS(check());
     if (bytes == 0) return {};
     k::Launch l{};
@@ -239,11 +261,8 @@ class Collectives final : public CudaCollectives {
     l.me = me_;
     l.root = root;
     l.call = ++calls_;
-    // The signature tells apart calls that would exchange differently; its top bit is never set.
-    l.signature = static_cast<std::uint32_t>(
-        name_hash(str_format("{}/{}/{}/{}/{}", kind, l.dtype,
-                             kind == k::kAllReduce || kind == k::kReduceScatter ? l.op : 0, bytes, root)) &
-        0x7fffffffu);
+    l.signature = call_signature(kind, l.dtype, kind == k::kAllReduce || kind == k::kReduceScatter ? l.op : 0, bytes,
+                                 kind == k::kBroadcast ? root : 0);
     for (std::uint32_t q = 0; q < n_; ++q) l.regions[q] = regions_[q];
     l.send = send;
     l.recv = recv;
@@ -253,8 +272,7 @@ class Collectives final : public CudaCollectives {
                        ? UINT64_MAX
                        : static_cast<std::uint64_t>(std::max(options.timeout, Duration::zero()).count());
     l.error = error_device_;
-    recent_.emplace_back(l.call, str_format("call {} of group '{}' ({} of {} bytes {})", l.call, host_.group(),
-                                            kind_name(kind), bytes, to_string(type)));
+    recent_.push_back({l.call, kind, bytes, type});
     if (recent_.size() > 256) recent_.pop_front();
     int current = -1;
     (void)cudaGetDevice(&current);
@@ -287,7 +305,13 @@ class Collectives final : public CudaCollectives {
   std::optional<cudaStream_t> last_stream_;  ///< the stream of that call
   k::ErrorRecord* error_device_ = nullptr;
   std::uint32_t calls_ = 0;
-  std::deque<std::pair<std::uint32_t, std::string>> recent_;
+  /// The last calls, for errors that name one (described only then: this is on every call's path).
+  struct Recent {
+    std::uint32_t call, kind;
+    std::uint64_t bytes;
+    DType type;
+  };
+  std::deque<Recent> recent_;
 };
 
 }  // namespace

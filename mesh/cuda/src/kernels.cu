@@ -56,7 +56,12 @@ __device__ Range clip(Range r, std::uint64_t limit) {
 }
 
 __device__ unsigned char* staging(const Launch& l, std::uint32_t rank, std::uint32_t buffer) {
-  return l.regions[rank] + kFlagBytes + buffer * l.chunk;
+  return l.regions[rank] + kFlagBytes + ll_area_bytes(l.ranks) + buffer * l.chunk;
+}
+
+/// Sender `from`'s LL area of parity `parity` in rank `to`'s region.
+__device__ unsigned char* ll_area(const Launch& l, std::uint32_t to, std::uint32_t parity, std::uint32_t from) {
+  return l.regions[to] + kFlagBytes + (std::uint64_t{parity} * l.ranks + from) * kLLSenderBytes;
 }
 
 __device__ Flags* flags(const Launch& l, std::uint32_t rank) { return reinterpret_cast<Flags*>(l.regions[rank]); }
@@ -323,6 +328,198 @@ __device__ void copy(unsigned char* dst, const unsigned char* src, std::uint64_t
   for (std::uint64_t b = done + threadIdx.x; b < n; b += blockDim.x) dst[b] = peer ? __ldcv(src + b) : src[b];
 }
 
+// ---- LL: small calls (see kLLBytes) ----
+//
+// A line is two 8-byte words, each four data bytes under the call's epoch: an aligned 8-byte
+// access is single-copy atomic, so a word whose epoch is this call's holds this call's bytes, and
+// a reader needs no fence. The epoch also tells this call's lines from a stale one of an earlier
+// call (same parity, two or more calls ago). The sender's header word (epoch, signature) per
+// block tells a mismatched call from this one. LL areas alternate by parity: a rank writes a
+// peer's area of parity p again two calls later, after a call in between in which it waited for
+// that peer — whose kernel of that call began after its kernel reading this area had ended.
+
+__device__ void ll_put(unsigned char* line, std::uint64_t data, std::uint32_t epoch) {
+  const unsigned long long e = static_cast<unsigned long long>(epoch) << 32;
+  const unsigned long long w0 = e | (data & 0xffffffffull), w1 = e | (data >> 32);
+  asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(line), "l"(w0), "l"(w1) : "memory");
+}
+
+/// True when both words of the line carry `epoch`; `data` is then its eight bytes.
+__device__ bool ll_get(const unsigned char* line, std::uint32_t epoch, std::uint64_t& data) {
+  unsigned long long w0, w1;
+  asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(w0), "=l"(w1) : "l"(line) : "memory");
+  data = (w0 & 0xffffffffull) | (w1 << 32);
+  return static_cast<std::uint32_t>(w0 >> 32) == epoch && static_cast<std::uint32_t>(w1 >> 32) == epoch;
+}
+
+/// `n` ≤ 8 bytes of a user buffer at `p` (aligned to its elements only), zero-extended.
+__device__ std::uint64_t load8(const unsigned char* p, std::uint32_t n) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  if (n == 8 && (a & 7) == 0) return *reinterpret_cast<const std::uint64_t*>(p);
+  if (n == 8 && (a & 3) == 0)
+    return reinterpret_cast<const std::uint32_t*>(p)[0] | std::uint64_t{reinterpret_cast<const std::uint32_t*>(p)[1]}
+                                                              << 32;
+  std::uint64_t v = 0;
+  for (std::uint32_t b = 0; b < n; ++b) v |= std::uint64_t{p[b]} << (8 * b);
+  return v;
+}
+
+__device__ void store8(unsigned char* p, std::uint64_t v, std::uint32_t n) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  if (n == 8 && (a & 7) == 0) {
+    *reinterpret_cast<std::uint64_t*>(p) = v;
+  } else if (n == 8 && (a & 3) == 0) {
+    reinterpret_cast<std::uint32_t*>(p)[0] = static_cast<std::uint32_t>(v);
+    reinterpret_cast<std::uint32_t*>(p)[1] = static_cast<std::uint32_t>(v >> 32);
+  } else {
+    for (std::uint32_t b = 0; b < n; ++b) p[b] = static_cast<unsigned char>(v >> (8 * b));
+  }
+}
+
+/// The checks a waiting thread makes now and then: false (the failure recorded) when peer `q` or
+/// this rank failed, `q` made another call in the staging protocol, or the call's time is up.
+__device__ bool ll_still_waiting(const Launch& l, std::uint32_t q, std::uint32_t epoch, std::uint64_t start) {
+  if (*reinterpret_cast<volatile std::uint32_t*>(&flags(l, q)->failed)) return fail(l, kPeerFailed, q);
+  if (*reinterpret_cast<volatile std::uint32_t*>(&flags(l, l.me)->failed)) return false;
+  const unsigned long long v = *reinterpret_cast<volatile unsigned long long*>(&flags(l, q)->slot[blockIdx.x][0]);
+  if (static_cast<std::uint32_t>(v >> 32) == epoch && static_cast<std::uint32_t>(v) != l.signature)
+    return fail(l, kMismatch, q);
+  if (now_ns() - start > l.timeout_ns) return fail(l, kTimeout, q);
+  return true;
+}
+
+/// Waits for line `line` (of this block's slice) from rank q.
+__device__ bool ll_wait(const Launch& l, std::uint32_t q, std::uint32_t epoch, std::uint64_t line, std::uint64_t start,
+                        std::uint64_t& data) {
+  const unsigned char* at = ll_area(l, l.me, epoch & 1, q) + kLLHeaderBytes + 16 * line;
+  for (std::uint32_t spins = 1; !ll_get(at, epoch, data); ++spins)
+    if ((spins & 1023) == 0 && !ll_still_waiting(l, q, epoch, start)) return false;
+  return true;
+}
+
+/// all_reduce / reduce_scatter: every rank's line, combined in rank order (as the host reduction).
+template <class T>
+__device__ bool ll_reduce(const Launch& l, std::uint32_t epoch, std::uint64_t first_line, std::uint64_t lines,
+                          std::uint64_t at0, std::uint64_t len, std::uint64_t start) {
+  using A = typename Elem<T>::Acc;
+  constexpr std::uint32_t kPer = 8 / sizeof(T);
+  const auto* in = static_cast<const unsigned char*>(l.send) + (l.kind == kReduceScatter ? l.me * l.bytes : 0);
+  auto* out = static_cast<unsigned char*>(l.recv);
+  for (std::uint64_t k = threadIdx.x; k < lines; k += blockDim.x) {
+    const std::uint64_t at = at0 + 8 * k;
+    const auto n = static_cast<std::uint32_t>(lesser(8, len - 8 * k));
+    A acc[kPer];
+    for (std::uint32_t r = 0; r < l.ranks; ++r) {
+      std::uint64_t d;
+      if (r == l.me)
+        d = load8(in + at, n);
+      else if (!ll_wait(l, r, epoch, first_line + k, start, d))
+        return false;
+      for (std::uint32_t e = 0; e < kPer; ++e) {
+        const A v = Elem<T>::load(reinterpret_cast<const T*>(&d)[e]);
+        acc[e] = r == 0 ? v : combine(acc[e], v, l.op);
+      }
+    }
+    std::uint64_t result = 0;
+    for (std::uint32_t e = 0; e < kPer; ++e) reinterpret_cast<T*>(&result)[e] = finish<T>(acc[e], l.op, l.ranks);
+    store8(out + at, result, n);
+  }
+  return true;
+}
+
+__device__ bool ll_reduce_any(const Launch& l, std::uint32_t epoch, std::uint64_t first_line, std::uint64_t lines,
+                              std::uint64_t at0, std::uint64_t len, std::uint64_t start) {
+  switch (l.dtype) {
+    case kF32:
+      return ll_reduce<float>(l, epoch, first_line, lines, at0, len, start);
+    case kF16:
+      return ll_reduce<__half>(l, epoch, first_line, lines, at0, len, start);
+    case kBF16:
+      return ll_reduce<__nv_bfloat16>(l, epoch, first_line, lines, at0, len, start);
+    case kI32:
+      return ll_reduce<std::int32_t>(l, epoch, first_line, lines, at0, len, start);
+    case kI64:
+      return ll_reduce<std::int64_t>(l, epoch, first_line, lines, at0, len, start);
+    default:
+      return ll_reduce<std::uint8_t>(l, epoch, first_line, lines, at0, len, start);
+  }
+}
+
+/// A call of at most kLLBytes per rank pair, as step `epoch` of this block. Block i moves slice i;
+/// a block with an empty slice only publishes its slot. False when the call failed.
+__device__ bool ll_call(const Launch& l, std::uint32_t epoch) {
+  const std::uint32_t n = l.ranks, me = l.me, i = blockIdx.x, parity = epoch & 1;
+  const unsigned long long header = (static_cast<unsigned long long>(epoch) << 32) | l.signature;
+  // A peer that chose the staging protocol (another call) compares this with its own.
+  if (threadIdx.x == 0) *reinterpret_cast<volatile unsigned long long*>(&flags(l, me)->slot[i][0]) = header;
+  const Range s = slice(l.bytes, i);
+  if (s.len == 0) return true;
+  const bool broadcast = l.kind == kBroadcast, root = me == l.root;
+  // In a broadcast the root sends the data and the others only their header: the root waits for
+  // them before its next call may rewrite their areas' other parity.
+  auto talks_to = [&](std::uint32_t q) { return q != me && (!broadcast || root || q == l.root); };
+  const std::uint64_t start = now_ns(), first_line = s.at / 8, lines = (s.len + 7) / 8;
+  if (threadIdx.x == 0)
+    for (std::uint32_t q = 0; q < n; ++q)
+      if (talks_to(q)) *reinterpret_cast<volatile unsigned long long*>(ll_area(l, q, parity, me) + 8 * i) = header;
+  if (!broadcast || root) {
+    const auto* in = static_cast<const unsigned char*>(broadcast ? l.recv : l.send);
+    for (std::uint64_t k = threadIdx.x; k < lines; k += blockDim.x) {
+      const std::uint64_t at = s.at + 8 * k;
+      const auto len = static_cast<std::uint32_t>(lesser(8, s.len - 8 * k));
+      const std::uint64_t d = l.kind == kReduceScatter ? 0 : load8(in + at, len);
+      for (std::uint32_t q = 0; q < n; ++q)
+        if (q != me)
+          ll_put(ll_area(l, q, parity, me) + kLLHeaderBytes + 16 * (first_line + k),
+                 l.kind == kReduceScatter ? load8(in + q * l.bytes + at, len) : d, epoch);
+    }
+  }
+  __shared__ int ok;
+  if (threadIdx.x == 0) {
+    ok = 1;
+    for (std::uint32_t q = 0; q < n && ok; ++q) {
+      if (!talks_to(q)) continue;
+      const auto* h = reinterpret_cast<const volatile unsigned long long*>(ll_area(l, me, parity, q) + 8 * i);
+      for (std::uint32_t spins = 1;; ++spins) {
+        const unsigned long long v = *h;
+        if (static_cast<std::uint32_t>(v >> 32) == epoch) {
+          if (static_cast<std::uint32_t>(v) != l.signature) ok = fail(l, kMismatch, q);
+          break;
+        }
+        if ((spins & 1023) == 0 && !ll_still_waiting(l, q, epoch, start)) {
+          ok = 0;
+          break;
+        }
+      }
+    }
+  }
+  __syncthreads();
+  if (!ok) return false;
+  if (broadcast && root) return true;
+  if (l.kind == kAllReduce || l.kind == kReduceScatter)
+    return ll_reduce_any(l, epoch, first_line, lines, s.at, s.len, start);
+  const auto* in = static_cast<const unsigned char*>(l.send);
+  auto* out = static_cast<unsigned char*>(l.recv);
+  for (std::uint64_t k = threadIdx.x; k < lines; k += blockDim.x) {
+    const std::uint64_t at = s.at + 8 * k;
+    const auto len = static_cast<std::uint32_t>(lesser(8, s.len - 8 * k));
+    std::uint64_t d;
+    if (broadcast) {
+      if (!ll_wait(l, l.root, epoch, first_line + k, start, d)) return false;
+      store8(out + at, d, len);
+      continue;
+    }
+    for (std::uint32_t q = 0; q < n; ++q) {  // all_gather
+      if (q == me)
+        d = load8(in + at, len);
+      else if (!ll_wait(l, q, epoch, first_line + k, start, d))
+        return false;
+      store8(out + q * l.bytes + at, d, len);
+    }
+  }
+  return true;
+}
+
 __global__ void __launch_bounds__(kThreads) collective(Launch l) {
   const std::uint32_t i = blockIdx.x;
   __shared__ int broken;
@@ -335,6 +532,10 @@ __global__ void __launch_bounds__(kThreads) collective(Launch l) {
   auto* out = static_cast<unsigned char*>(l.recv);
   const auto* in = static_cast<const unsigned char*>(l.send);
   std::uint32_t epoch = flags(l, me)->epoch[i];
+  if (l.bytes <= kLLBytes) {
+    if (ll_call(l, ++epoch) && threadIdx.x == 0) flags(l, me)->epoch[i] = epoch;
+    return;
+  }
   // Bytes per step: of each rank's input (all_reduce, all_gather, broadcast) or of each block
   // of the output (reduce_scatter, whose step holds that piece of all n blocks).
   const std::uint64_t piece = l.kind == kReduceScatter ? ((l.chunk / n) & ~std::uint64_t{15}) : l.chunk;
@@ -342,7 +543,7 @@ __global__ void __launch_bounds__(kThreads) collective(Launch l) {
   // block's peers wait for that block only, so a block whose bytes moved to another in a shorter
   // step could still be reading them when a peer's other block writes them.
   const std::uint64_t first = lesser(piece, l.bytes);
-  const bool one_shot = first <= kOneShotBytes;
+  const bool one_shot = first * (n - 1) <= kOneShotBytes;
   const std::uint64_t part = ((first + n - 1) / n + 15) & ~std::uint64_t{15};
   unsigned char* stages[kMaxRanks];
   for (std::uint64_t at = 0; at < l.bytes; at += piece) {

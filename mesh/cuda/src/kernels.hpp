@@ -2,7 +2,7 @@
 #pragma once
 // The CUDA collectives' kernels behind a plain launcher (nvcc never sees lava-flow's C++23
 // headers). Each rank's region of CUDA memory, mapped by every peer, starts with its flags and
-// holds two staging buffers after them.
+// holds its LL areas and two staging buffers after them.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -15,9 +15,23 @@ inline constexpr std::uint32_t kMaxRanks = 16;
 inline constexpr std::uint32_t kBlocks = 64;
 inline constexpr std::uint32_t kThreads = 512;
 inline constexpr std::uint64_t kFlagBytes = 4096;
-/// An all_reduce step up to this many bytes is reduced whole by every rank (one synchronisation);
-/// above it each rank reduces its part and the others read it (two).
-inline constexpr std::uint64_t kOneShotBytes = 256 << 10;
+/// Calls that move at most this many bytes between two ranks (all_reduce, all_gather, broadcast:
+/// the input; reduce_scatter: one block of it) travel in LL lines instead of the staging: the
+/// sender writes 16-byte lines of two 8-byte words, each four data bytes beside the call's epoch,
+/// straight into the receiver's region, and the receiver polls its own memory until every word
+/// carries the epoch — no fence, no flag and no read across the link.
+inline constexpr std::uint64_t kLLBytes = 256 << 10;
+/// One sender's LL area in a receiver's region, per parity: a header word per block, then lines.
+inline constexpr std::uint64_t kLLHeaderBytes = kBlocks * 8;
+inline constexpr std::uint64_t kLLSenderBytes = kLLHeaderBytes + 2 * kLLBytes;
+/// The LL areas of a region of `ranks` ranks (two parities, a sender each), after the flags.
+__host__ __device__ constexpr std::uint64_t ll_area_bytes(std::uint32_t ranks) {
+  return 2 * std::uint64_t{ranks} * kLLSenderBytes;
+}
+/// An all_reduce whose step makes each rank read at most this many bytes of its peers' staging,
+/// (n − 1) × step, is reduced whole by every rank (one synchronisation); above it each rank
+/// reduces its part and the others read it (two).
+inline constexpr std::uint64_t kOneShotBytes = 1 << 20;
 
 enum Kind : std::uint32_t { kAllReduce = 1, kAllGather, kReduceScatter, kBroadcast };
 enum Failure : std::uint32_t { kNone = 0, kTimeout, kMismatch, kPeerFailed, kCorrupt };
@@ -28,7 +42,7 @@ struct ErrorRecord {
   unsigned long long packed;
 };
 
-/// The start of each rank's region.
+/// The start of each rank's region (then its LL areas, then its two staging buffers).
 struct Flags {
   /// Per block and round: (epoch << 32) | call signature, written when the block's data of that
   /// round is in place.
