@@ -173,6 +173,55 @@ void every_op(CudaCollectives& c, cudaStream_t st) {
   expect(!root && root.error().code() == Errc::InvalidArgument, "a root outside the group refused");
 }
 
+/// Multi-step calls on a communicator with 4 MiB of staging, each with a shorter last step: two-shot
+/// all_reduce, in place too, and the other ops' pushed steps.
+void several_steps(CudaCollectives& c, cudaStream_t st) {
+  const std::uint32_t n = c.size(), r = c.rank();
+  for (const auto& [t, op] : {std::pair{DType::F32, ReduceOp::Sum}, std::pair{DType::BF16, ReduceOp::Average},
+                              std::pair{DType::I64, ReduceOp::Max}}) {
+    const std::size_t count = (std::size_t{10} << 20) / size_of(t) + 3;
+    const auto mine = encode(inputs(r, count, t), t);
+    const auto want = expected(n, count, t, op);
+    DeviceBytes send(mine.size(), mine), recv(mine.size());
+    auto s = c.all_reduce(send.p, recv.p, mine.size(), t, op, st);
+    if (s) s = finish(c, st);
+    std::string diff = s ? difference(recv.read(mine.size()), want) : ": " + s.error().message();
+    expect(diff.empty(), str_format("all_reduce {} {} × {}{}", to_string(t), to_string(op), count, diff));
+    s = c.all_reduce(send.p, send.p, mine.size(), t, op, st);
+    if (s) s = finish(c, st);
+    diff = s ? difference(send.read(mine.size()), want) : ": " + s.error().message();
+    expect(diff.empty(), str_format("in-place all_reduce {} {} × {}{}", to_string(t), to_string(op), count, diff));
+  }
+  const std::size_t count = (std::size_t{3} << 20) + 5;  // f32 elements per rank
+  const auto big = encode(inputs(r, count * n, DType::F32), DType::F32);
+  const auto sums = expected(n, count * n, DType::F32, ReduceOp::Sum);
+  DeviceBytes bsend(big.size(), big), block(count * 4);
+  auto s = c.reduce_scatter(bsend.p, block.p, count * 4, DType::F32, ReduceOp::Sum, st);
+  if (s) s = finish(c, st);
+  const std::vector<std::byte> want_block(sums.begin() + static_cast<std::ptrdiff_t>(r * count * 4),
+                                          sums.begin() + static_cast<std::ptrdiff_t>((r + 1) * count * 4));
+  std::string diff = s ? difference(block.read(count * 4), want_block) : ": " + s.error().message();
+  expect(diff.empty(), str_format("reduce_scatter of {} floats a rank{}", count, diff));
+  const std::size_t bytes = (std::size_t{9} << 20) + 7;
+  const auto mine = encode(inputs(r, bytes, DType::U8), DType::U8);
+  std::vector<std::byte> all_want;
+  for (std::uint32_t j = 0; j < n; ++j) {
+    const auto e = encode(inputs(j, bytes, DType::U8), DType::U8);
+    all_want.insert(all_want.end(), e.begin(), e.end());
+  }
+  DeviceBytes send(bytes, mine), all(all_want.size());
+  s = c.all_gather(send.p, all.p, bytes, DType::U8, st);
+  if (s) s = finish(c, st);
+  diff = s ? difference(all.read(all_want.size()), all_want) : ": " + s.error().message();
+  expect(diff.empty(), str_format("all_gather of {} bytes{}", bytes, diff));
+  const auto root_data = encode(inputs(0, bytes, DType::U8), DType::U8);
+  DeviceBytes buf(bytes, r == 0 ? root_data : std::vector<std::byte>(bytes));
+  s = c.broadcast(buf.p, bytes, 0, DType::U8, st);
+  if (s) s = finish(c, st);
+  diff = s ? difference(buf.read(bytes), root_data) : ": " + s.error().message();
+  expect(diff.empty(), str_format("broadcast of {} bytes{}", bytes, diff));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -240,6 +289,11 @@ int main(int argc, char** argv) {
   }
 
   every_op(**c, st);
+  {
+    auto wide = CudaCollectives::open(**host, {.device = device, .chunk_bytes = 4 << 20});
+    expect(static_cast<bool>(wide), wide ? "" : "open with 4 MiB of staging: " + wide.error().message());
+    if (wide) several_steps(**wide, st);
+  }
   if (!failures) std::printf("mesh-cuda rank %u: OK (%u ranks, device %d of %d)\n", me, n, device, devices);
   return failures ? 1 : 0;
 }

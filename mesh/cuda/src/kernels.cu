@@ -230,31 +230,35 @@ __device__ T load_cv(const T* p) {
   }
 }
 
-/// out[0, len) = op over the `ranks` inputs at in[r] + offset (every rank's staging; this
-/// rank's own is written by this block only, the others are read past L1). 16-byte vectors
-/// where out is aligned, elements otherwise.
+/// outs[j][0, len) = op over in[r][0, len) for every rank r (in rank order, as the host
+/// reduction), for each of the `nouts` outputs (this rank's result and the peers' staging).
+/// Inputs are read past L1: peers write this rank's staging. 16-byte vectors where every pointer
+/// allows, elements otherwise.
 template <class T>
-__device__ void reduce(const Launch& l, unsigned char* out, unsigned char* const* in, std::uint64_t offset,
+__device__ void reduce(const Launch& l, unsigned char* const* outs, std::uint32_t nouts, const unsigned char* const* in,
                        std::uint64_t len) {
   using A = typename Elem<T>::Acc;
   constexpr std::uint32_t kPer = 16 / sizeof(T);
+  std::uintptr_t bits = 0;
+  for (std::uint32_t r = 0; r < l.ranks; ++r) bits |= reinterpret_cast<std::uintptr_t>(in[r]);
+  for (std::uint32_t j = 0; j < nouts; ++j) bits |= reinterpret_cast<std::uintptr_t>(outs[j]);
   std::uint64_t done = 0;
-  if ((reinterpret_cast<std::uintptr_t>(out) & 15) == 0) {
+  if ((bits & 15) == 0) {
     const std::uint64_t vectors = len / 16;
     const std::uint64_t stride = blockDim.x;
     // kUnroll independent vectors per thread and pass: their loads from every rank are in flight
-    // together, which a peer's memory across the link needs to reach its bandwidth.
+    // together, which the link needs to reach its bandwidth.
     std::uint64_t v = threadIdx.x;
     for (; v + (kUnroll - 1) * stride < vectors; v += kUnroll * stride) {
       A acc[kUnroll][kPer];
       uint4 raw[kUnroll];
       for (std::uint32_t u = 0; u < kUnroll; ++u)
-        raw[u] = __ldcv(reinterpret_cast<const uint4*>(in[0] + offset) + v + u * stride);
+        raw[u] = __ldcv(reinterpret_cast<const uint4*>(in[0]) + v + u * stride);
       for (std::uint32_t u = 0; u < kUnroll; ++u)
         for (std::uint32_t k = 0; k < kPer; ++k) acc[u][k] = Elem<T>::load(reinterpret_cast<const T*>(&raw[u])[k]);
       for (std::uint32_t r = 1; r < l.ranks; ++r) {
         for (std::uint32_t u = 0; u < kUnroll; ++u)
-          raw[u] = __ldcv(reinterpret_cast<const uint4*>(in[r] + offset) + v + u * stride);
+          raw[u] = __ldcv(reinterpret_cast<const uint4*>(in[r]) + v + u * stride);
         for (std::uint32_t u = 0; u < kUnroll; ++u)
           for (std::uint32_t k = 0; k < kPer; ++k)
             acc[u][k] = combine(acc[u][k], Elem<T>::load(reinterpret_cast<const T*>(&raw[u])[k]), l.op);
@@ -262,49 +266,50 @@ __device__ void reduce(const Launch& l, unsigned char* out, unsigned char* const
       for (std::uint32_t u = 0; u < kUnroll; ++u) {
         uint4 result;
         for (std::uint32_t k = 0; k < kPer; ++k) reinterpret_cast<T*>(&result)[k] = finish<T>(acc[u][k], l.op, l.ranks);
-        reinterpret_cast<uint4*>(out)[v + u * stride] = result;
+        for (std::uint32_t j = 0; j < nouts; ++j) reinterpret_cast<uint4*>(outs[j])[v + u * stride] = result;
       }
     }
     for (; v < vectors; v += stride) {
       A acc[kPer];
-      uint4 raw = __ldcv(reinterpret_cast<const uint4*>(in[0] + offset) + v);
+      uint4 raw = __ldcv(reinterpret_cast<const uint4*>(in[0]) + v);
       for (std::uint32_t k = 0; k < kPer; ++k) acc[k] = Elem<T>::load(reinterpret_cast<const T*>(&raw)[k]);
       for (std::uint32_t r = 1; r < l.ranks; ++r) {
-        raw = __ldcv(reinterpret_cast<const uint4*>(in[r] + offset) + v);
+        raw = __ldcv(reinterpret_cast<const uint4*>(in[r]) + v);
         for (std::uint32_t k = 0; k < kPer; ++k)
           acc[k] = combine(acc[k], Elem<T>::load(reinterpret_cast<const T*>(&raw)[k]), l.op);
       }
       uint4 result;
       for (std::uint32_t k = 0; k < kPer; ++k) reinterpret_cast<T*>(&result)[k] = finish<T>(acc[k], l.op, l.ranks);
-      reinterpret_cast<uint4*>(out)[v] = result;
+      for (std::uint32_t j = 0; j < nouts; ++j) reinterpret_cast<uint4*>(outs[j])[v] = result;
     }
     done = vectors * 16;
   }
   const std::uint64_t count = (len - done) / sizeof(T);
   for (std::uint64_t e = threadIdx.x; e < count; e += blockDim.x) {
-    const std::uint64_t at = offset + done + e * sizeof(T);
+    const std::uint64_t at = done + e * sizeof(T);
     A acc = Elem<T>::load(load_cv(reinterpret_cast<const T*>(in[0] + at)));
     for (std::uint32_t r = 1; r < l.ranks; ++r)
       acc = combine(acc, Elem<T>::load(load_cv(reinterpret_cast<const T*>(in[r] + at))), l.op);
-    reinterpret_cast<T*>(out + done)[e] = finish<T>(acc, l.op, l.ranks);
+    const T result = finish<T>(acc, l.op, l.ranks);
+    for (std::uint32_t j = 0; j < nouts; ++j) *reinterpret_cast<T*>(outs[j] + at) = result;
   }
 }
 
-__device__ void reduce_any(const Launch& l, unsigned char* out, unsigned char* const* in, std::uint64_t offset,
-                           std::uint64_t len) {
+__device__ void reduce_any(const Launch& l, unsigned char* const* outs, std::uint32_t nouts,
+                           const unsigned char* const* in, std::uint64_t len) {
   switch (l.dtype) {
     case kF32:
-      return reduce<float>(l, out, in, offset, len);
+      return reduce<float>(l, outs, nouts, in, len);
     case kF16:
-      return reduce<__half>(l, out, in, offset, len);
+      return reduce<__half>(l, outs, nouts, in, len);
     case kBF16:
-      return reduce<__nv_bfloat16>(l, out, in, offset, len);
+      return reduce<__nv_bfloat16>(l, outs, nouts, in, len);
     case kI32:
-      return reduce<std::int32_t>(l, out, in, offset, len);
+      return reduce<std::int32_t>(l, outs, nouts, in, len);
     case kI64:
-      return reduce<std::int64_t>(l, out, in, offset, len);
+      return reduce<std::int64_t>(l, outs, nouts, in, len);
     default:
-      return reduce<std::uint8_t>(l, out, in, offset, len);
+      return reduce<std::uint8_t>(l, outs, nouts, in, len);
   }
 }
 
@@ -336,7 +341,8 @@ __device__ void copy(unsigned char* dst, const unsigned char* src, std::uint64_t
 // call (same parity, two or more calls ago). The sender's header word (epoch, signature) per
 // block tells a mismatched call from this one. LL areas alternate by parity: a rank writes a
 // peer's area of parity p again two calls later, after a call in between in which it waited for
-// that peer — whose kernel of that call began after its kernel reading this area had ended.
+// that peer (every call waits for every peer) — whose kernel of that call began after its kernel
+// reading this area had ended.
 
 __device__ void ll_put(unsigned char* line, std::uint64_t data, std::uint32_t epoch) {
   const unsigned long long e = static_cast<unsigned long long>(epoch) << 32;
@@ -455,13 +461,13 @@ __device__ bool ll_call(const Launch& l, std::uint32_t epoch) {
   const Range s = slice(l.bytes, i);
   if (s.len == 0) return true;
   const bool broadcast = l.kind == kBroadcast, root = me == l.root;
-  // In a broadcast the root sends the data and the others only their header: the root waits for
-  // them before its next call may rewrite their areas' other parity.
-  auto talks_to = [&](std::uint32_t q) { return q != me && (!broadcast || root || q == l.root); };
+  // Every rank sends its header to every peer and waits for theirs, in a broadcast too (where
+  // only the root sends data): every call then waits for every peer, which the reuse of LL areas
+  // and staging two calls later relies on.
   const std::uint64_t start = now_ns(), first_line = s.at / 8, lines = (s.len + 7) / 8;
   if (threadIdx.x == 0)
     for (std::uint32_t q = 0; q < n; ++q)
-      if (talks_to(q)) *reinterpret_cast<volatile unsigned long long*>(ll_area(l, q, parity, me) + 8 * i) = header;
+      if (q != me) *reinterpret_cast<volatile unsigned long long*>(ll_area(l, q, parity, me) + 8 * i) = header;
   if (!broadcast || root) {
     const auto* in = static_cast<const unsigned char*>(broadcast ? l.recv : l.send);
     for (std::uint64_t k = threadIdx.x; k < lines; k += blockDim.x) {
@@ -478,7 +484,7 @@ __device__ bool ll_call(const Launch& l, std::uint32_t epoch) {
   if (threadIdx.x == 0) {
     ok = 1;
     for (std::uint32_t q = 0; q < n && ok; ++q) {
-      if (!talks_to(q)) continue;
+      if (q == me) continue;
       const auto* h = reinterpret_cast<const volatile unsigned long long*>(ll_area(l, me, parity, q) + 8 * i);
       for (std::uint32_t spins = 1;; ++spins) {
         const unsigned long long v = *h;
@@ -536,16 +542,32 @@ __global__ void __launch_bounds__(kThreads) collective(Launch l) {
     if (ll_call(l, ++epoch) && threadIdx.x == 0) flags(l, me)->epoch[i] = epoch;
     return;
   }
-  // Bytes per step: of each rank's input (all_reduce, all_gather, broadcast) or of each block
-  // of the output (reduce_scatter, whose step holds that piece of all n blocks).
-  const std::uint64_t piece = l.kind == kReduceScatter ? ((l.chunk / n) & ~std::uint64_t{15}) : l.chunk;
-  // Every step is cut like the first (the fullest) and the same way within an all_reduce: a
-  // block's peers wait for that block only, so a block whose bytes moved to another in a shorter
-  // step could still be reading them when a peer's other block writes them.
+  // Staging is pushed: a rank writes what a peer needs into that peer's staging (slot `to_slot`
+  // of it for this sender), and reads only its own, which its peers wrote. Bytes per step: of
+  // each rank's input (all_reduce, all_gather, broadcast) or of each block of the output
+  // (reduce_scatter), such that every slot a step uses fits one staging buffer.
+  const std::uint32_t peers = n > 1 ? n - 1 : 1;
+  const std::uint64_t per_peer = (l.chunk / peers) & ~std::uint64_t{15};
+  const bool all_reduce = l.kind == kAllReduce;
+  const bool one_shot = all_reduce && lesser(per_peer, l.bytes) * (n - 1) <= kOneShotBytes;
+  // Two-shot all_reduce: a part per rank, sent in round 0 (to the slots at 0) and, reduced, in
+  // round 1 (to the slots at `round1`).
+  const std::uint64_t two_shot_part = (l.chunk / (2 * peers)) & ~std::uint64_t{15};
+  const std::uint64_t piece = l.kind == kBroadcast ? l.chunk : all_reduce && !one_shot ? two_shot_part * n : per_peer;
+  // Every step is cut like the first (the fullest) and the same way within a call: a block's
+  // peers wait for that block only, so a block whose bytes moved to another in a shorter step
+  // could still be reading them when a peer's other block writes them.
   const std::uint64_t first = lesser(piece, l.bytes);
-  const bool one_shot = first * (n - 1) <= kOneShotBytes;
   const std::uint64_t part = ((first + n - 1) / n + 15) & ~std::uint64_t{15};
+  const std::uint64_t round1 = peers * two_shot_part;
+  auto to_slot = [&](std::uint32_t from, std::uint32_t to) { return from < to ? from : from - 1; };
+  auto part_range = [&](std::uint32_t q, std::uint64_t len) {
+    const std::uint64_t p0 = lesser(len, q * part);
+    return Range{p0, lesser(len, p0 + part) - p0};
+  };
   unsigned char* stages[kMaxRanks];
+  const unsigned char* sources[kMaxRanks];
+  unsigned char* targets[kMaxRanks];
   for (std::uint64_t at = 0; at < l.bytes; at += piece) {
     const std::uint64_t len = lesser(piece, l.bytes - at);
     const std::uint32_t b = ++epoch & 1;
@@ -553,62 +575,80 @@ __global__ void __launch_bounds__(kThreads) collective(Launch l) {
     unsigned char* mine = stages[me];
     switch (l.kind) {
       case kAllReduce: {
-        if (one_shot) {
+        if (one_shot) {  // every rank's whole step to every peer; each reduces it all
           const Range s = clip(slice(first, i), len);
-          copy(mine + s.at, in + at + s.at, s.len, false);
+          for (std::uint32_t q = 0; q < n; ++q)
+            if (q != me) copy(stages[q] + to_slot(me, q) * per_peer + s.at, in + at + s.at, s.len, false);
           publish(l, 0, epoch);
           if (!await(l, 0, epoch)) return;
-          reduce_any(l, out + at + s.at, stages, s.at, s.len);
+          for (std::uint32_t r = 0; r < n; ++r)
+            sources[r] = r == me ? in + at + s.at : mine + to_slot(r, me) * per_peer + s.at;
+          targets[0] = out + at + s.at;
+          reduce_any(l, targets, 1, sources, s.len);
           break;
         }
         // Reduce-scatter then all-gather: rank q reduces part q; block i handles slice i of each.
         for (std::uint32_t q = 0; q < n; ++q) {
-          const std::uint64_t p0 = lesser(len, q * part);
-          const Range s = clip(slice(part, i), lesser(len, p0 + part) - p0);
-          copy(mine + p0 + s.at, in + at + p0 + s.at, s.len, false);
+          if (q == me) continue;
+          const Range p = part_range(q, len);
+          const Range s = clip(slice(part, i), p.len);
+          copy(stages[q] + to_slot(me, q) * two_shot_part + s.at, in + at + p.at + s.at, s.len, false);
         }
         publish(l, 0, epoch);
         if (!await(l, 0, epoch)) return;
         {
-          const std::uint64_t p0 = lesser(len, me * part);
-          const Range s = clip(slice(part, i), lesser(len, p0 + part) - p0);
-          reduce_any(l, mine + p0 + s.at, stages, p0 + s.at, s.len);
-          __syncthreads();
-          copy(out + at + p0 + s.at, mine + p0 + s.at, s.len, false);
+          const Range p = part_range(me, len);
+          const Range s = clip(slice(part, i), p.len);
+          for (std::uint32_t r = 0; r < n; ++r)
+            sources[r] = r == me ? in + at + p.at + s.at : mine + to_slot(r, me) * two_shot_part + s.at;
+          std::uint32_t outs = 0;
+          targets[outs++] = out + at + p.at + s.at;
+          for (std::uint32_t q = 0; q < n; ++q)
+            if (q != me) targets[outs++] = stages[q] + round1 + to_slot(me, q) * two_shot_part + s.at;
+          reduce_any(l, targets, outs, sources, s.len);
         }
         publish(l, 1, epoch);
         if (!await(l, 1, epoch)) return;
         for (std::uint32_t q = 0; q < n; ++q) {
           if (q == me) continue;
-          const std::uint64_t p0 = lesser(len, q * part);
-          const Range s = clip(slice(part, i), lesser(len, p0 + part) - p0);
-          copy(out + at + p0 + s.at, stages[q] + p0 + s.at, s.len, true);
+          const Range p = part_range(q, len);
+          const Range s = clip(slice(part, i), p.len);
+          copy(out + at + p.at + s.at, mine + round1 + to_slot(q, me) * two_shot_part + s.at, s.len, true);
         }
         break;
       }
       case kAllGather: {
         const Range s = clip(slice(first, i), len);
-        copy(mine + s.at, in + at + s.at, s.len, false);
+        for (std::uint32_t q = 0; q < n; ++q)
+          if (q != me) copy(stages[q] + to_slot(me, q) * per_peer + s.at, in + at + s.at, s.len, false);
+        copy(out + me * l.bytes + at + s.at, in + at + s.at, s.len, false);
         publish(l, 0, epoch);
         if (!await(l, 0, epoch)) return;
-        for (std::uint32_t q = 0; q < n; ++q) copy(out + q * l.bytes + at + s.at, stages[q] + s.at, s.len, q != me);
+        for (std::uint32_t q = 0; q < n; ++q)
+          if (q != me) copy(out + q * l.bytes + at + s.at, mine + to_slot(q, me) * per_peer + s.at, s.len, true);
         break;
       }
       case kReduceScatter: {
         const Range s = clip(slice(first, i), len);
-        for (std::uint32_t q = 0; q < n; ++q) copy(mine + q * piece + s.at, in + q * l.bytes + at + s.at, s.len, false);
+        for (std::uint32_t q = 0; q < n; ++q)
+          if (q != me) copy(stages[q] + to_slot(me, q) * per_peer + s.at, in + q * l.bytes + at + s.at, s.len, false);
         publish(l, 0, epoch);
         if (!await(l, 0, epoch)) return;
-        reduce_any(l, out + at + s.at, stages, me * piece + s.at, s.len);
+        for (std::uint32_t r = 0; r < n; ++r)
+          sources[r] = r == me ? in + me * l.bytes + at + s.at : mine + to_slot(r, me) * per_peer + s.at;
+        targets[0] = out + at + s.at;
+        reduce_any(l, targets, 1, sources, s.len);
         break;
       }
-      default: {  // broadcast: from the root's staging, in place on every rank
+      default: {  // broadcast: from the root into every peer's staging, in place on every rank
         const Range s = clip(slice(first, i), len);
         auto* buffer = static_cast<unsigned char*>(l.recv);
-        if (me == l.root) copy(mine + s.at, buffer + at + s.at, s.len, false);
+        if (me == l.root)
+          for (std::uint32_t q = 0; q < n; ++q)
+            if (q != me) copy(stages[q] + s.at, buffer + at + s.at, s.len, false);
         publish(l, 0, epoch);
         if (!await(l, 0, epoch)) return;
-        if (me != l.root) copy(buffer + at + s.at, stages[l.root] + s.at, s.len, true);
+        if (me != l.root) copy(buffer + at + s.at, mine + s.at, s.len, true);
         break;
       }
     }
