@@ -76,14 +76,20 @@ __device__ bool fail(const Launch& l, std::uint32_t code, std::uint32_t rank) {
   return false;
 }
 
+/// Tells every peer that this block's data of `round` in step `epoch` is in place (`fence`:
+/// after every thread's writes, which the fence makes visible to the peers first).
+__device__ void announce(const Launch& l, std::uint32_t round, std::uint32_t epoch, bool fence) {
+  if (threadIdx.x != 0) return;
+  if (fence) __threadfence_system();
+  const unsigned long long v = (static_cast<unsigned long long>(epoch) << 32) | l.signature;
+  for (std::uint32_t q = 0; q < l.ranks; ++q)
+    if (q != l.me) *reinterpret_cast<volatile unsigned long long*>(&flags(l, q)->slot[l.me][blockIdx.x][round]) = v;
+}
+
 /// This block's data of `round` in step `epoch` is in place (every thread has written it).
 __device__ void publish(const Launch& l, std::uint32_t round, std::uint32_t epoch) {
   __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence_system();
-    const unsigned long long v = (static_cast<unsigned long long>(epoch) << 32) | l.signature;
-    *reinterpret_cast<volatile unsigned long long*>(&flags(l, l.me)->slot[blockIdx.x][round]) = v;
-  }
+  announce(l, round, epoch, true);
 }
 
 /// Waits until block i of every peer has published `round` of step `epoch` (of the same call);
@@ -95,7 +101,7 @@ __device__ bool await(const Launch& l, std::uint32_t round, std::uint32_t epoch)
     const std::uint64_t start = now_ns();
     for (std::uint32_t q = 0; q < l.ranks && ok; ++q) {
       if (q == l.me) continue;
-      const volatile unsigned long long* slot = &flags(l, q)->slot[blockIdx.x][round];
+      const volatile unsigned long long* slot = &flags(l, l.me)->slot[q][blockIdx.x][round];
       const volatile std::uint32_t* failed = &flags(l, q)->failed;
       for (std::uint32_t spins = 0;; ++spins) {
         const unsigned long long v = *slot;
@@ -387,7 +393,7 @@ __device__ void store8(unsigned char* p, std::uint64_t v, std::uint32_t n) {
 __device__ bool ll_still_waiting(const Launch& l, std::uint32_t q, std::uint32_t epoch, std::uint64_t start) {
   if (*reinterpret_cast<volatile std::uint32_t*>(&flags(l, q)->failed)) return fail(l, kPeerFailed, q);
   if (*reinterpret_cast<volatile std::uint32_t*>(&flags(l, l.me)->failed)) return false;
-  const unsigned long long v = *reinterpret_cast<volatile unsigned long long*>(&flags(l, q)->slot[blockIdx.x][0]);
+  const unsigned long long v = *reinterpret_cast<volatile unsigned long long*>(&flags(l, l.me)->slot[q][blockIdx.x][0]);
   if (static_cast<std::uint32_t>(v >> 32) == epoch && static_cast<std::uint32_t>(v) != l.signature)
     return fail(l, kMismatch, q);
   if (now_ns() - start > l.timeout_ns) return fail(l, kTimeout, q);
@@ -457,7 +463,7 @@ __device__ bool ll_call(const Launch& l, std::uint32_t epoch) {
   const std::uint32_t n = l.ranks, me = l.me, i = blockIdx.x, parity = epoch & 1;
   const unsigned long long header = (static_cast<unsigned long long>(epoch) << 32) | l.signature;
   // A peer that chose the staging protocol (another call) compares this with its own.
-  if (threadIdx.x == 0) *reinterpret_cast<volatile unsigned long long*>(&flags(l, me)->slot[i][0]) = header;
+  announce(l, 0, epoch, false);
   const Range s = slice(l.bytes, i);
   if (s.len == 0) return true;
   const bool broadcast = l.kind == kBroadcast, root = me == l.root;
@@ -565,6 +571,18 @@ __global__ void __launch_bounds__(kThreads) collective(Launch l) {
     const std::uint64_t p0 = lesser(len, q * part);
     return Range{p0, lesser(len, p0 + part) - p0};
   };
+  // Two-shot all_reduce: a step's last phase (copying the peers' reduced parts out of this rank's
+  // staging) runs in the next step beside the pushes of round 0, which keep the link busy.
+  auto gather = [&](std::uint64_t at, std::uint64_t len, const unsigned char* from) {
+    for (std::uint32_t q = 0; q < n; ++q) {
+      if (q == me) continue;
+      const Range p = part_range(q, len);
+      const Range s = clip(slice(part, i), p.len);
+      copy(out + at + p.at + s.at, from + round1 + to_slot(q, me) * two_shot_part + s.at, s.len, true);
+    }
+  };
+  std::uint64_t gather_at = 0, gather_len = 0;
+  const unsigned char* gather_from = nullptr;
   unsigned char* stages[kMaxRanks];
   const unsigned char* sources[kMaxRanks];
   unsigned char* targets[kMaxRanks];
@@ -594,6 +612,7 @@ __global__ void __launch_bounds__(kThreads) collective(Launch l) {
           const Range s = clip(slice(part, i), p.len);
           copy(stages[q] + to_slot(me, q) * two_shot_part + s.at, in + at + p.at + s.at, s.len, false);
         }
+        if (gather_from) gather(gather_at, gather_len, gather_from);
         publish(l, 0, epoch);
         if (!await(l, 0, epoch)) return;
         {
@@ -609,12 +628,11 @@ __global__ void __launch_bounds__(kThreads) collective(Launch l) {
         }
         publish(l, 1, epoch);
         if (!await(l, 1, epoch)) return;
-        for (std::uint32_t q = 0; q < n; ++q) {
-          if (q == me) continue;
-          const Range p = part_range(q, len);
-          const Range s = clip(slice(part, i), p.len);
-          copy(out + at + p.at + s.at, mine + round1 + to_slot(q, me) * two_shot_part + s.at, s.len, true);
-        }
+        // Copied out in the next step: the peers write this staging again two steps later, after
+        // round 0 of the step between, which this rank publishes after the copy.
+        gather_at = at;
+        gather_len = len;
+        gather_from = mine;
         break;
       }
       case kAllGather: {
@@ -654,6 +672,7 @@ __global__ void __launch_bounds__(kThreads) collective(Launch l) {
     }
     __syncthreads();
   }
+  if (gather_from) gather(gather_at, gather_len, gather_from);
   if (threadIdx.x == 0) flags(l, me)->epoch[i] = epoch;
 }
 

@@ -14,7 +14,7 @@ inline constexpr std::uint32_t kMaxRanks = 16;
 /// synchronises only with block i of the others.
 inline constexpr std::uint32_t kBlocks = 64;
 inline constexpr std::uint32_t kThreads = 512;
-inline constexpr std::uint64_t kFlagBytes = 4096;
+inline constexpr std::uint64_t kFlagBytes = 32 << 10;
 /// Calls that move at most this many bytes between two ranks (all_reduce, all_gather, broadcast:
 /// the input; reduce_scatter: one block of it) travel in LL lines instead of the staging: the
 /// sender writes 16-byte lines of two 8-byte words, each four data bytes beside the call's epoch,
@@ -44,9 +44,10 @@ struct ErrorRecord {
 
 /// The start of each rank's region (then its LL areas, then its two staging buffers).
 struct Flags {
-  /// Per block and round: (epoch << 32) | call signature, written when the block's data of that
-  /// round is in place.
-  unsigned long long slot[kBlocks][2];
+  /// Per sender, block and round: (epoch << 32) | call signature, written by that sender's block
+  /// into this rank's region when its data of that round is in place here (this rank polls its
+  /// own memory; the sender's store crosses the link once).
+  unsigned long long slot[kMaxRanks][kBlocks][2];
   /// Steps this rank's block has run (read and written by that block only).
   std::uint32_t epoch[kBlocks];
   /// Set once when this rank has failed: its peers stop waiting for it.
