@@ -195,14 +195,16 @@ std::vector<double> time_stream(Communicator& host, cudaStream_t stream, int cal
   return slowest(host, mine);
 }
 
-int run_cuda(Communicator& host, std::uint64_t max_size, bool with_staged, std::vector<Row>& rows) {
+int run_cuda(Communicator& host, std::uint64_t max_size, std::uint64_t chunk, bool with_staged,
+             std::vector<Row>& rows) {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0)
     return std::printf("LAVAFLOW-SKIP: device-collectives: no CUDA device\n"), 77;
   const std::uint32_t n = host.size(), me = host.rank();
   const int device = static_cast<int>(me % static_cast<std::uint32_t>(devices));
   (void)cudaSetDevice(device);
-  auto c = CudaCollectives::open(host, {.device = device});
+  auto c = CudaCollectives::open(host, chunk ? CudaCollectiveOptions{.device = device, .chunk_bytes = chunk}
+                                             : CudaCollectiveOptions{.device = device});
   if (!c) return std::fprintf(stderr, "lavaflow-bench device-collectives: %s\n", c.error().message().c_str()), 1;
   cudaStream_t stream = nullptr;
   (void)cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
@@ -333,6 +335,9 @@ int main(int argc, char** argv) {
   lfapp::add_whole(app, "--max-size", max_size, "largest size, bytes per rank (default 16 MiB vulkan, 256 MiB cuda)", 8,
                    1u << 30);
   app.add_flag("--json", json, "JSON rows");
+  std::uint64_t chunk = 0;
+  lfapp::add_whole(app, "--chunk-bytes", chunk, "cuda: staging per rank and step (0: the library's default)", 0,
+                   256u << 20);
   bool no_staged = false;
   app.add_flag("--no-staged", no_staged,
                "cuda: leave out the staged rows (slow at large sizes; NCCL is the baseline where it runs)");
@@ -354,7 +359,7 @@ int main(int argc, char** argv) {
     rc = run_vulkan(**host, *job, max_size, rows);
   } else {
 #if LAVAFLOW_BENCH_DEVICE_CUDA
-    rc = run_cuda(**host, max_size, !no_staged, rows);
+    rc = run_cuda(**host, max_size, chunk, !no_staged, rows);
 #else
     std::printf("LAVAFLOW-SKIP: device-collectives: the CUDA collectives are not built (LAVAFLOW_WITH_CUDA)\n");
     rc = 77;

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -372,6 +373,10 @@ int main(int argc, char** argv) {
   lfapp::add_whole(*device_coll, "--max-size", dev_max, "largest size, bytes per rank (0: the backend's default)", 0,
                    1u << 30);
   device_coll->add_flag("--json", json, "JSON rows");
+  std::uint64_t dev_chunk = 0;
+  lfapp::add_whole(*device_coll, "--chunk-bytes", dev_chunk,
+                   "cuda: staging per rank and step, a power of two of 64 KiB - 256 MiB (0: the library's default)", 0,
+                   256u << 20);
   bool dev_no_staged = false;
   device_coll->add_flag("--no-staged", dev_no_staged,
                         "cuda: leave out the staged rows (slow at large sizes; NCCL is the baseline where it runs)");
@@ -471,6 +476,12 @@ int main(int argc, char** argv) {
 #endif
   }
   if (device_coll->parsed()) {
+    if (dev_chunk && (!std::has_single_bit(dev_chunk) || dev_chunk < (64u << 10)))
+      return std::fprintf(stderr,
+                          "lavaflow-bench device-collectives: --chunk-bytes %llu is not a power of two of 64 KiB - "
+                          "256 MiB\n",
+                          static_cast<unsigned long long>(dev_chunk)),
+             2;
     // lavaflow-launch is installed beside lavaflow-bench, and in the build tree under apps/launch.
     std::string launch = sibling("lavaflow-launch");
     if (::access(launch.c_str(), X_OK) != 0) launch = sibling("../launch/lavaflow-launch");
@@ -480,6 +491,7 @@ int main(int argc, char** argv) {
     if (dev_max) args.insert(args.end(), {"--max-size", std::to_string(dev_max)});
     if (json) args.emplace_back("--json");
     if (dev_no_staged) args.emplace_back("--no-staged");
+    if (dev_chunk) args.insert(args.end(), {"--chunk-bytes", std::to_string(dev_chunk)});
     std::vector<char*> raw;
     for (auto& a : args) raw.push_back(a.data());
     raw.push_back(nullptr);

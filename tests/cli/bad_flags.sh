@@ -103,6 +103,12 @@ check_whole --rounds 10 10000000 "$bench" interop
 check_unknown "$bench" collectives
 check_whole --ranks 2 64 "$bench" collectives
 check_whole --max-size 8 1073741824 "$bench" collectives
+check_unknown "$bench" device-collectives
+check_whole --ranks 2 16 "$bench" device-collectives
+check_whole --max-size 0 1073741824 "$bench" device-collectives
+check_whole --chunk-bytes 0 268435456 "$bench" device-collectives
+expect_usage_error --chunk-bytes "$bench" device-collectives --chunk-bytes 65535
+expect_usage_error --chunk-bytes "$bench" device-collectives --chunk-bytes 100000
 check_unknown "$bench" run --out /nonexistent/run
 check_whole --repeat 1 50 "$bench" run --out /nonexistent/run
 expect_usage_error --suites "$bench" run --out /nonexistent/run --suites local,nosuch
