@@ -17,8 +17,10 @@ namespace lavaflow::mesh {
 struct CudaCollectiveOptions {
   /// The CUDA device of this rank; -1: the current one.
   int device = -1;
-  /// Staging per rank and step: a power of two, 64 KiB … 256 MiB.
-  std::uint64_t chunk_bytes = 8 << 20;
+  /// Staging per rank and step: a power of two, 64 KiB … 256 MiB. Each rank holds two such
+  /// buffers; larger steps mean fewer synchronisations per call, which large calls feel (see
+  /// `lavaflow-bench device-collectives --chunk-bytes`).
+  std::uint64_t chunk_bytes = 16 << 20;
   Duration attach_timeout = std::chrono::seconds(30);
 };
 
