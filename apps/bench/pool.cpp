@@ -4,7 +4,8 @@
 //   pool-vulkan / vulkan-alloc-export   warm rent+return of exportable Vulkan memory vs a fresh
 //                               allocation and export of the same size
 //   pool-churn                  10^5 operations, sizes log-uniform 4 KiB..64 MiB, bounded live set:
-//                               reuse, fragmentation at the peak, fds
+//                               reuse, fragmentation at the peak, fds; on a pool as created and
+//                               (variant "max_cached_bytes 32 MiB") on one with a cap
 #include "pool.hpp"
 
 #include <algorithm>
@@ -194,13 +195,20 @@ int bench_pool(const PoolBenchOptions& o) {
     }
   }
 
+  // The trace on a pool as created, and on one with a cap on cached bytes, above which host memory
+  // gives the pages of free ranges back to the system.
+  constexpr std::uint64_t kChurnCap = std::uint64_t{32} << 20;
   auto churn_pool = MemoryPool::create();
-  if (!churn_pool) {
-    std::fprintf(stderr, "%s\n", churn_pool.error().message().c_str());
+  auto capped_pool = MemoryPool::create({.max_cached_bytes = kChurnCap});
+  if (!churn_pool || !capped_pool) {
+    std::fprintf(stderr, "%s\n", (churn_pool ? capped_pool : churn_pool).error().message().c_str());
     return 1;
   }
-  const auto ch = churn(*churn_pool, o.quick ? 20'000 : 100'000, 64);
+  const std::uint64_t churn_ops = o.quick ? 20'000 : 100'000;
+  const auto ch = churn(*churn_pool, churn_ops, 64);
   const auto churn_stats = churn_pool->stats();
+  const auto capped = churn(*capped_pool, churn_ops, 64);
+  const std::string cap_variant = str_format("max_cached_bytes {} MiB", kChurnCap >> 20);
 
   auto find = [&](const std::string& name, std::uint64_t size) -> const Row* {
     for (const auto& r : rows)
@@ -225,11 +233,15 @@ int bench_pool(const PoolBenchOptions& o) {
                            {"value_ns", r.ns.p50},
                            {"target", ">= 100x faster and <= 1 us"},
                            {"met", f->ns.p50 >= 100 * r.ns.p50 && r.ns.p50 <= 1000}});
-  targets.push_back({{"name", "churn reuse"}, {"ratio", ch.reuse}, {"target", ">= 0.95"}, {"met", ch.reuse >= 0.95}});
-  targets.push_back({{"name", "churn fragmentation (1 - peak allocated / peak reserved)"},
-                     {"ratio", ch.fragmentation},
-                     {"target", "< 0.10"},
-                     {"met", ch.fragmentation < 0.10}});
+  for (const auto* c : {&ch, &capped}) {
+    const std::string pool_name = c == &ch ? "a pool as created" : "a pool with " + cap_variant;
+    targets.push_back(
+        {{"name", "churn reuse, " + pool_name}, {"ratio", c->reuse}, {"target", ">= 0.95"}, {"met", c->reuse >= 0.95}});
+    targets.push_back({{"name", "churn fragmentation (1 - peak allocated / peak reserved), " + pool_name},
+                       {"ratio", c->fragmentation},
+                       {"target", "< 0.10"},
+                       {"met", c->fragmentation < 0.10}});
+  }
   targets.push_back(
       {{"name", "churn fds (max open during the trace vs segments)"},
        {"ratio", static_cast<double>(ch.max_fds) / static_cast<double>(std::max<std::uint64_t>(1, ch.segments))},
@@ -245,17 +257,21 @@ int bench_pool(const PoolBenchOptions& o) {
                                 {"p50_ns", r.ns.p50},
                                 {"p25_ns", r.ns.p25},
                                 {"p75_ns", r.ns.p75}});
-    out["results"].push_back({{"suite", "pool"},
-                              {"name", "pool-churn"},
-                              {"ops", ch.ops},
-                              {"reuse", ch.reuse},
-                              {"fragmentation", ch.fragmentation},
-                              {"size_class_waste", ch.waste},
-                              {"max_fds", ch.max_fds},
-                              {"segments", ch.segments},
-                              {"peak_reserved_bytes", ch.peak_reserved},
-                              {"peak_allocated_bytes", ch.peak_allocated},
-                              {"seconds", ch.seconds}});
+    for (const auto* c : {&ch, &capped}) {
+      nlohmann::json row = {{"suite", "pool"},
+                            {"name", "pool-churn"},
+                            {"ops", c->ops},
+                            {"reuse", c->reuse},
+                            {"fragmentation", c->fragmentation},
+                            {"size_class_waste", c->waste},
+                            {"max_fds", c->max_fds},
+                            {"segments", c->segments},
+                            {"peak_reserved_bytes", c->peak_reserved},
+                            {"peak_allocated_bytes", c->peak_allocated},
+                            {"seconds", c->seconds}};
+      if (c == &capped) row["variant"] = cap_variant;
+      out["results"].push_back(row);
+    }
     out["pool_stats"] = nlohmann::json::parse(churn_stats.to_json());
     std::puts(out.dump().c_str());
     return 0;
@@ -265,12 +281,14 @@ int bench_pool(const PoolBenchOptions& o) {
   for (const auto& r : rows)
     std::printf("%-20s %10llu %12.1f %11.1f..%-11.1f\n", r.name.c_str(), static_cast<unsigned long long>(r.size),
                 r.ns.p50, r.ns.p25, r.ns.p75);
-  std::printf(
-      "pool-churn: %llu ops in %.2f s, reuse %.4f, fragmentation %.4f (peak reserved %llu MiB, peak allocated %llu "
-      "MiB), size-class waste %.4f, max fds %llu, segments %llu\n",
-      static_cast<unsigned long long>(ch.ops), ch.seconds, ch.reuse, ch.fragmentation,
-      static_cast<unsigned long long>(ch.peak_reserved >> 20), static_cast<unsigned long long>(ch.peak_allocated >> 20),
-      ch.waste, static_cast<unsigned long long>(ch.max_fds), static_cast<unsigned long long>(ch.segments));
+  for (const auto* c : {&ch, &capped})
+    std::printf(
+        "pool-churn%s: %llu ops in %.2f s, reuse %.4f, fragmentation %.4f (peak reserved %llu MiB, peak allocated "
+        "%llu MiB), size-class waste %.4f, max fds %llu, segments %llu\n",
+        c == &ch ? "" : (" (" + cap_variant + ")").c_str(), static_cast<unsigned long long>(c->ops), c->seconds,
+        c->reuse, c->fragmentation, static_cast<unsigned long long>(c->peak_reserved >> 20),
+        static_cast<unsigned long long>(c->peak_allocated >> 20), c->waste, static_cast<unsigned long long>(c->max_fds),
+        static_cast<unsigned long long>(c->segments));
   for (const auto& t : targets)
     std::printf("target %s: %.3f (%s) %s\n", t["name"].get<std::string>().c_str(), t["ratio"].get<double>(),
                 t["target"].get<std::string>().c_str(), t["met"].get<bool>() ? "MET" : "NOT MET");

@@ -124,8 +124,8 @@ void extract_local(const json& r, std::vector<Sample>& out) {
 void extract_pool(const json& r, std::vector<Sample>& out) {
   const std::string name = text_of(r, "name");
   if (name == "pool-churn") {
-    add(out, r, "reuse", Better::Higher, name, "", "");
-    add(out, r, "fragmentation", Better::Lower, name, "", "");
+    add(out, r, "reuse", Better::Higher, name, "", text_of(r, "variant"));
+    add(out, r, "fragmentation", Better::Lower, name, "", text_of(r, "variant"));
     return;
   }
   if (auto* s = add(out, r, "p50_ns", Better::Lower, name, "", "", "p25_ns", "p75_ns")) {

@@ -3,6 +3,7 @@
 
 #include <linux/membarrier.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -140,6 +141,12 @@ struct PoolSegment {
   bool holds_fd = false;
   std::map<std::uint64_t, std::uint64_t> free;  // offset -> bytes, coalesced
   std::uint64_t free_bytes = 0;
+  // Host memory whose free pages can go back to the system (memfd pages, MADV_REMOVE): the page
+  // ranges inside free ranges that did (offset -> bytes, page-aligned, disjoint). They are not
+  // counted as reserved until a block is carved over them again.
+  bool can_release = false;
+  std::map<std::uint64_t, std::uint64_t> released;
+  std::uint64_t released_bytes = 0;
 };
 
 namespace {
@@ -210,6 +217,7 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
   PoolOptions options;
   CpuTopology topology;
   bool membarrier = false;  // asymmetric fence available: the return path needs no fence of its own
+  std::uint64_t page_bytes = 4096;
   // Blocks a thread keeps per small class: thread_cache_bytes worth, at least two (so a rent and
   // return in turn never take the lock), at most kThreadCacheMaxBlocks.
   std::array<std::size_t, kSmallClasses> cache_limits{};
@@ -296,6 +304,7 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
       ++open_fds;
     }
     seg->size = bytes;
+    seg->can_release = (s.kind == BufferKind::CpuShared || s.kind == BufferKind::CpuNuma) && seg->base != nullptr;
     seg->id = next_segment_id++;
     seg->slot = slot;
     seg->small = !large;
@@ -318,8 +327,57 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
     if (seg->holds_fd) --open_fds;
     ++num_device_free;
     account(seg->slot, large, &LockedStats::segment, -1);
-    account(seg->slot, large, &LockedStats::reserved_bytes, -static_cast<std::int64_t>(seg->size));
+    account(seg->slot, large, &LockedStats::reserved_bytes,
+            -static_cast<std::int64_t>(seg->size - seg->released_bytes));
     arena.segments.erase(seg->id);
+  }
+
+  /// Gives the pages wholly inside free range [offset, offset + len) of `seg` back to the system.
+  /// Pages given back earlier inside it are taken in; the range's remaining pages are counted out
+  /// of reserved_bytes.
+  void release_pages(PoolSegment* seg, std::uint64_t offset, std::uint64_t len) {
+    if (!seg->can_release) return;
+    const std::uint64_t a = round_up(offset, page_bytes), b = (offset + len) / page_bytes * page_bytes;
+    if (b <= a || ::madvise(seg->base + a, b - a, MADV_REMOVE) != 0) return;
+    std::uint64_t before = 0;  // released earlier inside [a, b): a free range holds all of them
+    for (auto it = seg->released.lower_bound(a); it != seg->released.end() && it->first < b;) {
+      before += it->second;
+      it = seg->released.erase(it);
+    }
+    seg->released.emplace(a, b - a);
+    seg->released_bytes += b - a - before;
+    account(seg->slot, !seg->small, &LockedStats::reserved_bytes, -static_cast<std::int64_t>(b - a - before));
+  }
+
+  /// A block carved at [offset, offset + bytes): its pages (rounded out) count as reserved again.
+  void take_back_pages(PoolSegment* seg, std::uint64_t offset, std::uint64_t bytes) {
+    if (seg->released.empty()) return;
+    const std::uint64_t a = offset / page_bytes * page_bytes, b = round_up(offset + bytes, page_bytes);
+    auto it = seg->released.upper_bound(a);
+    if (it != seg->released.begin()) --it;
+    std::uint64_t taken = 0;
+    while (it != seg->released.end() && it->first < b) {
+      const std::uint64_t r0 = it->first, r1 = it->first + it->second;
+      if (r1 <= a) {
+        ++it;
+        continue;
+      }
+      it = seg->released.erase(it);
+      if (r0 < a) seg->released.emplace(r0, a - r0);
+      if (r1 > b) it = seg->released.emplace(b, r1 - b).first;
+      taken += std::min(r1, b) - std::max(r0, a);
+    }
+    seg->released_bytes -= taken;
+    account(seg->slot, !seg->small, &LockedStats::reserved_bytes, static_cast<std::int64_t>(taken));
+  }
+
+  /// Gives back the free pages of every host segment (after the wholly free segments went).
+  void release_free_pages() {
+    for (auto& slot : slots)
+      for (auto& arena : slot.arenas)
+        for (auto& [id, seg] : arena.segments)
+          if (seg->can_release)
+            for (const auto& [offset, len] : seg->free) release_pages(seg.get(), offset, len);
   }
 
   /// Releases wholly free segments until cached bytes are at most `keep` (0: all of them).
@@ -354,6 +412,7 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
     auto* seg = arena.segments.at(id).get();
     seg->free.erase(offset);
     seg->free_bytes -= bytes;
+    take_back_pages(seg, offset, bytes);
     if (have > bytes) {
       seg->free.emplace(offset + bytes, have - bytes);
       arena.by_size.emplace(have - bytes, id, offset + bytes);
@@ -389,8 +448,13 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
     seg->free_bytes += bytes;
     account(seg->slot, large, &LockedStats::active, -1);
     account(seg->slot, large, &LockedStats::active_bytes, -static_cast<std::int64_t>(bytes));
-    if (seg->free_bytes == seg->size && cached_bytes() > options.max_cached_bytes)
+    if (cached_bytes() <= options.max_cached_bytes) return;
+    // Above the cap: a segment this return left wholly free goes back (its fd too) with the other
+    // wholly free ones; in host memory still in use, this free range's pages go back.
+    if (seg->free_bytes == seg->size || !seg->can_release)
       release_free_segments(std::max<std::uint64_t>(options.max_cached_bytes, 1));
+    else
+      release_pages(seg, offset, len);
   }
 
   std::int64_t outstanding() const {
@@ -784,6 +848,7 @@ Result<MemoryPool> MemoryPool::create(PoolOptions o) {
                              : std::clamp<std::uint64_t>(s->options.thread_cache_bytes / detail::class_size(c), 2,
                                                          detail::kThreadCacheMaxBlocks);
   s->membarrier = ::syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
+  if (const long page = ::sysconf(_SC_PAGESIZE); page > 0) s->page_bytes = static_cast<std::uint64_t>(page);
   const std::size_t nslots = detail::kKindSlots + static_cast<std::size_t>(std::max(1, s->topology.numa_nodes));
   s->slots.resize(nslots);
   for (std::uint32_t i = 0; i < nslots; ++i) {
@@ -811,6 +876,7 @@ void MemoryPool::trim() {
   std::lock_guard lock(s.mutex);
   if (tc) s.flush(*tc);
   s.release_free_segments(0);
+  s.release_free_pages();
 }
 
 // --- statistics ------------------------------------------------------------------------------------
@@ -881,9 +947,9 @@ PoolStats MemoryPool::stats() const {
     std::uint64_t slot_split = 0;
     for (int large = 0; large < 2; ++large)
       for (const auto& [id, seg] : slot.arenas[large].segments)
-        if (seg->free_bytes != seg->size) {
-          split[large] += seg->free_bytes;
-          slot_split += seg->free_bytes;
+        if (seg->free_bytes != seg->size) {  // free bytes still backed by memory
+          split[large] += seg->free_bytes - seg->released_bytes;
+          slot_split += seg->free_bytes - seg->released_bytes;
         }
     if (!slot.used) continue;
     PoolKindStats k;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -225,8 +226,52 @@ TEST_CASE("pool: the cap on cached bytes and trim() release free segments") {
     const auto s = pool.stats();
     CHECK(s.all.segment.current == 1);  // the segment `keep` lives in
     CHECK(s.all.active.current == 1);
-    CHECK(s.all.inactive_split_bytes.current > 0);
+    // Its free pages went back too: what stays reserved is `keep` (its pages rounded out).
+    CHECK(s.all.inactive_split_bytes.current < 4096);
+    CHECK(s.all.reserved_bytes.current < (std::int64_t{4} << 20) + 8192);
   }
+}
+
+TEST_CASE("pool: host memory above the cap gives the pages of free ranges back to the system") {
+  // Bytes of the segment's memfd that hold memory now (blocks the file system counts).
+  auto backed = [](const PooledBuffer& b) {
+    auto e = lftest::ok(b.segment().export_handle());
+    struct stat st {};
+    REQUIRE(::fstat(e.fd.get(), &st) == 0);
+    return static_cast<std::int64_t>(st.st_blocks) * 512;
+  };
+  const std::int64_t mib = 1 << 20;
+  auto pool = lftest::ok(MemoryPool::create({.max_cached_bytes = 4 << 20, .thread_cache_large_bytes = 0}));
+  auto a = lftest::ok(pool.rent(16 * mib));
+  auto b = lftest::ok(pool.rent(16 * mib));
+  auto c = lftest::ok(pool.rent(16 * mib));
+  REQUIRE(&a.segment() == &b.segment());
+  REQUIRE(&b.segment() == &c.segment());
+  for (auto* x : {&a, &b, &c}) std::memset(x->host_ptr(), 0x5a, x->size());
+  CHECK(backed(a) >= 48 * mib);
+  const auto before = pool.stats().all.reserved_bytes.current;
+  b.reset();  // a free range in a segment still in use, above the cap: its pages go back
+  CHECK(backed(a) <= 32 * mib + 64 * 1024);
+  CHECK(pool.stats().all.reserved_bytes.current == before - 16 * mib);
+  CHECK(pool.stats().all.inactive_split_bytes.current == 16 * mib);  // the segment's tail, never rented
+  // Rented again: the same place, fresh pages, counted as reserved again; the neighbours keep
+  // their bytes.
+  auto d = lftest::ok(pool.rent(16 * mib));
+  CHECK(d.offset() == 16 * static_cast<std::uint64_t>(mib));
+  CHECK(pool.stats().all.reserved_bytes.current == before);
+  CHECK(pool.stats().num_misses == 1);
+  CHECK(static_cast<unsigned char>(d.host_ptr()[0]) == 0);
+  std::memset(d.host_ptr(), 0x33, d.size());
+  CHECK(static_cast<unsigned char>(a.host_ptr()[a.size() - 1]) == 0x5a);
+  CHECK(static_cast<unsigned char>(c.host_ptr()[0]) == 0x5a);
+  CHECK(backed(a) >= 48 * mib);
+  a.reset();
+  d.reset();
+  c.reset();  // the segment is wholly free: it goes back with its fd
+  const auto s = pool.stats();
+  CHECK(s.all.segment.current == 0);
+  CHECK(s.all.reserved_bytes.current == 0);
+  CHECK(s.open_fds == 0);
 }
 
 TEST_CASE("pool: statistics come as JSON with PyTorch-style keys") {

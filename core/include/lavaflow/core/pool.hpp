@@ -33,8 +33,11 @@ struct PoolOptions {
   /// Segment size of the small pool (buffers up to kSmallMax).
   std::uint64_t small_segment_bytes = std::uint64_t{2} << 20;
   /// Cap on cached bytes (reserved but not rented). A return that takes the pool above it releases
-  /// wholly free segments until it is below. Blocks that threads keep (below) are outside the cap;
-  /// with a cap, a thread keeps at most an eighth of it in large blocks.
+  /// wholly free segments until it is below; host shared memory (CpuShared, CpuNuma) also gives
+  /// the pages of the returned free range back to the system when its segment is still in use
+  /// (reserved_bytes counts only backed bytes; a later rent there gets fresh zeroed pages, not a
+  /// new segment). Blocks that threads keep (below) are outside the cap; with a cap, a thread
+  /// keeps at most an eighth of it in large blocks.
   std::uint64_t max_cached_bytes = std::numeric_limits<std::uint64_t>::max();
   /// Bytes per size class that each thread keeps for itself (the lock-free path); 0: every rent
   /// and return takes the pool's lock.
@@ -172,7 +175,8 @@ class MemoryPool {
 
   [[nodiscard]] Result<PooledBuffer> rent(std::uint64_t size, BufferKind kind = BufferKind::CpuShared);
   [[nodiscard]] Result<PooledBuffer> rent(const RentOptions& options);
-  /// Releases every wholly free segment, after returning the calling thread's cached blocks.
+  /// Releases every wholly free segment and the free pages of host segments still in use, after
+  /// returning the calling thread's cached blocks.
   void trim();
   [[nodiscard]] PoolStats stats() const;
   [[nodiscard]] const PoolOptions& options() const;
