@@ -149,11 +149,32 @@ void every_op(CudaCollectives& c, cudaStream_t st) {
     captured = cudaStreamEndCapture(st, &graph) == cudaSuccess && captured && enq;
     captured = captured && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
     expect(captured, str_format("all_reduce of {} floats captured in a CUDA graph", count));
+    cudaStream_t other = nullptr;
+    (void)cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking);
+    cudaEvent_t ordered = nullptr;
+    (void)cudaEventCreateWithFlags(&ordered, cudaEventDisableTiming);
     for (std::uint32_t replay = 0; captured && replay < 3; ++replay) {
       auto v = inputs(r + replay, count, DType::F32);
       const auto bytes = encode(v, DType::F32);
       send.write(bytes);
-      auto s = cudaGraphLaunch(exec, st) == cudaSuccess ? finish(c, st) : fail(Errc::Driver, "cudaGraphLaunch", "");
+      // Replay 1 runs on another stream right after a call on this one, ordered by an event as a
+      // user orders replays with the rank's other calls.
+      DeviceBytes eager_send(count * 4, encode(inputs(r, count, DType::F32), DType::F32)), eager_recv(count * 4);
+      Status eager;
+      if (replay == 1) {
+        eager = c.all_reduce(eager_send.p, eager_recv.p, count * 4, DType::F32, ReduceOp::Sum, st);
+        (void)cudaEventRecord(ordered, st);
+        (void)cudaStreamWaitEvent(other, ordered, 0);
+      }
+      cudaStream_t on = replay == 1 ? other : st;
+      auto s = cudaGraphLaunch(exec, on) == cudaSuccess ? finish(c, on) : fail(Errc::Driver, "cudaGraphLaunch", "");
+      if (replay == 1) {
+        if (eager) eager = finish(c, st);
+        const std::string d =
+            eager ? difference(eager_recv.read(count * 4), expected(n, count, DType::F32, ReduceOp::Sum))
+                  : ": " + eager.error().message();
+        expect(d.empty(), str_format("a call before replay {} on another stream{}", replay, d));
+      }
       std::vector<double> acc(count, 0);
       for (std::uint32_t j = 0; j < n; ++j) {
         const auto in = inputs(j + replay, count, DType::F32);
@@ -165,6 +186,8 @@ void every_op(CudaCollectives& c, cudaStream_t st) {
     }
     if (exec) (void)cudaGraphExecDestroy(exec);
     if (graph) (void)cudaGraphDestroy(graph);
+    (void)cudaEventDestroy(ordered);
+    (void)cudaStreamDestroy(other);
   }
   DeviceBytes send(64), recv(64);
   const auto bad = c.all_reduce(send.p, recv.p, 6, DType::F32, ReduceOp::Sum, st);

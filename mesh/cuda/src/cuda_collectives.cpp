@@ -68,6 +68,7 @@ struct Card {
   std::int32_t ok = 0;
   cudaIpcMemHandle_t handle{};
   char device_uuid[16]{};
+  std::int32_t resident_blocks = 0;  ///< blocks of the collectives' kernel that fit on the device at once
 };
 
 class Collectives final : public CudaCollectives {
@@ -125,6 +126,7 @@ class Collectives final : public CudaCollectives {
       LF_TRY_STATUS(cuda_ok(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate"));
       // Loaded now, not at the first call: a lazy load while a peer's kernel waits can deadlock.
       LF_TRY_STATUS(cuda_ok(k::preload(), "cudaFuncGetAttributes"));
+      LF_TRY_STATUS(cuda_ok(k::resident_blocks(device_, &mine.resident_blocks), "cudaOccupancyMaxActiveBlocks"));
       LF_TRY_STATUS(cuda_ok(cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_device_), error_, 0),
                             "cudaHostGetDevicePointer"));
       return cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
@@ -153,6 +155,17 @@ class Collectives final : public CudaCollectives {
                     str_format("rank {} of group '{}' runs on another host: CUDA collectives need every rank on one "
                                "host (use the native backend across hosts)",
                                q, host_.group()));
+      // A block waits for the same block of every peer: the blocks of all ranks on one GPU must be
+      // resident together, or some wait for blocks that cannot start. Judged from every card, so
+      // every rank refuses alike.
+      std::int32_t sharing = 0;
+      for (const auto& other : cards)
+        sharing += std::memcmp(other.device_uuid, cards[q].device_uuid, sizeof other.device_uuid) == 0;
+      if (static_cast<std::int64_t>(sharing) * k::kBlocks > cards[q].resident_blocks)
+        return fail(Errc::Unsupported, call,
+                    str_format("{} ranks of group '{}' share rank {}'s GPU: their {} blocks of the collectives' "
+                               "kernel cannot all be resident there ({} fit)",
+                               sharing, host_.group(), q, sharing * k::kBlocks, cards[q].resident_blocks));
     }
     regions_.assign(n_, nullptr);
     regions_[me_] = region_;
@@ -277,7 +290,9 @@ class Collectives final : public CudaCollectives {
     int current = -1;
     (void)cudaGetDevice(&current);
     if (current != device_) LF_TRY_STATUS(cuda_ok(cudaSetDevice(device_), "cudaSetDevice"));
-    // Calls share this rank's staging and epochs: one on another stream waits for the last.
+    // Calls share this rank's staging and epochs: one on another stream waits for the last. A call
+    // captured in a graph adds no event nodes (they cost a small call a fifth of its time): its
+    // replays are ordered by the streams they run on, as the class comment asks of the caller.
     cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
     (void)cudaStreamIsCapturing(stream, &capturing);
     const bool captured = capturing != cudaStreamCaptureStatusNone;

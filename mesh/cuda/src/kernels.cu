@@ -76,6 +76,11 @@ __device__ bool fail(const Launch& l, std::uint32_t code, std::uint32_t rank) {
   return false;
 }
 
+/// The step after `epoch`. 0 is skipped, keeping the parity alternating: memory zeroed at open must
+/// never look written by a step (after 2^32 steps a slot or line untouched since exactly then
+/// could; nothing is that old in practice).
+__device__ std::uint32_t next_epoch(std::uint32_t epoch) { return epoch == 0xffffffffu ? 2 : epoch + 1; }
+
 /// Tells every peer that this block's data of `round` in step `epoch` is in place (`fence`:
 /// after every thread's writes, which the fence makes visible to the peers first).
 __device__ void announce(const Launch& l, std::uint32_t round, std::uint32_t epoch, bool fence) {
@@ -111,9 +116,10 @@ __device__ bool await(const Launch& l, std::uint32_t round, std::uint32_t epoch)
           break;
         }
         // A peer is at most one step ahead (it waits for this rank's next step), and only in round
-        // 0: it has passed this step, so it made this call too. Anything else is not a peer's slot.
-        if (round == 0 && e == epoch + 1) break;
-        if (static_cast<std::int32_t>(e - epoch) > 0) {
+        // 0: it has passed this step, so it made this call too. Round 0 is written every step, so
+        // anything further is not a peer's slot; round 1 only in two-shot steps, however long ago.
+        if (round == 0 && e == next_epoch(epoch)) break;
+        if (round == 0 && static_cast<std::int32_t>(e - epoch) > 0) {
           ok = fail(l, kCorrupt, q);
           break;
         }
@@ -545,7 +551,8 @@ __global__ void __launch_bounds__(kThreads) collective(Launch l) {
   const auto* in = static_cast<const unsigned char*>(l.send);
   std::uint32_t epoch = flags(l, me)->epoch[i];
   if (l.bytes <= kLLBytes) {
-    if (ll_call(l, ++epoch) && threadIdx.x == 0) flags(l, me)->epoch[i] = epoch;
+    epoch = next_epoch(epoch);
+    if (ll_call(l, epoch) && threadIdx.x == 0) flags(l, me)->epoch[i] = epoch;
     return;
   }
   // Staging is pushed: a rank writes what a peer needs into that peer's staging (slot `to_slot`
@@ -588,7 +595,8 @@ __global__ void __launch_bounds__(kThreads) collective(Launch l) {
   unsigned char* targets[kMaxRanks];
   for (std::uint64_t at = 0; at < l.bytes; at += piece) {
     const std::uint64_t len = lesser(piece, l.bytes - at);
-    const std::uint32_t b = ++epoch & 1;
+    epoch = next_epoch(epoch);
+    const std::uint32_t b = epoch & 1;
     for (std::uint32_t r = 0; r < n; ++r) stages[r] = staging(l, r, b);
     unsigned char* mine = stages[me];
     switch (l.kind) {
@@ -686,6 +694,15 @@ cudaError_t launch(const Launch& l, cudaStream_t stream) {
 cudaError_t preload() {
   cudaFuncAttributes a{};
   return cudaFuncGetAttributes(&a, collective);
+}
+
+cudaError_t resident_blocks(int device, std::int32_t* blocks) {
+  int per_sm = 0, sms = 0;
+  if (auto e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, collective, kThreads, 0); e != cudaSuccess)
+    return e;
+  if (auto e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess) return e;
+  *blocks = per_sm * sms;
+  return cudaSuccess;
 }
 
 }  // namespace lavaflow::mesh::cuda_kernels

@@ -71,5 +71,7 @@ struct Launch {
 cudaError_t launch(const Launch& l, cudaStream_t stream);
 /// Loads the kernels' module into the current context.
 cudaError_t preload();
+/// Blocks of the collectives' kernel that `device` holds at once.
+cudaError_t resident_blocks(int device, std::int32_t* blocks);
 
 }  // namespace lavaflow::mesh::cuda_kernels

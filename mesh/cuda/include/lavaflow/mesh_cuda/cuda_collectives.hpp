@@ -29,11 +29,18 @@ struct CudaCollectiveOptions {
 /// (calls on a rank must not run concurrently: they share its staging). A call checks its
 /// arguments and enqueues its kernel; the kernel waits for each peer at most CallOptions::timeout.
 /// A failure in a kernel (a peer that does not arrive, a peer whose call differs, a peer that
-/// failed) ends that call and every later one at once on the GPU, and check() reports it.
+/// failed) ends that call and every later one at once on the GPU, and check() reports it. A call
+/// refused on some ranks only (arguments that differ between ranks) is not made there: the
+/// others' kernels wait for it until their timeout, as with any rank that skips a call — give
+/// every rank the same arguments. Calls on different streams are ordered by the class; replays of
+/// calls captured in a CUDA graph are ordered only by the streams they run on: replay a graph on
+/// the stream of the rank's calls around it, or order the streams with events, and destroy the
+/// object after the replays have run.
 class CudaCollectives {
  public:
   /// Collective over the group's ranks (through `host`): allocates this rank's staging, exchanges
-  /// CUDA IPC handles and maps every peer's. Unsupported when the group spans hosts or a peer's
+  /// CUDA IPC handles and maps every peer's. Unsupported when the group spans hosts, when the
+  /// ranks sharing a GPU need more blocks of the kernel at once than it holds, or when a peer's
   /// memory cannot be mapped (naming the rank and why). `host` must outlive the result.
   [[nodiscard]] static Result<std::unique_ptr<CudaCollectives>> open(Communicator& host, CudaCollectiveOptions options);
   virtual ~CudaCollectives() = default;
