@@ -156,16 +156,17 @@ class Collectives final : public CudaCollectives {
                                "host (use the native backend across hosts)",
                                q, host_.group()));
       // A block waits for the same block of every peer: the blocks of all ranks on one GPU must be
-      // resident together, or some wait for blocks that cannot start. Judged from every card, so
-      // every rank refuses alike.
+      // resident together, or some wait for blocks that cannot start. Every rank takes the same
+      // count from every card.
       std::int32_t sharing = 0;
       for (const auto& other : cards)
         sharing += std::memcmp(other.device_uuid, cards[q].device_uuid, sizeof other.device_uuid) == 0;
-      if (static_cast<std::int64_t>(sharing) * k::kBlocks > cards[q].resident_blocks)
+      if (cards[q].resident_blocks < sharing)
         return fail(Errc::Unsupported, call,
-                    str_format("{} ranks of group '{}' share rank {}'s GPU: their {} blocks of the collectives' "
-                               "kernel cannot all be resident there ({} fit)",
-                               sharing, host_.group(), q, sharing * k::kBlocks, cards[q].resident_blocks));
+                    str_format("{} ranks of group '{}' share rank {}'s GPU, which holds {} blocks of the collectives' "
+                               "kernel at once: fewer than one a rank",
+                               sharing, host_.group(), q, cards[q].resident_blocks));
+      blocks_ = std::min<std::uint32_t>(blocks_, static_cast<std::uint32_t>(cards[q].resident_blocks / sharing));
     }
     regions_.assign(n_, nullptr);
     regions_[me_] = region_;
@@ -274,6 +275,7 @@ class Collectives final : public CudaCollectives {
     l.me = me_;
     l.root = root;
     l.call = ++calls_;
+    l.blocks = blocks_;
     l.signature = call_signature(kind, l.dtype, kind == k::kAllReduce || kind == k::kReduceScatter ? l.op : 0, bytes,
                                  kind == k::kBroadcast ? root : 0);
     for (std::uint32_t q = 0; q < n_; ++q) l.regions[q] = regions_[q];
@@ -312,6 +314,7 @@ class Collectives final : public CudaCollectives {
   std::uint32_t n_ = 1, me_ = 0;
   int device_ = 0;
   std::uint64_t chunk_ = 0;
+  std::uint32_t blocks_ = k::kBlocks;  ///< blocks per kernel (fewer where ranks share a GPU)
   unsigned char* region_ = nullptr;
   std::vector<unsigned char*> regions_;
   k::ErrorRecord* error_ = nullptr;  // written by the GPU: read through a volatile pointer

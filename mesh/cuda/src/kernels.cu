@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// The CUDA collectives: one kernel per call, kBlocks blocks. A call runs in steps of at most one
+// The CUDA collectives: one kernel per call, Launch::blocks blocks. A call runs in steps of at most one
 // staging buffer; step s of block i uses staging buffer (epoch & 1), where the block's epoch
 // counts its steps over the communicator's life — kept in device memory, so that a call
 // captured in a CUDA graph advances it on every replay. In each step block i of every rank
@@ -40,9 +40,9 @@ struct Range {
 /// Vectors each thread moves per pass of a copy or reduction loop.
 constexpr std::uint32_t kUnroll = 4;
 
-/// Slice `i` of `len` bytes cut in kBlocks slices on 16-byte boundaries (whole elements, whole
-/// vectors).
-__device__ Range slice(std::uint64_t len, std::uint32_t i, std::uint32_t parts = kBlocks) {
+/// Slice `i` of `len` bytes cut in `parts` slices (one per block) on 16-byte boundaries (whole
+/// elements, whole vectors).
+__device__ Range slice(std::uint64_t len, std::uint32_t i, std::uint32_t parts) {
   const std::uint64_t per = ((len + parts - 1) / parts + 15) & ~std::uint64_t{15};
   const std::uint64_t at = lesser(len, i * per);
   return {at, lesser(len, at + per) - at};
@@ -470,7 +470,7 @@ __device__ bool ll_call(const Launch& l, std::uint32_t epoch) {
   const unsigned long long header = (static_cast<unsigned long long>(epoch) << 32) | l.signature;
   // A peer that chose the staging protocol (another call) compares this with its own.
   announce(l, 0, epoch, false);
-  const Range s = slice(l.bytes, i);
+  const Range s = slice(l.bytes, i, l.blocks);
   if (s.len == 0) return true;
   const bool broadcast = l.kind == kBroadcast, root = me == l.root;
   // Every rank sends its header to every peer and waits for theirs, in a broadcast too (where
@@ -584,7 +584,7 @@ __global__ void __launch_bounds__(kThreads) collective(Launch l) {
     for (std::uint32_t q = 0; q < n; ++q) {
       if (q == me) continue;
       const Range p = part_range(q, len);
-      const Range s = clip(slice(part, i), p.len);
+      const Range s = clip(slice(part, i, l.blocks), p.len);
       copy(out + at + p.at + s.at, from + round1 + to_slot(q, me) * two_shot_part + s.at, s.len, true);
     }
   };
@@ -602,7 +602,7 @@ __global__ void __launch_bounds__(kThreads) collective(Launch l) {
     switch (l.kind) {
       case kAllReduce: {
         if (one_shot) {  // every rank's whole step to every peer; each reduces it all
-          const Range s = clip(slice(first, i), len);
+          const Range s = clip(slice(first, i, l.blocks), len);
           for (std::uint32_t q = 0; q < n; ++q)
             if (q != me) copy(stages[q] + to_slot(me, q) * per_peer + s.at, in + at + s.at, s.len, false);
           publish(l, 0, epoch);
@@ -617,7 +617,7 @@ __global__ void __launch_bounds__(kThreads) collective(Launch l) {
         for (std::uint32_t q = 0; q < n; ++q) {
           if (q == me) continue;
           const Range p = part_range(q, len);
-          const Range s = clip(slice(part, i), p.len);
+          const Range s = clip(slice(part, i, l.blocks), p.len);
           copy(stages[q] + to_slot(me, q) * two_shot_part + s.at, in + at + p.at + s.at, s.len, false);
         }
         if (gather_from) gather(gather_at, gather_len, gather_from);
@@ -625,7 +625,7 @@ __global__ void __launch_bounds__(kThreads) collective(Launch l) {
         if (!await(l, 0, epoch)) return;
         {
           const Range p = part_range(me, len);
-          const Range s = clip(slice(part, i), p.len);
+          const Range s = clip(slice(part, i, l.blocks), p.len);
           for (std::uint32_t r = 0; r < n; ++r)
             sources[r] = r == me ? in + at + p.at + s.at : mine + to_slot(r, me) * two_shot_part + s.at;
           std::uint32_t outs = 0;
@@ -644,7 +644,7 @@ __global__ void __launch_bounds__(kThreads) collective(Launch l) {
         break;
       }
       case kAllGather: {
-        const Range s = clip(slice(first, i), len);
+        const Range s = clip(slice(first, i, l.blocks), len);
         for (std::uint32_t q = 0; q < n; ++q)
           if (q != me) copy(stages[q] + to_slot(me, q) * per_peer + s.at, in + at + s.at, s.len, false);
         copy(out + me * l.bytes + at + s.at, in + at + s.at, s.len, false);
@@ -655,7 +655,7 @@ __global__ void __launch_bounds__(kThreads) collective(Launch l) {
         break;
       }
       case kReduceScatter: {
-        const Range s = clip(slice(first, i), len);
+        const Range s = clip(slice(first, i, l.blocks), len);
         for (std::uint32_t q = 0; q < n; ++q)
           if (q != me) copy(stages[q] + to_slot(me, q) * per_peer + s.at, in + q * l.bytes + at + s.at, s.len, false);
         publish(l, 0, epoch);
@@ -667,7 +667,7 @@ __global__ void __launch_bounds__(kThreads) collective(Launch l) {
         break;
       }
       default: {  // broadcast: from the root into every peer's staging, in place on every rank
-        const Range s = clip(slice(first, i), len);
+        const Range s = clip(slice(first, i, l.blocks), len);
         auto* buffer = static_cast<unsigned char*>(l.recv);
         if (me == l.root)
           for (std::uint32_t q = 0; q < n; ++q)
@@ -687,7 +687,7 @@ __global__ void __launch_bounds__(kThreads) collective(Launch l) {
 }  // namespace
 
 cudaError_t launch(const Launch& l, cudaStream_t stream) {
-  collective<<<kBlocks, kThreads, 0, stream>>>(l);
+  collective<<<l.blocks, kThreads, 0, stream>>>(l);
   return cudaGetLastError();
 }
 

@@ -10,8 +10,9 @@
 namespace lavaflow::mesh::cuda_kernels {
 
 inline constexpr std::uint32_t kMaxRanks = 16;
-/// Blocks per call, the same on every rank: block i of every rank handles the same slices and
-/// synchronises only with block i of the others.
+/// Blocks per call at most. A communicator runs the same number on every rank (fewer where ranks
+/// share a GPU: every rank's blocks must be resident at once): block i of every rank handles the
+/// same slices and synchronises only with block i of the others.
 inline constexpr std::uint32_t kBlocks = 64;
 inline constexpr std::uint32_t kThreads = 512;
 inline constexpr std::uint64_t kFlagBytes = 32 << 10;
@@ -59,6 +60,7 @@ struct Launch {
   std::uint32_t kind, dtype, op, ranks, me, root;
   std::uint32_t signature;  ///< the same on every rank for the same call
   std::uint32_t call;       ///< the call's number, for errors
+  std::uint32_t blocks;     ///< blocks of this kernel, 1 … kBlocks, the same on every rank
   unsigned char* regions[kMaxRanks];
   const void* send;
   void* recv;
