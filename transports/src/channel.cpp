@@ -372,8 +372,9 @@ struct detail::ProducerState {
     UniqueFd sock;
     Clock::time_point deadline;
   };
-  std::vector<Connection> connections;  // service thread only
-  std::vector<Pending> pending;         // service thread only
+  std::vector<Connection> connections;                      // service thread only
+  std::array<Clock::time_point, kMaxConsumers> freed_at{};  // when each index was last let go (service thread)
+  std::vector<Pending> pending;                             // service thread only
 
   bool orphaned = false;     // the Producer is gone; the outstanding Loan owns this and deletes it
   bool user_closed = false;  // Producer::close() ran
@@ -493,6 +494,7 @@ struct detail::ProducerState {
   void accept_all();
   void admit(UniqueFd sock);
   void drop_connection(std::size_t i) {
+    freed_at[connections[i].index] = Clock::now();
     auto& c = control->consumers[connections[i].index];
     c.state.store(0, std::memory_order_seq_cst);
     release_gpu_waits(connections[i].index);
@@ -537,14 +539,13 @@ void detail::ProducerState::admit(UniqueFd sock) {
                                              transport->name(), probe.reason));
     return;
   }
+  // The free index left longest ago (never used first): a consumer that died with GPU work queued
+  // has had the most time to stop before its release counter becomes another consumer's.
   std::uint32_t index = options.max_consumers;
   for (std::uint32_t i = 0; i < options.max_consumers; ++i) {
     bool taken = false;
     for (const auto& c : connections) taken |= c.index == i;
-    if (!taken) {
-      index = i;
-      break;
-    }
+    if (!taken && (index == options.max_consumers || freed_at[i] < freed_at[index])) index = i;
   }
   if (index == options.max_consumers) {
     (void)send_refuse(sock.get(), str_format("channel already has its maximum of {} consumers", options.max_consumers));
