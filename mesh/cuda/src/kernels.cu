@@ -1,17 +1,19 @@
 // SPDX-License-Identifier: MIT
-// The CUDA collectives: one kernel per call, Launch::blocks blocks. A call runs in steps of at most one
-// staging buffer; step s of block i uses staging buffer (epoch & 1), where the block's epoch
-// counts its steps over the communicator's life — kept in device memory, so that a call
-// captured in a CUDA graph advances it on every replay. In each step block i of every rank
-// copies its slices of the input into its own staging, publishes (epoch, signature) in its flag
-// slot, waits for block i of every peer to do the same, then reads the peers' staging directly.
+// The CUDA collectives: one kernel per call, Launch::blocks blocks. Calls of at most kLLBytes per
+// rank pair go in LL lines (below). Larger ones run in steps of at most one staging buffer; step
+// s of block i uses staging buffer (epoch & 1), where the block's epoch counts its steps over the
+// communicator's life — kept in device memory, so that a call captured in a CUDA graph advances
+// it on every replay. Staging is pushed: in each step block i of every rank writes its slices of
+// what each peer needs into that peer's staging, publishes (epoch, signature) in the peers' flag
+// slots, waits for block i of every peer to do the same, then reads its own staging.
 //
-// A staging buffer is rewritten two steps later; by then every peer has published the step in
+// A staging buffer is written again two steps later; by then its owner has published the step in
 // between, which it does only after its reads of the earlier step (stream order), so no step
 // needs a closing synchronisation. That holds per block because block i owns the same staging
-// bytes in every step of a call (a shorter last step is cut like the first). Peers' staging is
-// read with ld.global.cv: the same addresses come back every other step, and a cached line from
-// two steps ago would be stale.
+// bytes in every step of a call (a shorter last step is cut like the first), and across calls
+// because every step waits for every peer and a rank's staging is read by that rank only.
+// Staging is read with ld.global.cv: peers write it, the same addresses come back every other
+// step, and a cached line from two steps ago would be stale.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
