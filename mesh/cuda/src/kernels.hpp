@@ -29,9 +29,9 @@ inline constexpr std::uint64_t kLLSenderBytes = kLLHeaderBytes + 2 * kLLBytes;
 __host__ __device__ constexpr std::uint64_t ll_area_bytes(std::uint32_t ranks) {
   return 2 * std::uint64_t{ranks} * kLLSenderBytes;
 }
-/// An all_reduce whose step makes each rank read at most this many bytes of its peers' staging,
-/// (n − 1) × step, is reduced whole by every rank (one synchronisation); above it each rank
-/// reduces its part and the others read it (two).
+/// An all_reduce whose step makes each rank receive at most this many bytes, (n − 1) × step, is
+/// one-shot: every rank pushes its whole step to every peer and reduces all of it (one
+/// synchronisation); above it each rank reduces one part and pushes the result (two).
 inline constexpr std::uint64_t kOneShotBytes = 1 << 20;
 
 enum Kind : std::uint32_t { kAllReduce = 1, kAllGather, kReduceScatter, kBroadcast };
