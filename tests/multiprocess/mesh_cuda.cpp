@@ -71,10 +71,37 @@ std::string difference(const std::vector<std::byte>& got, const std::vector<std:
                     first < want.size() ? static_cast<int>(want[first]) : -1);
 }
 
+/// "" when the call succeeded and `b` holds `want`; else the call's error or where `b` differs.
+std::string outcome(const Status& s, const DeviceBytes& b, const std::vector<std::byte>& want) {
+  return s ? difference(b.read(want.size()), want) : ": " + s.error().message();
+}
+
 /// Waits for the stream and reports the collectives' state.
 Status finish(CudaCollectives& c, cudaStream_t s) {
   if (cudaStreamSynchronize(s) != cudaSuccess) return fail(Errc::Driver, "cudaStreamSynchronize", "stream failed");
   return c.check();
+}
+
+/// all_gather of `count` bytes a rank, then a broadcast of as many from `root`, each checked.
+void gather_and_broadcast(CudaCollectives& c, cudaStream_t st, std::size_t count, std::uint32_t root) {
+  const std::uint32_t n = c.size(), r = c.rank();
+  const auto mine = encode(inputs(r, count, DType::U8), DType::U8);
+  std::vector<std::byte> want;
+  for (std::uint32_t j = 0; j < n; ++j) {
+    const auto e = encode(inputs(j, count, DType::U8), DType::U8);
+    want.insert(want.end(), e.begin(), e.end());
+  }
+  DeviceBytes send(count, mine), all(want.size());
+  auto s = c.all_gather(send.p, all.p, count, DType::U8, st);
+  if (s) s = finish(c, st);
+  const std::string gathered = outcome(s, all, want);
+  expect(gathered.empty(), str_format("all_gather of {} bytes{}", count, gathered));
+  const auto root_data = encode(inputs(root, count, DType::U8), DType::U8);
+  DeviceBytes buf(count, r == root ? root_data : std::vector<std::byte>(count));
+  s = c.broadcast(buf.p, count, root, DType::U8, st);
+  if (s) s = finish(c, st);
+  const std::string broadcast = outcome(s, buf, root_data);
+  expect(broadcast.empty(), str_format("broadcast of {} bytes{}", count, broadcast));
 }
 
 void every_op(CudaCollectives& c, cudaStream_t st) {
@@ -104,25 +131,8 @@ void every_op(CudaCollectives& c, cudaStream_t st) {
             s && std::equal(block.begin(), block.end(), want.begin() + static_cast<std::ptrdiff_t>(r * block.size())),
             "reduce_scatter " + what + (s ? "" : ": " + s.error().message()));
       }
-  for (std::size_t count : {std::size_t{1}, std::size_t{5000}, std::size_t{3'000'001}}) {
-    const auto mine = encode(inputs(r, count, DType::U8), DType::U8);
-    std::vector<std::byte> want;
-    for (std::uint32_t j = 0; j < n; ++j) {
-      const auto e = encode(inputs(j, count, DType::U8), DType::U8);
-      want.insert(want.end(), e.begin(), e.end());
-    }
-    DeviceBytes send(count, mine), all(want.size());
-    auto s = c.all_gather(send.p, all.p, count, DType::U8, st);
-    if (s) s = finish(c, st);
-    const std::string gathered = s ? difference(all.read(want.size()), want) : ": " + s.error().message();
-    expect(gathered.empty(), str_format("all_gather of {} bytes{}", count, gathered));
-    const auto root_data = encode(inputs(n - 1, count, DType::U8), DType::U8);
-    DeviceBytes buf(count, r == n - 1 ? root_data : std::vector<std::byte>(count));
-    s = c.broadcast(buf.p, count, n - 1, DType::U8, st);
-    if (s) s = finish(c, st);
-    const std::string broadcast = s ? difference(buf.read(count), root_data) : ": " + s.error().message();
-    expect(broadcast.empty(), str_format("broadcast of {} bytes{}", count, broadcast));
-  }
+  for (std::size_t count : {std::size_t{1}, std::size_t{5000}, std::size_t{3'000'001}})
+    gather_and_broadcast(c, st, count, n - 1);
   // NaN, signed zeros and ties: bit for bit what the host reduction gives.
   for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max}) {
     const bool nan = op != ReduceOp::Sum;
@@ -170,9 +180,7 @@ void every_op(CudaCollectives& c, cudaStream_t st) {
       auto s = cudaGraphLaunch(exec, on) == cudaSuccess ? finish(c, on) : fail(Errc::Driver, "cudaGraphLaunch", "");
       if (replay == 1) {
         if (eager) eager = finish(c, st);
-        const std::string d =
-            eager ? difference(eager_recv.read(count * 4), expected(n, count, DType::F32, ReduceOp::Sum))
-                  : ": " + eager.error().message();
+        const std::string d = outcome(eager, eager_recv, expected(n, count, DType::F32, ReduceOp::Sum));
         expect(d.empty(), str_format("a call before replay {} on another stream{}", replay, d));
       }
       std::vector<double> acc(count, 0);
@@ -181,7 +189,7 @@ void every_op(CudaCollectives& c, cudaStream_t st) {
         for (std::size_t e = 0; e < count; ++e) acc[e] += in[e];
       }
       const auto want = encode(acc, DType::F32);
-      const std::string diff = s ? difference(recv.read(count * 4), want) : ": " + s.error().message();
+      const std::string diff = outcome(s, recv, want);
       expect(diff.empty(), str_format("graph replay {} of {} floats{}", replay, count, diff));
     }
     if (exec) (void)cudaGraphExecDestroy(exec);
@@ -208,11 +216,11 @@ void several_steps(CudaCollectives& c, cudaStream_t st) {
     DeviceBytes send(mine.size(), mine), recv(mine.size());
     auto s = c.all_reduce(send.p, recv.p, mine.size(), t, op, st);
     if (s) s = finish(c, st);
-    std::string diff = s ? difference(recv.read(mine.size()), want) : ": " + s.error().message();
+    std::string diff = outcome(s, recv, want);
     expect(diff.empty(), str_format("all_reduce {} {} × {}{}", to_string(t), to_string(op), count, diff));
     s = c.all_reduce(send.p, send.p, mine.size(), t, op, st);
     if (s) s = finish(c, st);
-    diff = s ? difference(send.read(mine.size()), want) : ": " + s.error().message();
+    diff = outcome(s, send, want);
     expect(diff.empty(), str_format("in-place all_reduce {} {} × {}{}", to_string(t), to_string(op), count, diff));
   }
   const std::size_t count = (std::size_t{3} << 20) + 5;  // f32 elements per rank
@@ -223,26 +231,9 @@ void several_steps(CudaCollectives& c, cudaStream_t st) {
   if (s) s = finish(c, st);
   const std::vector<std::byte> want_block(sums.begin() + static_cast<std::ptrdiff_t>(r * count * 4),
                                           sums.begin() + static_cast<std::ptrdiff_t>((r + 1) * count * 4));
-  std::string diff = s ? difference(block.read(count * 4), want_block) : ": " + s.error().message();
+  const std::string diff = outcome(s, block, want_block);
   expect(diff.empty(), str_format("reduce_scatter of {} floats a rank{}", count, diff));
-  const std::size_t bytes = (std::size_t{9} << 20) + 7;
-  const auto mine = encode(inputs(r, bytes, DType::U8), DType::U8);
-  std::vector<std::byte> all_want;
-  for (std::uint32_t j = 0; j < n; ++j) {
-    const auto e = encode(inputs(j, bytes, DType::U8), DType::U8);
-    all_want.insert(all_want.end(), e.begin(), e.end());
-  }
-  DeviceBytes send(bytes, mine), all(all_want.size());
-  s = c.all_gather(send.p, all.p, bytes, DType::U8, st);
-  if (s) s = finish(c, st);
-  diff = s ? difference(all.read(all_want.size()), all_want) : ": " + s.error().message();
-  expect(diff.empty(), str_format("all_gather of {} bytes{}", bytes, diff));
-  const auto root_data = encode(inputs(0, bytes, DType::U8), DType::U8);
-  DeviceBytes buf(bytes, r == 0 ? root_data : std::vector<std::byte>(bytes));
-  s = c.broadcast(buf.p, bytes, 0, DType::U8, st);
-  if (s) s = finish(c, st);
-  diff = s ? difference(buf.read(bytes), root_data) : ": " + s.error().message();
-  expect(diff.empty(), str_format("broadcast of {} bytes{}", bytes, diff));
+  gather_and_broadcast(c, st, (std::size_t{9} << 20) + 7, 0);
 }
 
 }  // namespace
