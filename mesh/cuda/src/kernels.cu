@@ -244,6 +244,37 @@ __device__ T load_cv(const T* p) {
   }
 }
 
+/// Vectors v, v + stride, ... of outs[j] = op over in[r] (stride = blockDim.x), U per thread and
+/// pass from `v` while all U fit; returns where this thread stopped, for a pass with smaller U.
+/// The U vectors are independent: their loads from every rank are in flight together, which the
+/// link needs to reach its bandwidth.
+template <class T, std::uint32_t U>
+__device__ std::uint64_t reduce_vectors(const Launch& l, unsigned char* const* outs, std::uint32_t nouts,
+                                        const unsigned char* const* in, std::uint64_t v, std::uint64_t vectors) {
+  using A = typename Elem<T>::Acc;
+  constexpr std::uint32_t kPer = 16 / sizeof(T);
+  const std::uint64_t stride = blockDim.x;
+  for (; v + (U - 1) * stride < vectors; v += U * stride) {
+    A acc[U][kPer];
+    uint4 raw[U];
+    for (std::uint32_t u = 0; u < U; ++u) raw[u] = __ldcv(reinterpret_cast<const uint4*>(in[0]) + v + u * stride);
+    for (std::uint32_t u = 0; u < U; ++u)
+      for (std::uint32_t k = 0; k < kPer; ++k) acc[u][k] = Elem<T>::load(reinterpret_cast<const T*>(&raw[u])[k]);
+    for (std::uint32_t r = 1; r < l.ranks; ++r) {
+      for (std::uint32_t u = 0; u < U; ++u) raw[u] = __ldcv(reinterpret_cast<const uint4*>(in[r]) + v + u * stride);
+      for (std::uint32_t u = 0; u < U; ++u)
+        for (std::uint32_t k = 0; k < kPer; ++k)
+          acc[u][k] = combine(acc[u][k], Elem<T>::load(reinterpret_cast<const T*>(&raw[u])[k]), l.op);
+    }
+    for (std::uint32_t u = 0; u < U; ++u) {
+      uint4 result;
+      for (std::uint32_t k = 0; k < kPer; ++k) reinterpret_cast<T*>(&result)[k] = finish<T>(acc[u][k], l.op, l.ranks);
+      for (std::uint32_t j = 0; j < nouts; ++j) reinterpret_cast<uint4*>(outs[j])[v + u * stride] = result;
+    }
+  }
+  return v;
+}
+
 /// outs[j][0, len) = op over in[r][0, len) for every rank r (in rank order, as the host
 /// reduction), for each of the `nouts` outputs (this rank's result and the peers' staging).
 /// Inputs are read past L1: peers write this rank's staging. 16-byte vectors where every pointer
@@ -252,50 +283,14 @@ template <class T>
 __device__ void reduce(const Launch& l, unsigned char* const* outs, std::uint32_t nouts, const unsigned char* const* in,
                        std::uint64_t len) {
   using A = typename Elem<T>::Acc;
-  constexpr std::uint32_t kPer = 16 / sizeof(T);
   std::uintptr_t bits = 0;
   for (std::uint32_t r = 0; r < l.ranks; ++r) bits |= reinterpret_cast<std::uintptr_t>(in[r]);
   for (std::uint32_t j = 0; j < nouts; ++j) bits |= reinterpret_cast<std::uintptr_t>(outs[j]);
   std::uint64_t done = 0;
   if ((bits & 15) == 0) {
     const std::uint64_t vectors = len / 16;
-    const std::uint64_t stride = blockDim.x;
-    // kUnroll independent vectors per thread and pass: their loads from every rank are in flight
-    // together, which the link needs to reach its bandwidth.
-    std::uint64_t v = threadIdx.x;
-    for (; v + (kUnroll - 1) * stride < vectors; v += kUnroll * stride) {
-      A acc[kUnroll][kPer];
-      uint4 raw[kUnroll];
-      for (std::uint32_t u = 0; u < kUnroll; ++u)
-        raw[u] = __ldcv(reinterpret_cast<const uint4*>(in[0]) + v + u * stride);
-      for (std::uint32_t u = 0; u < kUnroll; ++u)
-        for (std::uint32_t k = 0; k < kPer; ++k) acc[u][k] = Elem<T>::load(reinterpret_cast<const T*>(&raw[u])[k]);
-      for (std::uint32_t r = 1; r < l.ranks; ++r) {
-        for (std::uint32_t u = 0; u < kUnroll; ++u)
-          raw[u] = __ldcv(reinterpret_cast<const uint4*>(in[r]) + v + u * stride);
-        for (std::uint32_t u = 0; u < kUnroll; ++u)
-          for (std::uint32_t k = 0; k < kPer; ++k)
-            acc[u][k] = combine(acc[u][k], Elem<T>::load(reinterpret_cast<const T*>(&raw[u])[k]), l.op);
-      }
-      for (std::uint32_t u = 0; u < kUnroll; ++u) {
-        uint4 result;
-        for (std::uint32_t k = 0; k < kPer; ++k) reinterpret_cast<T*>(&result)[k] = finish<T>(acc[u][k], l.op, l.ranks);
-        for (std::uint32_t j = 0; j < nouts; ++j) reinterpret_cast<uint4*>(outs[j])[v + u * stride] = result;
-      }
-    }
-    for (; v < vectors; v += stride) {
-      A acc[kPer];
-      uint4 raw = __ldcv(reinterpret_cast<const uint4*>(in[0]) + v);
-      for (std::uint32_t k = 0; k < kPer; ++k) acc[k] = Elem<T>::load(reinterpret_cast<const T*>(&raw)[k]);
-      for (std::uint32_t r = 1; r < l.ranks; ++r) {
-        raw = __ldcv(reinterpret_cast<const uint4*>(in[r]) + v);
-        for (std::uint32_t k = 0; k < kPer; ++k)
-          acc[k] = combine(acc[k], Elem<T>::load(reinterpret_cast<const T*>(&raw)[k]), l.op);
-      }
-      uint4 result;
-      for (std::uint32_t k = 0; k < kPer; ++k) reinterpret_cast<T*>(&result)[k] = finish<T>(acc[k], l.op, l.ranks);
-      for (std::uint32_t j = 0; j < nouts; ++j) reinterpret_cast<uint4*>(outs[j])[v] = result;
-    }
+    const std::uint64_t v = reduce_vectors<T, kUnroll>(l, outs, nouts, in, threadIdx.x, vectors);
+    reduce_vectors<T, 1>(l, outs, nouts, in, v, vectors);
     done = vectors * 16;
   }
   const std::uint64_t count = (len - done) / sizeof(T);
@@ -327,6 +322,19 @@ __device__ void reduce_any(const Launch& l, unsigned char* const* outs, std::uin
   }
 }
 
+/// Vectors v, v + stride, ... of d = s (stride = blockDim.x), U independent ones per thread and
+/// pass from `v` while all U fit (loads in flight together); returns where this thread stopped.
+template <std::uint32_t U>
+__device__ std::uint64_t copy_vectors(uint4* d, const uint4* s, std::uint64_t v, std::uint64_t vectors, bool peer) {
+  const std::uint64_t stride = blockDim.x;
+  for (; v + (U - 1) * stride < vectors; v += U * stride) {
+    uint4 r[U];
+    for (std::uint32_t u = 0; u < U; ++u) r[u] = peer ? __ldcv(s + v + u * stride) : s[v + u * stride];
+    for (std::uint32_t u = 0; u < U; ++u) d[v + u * stride] = r[u];
+  }
+  return v;
+}
+
 /// dst[0, n) = src[0, n), by the block; `peer` reads src past L1.
 __device__ void copy(unsigned char* dst, const unsigned char* src, std::uint64_t n, bool peer) {
   std::uint64_t done = 0;
@@ -334,14 +342,7 @@ __device__ void copy(unsigned char* dst, const unsigned char* src, std::uint64_t
     const std::uint64_t vectors = n / 16;
     const uint4* s = reinterpret_cast<const uint4*>(src);
     uint4* d = reinterpret_cast<uint4*>(dst);
-    const std::uint64_t stride = blockDim.x;
-    std::uint64_t v = threadIdx.x;
-    for (; v + (kUnroll - 1) * stride < vectors; v += kUnroll * stride) {
-      uint4 r[kUnroll];
-      for (std::uint32_t u = 0; u < kUnroll; ++u) r[u] = peer ? __ldcv(s + v + u * stride) : s[v + u * stride];
-      for (std::uint32_t u = 0; u < kUnroll; ++u) d[v + u * stride] = r[u];
-    }
-    for (; v < vectors; v += stride) d[v] = peer ? __ldcv(s + v) : s[v];
+    copy_vectors<1>(d, s, copy_vectors<kUnroll>(d, s, threadIdx.x, vectors, peer), vectors, peer);
     done = vectors * 16;
   }
   for (std::uint64_t b = done + threadIdx.x; b < n; b += blockDim.x) dst[b] = peer ? __ldcv(src + b) : src[b];
@@ -417,6 +418,15 @@ __device__ bool ll_wait(const Launch& l, std::uint32_t q, std::uint32_t epoch, s
   return true;
 }
 
+/// Line `line` (of this block's slice) of rank r: this rank's own from its input (`n` bytes at
+/// `own`), a peer's once it has arrived. False when the call failed.
+__device__ bool ll_line(const Launch& l, std::uint32_t r, std::uint32_t epoch, std::uint64_t line, std::uint64_t start,
+                        const unsigned char* own, std::uint32_t n, std::uint64_t& data) {
+  if (r != l.me) return ll_wait(l, r, epoch, line, start, data);
+  data = load8(own, n);
+  return true;
+}
+
 /// all_reduce / reduce_scatter: every rank's line, combined in rank order (as the host reduction).
 template <class T>
 __device__ bool ll_reduce(const Launch& l, std::uint32_t epoch, std::uint64_t first_line, std::uint64_t lines,
@@ -431,10 +441,7 @@ __device__ bool ll_reduce(const Launch& l, std::uint32_t epoch, std::uint64_t fi
     A acc[kPer];
     for (std::uint32_t r = 0; r < l.ranks; ++r) {
       std::uint64_t d;
-      if (r == l.me)
-        d = load8(in + at, n);
-      else if (!ll_wait(l, r, epoch, first_line + k, start, d))
-        return false;
+      if (!ll_line(l, r, epoch, first_line + k, start, in + at, n, d)) return false;
       for (std::uint32_t e = 0; e < kPer; ++e) {
         const A v = Elem<T>::load(reinterpret_cast<const T*>(&d)[e]);
         acc[e] = r == 0 ? v : combine(acc[e], v, l.op);
@@ -530,10 +537,7 @@ __device__ bool ll_call(const Launch& l, std::uint32_t epoch) {
       continue;
     }
     for (std::uint32_t q = 0; q < n; ++q) {  // all_gather
-      if (q == me)
-        d = load8(in + at, len);
-      else if (!ll_wait(l, q, epoch, first_line + k, start, d))
-        return false;
+      if (!ll_line(l, q, epoch, first_line + k, start, in + at, len, d)) return false;
       store8(out + q * l.bytes + at, d, len);
     }
   }
@@ -602,20 +606,25 @@ __global__ void __launch_bounds__(kThreads) collective(Launch l) {
     for (std::uint32_t r = 0; r < n; ++r) stages[r] = staging(l, r, b);
     unsigned char* mine = stages[me];
     switch (l.kind) {
+      case kReduceScatter:
       case kAllReduce: {
-        if (one_shot) {  // every rank's whole step to every peer; each reduces it all
+        if (one_shot || l.kind == kReduceScatter) {
+          // Each peer gets the step of the input it reduces: all of it in an all_reduce, its own
+          // block (rank q's at q * bytes) in a reduce_scatter. Each rank reduces what it got.
+          const std::uint64_t block = l.kind == kReduceScatter ? l.bytes : 0;
           const Range s = clip(slice(first, i, l.blocks), len);
           for (std::uint32_t q = 0; q < n; ++q)
-            if (q != me) copy(stages[q] + to_slot(me, q) * per_peer + s.at, in + at + s.at, s.len, false);
+            if (q != me) copy(stages[q] + to_slot(me, q) * per_peer + s.at, in + q * block + at + s.at, s.len, false);
           publish(l, 0, epoch);
           if (!await(l, 0, epoch)) return;
           for (std::uint32_t r = 0; r < n; ++r)
-            sources[r] = r == me ? in + at + s.at : mine + to_slot(r, me) * per_peer + s.at;
+            sources[r] = r == me ? in + me * block + at + s.at : mine + to_slot(r, me) * per_peer + s.at;
           targets[0] = out + at + s.at;
           reduce_any(l, targets, 1, sources, s.len);
           break;
         }
-        // Reduce-scatter then all-gather: rank q reduces part q; block i handles slice i of each.
+        // Two-shot all_reduce, a reduce-scatter then an all-gather: rank q reduces part q; block i
+        // handles slice i of each.
         for (std::uint32_t q = 0; q < n; ++q) {
           if (q == me) continue;
           const Range p = part_range(q, len);
@@ -654,18 +663,6 @@ __global__ void __launch_bounds__(kThreads) collective(Launch l) {
         if (!await(l, 0, epoch)) return;
         for (std::uint32_t q = 0; q < n; ++q)
           if (q != me) copy(out + q * l.bytes + at + s.at, mine + to_slot(q, me) * per_peer + s.at, s.len, true);
-        break;
-      }
-      case kReduceScatter: {
-        const Range s = clip(slice(first, i, l.blocks), len);
-        for (std::uint32_t q = 0; q < n; ++q)
-          if (q != me) copy(stages[q] + to_slot(me, q) * per_peer + s.at, in + q * l.bytes + at + s.at, s.len, false);
-        publish(l, 0, epoch);
-        if (!await(l, 0, epoch)) return;
-        for (std::uint32_t r = 0; r < n; ++r)
-          sources[r] = r == me ? in + me * l.bytes + at + s.at : mine + to_slot(r, me) * per_peer + s.at;
-        targets[0] = out + at + s.at;
-        reduce_any(l, targets, 1, sources, s.len);
         break;
       }
       default: {  // broadcast: from the root into every peer's staging, in place on every rank
