@@ -34,12 +34,13 @@ constexpr std::uint32_t kKindSlots = 6;  // BufferKind values 1..6; CpuNuma's sl
 constexpr std::size_t kThreadCacheMaxBlocks = 64;
 constexpr std::size_t kLargeCacheEntries = 4;
 constexpr std::uint64_t kRefillBytes = std::uint64_t{64} << 10;  // carved ahead per refill
+constexpr std::uint64_t kMaxRent = std::uint64_t{1} << 56;       // beyond any memory
 
 constexpr std::uint32_t small_class_of(std::uint64_t n) {
   if (n <= 1024) return static_cast<std::uint32_t>((n + kAlign - 1) / kAlign - 1);
   const auto p = static_cast<unsigned>(std::bit_width(n - 1) - 1);  // 2^p < n <= 2^(p+1)
-  const std::uint64_t step = (std::uint64_t{1} << p) / 4;
-  const std::uint64_t within = ((n - (std::uint64_t{1} << p)) + step - 1) / step - 1;
+  const std::uint64_t step = std::uint64_t{1} << (p - 2);           // a shift: division costs the fast path
+  const std::uint64_t within = (((n - (std::uint64_t{1} << p)) + step - 1) >> (p - 2)) - 1;
   return static_cast<std::uint32_t>(4 + (p - 10) * 4 + within);
 }
 
@@ -151,6 +152,8 @@ struct PoolSegment {
 
 namespace {
 
+std::byte* host_of(const Block& b) { return b.segment->base ? b.segment->base + b.offset : nullptr; }
+
 /// Segments of one slot and pool (small or large), with a best-fit index of their free ranges.
 struct Arena {
   std::map<std::uint64_t, std::unique_ptr<PoolSegment>> segments;             // by id
@@ -179,14 +182,50 @@ struct Slot {
   bool used = false;
 };
 
+/// Blocks of one small class that a thread keeps: at most its class's cache limit, in storage
+/// sized for that when the cache is made, so a push never allocates.
+struct BlockStack {
+  Block* data = nullptr;
+  std::uint32_t count = 0;
+
+  [[nodiscard]] bool empty() const { return count == 0; }
+  [[nodiscard]] std::size_t size() const { return count; }
+  Block pop() { return data[--count]; }
+  void push(Block b) { data[count++] = b; }
+  [[nodiscard]] std::span<const Block> blocks() const { return {data, count}; }
+};
+
 struct SlotCache {
-  std::array<std::vector<Block>, kSmallClasses> blocks;
+  explicit SlotCache(const std::array<std::size_t, kSmallClasses>& limits) {
+    std::size_t total = 0;
+    for (auto n : limits) total += n;
+    storage = std::make_unique<Block[]>(total);
+    std::size_t at = 0;
+    for (std::uint32_t c = 0; c < kSmallClasses; ++c) {
+      blocks[c].data = storage.get() + at;
+      at += limits[c];
+    }
+  }
+  std::unique_ptr<Block[]> storage;
+  std::array<BlockStack, kSmallClasses> blocks;
   // Recently returned large blocks, matched by exact size: a loop that rents the same large shape
   // again and again takes no lock.
   std::vector<std::pair<std::uint64_t, Block>> large;
   std::uint64_t large_bytes = 0;
   std::array<ClassCounters, kClasses> counters;
 };
+
+/// A large block of exactly `bytes` from the thread's cache, the most recently returned first.
+std::optional<Block> take_large(SlotCache& sc, std::uint64_t bytes) {
+  for (std::size_t i = sc.large.size(); i-- > 0;)
+    if (sc.large[i].first == bytes) {
+      const Block block = sc.large[i].second;
+      sc.large.erase(sc.large.begin() + static_cast<std::ptrdiff_t>(i));
+      sc.large_bytes -= bytes;
+      return block;
+    }
+  return std::nullopt;
+}
 
 }  // namespace
 
@@ -198,8 +237,12 @@ struct ThreadCache {
 namespace {
 
 // The last pool this thread used and its cache; cleared when caches are pruned or the thread ends.
-thread_local PoolState* t_last_state = nullptr;
-thread_local ThreadCache* t_last_cache = nullptr;
+// One object, so the fast paths find both through one thread-pointer load.
+struct LastPool {
+  PoolState* state = nullptr;
+  ThreadCache* cache = nullptr;
+};
+thread_local LastPool t_last;
 // Set once this thread's caches are gone (thread exit): later rents and returns, from other
 // thread_local destructors, take the lock and count into the pool directly.
 thread_local bool t_caches_gone = false;
@@ -286,7 +329,7 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
     if (!memory && memory.error().code() != Errc::Unsupported && memory.error().code() != Errc::InvalidArgument) {
       // Cached memory may be what stands in the way: release it and try once more.
       ++num_alloc_retries;
-      if (t_last_state == this) flush(*t_last_cache);
+      if (t_last.state == this) flush(*t_last.cache);
       release_free_segments(0);
       memory = allocate_memory(s.kind, s.node, bytes);
       if (!memory) ++num_ooms;
@@ -496,8 +539,8 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
     for (auto& sc : tc.slots) {
       if (!sc) continue;
       for (std::uint32_t c = 0; c < kSmallClasses; ++c) {
-        for (auto b : sc->blocks[c]) release(b, class_size(c));
-        sc->blocks[c].clear();
+        for (auto b : sc->blocks[c].blocks()) release(b, class_size(c));
+        sc->blocks[c].count = 0;
       }
       for (auto [bytes, b] : sc->large) release(b, bytes);
       sc->large.clear();
@@ -521,16 +564,16 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
   // --- thread caches ----------------------------------------------------------------------------
   ThreadCache& cache() {
     // The thread's last pool first, through trivially destructible thread_locals (no guard check).
-    if (t_last_state == this) return *t_last_cache;
+    if (t_last.state == this) return *t_last.cache;
     ThreadCache& tc = find_cache();
-    t_last_state = this;
-    t_last_cache = &tc;
+    t_last.state = this;
+    t_last.cache = &tc;
     return tc;
   }
 
   ThreadCache& find_cache() {
     static thread_local ThreadCaches mine;
-    t_last_state = nullptr;  // the pruning below may free the cache it points to
+    t_last.state = nullptr;  // the pruning below may free the cache it points to
     for (auto& tc : mine.list)
       if (tc->state.get() == this) return *tc;
     // Drop caches of pools that are gone, then make one for this pool.
@@ -558,7 +601,7 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
     auto& sc = tc.slots[slot];
     if (!sc) {
       // Under the lock: stats() reads other threads' slot pointers.
-      auto fresh = std::make_unique<SlotCache>();
+      auto fresh = std::make_unique<SlotCache>(cache_limits);
       std::lock_guard lock(mutex);
       sc = std::move(fresh);
       slots[slot].used = true;
@@ -569,18 +612,45 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
   std::size_t cache_limit(std::uint32_t c) const { return cache_limits[c]; }
 
   // --- rent / return ----------------------------------------------------------------------------
-  Result<PooledBuffer> rent(const RentOptions& o);
+  // rent() and give_back() serve a small block from or to this thread's cache, in a slot the thread
+  // has used before; large blocks of the cache go through functions of their own, and everything
+  // else through the slow paths, so that the small path's code stays short.
+  [[gnu::always_inline]] Result<PooledBuffer> rent(RentOptions o);
+  [[gnu::noinline]] Result<PooledBuffer> rent_slow(RentOptions o);
+  [[gnu::noinline]] Result<PooledBuffer> rent_large(RentOptions o, SlotCache& sc);
   Result<PooledBuffer> rent_locked(std::uint64_t size, std::uint32_t slot);
-  void give_back(PooledBuffer& b) noexcept;
+  [[gnu::always_inline]] void give_back(PooledBuffer& b) noexcept;
+  [[gnu::noinline]] void give_back_slow(PooledBuffer& b) noexcept;
+  [[gnu::noinline]] void give_back_large(PooledBuffer& b, SlotCache& sc) noexcept;
+  void give_back_uncached(PooledBuffer& b) noexcept;
+  /// What a returned buffer is left as: empty, like a default-constructed one.
+  static void empty(PooledBuffer& b) noexcept {
+    b.pool_ = nullptr;
+    b.segment_ = nullptr;
+    b.host_ = nullptr;
+  }
   void give_back_locked(PooledBuffer& b) noexcept;
   void finish_if_last();
+
+  /// After a return is counted: releases the pool if its handle closed and this was the last buffer.
+  void returned_fence() noexcept {
+    // Dekker with ~MemoryPool: it stores `closing` and then counts the returns; this thread counts
+    // its return and then loads `closing`. One of the two sees the other. membarrier() on the
+    // closing side makes the fence here a compiler fence only.
+    if (membarrier)
+      std::atomic_signal_fence(std::memory_order_seq_cst);
+    else
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (closing.load(std::memory_order_relaxed)) [[unlikely]]
+      finish_if_last();
+  }
 };
 
 namespace {
 
 ThreadCaches::~ThreadCaches() {
   t_caches_gone = true;
-  t_last_state = nullptr;
+  t_last.state = nullptr;
   for (auto& tc : list) tc->state->retire(*tc);
 }
 
@@ -592,13 +662,44 @@ int current_node() {
 
 }  // namespace
 
-Result<PooledBuffer> PoolState::rent(const RentOptions& o) {
+inline Result<PooledBuffer> PoolState::rent(RentOptions o) {
+  // Only a slot with a cache was rented from before, so its kind needs no further check.
+  const auto k = static_cast<std::uint32_t>(o.kind);
+  if (k - 1 < kKindSlots && o.kind != BufferKind::CpuNuma && o.numa_node == -1 && t_last.state == this) [[likely]] {
+    if (SlotCache* sc = t_last.cache->slots[k - 1].get()) [[likely]] {
+      if (o.size - 1 >= MemoryPool::kSmallMax) return rent_large(o, *sc);
+      const std::uint32_t cls = small_class_of(o.size);
+      if (auto& stack = sc->blocks[cls]; !stack.empty()) [[likely]] {
+        const Block block = stack.pop();
+        auto& counters = sc->counters[cls];
+        bump(counters.rents, 1);
+        bump(counters.requested_out, o.size);
+        return PooledBuffer(this, block.segment, block.offset, host_of(block), o.size, k - 1, cls);
+      }
+    }
+  }
+  return rent_slow(o);
+}
+
+Result<PooledBuffer> PoolState::rent_large(RentOptions o, SlotCache& sc) {
+  const std::uint64_t bytes = round_up(o.size, kAlign);
+  if (o.size > kMaxRent || sc.large.empty()) return rent_slow(o);
+  const auto block = take_large(sc, bytes);
+  if (!block) return rent_slow(o);
+  const std::uint32_t cls = large_bucket_of(o.size);
+  auto& counters = sc.counters[cls];
+  bump(counters.rents, 1);
+  bump(counters.bytes_out, bytes);
+  bump(counters.requested_out, o.size);
+  return PooledBuffer(this, block->segment, block->offset, host_of(*block), o.size, slot_of(o.kind, -1), cls);
+}
+
+Result<PooledBuffer> PoolState::rent_slow(RentOptions o) {
   constexpr const char* call = "MemoryPool::rent";
   const auto k = static_cast<std::uint8_t>(o.kind);
   if (k < 1 || k > kKindSlots) return fail(Errc::InvalidArgument, call, str_format("unknown buffer kind {}", k));
   if (o.size == 0) return fail(Errc::InvalidArgument, call, "size is 0");
-  if (o.size > (std::uint64_t{1} << 56))
-    return fail(Errc::InvalidArgument, call, str_format("size {} is beyond any memory", o.size));
+  if (o.size > kMaxRent) return fail(Errc::InvalidArgument, call, str_format("size {} is beyond any memory", o.size));
   if ((is_gpu(o.kind) || o.kind == BufferKind::CpuGpuPinned) && !options.vulkan)
     return fail(Errc::Unsupported, call,
                 str_format("{} memory needs a Vulkan device, and the pool was created without one", to_string(o.kind)));
@@ -628,18 +729,13 @@ Result<PooledBuffer> PoolState::rent(const RentOptions& o) {
   bool found = false;
   auto* stack = small ? &sc.blocks[cls] : nullptr;
   if (stack && !stack->empty()) {
-    block = stack->back();
-    stack->pop_back();
+    block = stack->pop();
     found = true;
   } else if (!small) {
-    for (std::size_t i = sc.large.size(); i-- > 0;)
-      if (sc.large[i].first == bytes) {
-        block = sc.large[i].second;
-        sc.large.erase(sc.large.begin() + static_cast<std::ptrdiff_t>(i));
-        sc.large_bytes -= bytes;
-        found = true;
-        break;
-      }
+    if (auto b = take_large(sc, bytes)) {
+      block = *b;
+      found = true;
+    }
   }
   if (!found) {
     std::lock_guard lock(mutex);
@@ -651,7 +747,7 @@ Result<PooledBuffer> PoolState::rent(const RentOptions& o) {
         bool more_missed = false;
         auto extra = carve(slot, false, bytes, more_missed);
         if (!extra) break;
-        stack->push_back(*extra);
+        stack->push(*extra);
         missed = missed || more_missed;
       }
     }
@@ -661,7 +757,7 @@ Result<PooledBuffer> PoolState::rent(const RentOptions& o) {
   if (missed) bump(counters.misses, 1);
   if (!small) bump(counters.bytes_out, bytes);
   bump(counters.requested_out, o.size);
-  return PooledBuffer(this, block.segment, block.offset, o.size, slot, cls);
+  return PooledBuffer(this, block.segment, block.offset, host_of(block), o.size, slot, cls);
 }
 
 Result<PooledBuffer> PoolState::rent_locked(std::uint64_t size, std::uint32_t slot) {
@@ -677,7 +773,7 @@ Result<PooledBuffer> PoolState::rent_locked(std::uint64_t size, std::uint32_t sl
   t.bytes_out += bytes;
   t.requested_out += size;
   if (missed) ++slots[slot].misses;
-  return PooledBuffer(this, block.segment, block.offset, size, slot, cls);
+  return PooledBuffer(this, block.segment, block.offset, host_of(block), size, slot, cls);
 }
 
 void PoolState::give_back_locked(PooledBuffer& b) noexcept {
@@ -695,7 +791,45 @@ void PoolState::give_back_locked(PooledBuffer& b) noexcept {
   if (closing.load()) last = release_if_last();
 }
 
-void PoolState::give_back(PooledBuffer& b) noexcept {
+inline void PoolState::give_back(PooledBuffer& b) noexcept {
+  // A small block goes back to this thread's cache while the cache has room. (No cache for the
+  // slot: the block was rented by another thread.)
+  if (t_last.state == this) [[likely]] {
+    const std::uint32_t cls = b.size_class();
+    SlotCache* sc = t_last.cache->slots[b.slot()].get();
+    if (sc && cls >= kSmallClasses) return give_back_large(b, *sc);
+    if (sc && sc->blocks[cls].size() < cache_limit(cls)) [[likely]] {
+      sc->blocks[cls].push(Block{b.segment_, b.offset_});
+      auto& counters = sc->counters[cls];
+      bump(counters.requested_back, b.size_);
+      bump(counters.returns, 1);
+      empty(b);
+      returned_fence();
+      return;
+    }
+  }
+  give_back_slow(b);
+}
+
+void PoolState::give_back_large(PooledBuffer& b, SlotCache& sc) noexcept {
+  const std::uint64_t bytes = round_up(b.size_, kAlign);
+  if (sc.large.size() >= kLargeCacheEntries || sc.large_bytes + bytes > large_cache_bytes) return give_back_slow(b);
+  sc.large.emplace_back(bytes, Block{b.segment_, b.offset_});
+  sc.large_bytes += bytes;
+  auto& counters = sc.counters[b.size_class()];
+  bump(counters.requested_back, b.size_);
+  bump(counters.bytes_back, bytes);
+  bump(counters.returns, 1);
+  empty(b);
+  returned_fence();
+}
+
+void PoolState::give_back_slow(PooledBuffer& b) noexcept {
+  give_back_uncached(b);
+  empty(b);
+}
+
+void PoolState::give_back_uncached(PooledBuffer& b) noexcept {
   if (t_caches_gone) [[unlikely]]
     return give_back_locked(b);
   auto& tc = cache();
@@ -706,13 +840,14 @@ void PoolState::give_back(PooledBuffer& b) noexcept {
   const Block block{b.segment_, b.offset_};
   if (small && cache_limit(cls) > 0) {
     auto& stack = sc.blocks[cls];
-    stack.push_back(block);
-    if (stack.size() > cache_limit(cls)) {
+    if (stack.size() == cache_limit(cls)) {
+      // Full: half of it goes back to the segments.
       std::lock_guard lock(mutex);
-      const std::size_t keep = stack.size() / 2;
-      for (std::size_t i = keep; i < stack.size(); ++i) release(stack[i], bytes);
-      stack.resize(keep);
+      const auto keep = static_cast<std::uint32_t>(stack.size() / 2);
+      for (auto kept : stack.blocks().subspan(keep)) release(kept, bytes);
+      stack.count = keep;
     }
+    stack.push(block);
   } else if (!small && bytes <= large_cache_bytes) {
     sc.large.emplace_back(bytes, block);
     sc.large_bytes += bytes;
@@ -732,14 +867,7 @@ void PoolState::give_back(PooledBuffer& b) noexcept {
   bump(counters.requested_back, b.size_);
   if (!small) bump(counters.bytes_back, bytes);
   bump(counters.returns, 1);
-  // Dekker with ~MemoryPool: it stores `closing` and then counts the returns; this thread counts its
-  // return and then loads `closing`. One of the two sees the other. membarrier() on the closing side
-  // makes the fence here a compiler fence only.
-  if (membarrier)
-    std::atomic_signal_fence(std::memory_order_seq_cst);
-  else
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (closing.load(std::memory_order_relaxed)) finish_if_last();
+  returned_fence();
 }
 
 void PoolState::finish_if_last() {
@@ -752,37 +880,11 @@ void PoolState::finish_if_last() {
 
 // --- PooledBuffer ----------------------------------------------------------------------------------
 
-PooledBuffer::PooledBuffer(PooledBuffer&& o) noexcept
-    : pool_(std::exchange(o.pool_, nullptr)),
-      segment_(o.segment_),
-      offset_(o.offset_),
-      size_(o.size_),
-      place_(o.place_) {}
-
-PooledBuffer& PooledBuffer::operator=(PooledBuffer&& o) noexcept {
-  if (this != &o) {
-    reset();
-    pool_ = std::exchange(o.pool_, nullptr);
-    segment_ = o.segment_;
-    offset_ = o.offset_;
-    size_ = o.size_;
-    place_ = o.place_;
-  }
-  return *this;
-}
-
-PooledBuffer::~PooledBuffer() { reset(); }
-
 void PooledBuffer::reset() noexcept {
-  if (auto* p = pool_) {
-    p->give_back(*this);
-    pool_ = nullptr;
-    segment_ = nullptr;
-  }
+  if (auto* p = pool_) p->give_back(*this);  // leaves this buffer empty
 }
 
 BufferKind PooledBuffer::kind() const { return pool_ ? segment_->memory->kind() : BufferKind::CpuShared; }
-std::byte* PooledBuffer::host_ptr() const { return pool_ && segment_->base ? segment_->base + offset_ : nullptr; }
 std::uint64_t PooledBuffer::capacity() const { return pool_ ? detail::block_bytes(size_class(), size_) : 0; }
 vk::Buffer PooledBuffer::gpu_buffer() const { return pool_ ? segment_->vk_buffer : vk::Buffer{}; }
 std::uint64_t PooledBuffer::gpu_offset() const { return pool_ ? segment_->vk_offset + offset_ : 0; }
@@ -862,9 +964,20 @@ Result<MemoryPool> MemoryPool::create(PoolOptions o) {
   return MemoryPool(std::move(s));
 }
 
-Result<PooledBuffer> MemoryPool::rent(std::uint64_t size, BufferKind kind) { return rent(RentOptions{size, kind, -1}); }
+namespace {
+[[gnu::cold]] Result<PooledBuffer> moved_from() {
+  return fail(Errc::InvalidArgument, "MemoryPool::rent", "the pool was moved from");
+}
+}  // namespace
+
+Result<PooledBuffer> MemoryPool::rent(std::uint64_t size, BufferKind kind) {
+  if (!state_) [[unlikely]]
+    return moved_from();
+  return state_->rent(RentOptions{size, kind, -1});
+}
 Result<PooledBuffer> MemoryPool::rent(const RentOptions& o) {
-  if (!state_) return fail(Errc::InvalidArgument, "MemoryPool::rent", "the pool was moved from");
+  if (!state_) [[unlikely]]
+    return moved_from();
   return state_->rent(o);
 }
 const PoolOptions& MemoryPool::options() const { return state_->options; }

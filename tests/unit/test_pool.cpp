@@ -47,6 +47,9 @@ TEST_CASE("pool: rented host buffers have their size, aligned disjoint ranges, a
     lftest::fill(b.bytes(), size);
     ranges.emplace_back(b.host_ptr(), b.capacity());
     live.push_back(std::move(b));
+    // A moved-from buffer is empty: no pool, no memory, nothing to return twice.
+    CHECK_FALSE(b);
+    CHECK(b.host_ptr() == nullptr);
   }
   std::sort(ranges.begin(), ranges.end());
   for (std::size_t i = 1; i < ranges.size(); ++i) CHECK(ranges[i - 1].first + ranges[i - 1].second <= ranges[i].first);
@@ -59,6 +62,10 @@ TEST_CASE("pool: rented host buffers have their size, aligned disjoint ranges, a
   CHECK(s.all.requested_bytes.current == requested);
   CHECK(s.all.reserved_bytes.current >= s.all.allocated_bytes.current);
   CHECK(s.all.allocated_bytes.current >= requested);
+  live.back().reset();
+  CHECK_FALSE(live.back());
+  CHECK(live.back().host_ptr() == nullptr);
+  live.back().reset();  // idempotent
   live.clear();
   s = pool.stats();
   CHECK(s.all.allocation.current == 0);
@@ -90,6 +97,34 @@ TEST_CASE("pool: a returned buffer is rented again without a new allocation") {
   const auto s = pool.stats();
   CHECK(s.num_misses == 2);
   CHECK(s.reuse_rate() > 0.98);
+}
+
+TEST_CASE("pool: a thread keeps at most its cache limit of returned blocks; without a cache every block goes back") {
+  constexpr std::uint64_t kSize = 64 << 10;
+  for (std::uint64_t cache_bytes : {std::uint64_t{512} << 10, std::uint64_t{0}}) {
+    INFO("thread_cache_bytes " << cache_bytes);
+    auto pool = lftest::ok(MemoryPool::create({.thread_cache_bytes = cache_bytes}));
+    std::uint64_t first_round_allocations = 0;
+    for (int round = 0; round < 2; ++round) {
+      std::vector<PooledBuffer> live;
+      for (int i = 0; i < 200; ++i) {
+        live.push_back(lftest::ok(pool.rent(kSize)));
+        lftest::fill(live.back().bytes(), static_cast<std::uint64_t>(i));
+      }
+      for (int i = 0; i < 200; ++i) CHECK(lftest::first_mismatch(live[i].bytes(), static_cast<std::uint64_t>(i)) == -1);
+      CHECK(pool.stats().all.allocation.current == 200);
+      live.clear();
+      const auto s = pool.stats();
+      CHECK(s.all.allocation.current == 0);
+      // Blocks still carved out are the thread's: at most its limit for the class.
+      CHECK(s.all.active.current <= static_cast<std::int64_t>(cache_bytes / kSize));
+      if (round == 0) first_round_allocations = s.num_device_alloc;
+    }
+    const auto s = pool.stats();
+    CHECK(s.all.allocation.allocated == 400);
+    CHECK(s.all.allocation.freed == 400);
+    CHECK(s.num_device_alloc == first_round_allocations);  // the second round fits in the first's segments
+  }
 }
 
 TEST_CASE("pool: a thousand small buffers share a few segments and fds, and export their own bytes") {

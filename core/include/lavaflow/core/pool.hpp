@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lavaflow/core/buffer.hpp"
@@ -62,13 +63,34 @@ struct RentOptions {
 class PooledBuffer final : public Buffer {
  public:
   PooledBuffer() = default;
-  PooledBuffer(PooledBuffer&& other) noexcept;
-  PooledBuffer& operator=(PooledBuffer&& other) noexcept;
-  ~PooledBuffer() override;
+  // Inline, as is the destructor: a rent returns the buffer through a Result, and the moves and
+  // the moved-from destructor then cost nothing.
+  PooledBuffer(PooledBuffer&& o) noexcept
+      : pool_(std::exchange(o.pool_, nullptr)),
+        segment_(o.segment_),
+        offset_(o.offset_),
+        host_(std::exchange(o.host_, nullptr)),
+        size_(o.size_),
+        place_(o.place_) {}
+  PooledBuffer& operator=(PooledBuffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      pool_ = std::exchange(o.pool_, nullptr);
+      segment_ = o.segment_;
+      offset_ = o.offset_;
+      host_ = std::exchange(o.host_, nullptr);
+      size_ = o.size_;
+      place_ = o.place_;
+    }
+    return *this;
+  }
+  ~PooledBuffer() override {
+    if (pool_) reset();
+  }
 
   [[nodiscard]] std::uint64_t size() const override { return size_; }
   [[nodiscard]] BufferKind kind() const override;
-  [[nodiscard]] std::byte* host_ptr() const override;
+  [[nodiscard]] std::byte* host_ptr() const override { return host_; }
   [[nodiscard]] Result<Export> export_handle() const override;
 
   /// Bytes reserved for this buffer (its size class); at least size().
@@ -87,9 +109,14 @@ class PooledBuffer final : public Buffer {
  private:
   friend class MemoryPool;
   friend struct detail::PoolState;
-  PooledBuffer(detail::PoolState* pool, detail::PoolSegment* segment, std::uint64_t offset, std::uint64_t size,
-               std::uint32_t slot, std::uint32_t size_class)
-      : pool_(pool), segment_(segment), offset_(offset), size_(size), place_(std::uint64_t{slot} << 32 | size_class) {}
+  PooledBuffer(detail::PoolState* pool, detail::PoolSegment* segment, std::uint64_t offset, std::byte* host,
+               std::uint64_t size, std::uint32_t slot, std::uint32_t size_class)
+      : pool_(pool),
+        segment_(segment),
+        offset_(offset),
+        host_(host),
+        size_(size),
+        place_(std::uint64_t{slot} << 32 | size_class) {}
 
   [[nodiscard]] std::uint32_t slot() const { return static_cast<std::uint32_t>(place_ >> 32); }
   [[nodiscard]] std::uint32_t size_class() const { return static_cast<std::uint32_t>(place_); }
@@ -97,6 +124,7 @@ class PooledBuffer final : public Buffer {
   detail::PoolState* pool_ = nullptr;
   detail::PoolSegment* segment_ = nullptr;
   std::uint64_t offset_ = 0;
+  std::byte* host_ = nullptr;  // the segment's mapping at offset_; null for memory not mapped here
   std::uint64_t size_ = 0;
   // Slot and size class in one word: a move copies it with one load and one store, which the CPU
   // forwards from the constructor's store (two narrower stores would stall the load).
