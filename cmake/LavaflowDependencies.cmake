@@ -21,6 +21,21 @@ if(LAVAFLOW_HAVE_CUDA)
   enable_language(CUDA)
 endif()
 
+# NCCL: where LAVAFLOW_NCCL_ROOT or NCCL_HOME says, else in the system's directories, else beside
+# the CUDA toolkit (searched last: a system NCCL's header and library stay a pair). One library and
+# header for every target that uses it.
+set(nccl_found OFF)
+if(LAVAFLOW_HAVE_CUDA AND NOT LAVAFLOW_WITH_NCCL STREQUAL "OFF")
+  find_path(LAVAFLOW_NCCL_INCLUDE nccl.h HINTS ${LAVAFLOW_NCCL_ROOT} $ENV{NCCL_HOME} PATH_SUFFIXES include
+            PATHS ${CUDAToolkit_INCLUDE_DIRS})
+  find_library(LAVAFLOW_NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${LAVAFLOW_NCCL_ROOT} $ENV{NCCL_HOME}
+               PATH_SUFFIXES lib lib64 PATHS ${CUDAToolkit_LIBRARY_DIR})
+  if(LAVAFLOW_NCCL_INCLUDE AND LAVAFLOW_NCCL_LIBRARY)
+    set(nccl_found ON)
+  endif()
+endif()
+lavaflow_backend_resolve(NCCL "${nccl_found}" "no CUDA, or no NCCL (nccl.h, libnccl) beside it, in LAVAFLOW_NCCL_ROOT or in NCCL_HOME")
+
 if(NOT LAVAFLOW_WITH_OPENCL STREQUAL "OFF")
   find_package(OpenCL QUIET)
 endif()

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# lavaflow-launch -n N PROGRAM MODE (mesh_vulkan, mesh_cuda): every rank that stays must report
+# lavaflow-launch -n N PROGRAM MODE (mesh_vulkan, mesh_cuda, mesh_nccl): every rank that stays must report
 # "NAME rank R: MODE OK", and the launcher's status must be the leaving rank's (3) in mode exit,
 # else 0. Exit 77 (a visible skip) when the ranks found no device to run on.
 #   mesh_job.sh LAVAFLOW_LAUNCH PROGRAM N MODE NAME

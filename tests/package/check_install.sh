@@ -10,7 +10,7 @@ all="$*"
 all=${all//;/ }
 built=" $all "
 inc=$prefix/include/lavaflow
-for c in core transports mesh mesh_mpi mesh_cuda cuda opencl opengl mpi c; do
+for c in core transports mesh mesh_mpi mesh_cuda mesh_nccl cuda opencl opengl mpi c; do
   case $c in
     core) dir=$inc/core ;;
     transports) dir=$inc/transports ;;

@@ -14,7 +14,7 @@ cmake -S "$src" -B "$bin" -G "$generator" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BU
 grep "lavaflow:" "$bin.configure.log"
 cmake --build "$bin" --target lavaflow-demo lavaflow-info > "$bin.build.log" 2>&1 ||
   { tail -40 "$bin.build.log"; echo "FAILED: build with every optional backend OFF"; exit 1; }
-for lib in mpi cuda opencl opengl; do
+for lib in mpi cuda opencl opengl mesh_cuda mesh_nccl; do
   if [ -n "$(find "$bin" -name "liblavaflow_$lib.*")" ]; then echo "FAILED: lavaflow_$lib built with its backend OFF"; exit 1; fi
 done
 demo=$bin/apps/demo/lavaflow-demo
@@ -32,7 +32,7 @@ cmake --build "$bin" > "$bin.build-all.log" 2>&1 || { tail -40 "$bin.build-all.l
 rm -rf "$bin/prefix"
 cmake --install "$bin" --prefix "$bin/prefix" > /dev/null
 bash "$(dirname "$0")/check_install.sh" "$bin/prefix" "$bin" core transports mesh c
-for c in cuda opencl opengl mpi mesh_mpi mesh_cuda; do
+for c in cuda opencl opengl mpi mesh_mpi mesh_cuda mesh_nccl; do
   if cmake -S "$(dirname "$0")/consumer" -B "$bin/consumer-$c" -G "$generator" -DCMAKE_PREFIX_PATH="$bin/prefix" \
        -DCMAKE_CXX_COMPILER="$cxx" -DLAVAFLOW_COMPONENTS="core;transports;$c" > "$bin.consumer-$c.log" 2>&1 ||
      ! grep -q "lavaflow component '$c' is not part of this installation" "$bin.consumer-$c.log"; then

@@ -1,0 +1,50 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+// The NCCL backend of the mesh: a process group's collectives and point-to-point calls on CUDA
+// device memory through NVIDIA's NCCL, behind the same Communicator as every other backend. The
+// group's ranks meet through a communicator of another backend (the job's native or MPI group),
+// which carries NCCL's unique id once; NCCL then runs on its own (NVLink, PCIe, the network).
+#include <cuda_runtime_api.h>
+
+#include <memory>
+
+#include "lavaflow/mesh/collectives.hpp"
+#include "lavaflow/mesh/mesh.hpp"
+
+namespace lavaflow::mesh {
+
+struct NcclOptions {
+  /// This rank's CUDA device; -1: the current one. NCCL takes one device per rank: two ranks of a
+  /// group on one device are refused by NCCL when the group opens.
+  int device = -1;
+  /// The stream every call is enqueued on (the caller's, so that the calls are ordered with its
+  /// kernels); null: a stream of the communicator's own.
+  cudaStream_t stream = nullptr;
+  /// How long opening waits for the group's ranks (the unique id, then NCCL's own set-up).
+  Duration open_timeout = std::chrono::seconds(60);
+};
+
+/// Rank `bootstrap.rank()`'s NCCL communicator for the group of `bootstrap` (any backend; used only
+/// while opening, to give every rank group rank 0's unique id). Collective over the group.
+///
+/// Buffers are CUDA device (or managed) memory of this rank's device: host memory and spans that
+/// run past their allocation are refused with InvalidArgument. A call checks its arguments, enqueues
+/// on the stream and returns a Work that ends when the stream reaches the call's end. Every call
+/// ends within CallOptions::timeout: past it the NCCL communicator is aborted (NCCL cannot tell
+/// which rank is missing, and its kernels would wait for ever) and this and every later call fail
+/// with Timeout naming the group. Sends and receives wait on the host until one of them is waited
+/// for or tested, or the next collective is made, and then go to the stream together as one NCCL
+/// group (a send and the receive that answers it, each alone on one stream, would wait for each
+/// other). They match in order between two ranks (NCCL carries no tags: only tag 0 is taken) and
+/// must have the same length: a mismatch ends both at their timeout.
+/// NCCL reduces f16 and bf16 in their own type (the host backends widen them to f32), which gives
+/// the same result for two ranks and may differ in the last bit for more.
+[[nodiscard]] Result<std::unique_ptr<Communicator>> open_nccl(Communicator& bootstrap, NcclOptions options = {});
+
+/// Opens the groups whose backend is Nccl through `bootstrap` (which opens the same group on its
+/// own backend, e.g. launched_communicators() or mpi_communicators(), for the unique id) and NCCL;
+/// groups on other backends go to `bootstrap` itself.
+[[nodiscard]] CommunicatorFactory nccl_communicators(CommunicatorFactory bootstrap, Backend bootstrap_backend,
+                                                     NcclOptions options = {});
+
+}  // namespace lavaflow::mesh

@@ -1,0 +1,193 @@
+// SPDX-License-Identifier: MIT
+// The mesh's NCCL backend in a job started by lavaflow-launch (rank r on CUDA device r): a group on
+// Backend::Nccl opened through the job's native group, every op × element type × reduce op on
+// device memory, in place and out of place, send/recv and barrier, checked against the reference
+// on every rank; arguments NCCL would fault on are refused.
+//   lavaflow-launch -n N mesh_nccl        every rank prints "mesh-nccl rank R: OK"
+//   lavaflow-launch -n N mesh_nccl late   the last rank skips a call: the others' calls end with
+//                                         Timeout naming the group, and later calls fail at once
+// Exit 77 (a visible skip) with fewer CUDA devices than ranks (NCCL takes one device per rank).
+#include <cuda_runtime_api.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <thread>
+
+#include "lavaflow/core/detail/format.hpp"
+#include "lavaflow/mesh/launch.hpp"
+#include "lavaflow/mesh_nccl/nccl.hpp"
+#include "mesh_reference.hpp"
+
+using namespace lavaflow;
+using namespace lavaflow::mesh;
+using namespace lftest::mesh_ref;
+
+namespace {
+
+int failures = 0;
+std::uint32_t me = 0;
+
+void expect(bool ok, const std::string& what) {
+  if (!ok && failures++ < 10) std::printf("mesh-nccl rank %u: FAILED: %s\n", me, what.c_str());
+}
+
+/// Device memory that frees itself, seen as bytes.
+struct DeviceBytes {
+  std::byte* p = nullptr;
+  std::size_t n = 0;
+  explicit DeviceBytes(std::size_t bytes, const std::vector<std::byte>& init = {}) : n(bytes) {
+    void* raw = nullptr;
+    if (cudaMalloc(&raw, std::max<std::size_t>(n, 1)) == cudaSuccess) p = static_cast<std::byte*>(raw);
+    if (p && !init.empty()) (void)cudaMemcpy(p, init.data(), init.size(), cudaMemcpyHostToDevice);
+  }
+  DeviceBytes(const DeviceBytes&) = delete;
+  ~DeviceBytes() { (void)cudaFree(p); }
+  [[nodiscard]] std::span<std::byte> span() const { return {p, n}; }
+  [[nodiscard]] std::vector<std::byte> read() const {
+    std::vector<std::byte> out(n);
+    (void)cudaMemcpy(out.data(), p, n, cudaMemcpyDeviceToHost);
+    return out;
+  }
+};
+
+/// "" when the call succeeded and `b` holds `want`; else the call's error or how `b` differs.
+std::string outcome(const Status& s, const DeviceBytes& b, const std::vector<std::byte>& want) {
+  if (!s) return ": " + s.error().message();
+  const auto got = b.read();
+  if (got == want) return "";
+  std::size_t first = 0;
+  while (first < std::min(got.size(), want.size()) && got[first] == want[first]) ++first;
+  return str_format(": {} bytes, the first difference at byte {}", got.size(), first);
+}
+
+void every_op(Communicator& c) {
+  const std::uint32_t n = c.size(), r = c.rank();
+  for (DType t : kTypes)
+    for (ReduceOp op : kOps)
+      for (std::size_t count : {std::size_t{3}, std::size_t{40'001}}) {
+        const std::string what = str_format("{} {} × {}", to_string(t), to_string(op), count);
+        const auto mine = encode(inputs(r, count, t), t);
+        const auto want = expected(n, count, t, op);
+        DeviceBytes send(mine.size(), mine), recv(mine.size());
+        std::string d = outcome(c.all_reduce(send.span(), recv.span(), t, op).wait(), recv, want);
+        expect(d.empty(), "all_reduce " + what + d);
+        d = outcome(c.all_reduce(send.span(), send.span(), t, op).wait(), send, want);
+        expect(d.empty(), "in-place all_reduce " + what + d);
+
+        // reduce_scatter: every rank sends n blocks of `count`, receives its block of the result.
+        const auto all = encode(inputs(r, count * n, t), t);
+        const auto sums = expected(n, count * n, t, op);
+        const std::size_t block = count * size_of(t);
+        DeviceBytes big(all.size(), all), mine_block(block);
+        const std::vector<std::byte> want_block(sums.begin() + static_cast<std::ptrdiff_t>(r * block),
+                                                sums.begin() + static_cast<std::ptrdiff_t>((r + 1) * block));
+        d = outcome(c.reduce_scatter(big.span(), mine_block.span(), t, op).wait(), mine_block, want_block);
+        expect(d.empty(), "reduce_scatter " + what + d);
+      }
+  for (std::size_t count : {std::size_t{1}, std::size_t{100'003}}) {
+    const auto mine = encode(inputs(r, count, DType::U8), DType::U8);
+    std::vector<std::byte> want;
+    for (std::uint32_t j = 0; j < n; ++j) {
+      const auto e = encode(inputs(j, count, DType::U8), DType::U8);
+      want.insert(want.end(), e.begin(), e.end());
+    }
+    DeviceBytes send(count, mine), gathered(want.size());
+    std::string d = outcome(c.all_gather(send.span(), gathered.span(), DType::U8).wait(), gathered, want);
+    expect(d.empty(), str_format("all_gather of {} bytes{}", count, d));
+    const std::uint32_t root = n - 1;
+    const auto root_data = encode(inputs(root, count, DType::U8), DType::U8);
+    DeviceBytes buf(count, r == root ? root_data : std::vector<std::byte>(count));
+    d = outcome(c.broadcast(buf.span(), root, DType::U8).wait(), buf, root_data);
+    expect(d.empty(), str_format("broadcast of {} bytes from rank {}{}", count, root, d));
+  }
+  // A ring of sends: each rank sends its data to the next and receives the previous one's.
+  const std::size_t bytes = 65'537;
+  const auto mine = encode(inputs(r, bytes, DType::U8), DType::U8);
+  DeviceBytes out(bytes, mine), in(bytes);
+  const std::uint32_t next = (r + 1) % n, prev = (r + n - 1) % n;
+  Work sent = c.send(out.span(), next), got = c.recv(in.span(), prev);
+  const Status s = sent.wait();
+  const std::string d = outcome(got.wait(), in, encode(inputs(prev, bytes, DType::U8), DType::U8));
+  expect(s && d.empty(), str_format("send to {} and recv from {}{}", next, prev, s ? d : ": " + s.error().message()));
+  expect(static_cast<bool>(c.barrier().wait()), "barrier");
+}
+
+void refused(Communicator& c) {
+  DeviceBytes dev(64);
+  std::vector<std::byte> host(64);
+  auto is_refused = [](Work w, const char* what) {
+    const Status s = w.wait();
+    expect(!s && s.error().code() == Errc::InvalidArgument,
+           str_format("{} refused{}", what, s ? " (it succeeded)" : ": " + s.error().message()));
+  };
+  is_refused(c.all_reduce(host, dev.span(), DType::F32, ReduceOp::Sum), "host memory");
+  is_refused(c.all_reduce(dev.span(), std::span<std::byte>(dev.p + 32, 64), DType::F32, ReduceOp::Sum),
+             "a span past its allocation");
+  is_refused(c.all_reduce(dev.span().first(6), dev.span().first(6), DType::F32, ReduceOp::Sum), "a partial element");
+  is_refused(c.all_reduce(dev.span(), dev.span().first(32), DType::F32, ReduceOp::Sum), "spans of different lengths");
+  is_refused(c.broadcast(dev.span(), c.size(), DType::F32), "a root outside the group");
+  is_refused(c.send(dev.span(), (c.rank() + 1) % c.size(), 5), "a tag NCCL cannot carry");
+  is_refused(c.send(dev.span(), c.size()), "a peer outside the group");
+  // Nothing of the above reached NCCL: the communicator still works.
+  expect(static_cast<bool>(c.barrier().wait()), "a barrier after the refused calls");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "all";
+  auto job = launched_job();
+  if (!job) {
+    std::printf("mesh-nccl: FAILED: %s\n", job.error().message().c_str());
+    return 1;
+  }
+  me = job->rank;
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < static_cast<int>(job->size)) {
+    std::printf("LAVAFLOW-SKIP: mesh-nccl rank %u: SKIP: %d CUDA device(s) for %u ranks (NCCL takes one each)\n", me,
+                devices, job->size);
+    return 77;
+  }
+  const int device = static_cast<int>(me);
+  (void)cudaSetDevice(device);
+  auto mesh = mesh_from_launch(*job);
+  std::vector<std::uint32_t> everyone(job->size);
+  for (std::uint32_t r = 0; r < job->size; ++r) everyone[r] = r;
+  Status grouped = mesh ? mesh->add_group({"gpus", everyone, Backend::Nccl}) : Status(std::unexpected(mesh.error()));
+  const auto open = nccl_communicators(launched_communicators(*job), Backend::Native, {.device = device});
+  auto c = grouped ? mesh->communicator("gpus", open) : std::unexpected(grouped.error());
+  if (!c) {
+    std::printf("mesh-nccl rank %u: FAILED: open: %s\n", me, c.error().message().c_str());
+    return 1;
+  }
+  expect((*c)->backend() == "nccl" && (*c)->rank() == me && (*c)->size() == job->size, "the group's shape");
+
+  if (mode == "late") {
+    DeviceBytes buf(64);
+    const CallOptions quick{.timeout = std::chrono::seconds(3)};
+    expect(static_cast<bool>((*c)->all_reduce(buf.span(), buf.span(), DType::F32, ReduceOp::Sum, quick).wait()),
+           "the call before");
+    if (me == job->size - 1) {
+      std::this_thread::sleep_for(std::chrono::seconds(6));
+      std::fflush(stdout);
+      _exit(failures ? 1 : 0);  // its communicator waits for a call the others aborted
+    }
+    const auto t0 = Clock::now();
+    const Status s = (*c)->all_reduce(buf.span(), buf.span(), DType::F32, ReduceOp::Sum, quick).wait();
+    expect(!s && s.error().code() == Errc::Timeout && s.error().message().find("'gpus'") != std::string::npos,
+           s ? "the call without the last rank succeeded" : "not a timeout naming the group: " + s.error().message());
+    expect(Clock::now() - t0 < std::chrono::seconds(5), "the failure came within the call's timeout");
+    const Status after = (*c)->barrier(quick).wait();
+    expect(!after, "a call after the abort fails at once");
+    if (!failures) std::printf("mesh-nccl rank %u: late OK (%s)\n", me, s.error().message().c_str());
+    std::fflush(stdout);
+    _exit(failures ? 1 : 0);
+  }
+
+  every_op(**c);
+  refused(**c);
+  if (!failures) std::printf("mesh-nccl rank %u: OK (%u ranks, device %d of %d)\n", me, job->size, device, devices);
+  return failures ? 1 : 0;
+}
