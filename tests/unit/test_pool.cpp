@@ -99,7 +99,8 @@ TEST_CASE("pool: a returned buffer is rented again without a new allocation") {
   CHECK(s.reuse_rate() > 0.98);
 }
 
-TEST_CASE("pool: a thread keeps at most its cache limit of returned blocks, and without a cache every block goes back") {
+TEST_CASE(
+    "pool: a thread keeps at most its cache limit of returned blocks, and without a cache every block goes back") {
   constexpr std::uint64_t kSize = 64 << 10;
   for (std::uint64_t cache_bytes : {std::uint64_t{512} << 10, std::uint64_t{0}}) {
     INFO("thread_cache_bytes " << cache_bytes);
