@@ -3,6 +3,8 @@
 //   pool-host / malloc          rent+return pair of host shared memory vs glibc malloc+free
 //   pool-vulkan / vulkan-alloc-export   warm rent+return of exportable Vulkan memory vs a fresh
 //                               allocation and export of the same size
+//   pool-cuda / cuda-alloc-export       the same for the CUDA adapter's pool (cuMemCreate segments)
+//                               against cuMemCreate and an fd export (builds with CUDA, a GPU)
 //   pool-churn                  10^5 operations, sizes log-uniform 4 KiB..64 MiB, bounded live set:
 //                               reuse, fragmentation at the peak, fds; on a pool as created and
 //                               (variant "max_cached_bytes 32 MiB") on one with a cap
@@ -17,10 +19,14 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/lavaflow.hpp"
+#if LAVAFLOW_BENCH_INTEROP
+#include "lavaflow/cuda/cuda.hpp"
+#endif
 
 namespace lfbench {
 namespace {
@@ -119,6 +125,33 @@ Churn churn(MemoryPool& pool, std::uint64_t ops, std::size_t live_max) {
   return c;
 }
 
+/// Rows `pooled` (a warm rent and return of GpuDeviceLocal from `pool`) and `fresh` (`allocate`: a
+/// new exportable allocation and its export) for a few sizes; false, having said why, on a failure.
+bool device_rows(std::vector<Row>& rows, const char* pooled, const char* fresh, MemoryPool& pool,
+                 const std::function<Status(std::uint64_t)>& allocate, bool quick) {
+  const int batches = quick ? 31 : 101, per_batch = quick ? 200 : 1000;
+  for (std::uint64_t size : {std::uint64_t{4096}, std::uint64_t{1} << 20, std::uint64_t{64} << 20}) {
+    std::string err;
+    const auto warm = time_per_call(batches, per_batch, [&] {
+      auto b = pool.rent(size, BufferKind::GpuDeviceLocal);
+      if (!b) err = b.error().message();
+      return bool(b);
+    });
+    const auto once = time_per_call(quick ? 5 : 21, 1, [&] {
+      const Status s = allocate(size);
+      if (!s) err = s.error().message();
+      return bool(s);
+    });
+    if (warm.p50 < 0 || once.p50 < 0) {
+      std::fprintf(stderr, "%s: %s\n", pooled, err.c_str());
+      return false;
+    }
+    rows.push_back({pooled, size, warm});
+    rows.push_back({fresh, size, once});
+  }
+  return true;
+}
+
 }  // namespace
 
 int bench_pool(const PoolBenchOptions& o) {
@@ -169,31 +202,42 @@ int bench_pool(const PoolBenchOptions& o) {
       return 1;
     }
     gpu_pool.emplace(std::move(*p));
-    for (std::uint64_t size : {std::uint64_t{4096}, std::uint64_t{1} << 20, std::uint64_t{64} << 20}) {
-      std::string err;
-      const auto warm = time_per_call(batches, per_batch / 10, [&] {
-        auto b = gpu_pool->rent(size, BufferKind::GpuDeviceLocal);
-        if (!b) err = b.error().message();
-        return bool(b);
-      });
-      const auto fresh = time_per_call(o.quick ? 5 : 21, 1, [&] {
-        auto b = GpuBuffer::allocate(*ctx, {.size = size});
-        if (!b) {
-          err = b.error().message();
-          return false;
-        }
-        auto e = b->export_handle();
-        if (!e) err = e.error().message();
-        return bool(e);
-      });
-      if (warm.p50 < 0 || fresh.p50 < 0) {
-        std::fprintf(stderr, "pool-vulkan: %s\n", err.c_str());
-        return 1;
-      }
-      rows.push_back({"pool-vulkan", size, warm});
-      rows.push_back({"vulkan-alloc-export", size, fresh});
-    }
+    const bool timed = device_rows(
+        rows, "pool-vulkan", "vulkan-alloc-export", *gpu_pool,
+        [&](std::uint64_t size) -> Status {
+          LF_TRY(auto b, GpuBuffer::allocate(*ctx, {.size = size}));
+          LF_TRY(auto e, b.export_handle());
+          return {};
+        },
+        o.quick);
+    if (!timed) return 1;
   }
+#if LAVAFLOW_BENCH_INTEROP
+  // The CUDA adapter's pool (cuMemCreate segments) against a fresh exportable allocation and its fd.
+  std::optional<MemoryPool> cuda_pool;
+  auto cuda_devices = cuda::devices();
+  if (!cuda_devices || cuda_devices->empty()) {
+    std::fprintf(stderr, "no CUDA device: CUDA rows skipped\n");
+  } else if (auto cu = cuda::Interop::create(cuda_devices->front().uuid); !cu) {
+    std::fprintf(stderr, "%s: CUDA rows skipped\n", cu.error().message().c_str());
+  } else {
+    auto p = cuda::make_pool(*cu);
+    if (!p) {
+      std::fprintf(stderr, "%s\n", p.error().message().c_str());
+      return 1;
+    }
+    cuda_pool.emplace(std::move(*p));
+    const bool timed = device_rows(
+        rows, "pool-cuda", "cuda-alloc-export", *cuda_pool,
+        [&](std::uint64_t size) -> Status {
+          LF_TRY(auto a, cu->allocate_exportable(size));
+          LF_TRY(auto fd, a.export_fd());
+          return {};
+        },
+        o.quick);
+    if (!timed) return 1;
+  }
+#endif
 
   // The trace on a pool as created, and on one with a cap on cached bytes, above which host memory
   // gives the pages of free ranges back to the system.
@@ -226,13 +270,15 @@ int bench_pool(const PoolBenchOptions& o) {
                        {"met", p->ns.p50 <= m->ns.p50 && p->ns.p50 <= 50}});
   }
   for (const auto& r : rows)
-    if (r.name == "pool-vulkan")
-      if (const auto* f = find("vulkan-alloc-export", r.size))
-        targets.push_back({{"name", str_format("Vulkan warm rent at {} B vs fresh allocate+export", r.size)},
-                           {"ratio", f->ns.p50 / r.ns.p50},
-                           {"value_ns", r.ns.p50},
-                           {"target", ">= 100x faster and <= 1 us"},
-                           {"met", f->ns.p50 >= 100 * r.ns.p50 && r.ns.p50 <= 1000}});
+    for (const auto& [pooled, fresh, what] : {std::tuple{"pool-vulkan", "vulkan-alloc-export", "Vulkan"},
+                                              std::tuple{"pool-cuda", "cuda-alloc-export", "CUDA"}})
+      if (r.name == pooled)
+        if (const auto* f = find(fresh, r.size))
+          targets.push_back({{"name", str_format("{} warm rent at {} B vs fresh allocate+export", what, r.size)},
+                             {"ratio", f->ns.p50 / r.ns.p50},
+                             {"value_ns", r.ns.p50},
+                             {"target", ">= 100x faster and <= 1 us"},
+                             {"met", f->ns.p50 >= 100 * r.ns.p50 && r.ns.p50 <= 1000}});
   for (const auto* c : {&ch, &capped}) {
     const std::string pool_name = c == &ch ? "a pool as created" : "a pool with " + cap_variant;
     targets.push_back(

@@ -129,7 +129,10 @@ void extract_pool(const json& r, std::vector<Sample>& out) {
     return;
   }
   if (auto* s = add(out, r, "p50_ns", Better::Lower, name, "", "", "p25_ns", "p75_ns")) {
-    const char* base = name == "pool-host" ? "malloc" : name == "pool-vulkan" ? "vulkan-alloc-export" : nullptr;
+    const char* base = name == "pool-host"     ? "malloc"
+                       : name == "pool-vulkan" ? "vulkan-alloc-export"
+                       : name == "pool-cuda"   ? "cuda-alloc-export"
+                                               : nullptr;
     if (base) {
       s->ref = BaselineRef{base, "", "", s->size};
       s->baseline = base;

@@ -304,6 +304,15 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
     switch (kind) {
       case BufferKind::GpuDeviceLocal:
       case BufferKind::GpuHostVisible: {
+        if (kind == BufferKind::GpuDeviceLocal && options.device_segments) {
+          LF_TRY(auto b, options.device_segments(bytes));
+          if (!b || b->kind() != BufferKind::GpuDeviceLocal || b->size() < bytes)
+            return fail(
+                Errc::Internal, "MemoryPool::rent",
+                str_format("PoolOptions::device_segments gave {} for a segment of {} bytes",
+                           b ? str_format("{} bytes of {}", b->size(), to_string(b->kind())) : "nothing", bytes));
+          return b;
+        }
         GpuBufferOptions o;
         o.size = bytes;
         o.memory = kind == BufferKind::GpuDeviceLocal ? GpuMemory::DeviceLocal : GpuMemory::HostVisible;
@@ -526,6 +535,7 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
   void release_everything() {
     dead = true;
     options.vulkan.reset();  // idle threads' caches may hold this state a while: not the device
+    options.device_segments = nullptr;
     for (auto& slot : slots)
       for (auto& arena : slot.arenas) {
         arena.by_size.clear();
@@ -700,7 +710,8 @@ Result<PooledBuffer> PoolState::rent_slow(RentOptions o) {
   if (k < 1 || k > kKindSlots) return fail(Errc::InvalidArgument, call, str_format("unknown buffer kind {}", k));
   if (o.size == 0) return fail(Errc::InvalidArgument, call, "size is 0");
   if (o.size > kMaxRent) return fail(Errc::InvalidArgument, call, str_format("size {} is beyond any memory", o.size));
-  if ((is_gpu(o.kind) || o.kind == BufferKind::CpuGpuPinned) && !options.vulkan)
+  if ((is_gpu(o.kind) || o.kind == BufferKind::CpuGpuPinned) && !options.vulkan &&
+      !(o.kind == BufferKind::GpuDeviceLocal && options.device_segments))
     return fail(Errc::Unsupported, call,
                 str_format("{} memory needs a Vulkan device, and the pool was created without one", to_string(o.kind)));
   if (o.numa_node < -1)

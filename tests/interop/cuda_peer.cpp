@@ -7,10 +7,10 @@
 //   lavaflow_cuda_peer consume-peer DIR NAME COUNT
 //     A consumer on CUDA device 1 of a channel whose ring is on device 0: each message is copied
 //     to device 1 over the peer link (cudaMemcpyPeer), then checked there.
-//   lavaflow_cuda_peer import-allocation ALLOCATION_SIZE SIZE DEVICE SOCKET
+//   lavaflow_cuda_peer import-allocation ALLOCATION_SIZE SIZE DEVICE [OFFSET LENGTH] SOCKET
 //     Receives a CUDA allocation's fd (device 0) on SOCKET, checks that wrong sizes and a non-CUDA
-//     fd are refused, maps it for DEVICE too, checks message 7 with a kernel on DEVICE and writes
-//     message 8 there.
+//     fd are refused, maps SIZE bytes of it for DEVICE too, checks message 7 with a kernel on DEVICE
+//     in the LENGTH bytes at OFFSET (all SIZE bytes without them) and writes message 8 there.
 // Exit 77 when CUDA cannot run here.
 #include <cuda_runtime_api.h>
 #include <sys/mman.h>
@@ -68,7 +68,10 @@ int consume_peer(const std::string& dir, const std::string& name, std::uint64_t 
   return cudaFree(dst) == cudaSuccess ? 0 : 1;
 }
 
-int import_allocation(std::uint64_t allocation_size, std::uint64_t size, int device, int sock) {
+/// Maps `size` bytes of the allocation it is sent, reads message 7 in the `length` bytes at
+/// `offset` of it (a pooled buffer's place in its segment) and writes message 8 there.
+int import_allocation(std::uint64_t allocation_size, std::uint64_t size, int device, int sock, std::uint64_t offset,
+                      std::uint64_t length) {
   auto msg = recv_message(sock, std::chrono::seconds(20));
   if (!msg) return failed("recv", msg.error());
   if (msg->fds.size() != 1) return std::fprintf(stderr, "cuda_peer: expected one fd\n"), 1;
@@ -93,15 +96,18 @@ int import_allocation(std::uint64_t allocation_size, std::uint64_t size, int dev
   if (cudaSetDevice(device) != cudaSuccess || cudaStreamCreate(&s) != cudaSuccess ||
       cudaMalloc(reinterpret_cast<void**>(&errors), sizeof *errors) != cudaSuccess ||
       cudaMemset(errors, 0, sizeof *errors) != cudaSuccess ||
-      lf_kernel_check_frame(mem->data(), size, 7, 0, errors, nullptr, nullptr, s) != cudaSuccess ||
+      lf_kernel_check_frame(static_cast<std::byte*>(mem->data()) + offset, length, 7, 0, errors, nullptr, nullptr, s) !=
+          cudaSuccess ||
       cudaMemcpy(&bad, errors, sizeof bad, cudaMemcpyDeviceToHost) != cudaSuccess)
     return std::fprintf(stderr, "cuda_peer: reading the allocation on device %d failed\n", device), 1;
   if (bad != 0) return std::fprintf(stderr, "cuda_peer: %llu words differ on device %d\n", bad, device), 1;
-  if (lf_kernel_fill_frame(mem->data(), size, 8, s) != cudaSuccess || cudaStreamSynchronize(s) != cudaSuccess)
+  if (lf_kernel_fill_frame(static_cast<std::byte*>(mem->data()) + offset, length, 8, s) != cudaSuccess ||
+      cudaStreamSynchronize(s) != cudaSuccess)
     return std::fprintf(stderr, "cuda_peer: writing the allocation on device %d failed\n", device), 1;
   cudaFree(errors);
   cudaStreamDestroy(s);
-  std::printf("cuda_peer: device %d read and wrote device 0's allocation of %llu bytes\n", device,
+  std::printf("cuda_peer: device %d read and wrote %llu bytes at %llu of device 0's allocation of %llu bytes\n", device,
+              static_cast<unsigned long long>(length), static_cast<unsigned long long>(offset),
               static_cast<unsigned long long>(size));
   return 0;
 }
@@ -111,12 +117,16 @@ int import_allocation(std::uint64_t allocation_size, std::uint64_t size, int dev
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "consume-peer" && argc == 5) return consume_peer(argv[2], argv[3], std::stoull(argv[4]));
-  if (mode == "import-allocation" && argc == 6)
-    return import_allocation(std::stoull(argv[2]), std::stoull(argv[3]), std::stoi(argv[4]), std::stoi(argv[5]));
+  if (mode == "import-allocation" && (argc == 6 || argc == 8)) {
+    const bool ranged = argc == 8;  // OFFSET LENGTH before the socket
+    return import_allocation(std::stoull(argv[2]), std::stoull(argv[3]), std::stoi(argv[4]),
+                             std::stoi(argv[ranged ? 7 : 5]), ranged ? std::stoull(argv[5]) : 0,
+                             ranged ? std::stoull(argv[6]) : std::stoull(argv[3]));
+  }
   if (argc != 5 || mode != "consume") {
     std::fprintf(stderr,
                  "usage: lavaflow_cuda_peer consume|consume-peer DIR NAME COUNT\n"
-                 "       lavaflow_cuda_peer import-allocation ALLOCATION_SIZE SIZE DEVICE SOCKET\n");
+                 "       lavaflow_cuda_peer import-allocation ALLOCATION_SIZE SIZE DEVICE [OFFSET LENGTH] SOCKET\n");
     return 2;
   }
   const std::uint64_t count = std::stoull(argv[4]);

@@ -455,3 +455,101 @@ TEST_CASE("CUDA memory exported by one process is mapped by another, where kerne
   CU_OK(cudaFree(errors));
   CU_OK(cudaStreamDestroy(s));
 }
+
+TEST_CASE(
+    "a CUDA pool rents device memory from cuMemCreate segments, reuses it, and a pooled buffer crosses processes") {
+  auto f = setup();
+  auto pool = lftest::ok(cuda::make_pool(f.cu, {.vulkan = f.vk}));
+  // A thousand small buffers: distinct, aligned device addresses in a few allocations.
+  std::vector<PooledBuffer> small;
+  std::vector<std::uintptr_t> addresses;
+  for (int i = 0; i < 1000; ++i) {
+    auto b = pool.rent(4096, BufferKind::GpuDeviceLocal);
+    if (!b && i == 0) lftest::skip("no POSIX-fd CUDA allocations: " + b.error().message());
+    REQUIRE(b);
+    REQUIRE(cuda::device_pointer(*b) != nullptr);
+    CHECK(b->host_ptr() == nullptr);
+    addresses.push_back(reinterpret_cast<std::uintptr_t>(cuda::device_pointer(*b)));
+    small.push_back(std::move(*b));
+  }
+  std::sort(addresses.begin(), addresses.end());
+  for (std::size_t i = 1; i < addresses.size(); ++i) CHECK(addresses[i] - addresses[i - 1] >= 4096);
+  for (auto a : addresses) CHECK(a % MemoryPool::kAlignment == 0);
+  auto s = pool.stats();
+  CHECK(s.num_device_alloc <= 3);
+  CHECK(s.open_fds == 0);  // CUDA segments hold no fd until exported
+  // Every buffer holds its own bytes: message i in buffer i, checked after all were written.
+  cudaStream_t st = nullptr;
+  CU_OK(cudaStreamCreate(&st));
+  for (std::size_t i = 0; i < small.size(); i += 97)
+    CU_OK(lf_kernel_fill_frame(cuda::device_pointer(small[i]), 4096, i, st));
+  unsigned long long* errors = nullptr;
+  CU_OK(cudaMalloc(reinterpret_cast<void**>(&errors), sizeof *errors));
+  CU_OK(cudaMemset(errors, 0, sizeof *errors));
+  for (std::size_t i = 0; i < small.size(); i += 97)
+    CU_OK(lf_kernel_check_frame(cuda::device_pointer(small[i]), 4096, i, 0, errors, nullptr, nullptr, st));
+  unsigned long long bad = 1;
+  CU_OK(cudaMemcpy(&bad, errors, sizeof bad, cudaMemcpyDeviceToHost));
+  CHECK(bad == 0);
+  // Returned and rented again: the same memory, no new allocation.
+  void* first = cuda::device_pointer(small.back());
+  small.pop_back();
+  const auto before = pool.stats();
+  auto again = lftest::ok(pool.rent(4096, BufferKind::GpuDeviceLocal));
+  CHECK(cuda::device_pointer(again) == first);
+  CHECK(pool.stats().num_device_alloc == before.num_device_alloc);
+  CHECK(pool.stats().num_hits == before.num_hits + 1);
+  small.clear();
+
+  // A buffer inside a shared segment goes to another process (on the second GPU where there is
+  // one), which reads its bytes and writes new ones there, and nothing around them.
+  int devices = 0;
+  CU_OK(cudaGetDeviceCount(&devices));
+  const int peer_device = devices > 1 ? 1 : 0;
+  if (peer_device == 1) require_two_peers();
+  auto before_it = lftest::ok(pool.rent(3 << 20, BufferKind::GpuDeviceLocal));
+  auto mine = lftest::ok(pool.rent((3 << 20) + 24, BufferKind::GpuDeviceLocal));
+  auto after_it = lftest::ok(pool.rent(3 << 20, BufferKind::GpuDeviceLocal));
+  CU_OK(lf_kernel_fill_frame(cuda::device_pointer(before_it), before_it.size(), 5, st));
+  CU_OK(lf_kernel_fill_frame(cuda::device_pointer(mine), mine.size(), 7, st));
+  CU_OK(lf_kernel_fill_frame(cuda::device_pointer(after_it), after_it.size(), 9, st));
+  CU_OK(cudaStreamSynchronize(st));
+  auto ex = lftest::ok(cuda::export_pooled(mine));
+  CHECK(ex.size == mine.size());
+  CHECK(ex.offset == mine.offset());
+  CHECK(ex.offset + ex.size <= ex.segment_size);
+  auto [here, there] = lftest::ok(socket_pair());
+  const pid_t pid =
+      lftest::spawn(LAVAFLOW_CUDA_PEER,
+                    {"import-allocation", std::to_string(ex.allocation_size), std::to_string(ex.segment_size),
+                     std::to_string(peer_device), std::to_string(ex.offset), std::to_string(ex.size)},
+                    there.get());
+  there.reset();
+  const int fds[] = {ex.fd.get()};
+  lftest::ok(send_message(here.get(), {}, fds));
+  CHECK(lftest::wait_exit(pid) == 0);
+  CU_OK(cudaMemset(errors, 0, sizeof *errors));
+  CU_OK(lf_kernel_check_frame(cuda::device_pointer(mine), mine.size(), 8, 0, errors, nullptr, nullptr, st));
+  CU_OK(lf_kernel_check_frame(cuda::device_pointer(before_it), before_it.size(), 5, 0, errors, nullptr, nullptr, st));
+  CU_OK(lf_kernel_check_frame(cuda::device_pointer(after_it), after_it.size(), 9, 0, errors, nullptr, nullptr, st));
+  CU_OK(cudaMemcpy(&bad, errors, sizeof bad, cudaMemcpyDeviceToHost));
+  CHECK(bad == 0);
+
+  // Vulkan on the same GPU imports a pooled CUDA buffer's bytes through its export.
+  auto vex = lftest::ok(mine.export_handle());
+  CHECK(vex.descriptor.size == mine.size());
+  auto imported = lftest::ok(GpuBuffer::import(f.vk, vex.descriptor, std::move(vex.fd)));
+  std::vector<std::byte> seen(mine.size()), want(mine.size());
+  lftest::ok(download(f.vk, imported, seen));
+  CU_OK(cudaMemcpy(want.data(), cuda::device_pointer(mine), want.size(), cudaMemcpyDeviceToHost));
+  CHECK(seen == want);
+
+  // Not a CUDA buffer, or one already returned: refused with the cause.
+  auto host = lftest::ok(pool.rent(4096));
+  CHECK(cuda::device_pointer(host) == nullptr);
+  CHECK(cuda::export_pooled(host).error().code() == Errc::InvalidArgument);
+  mine.reset();
+  CHECK(cuda::export_pooled(mine).error().code() == Errc::InvalidArgument);
+  CU_OK(cudaFree(errors));
+  CU_OK(cudaStreamDestroy(st));
+}

@@ -40,7 +40,10 @@ struct DeviceBytes {
   explicit DeviceBytes(std::size_t bytes, const std::vector<std::byte>& init = {}) : n(bytes) {
     void* raw = nullptr;
     if (cudaMalloc(&raw, std::max<std::size_t>(n, 1)) == cudaSuccess) p = static_cast<std::byte*>(raw);
-    if (p && !init.empty()) (void)cudaMemcpy(p, init.data(), init.size(), cudaMemcpyHostToDevice);
+    // A copy from pageable memory may return before it lands, and NCCL's stream does not wait
+    // for the legacy stream.
+    if (p && !init.empty() && cudaMemcpy(p, init.data(), init.size(), cudaMemcpyHostToDevice) == cudaSuccess)
+      (void)cudaDeviceSynchronize();
   }
   DeviceBytes(const DeviceBytes&) = delete;
   ~DeviceBytes() { (void)cudaFree(p); }
@@ -85,6 +88,12 @@ void every_op(Communicator& c) {
                                                 sums.begin() + static_cast<std::ptrdiff_t>((r + 1) * block));
         d = outcome(c.reduce_scatter(big.span(), mine_block.span(), t, op).wait(), mine_block, want_block);
         expect(d.empty(), "reduce_scatter " + what + d);
+        // In place: recv is this rank's block of send.
+        const Status in_place = c.reduce_scatter(big.span(), big.span().subspan(r * block, block), t, op).wait();
+        const auto after = big.read();
+        expect(in_place && std::equal(want_block.begin(), want_block.end(),
+                                      after.begin() + static_cast<std::ptrdiff_t>(r * block)),
+               "in-place reduce_scatter " + what + (in_place ? "" : ": " + in_place.error().message()));
       }
   for (std::size_t count : {std::size_t{1}, std::size_t{100'003}}) {
     const auto mine = encode(inputs(r, count, DType::U8), DType::U8);
@@ -96,6 +105,13 @@ void every_op(Communicator& c) {
     DeviceBytes send(count, mine), gathered(want.size());
     std::string d = outcome(c.all_gather(send.span(), gathered.span(), DType::U8).wait(), gathered, want);
     expect(d.empty(), str_format("all_gather of {} bytes{}", count, d));
+    // In place: send is this rank's block of recv.
+    std::vector<std::byte> only_mine(want.size());
+    std::copy(mine.begin(), mine.end(), only_mine.begin() + static_cast<std::ptrdiff_t>(r * count));
+    DeviceBytes in_place(want.size(), only_mine);
+    d = outcome(c.all_gather(in_place.span().subspan(r * count, count), in_place.span(), DType::U8).wait(), in_place,
+                want);
+    expect(d.empty(), str_format("in-place all_gather of {} bytes{}", count, d));
     const std::uint32_t root = n - 1;
     const auto root_data = encode(inputs(root, count, DType::U8), DType::U8);
     DeviceBytes buf(count, r == root ? root_data : std::vector<std::byte>(count));
@@ -114,7 +130,7 @@ void every_op(Communicator& c) {
   expect(static_cast<bool>(c.barrier().wait()), "barrier");
 }
 
-void refused(Communicator& c) {
+void refused(Communicator& c, int device, int devices) {
   DeviceBytes dev(64);
   std::vector<std::byte> host(64);
   auto is_refused = [](Work w, const char* what) {
@@ -123,8 +139,27 @@ void refused(Communicator& c) {
            str_format("{} refused{}", what, s ? " (it succeeded)" : ": " + s.error().message()));
   };
   is_refused(c.all_reduce(host, dev.span(), DType::F32, ReduceOp::Sum), "host memory");
-  is_refused(c.all_reduce(dev.span(), std::span<std::byte>(dev.p + 32, 64), DType::F32, ReduceOp::Sum),
+  // Far past any rounding of the allocation's size.
+  const std::size_t past = std::size_t{8} << 20;
+  DeviceBytes small(4 << 20), wide(past);
+  is_refused(c.all_reduce(std::span<const std::byte>(small.p, past), wide.span(), DType::F32, ReduceOp::Sum),
              "a span past its allocation");
+  DeviceBytes four(4 * 64);
+  is_refused(c.all_reduce(std::span<const std::byte>(four.p, 64), std::span<std::byte>(four.p + 32, 64), DType::F32,
+                          ReduceOp::Sum),
+             "overlapping send and recv");
+  is_refused(c.all_gather(std::span<const std::byte>(four.p + 64 * ((c.rank() + 1) % c.size()), 64),
+                          std::span<std::byte>(four.p, 64 * c.size()), DType::F32),
+             "an all_gather send inside recv but not at this rank's block");
+  {
+    // Another device's memory (every rank sees every device).
+    (void)cudaSetDevice((device + 1) % devices);
+    DeviceBytes elsewhere(64);
+    (void)cudaSetDevice(device);
+    const Status s = c.all_reduce(elsewhere.span(), elsewhere.span(), DType::F32, ReduceOp::Sum).wait();
+    expect(!s && s.error().code() == Errc::DeviceMismatch,
+           str_format("another device's memory refused{}", s ? " (it succeeded)" : ": " + s.error().message()));
+  }
   is_refused(c.all_reduce(dev.span().first(6), dev.span().first(6), DType::F32, ReduceOp::Sum), "a partial element");
   is_refused(c.all_reduce(dev.span(), dev.span().first(32), DType::F32, ReduceOp::Sum), "spans of different lengths");
   is_refused(c.broadcast(dev.span(), c.size(), DType::F32), "a root outside the group");
@@ -174,20 +209,28 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       _exit(failures ? 1 : 0);  // its communicator waits for a call the others aborted
     }
+    // Two calls in flight without the last rank; the later one has the shorter timeout, and its
+    // abort must fail the earlier one too (its kernel ends early, not done).
+    DeviceBytes other(64);
     const auto t0 = Clock::now();
-    const Status s = (*c)->all_reduce(buf.span(), buf.span(), DType::F32, ReduceOp::Sum, quick).wait();
+    Work first = (*c)->all_reduce(buf.span(), buf.span(), DType::F32, ReduceOp::Sum, {std::chrono::seconds(20)});
+    const Status s = (*c)->all_reduce(other.span(), other.span(), DType::F32, ReduceOp::Sum, quick).wait();
     expect(!s && s.error().code() == Errc::Timeout && s.error().message().find("'gpus'") != std::string::npos,
            s ? "the call without the last rank succeeded" : "not a timeout naming the group: " + s.error().message());
     expect(Clock::now() - t0 < std::chrono::seconds(5), "the failure came within the call's timeout");
+    const Status earlier = first.wait(std::chrono::seconds(2));
+    expect(!earlier && earlier.error().code() == Errc::Timeout,
+           earlier ? "the earlier call in flight succeeded after the abort" : "earlier: " + earlier.error().message());
+    const auto t1 = Clock::now();
     const Status after = (*c)->barrier(quick).wait();
-    expect(!after, "a call after the abort fails at once");
+    expect(!after && Clock::now() - t1 < std::chrono::milliseconds(100), "a call after the abort fails at once");
     if (!failures) std::printf("mesh-nccl rank %u: late OK (%s)\n", me, s.error().message().c_str());
     std::fflush(stdout);
     _exit(failures ? 1 : 0);
   }
 
   every_op(**c);
-  refused(**c);
+  refused(**c, device, devices);
   if (!failures) std::printf("mesh-nccl rank %u: OK (%u ranks, device %d of %d)\n", me, job->size, device, devices);
   return failures ? 1 : 0;
 }

@@ -481,3 +481,52 @@ TEST_CASE("pool: statistics read while other threads rent and return never go ne
   returner.join();
   CHECK_FALSE(negative);
 }
+
+namespace {
+
+/// Host memory standing in for device memory from an outside allocator (the CUDA adapter's, which
+/// needs a GPU): what the pool does with such segments does not depend on where they came from.
+class OutsideSegment final : public Buffer {
+ public:
+  OutsideSegment(CpuBuffer memory, BufferKind kind) : memory_(std::move(memory)), kind_(kind) {}
+  [[nodiscard]] std::uint64_t size() const override { return memory_.size(); }
+  [[nodiscard]] BufferKind kind() const override { return kind_; }
+  [[nodiscard]] std::byte* host_ptr() const override { return memory_.host_ptr(); }
+  [[nodiscard]] Result<Export> export_handle() const override { return memory_.export_handle(); }
+
+ private:
+  CpuBuffer memory_;
+  BufferKind kind_;
+};
+
+}  // namespace
+
+TEST_CASE("pool: device segments from an outside allocator are sub-allocated, and a wrong segment is refused") {
+  int calls = 0;
+  BufferKind give = BufferKind::GpuDeviceLocal;
+  auto pool =
+      lftest::ok(MemoryPool::create({.device_segments = [&](std::uint64_t bytes) -> Result<std::unique_ptr<Buffer>> {
+        ++calls;
+        LF_TRY(auto m, CpuBuffer::allocate({.size = bytes}));
+        return std::make_unique<OutsideSegment>(std::move(m), give);
+      }}));
+  // No Vulkan device: GpuDeviceLocal comes from the allocator, GpuHostVisible still needs Vulkan.
+  std::vector<PooledBuffer> live;
+  for (int i = 0; i < 100; ++i) live.push_back(lftest::ok(pool.rent(8192, BufferKind::GpuDeviceLocal)));
+  CHECK(calls == 1);
+  CHECK(live.front().kind() == BufferKind::GpuDeviceLocal);
+  CHECK(dynamic_cast<const OutsideSegment*>(&live.front().segment()) != nullptr);
+  CHECK(pool.rent(8192, BufferKind::GpuHostVisible).error().code() == Errc::Unsupported);
+  // The export names the buffer's range of the segment.
+  auto ex = lftest::ok(live[7].export_handle());
+  CHECK(ex.descriptor.offset == live[7].offset());
+  CHECK(ex.descriptor.size == 8192);
+  // A segment of another kind is a bug of the allocator, named as such; the pool goes on.
+  give = BufferKind::CpuShared;
+  auto wrong = pool.rent(std::uint64_t{200} << 20, BufferKind::GpuDeviceLocal);
+  REQUIRE_FALSE(wrong);
+  CHECK(wrong.error().code() == Errc::Internal);
+  CHECK(wrong.error().message().find("device_segments") != std::string::npos);
+  give = BufferKind::GpuDeviceLocal;
+  CHECK(pool.rent(std::uint64_t{200} << 20, BufferKind::GpuDeviceLocal));
+}

@@ -4,6 +4,8 @@
 #include <cuda.h>
 #include <nccl.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -105,6 +107,7 @@ struct Call {
   std::function<ncclResult_t()> enqueue;
   std::shared_ptr<Event> event;
   std::optional<Error> failed;
+  bool ended = false;  ///< its event was seen complete before any abort
   Call(std::string n, Duration t, std::function<ncclResult_t()> e)
       : name(std::move(n)), timeout(t), deadline(t), enqueue(std::move(e)) {}
 };
@@ -124,21 +127,26 @@ struct NcclState {
   CUresult (*address_range)(CUdeviceptr*, std::size_t*, CUdeviceptr) = nullptr;
   /// The failure that ended the communicator: every later call fails with it at once.
   std::optional<Error> broken;
+  /// Device memory for the barrier's element.
+  void* scratch = nullptr;
 
   NcclState() = default;
   NcclState(const NcclState&) = delete;
   NcclState& operator=(const NcclState&) = delete;
   ~NcclState() {
-    // No call is in flight here (each holds this state). Finalizing flushes NCCL's own work; one
-    // that does not end in time is aborted rather than waited for.
+    // Every Work holds this state and waits for its call before it goes, so no call is in flight
+    // here. Finalizing flushes NCCL's own work; one that does not end in time is aborted rather
+    // than waited for.
+    const DeviceScope on(device);
     if (comm) {
-      const DeviceScope on(device);
       const ncclResult_t finalized = ncclCommFinalize(comm);
-      if (finalized == ncclSuccess || (finalized == ncclInProgress && settle(Deadline(close_timeout)) == ncclSuccess))
-        (void)ncclCommDestroy(comm);
-      else
+      if (finalized == ncclSuccess || (finalized == ncclInProgress && settle(Deadline(close_timeout)) == ncclSuccess)) {
+        if (ncclCommDestroy(comm) != ncclSuccess) (void)ncclCommAbort(comm);
+      } else {
         (void)ncclCommAbort(comm);
+      }
     }
+    if (scratch) (void)cudaFree(scratch);
     if (own_stream && stream) (void)cudaStreamDestroy(stream);
   }
 
@@ -147,20 +155,27 @@ struct NcclState {
   ncclResult_t settle(const Deadline& deadline) const {
     ncclResult_t state = ncclInProgress;
     for (std::uint64_t polls = 0;; ++polls) {
-      if (ncclCommGetAsyncError(comm, &state) != ncclSuccess || state != ncclInProgress) return state;
+      if (const ncclResult_t asked = ncclCommGetAsyncError(comm, &state); asked != ncclSuccess) return asked;
+      if (state != ncclInProgress) return state;
       if (deadline.passed()) return ncclInProgress;
       if (polls > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
 
-  /// Ends the communicator after a failure (under the lock): NCCL's kernels stop, and every later
-  /// call fails with `why`, the sends and receives still waiting too.
+  /// Ends the communicator after a failure (under the lock): NCCL's kernels stop, and every call
+  /// not yet seen to end fails with `why` (an aborted kernel ends early, so its event says nothing
+  /// of its result), as do the sends and receives still waiting and every later call.
   void abort(Error why) {
     if (!broken) broken = std::move(why);
+    // NCCL's clean-up makes its device current on this thread, which may be the user's.
+    const DeviceScope on(device);
     if (comm) (void)ncclCommAbort(comm);
     comm = nullptr;
     for (auto& c : pending) c->failed = *broken;
     pending.clear();
+    for (auto& weak : in_flight)
+      if (auto c = weak.lock(); c && !c->ended) c->failed = *broken;
+    in_flight.clear();
   }
 
   [[nodiscard]] Status failed_before(const std::string& call) const {
@@ -174,16 +189,19 @@ struct NcclState {
     if (calls.empty()) return;
     const DeviceScope on(device);
     auto failed = [&](Error e) {
-      // A refused argument leaves the communicator as it was; anything else may not.
-      if (e.code() != Errc::InvalidArgument) abort(e);
+      // An error from NCCL stays in a non-blocking communicator (every later call would fail with
+      // it): end the communicator. The backend's own checks refuse arguments before NCCL sees them.
+      abort(e);
       for (const auto& c : calls) c->failed = e;
     };
     const bool grouped = calls.size() > 1;
     ncclResult_t r = grouped ? ncclGroupStart() : ncclSuccess;
     for (std::size_t i = 0; i < calls.size() && r == ncclSuccess; ++i) r = calls[i]->enqueue();
     if (grouped) {
+      // Ended whatever happened inside; an answer of ncclInProgress must settle before anything else.
       const ncclResult_t ended = ncclGroupEnd();
-      if (r == ncclSuccess) r = ended;
+      const ncclResult_t settled = ended == ncclInProgress ? settle(calls.front()->deadline) : ended;
+      if (r == ncclSuccess || r == ncclInProgress) r = settled;
     }
     if (r == ncclInProgress) r = settle(calls.front()->deadline);
     if (r == ncclInProgress)
@@ -194,7 +212,10 @@ struct NcclState {
       return failed(ok.error());
     auto event = std::make_shared<Event>(raw);
     if (auto ok = cuda_ok(cudaEventRecord(raw, stream), "cudaEventRecord"); !ok) return failed(ok.error());
-    for (const auto& c : calls) c->event = event;
+    for (const auto& c : calls) {
+      c->event = event;
+      in_flight.push_back(c);
+    }
   }
 
   /// Sends and receives made since the last flush go out together (under the lock).
@@ -207,6 +228,8 @@ struct NcclState {
 
   /// Sends and receives not yet enqueued, in the order they were made.
   std::vector<std::shared_ptr<Call>> pending;
+  /// Calls enqueued and not yet seen to end (an abort fails them); pruned as they end.
+  std::vector<std::weak_ptr<Call>> in_flight;
 };
 
 class NcclCommunicator final : public Communicator {
@@ -226,6 +249,7 @@ class NcclCommunicator final : public Communicator {
     if (recv.size() != send.size())
       return bad("all_reduce",
                  str_format("send holds {} bytes and recv {}: they must be equal", send.size(), recv.size()));
+    if (auto ok = layout("all_reduce", send, recv, recv.data(), "send is recv"); !ok) return Work::done(std::move(ok));
     if (auto ok = device_memory("all_reduce", {{send.data(), send.size(), "send"}, {recv.data(), recv.size(), "recv"}});
         !ok)
       return Work::done(std::move(ok));
@@ -241,6 +265,10 @@ class NcclCommunicator final : public Communicator {
     if (recv.size() != send.size() * size_)
       return bad("all_gather", str_format("recv holds {} bytes; {} ranks × {} bytes need {}", recv.size(), size_,
                                           send.size(), send.size() * size_));
+    if (auto ok =
+            layout("all_gather", send, recv, recv.data() + rank_ * send.size(), "send is this rank's block of recv");
+        !ok)
+      return Work::done(std::move(ok));
     if (auto ok = device_memory("all_gather", {{send.data(), send.size(), "send"}, {recv.data(), recv.size(), "recv"}});
         !ok)
       return Work::done(std::move(ok));
@@ -270,6 +298,11 @@ class NcclCommunicator final : public Communicator {
     if (send.size() != recv.size() * size_)
       return bad("reduce_scatter", str_format("send holds {} bytes; {} ranks × recv's {} bytes need {}", send.size(),
                                               size_, recv.size(), recv.size() * size_));
+    // In place, NCCL's layout is recv inside send (this rank's block): the same test, sides swapped.
+    if (auto ok = layout("reduce_scatter", recv, send, send.data() + rank_ * recv.size(),
+                         "recv is this rank's block of send");
+        !ok)
+      return Work::done(std::move(ok));
     if (auto ok =
             device_memory("reduce_scatter", {{send.data(), send.size(), "send"}, {recv.data(), recv.size(), "recv"}});
         !ok)
@@ -282,8 +315,8 @@ class NcclCommunicator final : public Communicator {
 
   Work barrier(CallOptions o) override {
     // An all_reduce of one element: it ends on every rank only once every rank has made it.
-    return launch("barrier", o, [this] {
-      return ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, state_->comm, state_->stream);
+    return launch("barrier", o, [st = state_.get()] {
+      return ncclAllReduce(st->scratch, st->scratch, 1, ncclInt32, ncclSum, st->comm, st->stream);
     });
   }
 
@@ -305,22 +338,6 @@ class NcclCommunicator final : public Communicator {
     });
   }
 
-  /// Device memory for the barrier's element (after the communicator exists).
-  Status allocate_scratch() {
-    const DeviceScope on(state_->device);
-    LF_TRY_STATUS(cuda_ok(cudaMalloc(&scratch_, sizeof(std::int32_t)), "cudaMalloc"));
-    return cuda_ok(cudaMemset(scratch_, 0, sizeof(std::int32_t)), "cudaMemset");
-  }
-
-  ~NcclCommunicator() override {
-    if (scratch_) {
-      // The barrier's calls may still be in flight on the stream.
-      const DeviceScope on(state_->device);
-      (void)cudaStreamSynchronize(state_->stream);
-      (void)cudaFree(scratch_);
-    }
-  }
-
  private:
   struct Reduction {
     std::size_t count;
@@ -332,6 +349,18 @@ class NcclCommunicator final : public Communicator {
     std::size_t bytes;
     const char* name;
   };
+
+  /// Refuses send and recv that overlap other than with send at `in_place` (or not at all, for
+  /// null): NCCL reads and writes them concurrently.
+  static Status layout(std::string_view what, std::span<const std::byte> send, std::span<const std::byte> recv,
+                       const std::byte* in_place, std::string_view in_place_rule) {
+    const auto a = reinterpret_cast<std::uintptr_t>(send.data()), b = reinterpret_cast<std::uintptr_t>(recv.data());
+    const bool overlap = !send.empty() && !recv.empty() && a < b + recv.size() && b < a + send.size();
+    if (overlap && send.data() != in_place)
+      return fail(Errc::InvalidArgument, call_name(what),
+                  str_format("send and recv overlap; in place, {}", in_place_rule));
+    return {};
+  }
 
   static std::string call_name(std::string_view what) { return str_format("mesh::nccl::{}", what); }
   static Work bad(std::string_view what, std::string why) {
@@ -362,8 +391,6 @@ class NcclCommunicator final : public Communicator {
     if (peer >= size_)
       return fail(Errc::InvalidArgument, call_name(what),
                   str_format("peer {} is not a rank of a group of {}", peer, size_));
-    if (peer == rank_)
-      return fail(Errc::InvalidArgument, call_name(what), "a rank cannot send to or receive from itself over NCCL");
     if (tag != 0)
       return fail(Errc::InvalidArgument, call_name(what),
                   str_format("tag {}: NCCL matches sends and receives by their order and carries no tag (use 0)", tag));
@@ -371,9 +398,12 @@ class NcclCommunicator final : public Communicator {
     return {};
   }
 
-  /// Every non-empty span lies in one CUDA allocation of device (or managed) memory that this
-  /// rank's device reaches: NCCL's kernels would fault on host memory or past the allocation's end.
+  /// Every non-empty span lies in one CUDA allocation of device or managed memory of this rank's
+  /// device: NCCL's kernels would fault on pageable host memory, and a span past its allocation
+  /// reads or writes whatever lies beyond. Pinned host memory is refused too: NCCL takes it only
+  /// where it is registered for the device, which the backend does not check.
   Status device_memory(std::string_view what, std::initializer_list<Span> spans) const {
+    const DeviceScope on(state_->device);  // the address-range query needs the device's context
     for (const auto& s : spans) {
       if (s.bytes == 0) continue;
       if (!s.data) return fail(Errc::InvalidArgument, call_name(what), str_format("{} is null", s.name));
@@ -382,10 +412,10 @@ class NcclCommunicator final : public Communicator {
       const bool device = a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
       if (!device)
         return fail(Errc::InvalidArgument, call_name(what),
-                    str_format("{} ({}) is {}: the NCCL backend takes CUDA device memory", s.name, s.data,
+                    str_format("{} ({}) is {}: the NCCL backend takes CUDA device or managed memory", s.name, s.data,
                                a.type == cudaMemoryTypeHost ? "pinned host memory" : "host memory"));
       if (a.type == cudaMemoryTypeDevice && a.device != state_->device)
-        return fail(Errc::InvalidArgument, call_name(what),
+        return fail(Errc::DeviceMismatch, call_name(what),
                     str_format("{} lies on CUDA device {}, and this rank's communicator on device {}", s.name, a.device,
                                state_->device));
       CUdeviceptr base = 0;
@@ -409,6 +439,7 @@ class NcclCommunicator final : public Communicator {
     std::lock_guard lock(state_->mutex);
     if (state_->broken) return Work::done(state_->failed_before(call->name));
     state_->flush();
+    if (state_->broken) return Work::done(state_->failed_before(call->name));
     state_->run({call});
     if (call->failed) return Work::done(std::unexpected(*call->failed));
     return watch(call);
@@ -440,12 +471,27 @@ class NcclCommunicator final : public Communicator {
         event = call->event;
       }
       const cudaError_t q = cudaEventQuery(event->event);
-      if (q == cudaSuccess) return w->finish({});
-      if (q != cudaErrorNotReady) return w->finish(cuda_ok(q, call->name));
+      {
+        // Under the lock: an abort since the query fails the call even if its event is done.
+        std::lock_guard held(state->mutex);
+        if (call->failed) return w->finish(std::unexpected(*call->failed));
+        if (q == cudaSuccess) {
+          call->ended = true;
+          std::erase_if(state->in_flight, [](const std::weak_ptr<Call>& c) {
+            auto alive = c.lock();
+            return !alive || alive->ended;
+          });
+          return w->finish({});
+        }
+        if (q != cudaErrorNotReady) {
+          state->abort(cuda_ok(q, call->name).error());
+          return w->finish(std::unexpected(*state->broken));
+        }
+      }
       // NCCL's own failures (a lost peer, a network error) show in its asynchronous state.
       if ((++polls & 255) == 0 || call->deadline.passed()) {
         std::lock_guard held(state->mutex);
-        if (state->broken) return w->finish(std::unexpected(*state->broken));
+        if (call->failed) return w->finish(std::unexpected(*call->failed));
         ncclResult_t async = ncclSuccess;
         if (state->comm && ncclCommGetAsyncError(state->comm, &async) == ncclSuccess && async != ncclSuccess &&
             async != ncclInProgress) {
@@ -467,8 +513,7 @@ class NcclCommunicator final : public Communicator {
 
   std::shared_ptr<NcclState> state_;
   std::uint32_t rank_, size_;
-  void* scratch_ = nullptr;
-  std::uint64_t calls_ = 0;
+  std::atomic<std::uint64_t> calls_{0};
 };
 
 }  // namespace
@@ -489,16 +534,17 @@ Result<std::unique_ptr<Communicator>> open_nccl(Communicator& bootstrap, NcclOpt
   // part (with zeros), so that every rank learns of the failure instead of waiting for it.
   ncclUniqueId id{};
   std::vector<std::byte> wire(sizeof(id) + 1);
+  ncclResult_t made = ncclSuccess;
   if (rank == 0) {
-    const ncclResult_t made = ncclGetUniqueId(&id);
+    made = ncclGetUniqueId(&id);
     std::memcpy(wire.data(), &id, sizeof(id));
     wire.back() = std::byte{made == ncclSuccess};
   }
   LF_TRY_STATUS(bootstrap.broadcast(wire, 0, DType::U8, {.timeout = deadline.left()}).wait(deadline.left()));
+  if (made != ncclSuccess) return std::unexpected(nccl_error(made, "ncclGetUniqueId"));
   if (wire.back() != std::byte{1})
-    return fail(
-        Errc::Driver, call,
-        str_format("group '{}': rank 0 could not make NCCL's unique id (see rank 0's error)", bootstrap.group()));
+    return fail(Errc::Driver, call,
+                str_format("group '{}': group rank 0 could not make NCCL's unique id", bootstrap.group()));
   std::memcpy(&id, wire.data(), sizeof(id));
 
   auto state = std::make_shared<NcclState>();
@@ -533,9 +579,9 @@ Result<std::unique_ptr<Communicator>> open_nccl(Communicator& bootstrap, NcclOpt
     state->abort(e);
     return std::unexpected(std::move(e));
   }
-  auto c = std::make_unique<NcclCommunicator>(state, rank, size);
-  LF_TRY_STATUS(c->allocate_scratch());
-  return std::unique_ptr<Communicator>(std::move(c));
+  LF_TRY_STATUS(cuda_ok(cudaMalloc(&state->scratch, sizeof(std::int32_t)), "cudaMalloc"));
+  LF_TRY_STATUS(cuda_ok(cudaMemset(state->scratch, 0, sizeof(std::int32_t)), "cudaMemset"));
+  return std::unique_ptr<Communicator>(std::make_unique<NcclCommunicator>(state, rank, size));
 }
 
 CommunicatorFactory nccl_communicators(CommunicatorFactory bootstrap, Backend bootstrap_backend, NcclOptions options) {

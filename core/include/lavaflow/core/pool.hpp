@@ -7,6 +7,7 @@
 /// buffer's offset and size in the descriptor, which every importer already honours.
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -28,6 +29,10 @@ struct PoolOptions {
   /// The device for the GPU kinds and CpuGpuPinned; the pool keeps this handle. Without it, renting
   /// those kinds fails with Unsupported.
   std::optional<VulkanContext> vulkan;
+  /// Where GpuDeviceLocal segments come from instead of `vulkan` (the CUDA adapter's pool of
+  /// cuMemCreate memory sets it: cuda::make_pool): a Buffer of GpuDeviceLocal kind and at least the
+  /// bytes asked for, called under the pool's lock.
+  std::function<Result<std::unique_ptr<Buffer>>(std::uint64_t bytes)> device_segments;
   /// Segment size of the large pool (buffers above kSmallMax). A larger request gets a segment of its
   /// own size, which is cached like any other after the buffer returns.
   std::uint64_t segment_bytes = std::uint64_t{64} << 20;

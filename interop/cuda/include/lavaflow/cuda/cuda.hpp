@@ -27,6 +27,7 @@
 #include "lavaflow/core/gpu_image.hpp"
 #include "lavaflow/core/gpu_semaphore.hpp"
 #include "lavaflow/core/location.hpp"
+#include "lavaflow/core/pool.hpp"
 #include "lavaflow/core/unique_fd.hpp"
 #include "lavaflow/transports/channel.hpp"
 
@@ -278,5 +279,29 @@ class ChannelImports {
   std::unordered_map<const lavaflow::Buffer*, ExternalBuffer> cache_;
   std::unordered_map<const GpuSemaphore*, ExternalSemaphore> semaphores_;
 };
+
+/// A MemoryPool whose GpuDeviceLocal buffers are exportable CUDA memory of `interop`'s device:
+/// cuMemCreate segments (`options.segment_bytes` and `small_segment_bytes`, rounded up to the
+/// device's granularity), sub-allocated like every pool's, so that renting costs a free-list pop
+/// and a thousand buffers share a few allocations. Rent them with rent(size,
+/// BufferKind::GpuDeviceLocal) and reach them through device_pointer(). Other kinds come from
+/// `options` as in any pool; where `options.vulkan` is the same GPU, a rented CUDA buffer also
+/// exports for Vulkan importers (export_handle()). The pool keeps a copy of `interop`.
+[[nodiscard]] Result<MemoryPool> make_pool(const Interop& interop, PoolOptions options = {});
+
+/// The device address of a buffer rented as GpuDeviceLocal from a make_pool() pool; null for any
+/// other buffer.
+[[nodiscard]] void* device_pointer(const PooledBuffer& buffer);
+
+/// What another CUDA process needs to reach a pooled CUDA buffer: the fd of the allocation it
+/// lives in, that allocation's size and mapped length (Interop::import_allocation(fd,
+/// allocation_size, segment_size, …)), and the buffer's offset and size in it. The peer maps the
+/// whole allocation: share pooled buffers only with processes that may see the pool's other
+/// buffers in it (see PooledBuffer).
+struct PooledExport {
+  UniqueFd fd;
+  std::uint64_t allocation_size = 0, segment_size = 0, offset = 0, size = 0;
+};
+[[nodiscard]] Result<PooledExport> export_pooled(const PooledBuffer& buffer);
 
 }  // namespace lavaflow::cuda

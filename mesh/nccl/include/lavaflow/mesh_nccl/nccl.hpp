@@ -18,27 +18,44 @@ struct NcclOptions {
   /// group on one device are refused by NCCL when the group opens.
   int device = -1;
   /// The stream every call is enqueued on (the caller's, so that the calls are ordered with its
-  /// kernels); null: a stream of the communicator's own.
+  /// kernels; it must outlive the communicator and every Work); null: a non-blocking stream of the
+  /// communicator's own, which is not ordered with the legacy default stream.
   cudaStream_t stream = nullptr;
-  /// How long opening waits for the group's ranks (the unique id, then NCCL's own set-up).
+  /// How long opening waits for the group's ranks (the unique id, then NCCL's own set-up), and how
+  /// long closing lets NCCL flush before it aborts.
   Duration open_timeout = std::chrono::seconds(60);
 };
 
 /// Rank `bootstrap.rank()`'s NCCL communicator for the group of `bootstrap` (any backend; used only
 /// while opening, to give every rank group rank 0's unique id). Collective over the group.
 ///
-/// Buffers are CUDA device (or managed) memory of this rank's device: host memory and spans that
-/// run past their allocation are refused with InvalidArgument. A call checks its arguments, enqueues
-/// on the stream and returns a Work that ends when the stream reaches the call's end. Every call
-/// ends within CallOptions::timeout: past it the NCCL communicator is aborted (NCCL cannot tell
-/// which rank is missing, and its kernels would wait for ever) and this and every later call fail
-/// with Timeout naming the group. Sends and receives wait on the host until one of them is waited
-/// for or tested, or the next collective is made, and then go to the stream together as one NCCL
-/// group (a send and the receive that answers it, each alone on one stream, would wait for each
-/// other). They match in order between two ranks (NCCL carries no tags: only tag 0 is taken) and
-/// must have the same length: a mismatch ends both at their timeout.
-/// NCCL reduces f16 and bf16 in their own type (the host backends widen them to f32), which gives
-/// the same result for two ranks and may differ in the last bit for more.
+/// Buffers are CUDA device or managed memory of this rank's device: host memory (pageable or
+/// pinned), another device's memory, spans that run past their allocation and send/recv that
+/// overlap other than in NCCL's in-place layouts are refused before NCCL sees them, and such a
+/// refusal leaves the communicator as it was. A collective checks its arguments, enqueues on the
+/// stream and returns a Work that ends when the stream passes the call.
+///
+/// Timeouts: the backend has no thread of its own, so a call's timeout is enforced while its Work
+/// is waited for or tested (and opening, and NCCL's first connection to a peer inside a call, may
+/// block the calling thread up to the timeout). Past it the NCCL communicator is aborted (NCCL
+/// cannot tell which rank is missing, and its kernels would wait for ever): the call, every other
+/// call not yet seen to end, and every later call fail, with Timeout naming the group. Any error
+/// NCCL reports ends the communicator the same way (NCCL keeps it in a non-blocking communicator).
+/// A call's time counts from when it is made, also while it waits behind earlier work on the stream.
+///
+/// Sends and receives wait on the host until one of them is waited for or tested, or the next
+/// collective is made, and then go to the stream together as one NCCL group (a send and the
+/// receive that answers it, each alone on one stream, would wait for each other): work enqueued on
+/// the stream before that does not see a receive's data. They match in order between two ranks
+/// (NCCL carries no tags: only tag 0 is taken) and must have the same length: a mismatch ends both
+/// at their timeout.
+///
+/// NCCL's arithmetic is its own: f16 and bf16 are reduced in their own type (the host backends
+/// widen them to f32), Average on floating types multiplies each input by 1/n before summing, and
+/// Min and Max return the number where one side is NaN (the host backends return NaN). For two
+/// ranks and values that stay in range these give the host backends' results; for more ranks
+/// f16/bf16 sums may differ by a few units in the last place. Integer Average sums with wrapping,
+/// then divides with truncation, as the other backends do.
 [[nodiscard]] Result<std::unique_ptr<Communicator>> open_nccl(Communicator& bootstrap, NcclOptions options = {});
 
 /// Opens the groups whose backend is Nccl through `bootstrap` (which opens the same group on its
