@@ -18,47 +18,22 @@
 #include <string>
 #include <thread>
 
+#include "device_bytes.hpp"
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/mesh/launch.hpp"
 #include "lavaflow/mesh_cuda/cuda_collectives.hpp"
 #include "mesh_reference.hpp"
+#include "rank_checks.hpp"
 
 using namespace lavaflow;
 using namespace lavaflow::mesh;
 using namespace lftest::mesh_ref;
+using lftest::DeviceBytes;
 
 namespace {
 
-int failures = 0;
-std::uint32_t me = 0;
-
-void expect(bool ok, const std::string& what) {
-  if (!ok && failures++ < 10) std::printf("mesh-cuda rank %u: FAILED: %s\n", me, what.c_str());
-}
-
-/// Device memory that frees itself.
-struct DeviceBytes {
-  void* p = nullptr;
-  std::size_t n = 0;
-  explicit DeviceBytes(std::size_t bytes, const std::vector<std::byte>& init = {})
-      : n(std::max<std::size_t>(bytes, 1)) {
-    if (cudaMalloc(&p, n) != cudaSuccess) p = nullptr;
-    if (!init.empty()) write(init);
-  }
-  DeviceBytes(const DeviceBytes&) = delete;
-  ~DeviceBytes() { (void)cudaFree(p); }
-  /// Copies `bytes` in and waits: a copy from pageable memory may return before its DMA lands, and
-  /// the test's stream does not wait for the legacy stream.
-  void write(const std::vector<std::byte>& bytes) const {
-    if (p && cudaMemcpy(p, bytes.data(), bytes.size(), cudaMemcpyHostToDevice) == cudaSuccess)
-      (void)cudaDeviceSynchronize();
-  }
-  std::vector<std::byte> read(std::size_t bytes) const {
-    std::vector<std::byte> out(bytes);
-    (void)cudaMemcpy(out.data(), p, bytes, cudaMemcpyDeviceToHost);
-    return out;
-  }
-};
+lftest::RankChecks checks{"mesh-cuda"};
+void expect(bool ok, const std::string& what) { checks.expect(ok, what); }
 
 /// "" when equal, else where and how much `got` differs from `want`.
 std::string difference(const std::vector<std::byte>& got, const std::vector<std::byte>& want) {
@@ -245,7 +220,7 @@ int main(int argc, char** argv) {
     std::printf("mesh-cuda: FAILED: %s\n", job.error().message().c_str());
     return 1;
   }
-  me = job->rank;
+  const std::uint32_t me = checks.rank = job->rank;
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     std::printf("LAVAFLOW-SKIP: mesh-cuda rank %u: SKIP: no CUDA device\n", me);
@@ -277,8 +252,8 @@ int main(int argc, char** argv) {
     expect(!s && s.error().code() == Errc::InvalidArgument,
            s ? "mismatched calls succeeded" : "not InvalidArgument: " + s.error().message());
     expect(!(*c)->all_reduce(buf.p, buf.p, 64, DType::F32, ReduceOp::Sum, st, quick), "a call after a failure fails");
-    if (!failures) std::printf("mesh-cuda rank %u: mismatch OK (%s)\n", me, s.error().message().c_str());
-    return failures ? 1 : 0;
+    if (!checks.failures) std::printf("mesh-cuda rank %u: mismatch OK (%s)\n", me, s.error().message().c_str());
+    return checks.failures ? 1 : 0;
   }
   if (mode == "exit" || mode == "late") {
     auto first = (*c)->all_reduce(buf.p, buf.p, 64, DType::F32, ReduceOp::Sum, st, quick);
@@ -295,11 +270,11 @@ int main(int argc, char** argv) {
                s.error().message().find(str_format("rank {}", n - 1)) != std::string::npos,
            s ? "the call without the last rank succeeded" : "not a timeout naming it: " + s.error().message());
     expect(Clock::now() - t0 < std::chrono::seconds(7), "the failure came within the call's timeout");
-    if (!failures) std::printf("mesh-cuda rank %u: %s OK (%s)\n", me, mode.c_str(), s.error().message().c_str());
+    if (!checks.failures) std::printf("mesh-cuda rank %u: %s OK (%s)\n", me, mode.c_str(), s.error().message().c_str());
     // The peers' staging stays mapped until the process ends: the destructor's barrier would wait
     // for the rank that left.
     std::fflush(stdout);
-    _exit(failures ? 1 : 0);
+    _exit(checks.failures ? 1 : 0);
   }
 
   every_op(**c, st);
@@ -308,6 +283,6 @@ int main(int argc, char** argv) {
     expect(static_cast<bool>(wide), wide ? "" : "open with 4 MiB of staging: " + wide.error().message());
     if (wide) several_steps(**wide, st);
   }
-  if (!failures) std::printf("mesh-cuda rank %u: OK (%u ranks, device %d of %d)\n", me, n, device, devices);
-  return failures ? 1 : 0;
+  if (!checks.failures) std::printf("mesh-cuda rank %u: OK (%u ranks, device %d of %d)\n", me, n, device, devices);
+  return checks.failures ? 1 : 0;
 }

@@ -15,45 +15,22 @@
 #include <string>
 #include <thread>
 
+#include "device_bytes.hpp"
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/mesh/launch.hpp"
 #include "lavaflow/mesh_nccl/nccl.hpp"
 #include "mesh_reference.hpp"
+#include "rank_checks.hpp"
 
 using namespace lavaflow;
 using namespace lavaflow::mesh;
 using namespace lftest::mesh_ref;
+using lftest::DeviceBytes;
 
 namespace {
 
-int failures = 0;
-std::uint32_t me = 0;
-
-void expect(bool ok, const std::string& what) {
-  if (!ok && failures++ < 10) std::printf("mesh-nccl rank %u: FAILED: %s\n", me, what.c_str());
-}
-
-/// Device memory that frees itself, seen as bytes.
-struct DeviceBytes {
-  std::byte* p = nullptr;
-  std::size_t n = 0;
-  explicit DeviceBytes(std::size_t bytes, const std::vector<std::byte>& init = {}) : n(bytes) {
-    void* raw = nullptr;
-    if (cudaMalloc(&raw, std::max<std::size_t>(n, 1)) == cudaSuccess) p = static_cast<std::byte*>(raw);
-    // A copy from pageable memory may return before it lands, and NCCL's stream does not wait
-    // for the legacy stream.
-    if (p && !init.empty() && cudaMemcpy(p, init.data(), init.size(), cudaMemcpyHostToDevice) == cudaSuccess)
-      (void)cudaDeviceSynchronize();
-  }
-  DeviceBytes(const DeviceBytes&) = delete;
-  ~DeviceBytes() { (void)cudaFree(p); }
-  [[nodiscard]] std::span<std::byte> span() const { return {p, n}; }
-  [[nodiscard]] std::vector<std::byte> read() const {
-    std::vector<std::byte> out(n);
-    (void)cudaMemcpy(out.data(), p, n, cudaMemcpyDeviceToHost);
-    return out;
-  }
-};
+lftest::RankChecks checks{"mesh-nccl"};
+void expect(bool ok, const std::string& what) { checks.expect(ok, what); }
 
 /// "" when the call succeeded and `b` holds `want`; else the call's error or how `b` differs.
 std::string outcome(const Status& s, const DeviceBytes& b, const std::vector<std::byte>& want) {
@@ -178,7 +155,7 @@ int main(int argc, char** argv) {
     std::printf("mesh-nccl: FAILED: %s\n", job.error().message().c_str());
     return 1;
   }
-  me = job->rank;
+  const std::uint32_t me = checks.rank = job->rank;
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < static_cast<int>(job->size)) {
     std::printf("LAVAFLOW-SKIP: mesh-nccl rank %u: SKIP: %d CUDA device(s) for %u ranks (NCCL takes one each)\n", me,
@@ -207,7 +184,7 @@ int main(int argc, char** argv) {
     if (me == job->size - 1) {
       std::this_thread::sleep_for(std::chrono::seconds(6));
       std::fflush(stdout);
-      _exit(failures ? 1 : 0);  // its communicator waits for a call the others aborted
+      _exit(checks.failures ? 1 : 0);  // its communicator waits for a call the others aborted
     }
     // Two calls in flight without the last rank; the later one has the shorter timeout, and its
     // abort must fail the earlier one too (its kernel ends early, not done).
@@ -224,13 +201,14 @@ int main(int argc, char** argv) {
     const auto t1 = Clock::now();
     const Status after = (*c)->barrier(quick).wait();
     expect(!after && Clock::now() - t1 < std::chrono::milliseconds(100), "a call after the abort fails at once");
-    if (!failures) std::printf("mesh-nccl rank %u: late OK (%s)\n", me, s.error().message().c_str());
+    if (!checks.failures) std::printf("mesh-nccl rank %u: late OK (%s)\n", me, s.error().message().c_str());
     std::fflush(stdout);
-    _exit(failures ? 1 : 0);
+    _exit(checks.failures ? 1 : 0);
   }
 
   every_op(**c);
   refused(**c, device, devices);
-  if (!failures) std::printf("mesh-nccl rank %u: OK (%u ranks, device %d of %d)\n", me, job->size, device, devices);
-  return failures ? 1 : 0;
+  if (!checks.failures)
+    std::printf("mesh-nccl rank %u: OK (%u ranks, device %d of %d)\n", me, job->size, device, devices);
+  return checks.failures ? 1 : 0;
 }

@@ -23,6 +23,7 @@
 #include "lavaflow/mesh/native.hpp"
 #include "lavaflow/mesh/vulkan.hpp"
 #include "mesh_reference.hpp"
+#include "rank_checks.hpp"
 
 using namespace lavaflow;
 using namespace lavaflow::mesh;
@@ -30,12 +31,8 @@ using namespace lftest::mesh_ref;
 
 namespace {
 
-int failures = 0;
-std::uint32_t me = 0;
-
-void expect(bool ok, const std::string& what) {
-  if (!ok && failures++ < 10) std::printf("mesh-vulkan rank %u: FAILED: %s\n", me, what.c_str());
-}
+lftest::RankChecks checks{"mesh-vulkan"};
+void expect(bool ok, const std::string& what) { checks.expect(ok, what); }
 
 Result<GpuBuffer> buffer_with(const VulkanContext& ctx, const std::vector<std::byte>& bytes, std::uint64_t size = 0) {
   LF_TRY(auto b, GpuBuffer::allocate(ctx, {.size = std::max<std::uint64_t>({size, bytes.size(), 1})}));
@@ -123,7 +120,7 @@ int main(int argc, char** argv) {
     std::printf("mesh-vulkan: FAILED: %s\n", job.error().message().c_str());
     return 1;
   }
-  me = job->rank;
+  const std::uint32_t me = checks.rank = job->rank;
   auto ctx = VulkanContext::create();
   if (!ctx) {
     std::printf("LAVAFLOW-SKIP: mesh-vulkan rank %u: SKIP: %s\n", me, ctx.error().message().c_str());
@@ -162,8 +159,8 @@ int main(int argc, char** argv) {
            s ? "mismatched calls succeeded" : "not InvalidArgument naming both calls: " + s.error().message());
     const auto after = (*vc)->all_reduce(span, span, DType::F32, ReduceOp::Sum, quick);
     expect(!after, "a call after a failure fails at once");
-    if (!failures) std::printf("mesh-vulkan rank %u: mismatch OK (%s)\n", me, s.error().message().c_str());
-    return failures ? 1 : 0;
+    if (!checks.failures) std::printf("mesh-vulkan rank %u: mismatch OK (%s)\n", me, s.error().message().c_str());
+    return checks.failures ? 1 : 0;
   }
   if (mode == "exit" || mode == "late") {
     expect((*vc)->all_reduce(span, span, DType::F32, ReduceOp::Sum, quick).has_value(), "the call before");
@@ -179,8 +176,9 @@ int main(int argc, char** argv) {
         !s && s.error().code() == want && s.error().message().find(str_format("rank {}", n - 1)) != std::string::npos,
         s ? "the call without the last rank succeeded" : "not the named failure: " + s.error().message());
     expect(Clock::now() - t0 < std::chrono::seconds(7), "the failure came within the call's timeout");
-    if (!failures) std::printf("mesh-vulkan rank %u: %s OK (%s)\n", me, mode.c_str(), s.error().message().c_str());
-    return failures ? 1 : 0;
+    if (!checks.failures)
+      std::printf("mesh-vulkan rank %u: %s OK (%s)\n", me, mode.c_str(), s.error().message().c_str());
+    return checks.failures ? 1 : 0;
   }
 
   every_op(*ctx, **vc, "shared");
@@ -191,7 +189,7 @@ int main(int argc, char** argv) {
     expect(!(*staged)->shared_segment(), "staging when asked to");
     every_op(*ctx, **staged, "staged");
   }
-  if (!failures)
+  if (!checks.failures)
     std::printf("mesh-vulkan rank %u: OK (%u ranks on %s)\n", me, n, ctx->capabilities().identity.name.c_str());
-  return failures ? 1 : 0;
+  return checks.failures ? 1 : 0;
 }
