@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "cuda_util.hpp"
 #include "kernels.hpp"
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/location.hpp"
@@ -23,13 +24,6 @@ namespace lavaflow::mesh {
 namespace {
 
 namespace k = cuda_kernels;
-
-Status cuda_ok(cudaError_t e, const char* call) {
-  if (e == cudaSuccess) return {};
-  (void)cudaGetLastError();  // a non-sticky error must not be reported again by the next call
-  return fail(e == cudaErrorMemoryAllocation ? Errc::OutOfMemory : Errc::Driver, call,
-              str_format("{} ({})", cudaGetErrorString(e), cudaGetErrorName(e)));
-}
 
 /// Tells apart calls that would exchange differently: the same on every rank for the same call.
 /// Its top bit is never set. Mixed from the numbers, not formatted: it is on every call's path.
@@ -289,9 +283,8 @@ class Collectives final : public CudaCollectives {
     l.error = error_device_;
     recent_.push_back({l.call, kind, bytes, type});
     if (recent_.size() > 256) recent_.pop_front();
-    int current = -1;
-    (void)cudaGetDevice(&current);
-    if (current != device_) LF_TRY_STATUS(cuda_ok(cudaSetDevice(device_), "cudaSetDevice"));
+    const DeviceScope on(device_);
+    if (!on.status()) return std::unexpected(on.status().error().within(call));
     // Calls share this rank's staging and epochs: one on another stream waits for the last. A call
     // captured in a graph adds no event nodes (they cost a small call a fifth of its time): its
     // replays are ordered by the streams they run on, as the class comment asks of the caller.
@@ -305,7 +298,6 @@ class Collectives final : public CudaCollectives {
       s = cuda_ok(cudaEventRecord(done_, stream), "cudaEventRecord");
       last_stream_ = stream;
     }
-    if (current != device_ && current >= 0) (void)cudaSetDevice(current);
     if (!s) return std::unexpected(s.error().within(call));
     return {};
   }

@@ -15,18 +15,12 @@
 #include <utility>
 #include <vector>
 
+#include "cuda_util.hpp"
 #include "lavaflow/core/detail/format.hpp"
 
 namespace lavaflow::mesh {
 
 namespace {
-
-Status cuda_ok(cudaError_t e, std::string_view call) {
-  if (e == cudaSuccess) return {};
-  (void)cudaGetLastError();  // a non-sticky error must not be reported again by the next call
-  return fail(e == cudaErrorMemoryAllocation ? Errc::OutOfMemory : Errc::Driver, std::string(call),
-              str_format("{} ({})", cudaGetErrorString(e), cudaGetErrorName(e)));
-}
 
 Error nccl_error(ncclResult_t r, std::string call) {
   const Errc code = r == ncclInvalidArgument || r == ncclInvalidUsage ? Errc::InvalidArgument
@@ -72,23 +66,6 @@ std::optional<ncclRedOp_t> nccl_op(ReduceOp op) {
   }
   return std::nullopt;
 }
-
-/// Makes `device` current for the scope and puts the previous one back.
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    if (previous_ != device) (void)cudaSetDevice(device);
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-  ~DeviceScope() {
-    if (previous_ >= 0) (void)cudaSetDevice(previous_);
-  }
-
- private:
-  int previous_ = -1;
-};
 
 /// A recorded event that is destroyed with the last Work that waits on it.
 struct Event {
