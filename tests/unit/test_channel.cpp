@@ -12,6 +12,7 @@
 #include <set>
 #include <thread>
 
+#include "lavaflow/core/pool.hpp"
 #include "support.hpp"
 
 using namespace lavaflow;
@@ -864,4 +865,54 @@ TEST_CASE("flag channel: asked for on a route without GPU memory, there is no GP
   CHECK_FALSE(p->gpu_sync().has_value());
   auto loan = lftest::ok(p->loan(1s));
   CHECK_FALSE(loan.gpu_signal_point().has_value());
+}
+
+TEST_CASE("a ring rented from a pool carries messages, goes back with its producer, and the next channel reuses it") {
+  auto ctx = VulkanContext::create();
+  for (auto transport : {TransportKind::Shm, TransportKind::Vulkan}) {
+    if (transport == TransportKind::Vulkan && !ctx) continue;
+    INFO(to_string(transport));
+    PoolOptions po;
+    if (transport == TransportKind::Vulkan) po.vulkan = *ctx;
+    auto pool = lftest::ok(MemoryPool::create(po));
+    std::uint64_t allocations_after_first = 0;
+    for (int round = 0; round < 3; ++round) {
+      auto dir = lftest::channel_dir();
+      auto o = popts(dir, transport);
+      o.slot_size = 64 << 10;
+      o.pool = &pool;
+      o.vulkan = ctx ? &*ctx : nullptr;
+      auto p = lftest::ok(Producer::create("pooled", o));
+      CHECK(dynamic_cast<PooledBuffer*>(&lftest::ok(p->loan(5s)).buffer()) != nullptr);
+      auto c = lftest::ok(Consumer::open("pooled", copts(dir)));
+      lftest::ok(p->wait_for_consumers(1, 5s));
+      for (std::uint64_t i = 0; i < 12; ++i) {  // three times round the ring of four
+        publish(*p, 40 + i, 1000);
+        auto r = lftest::ok(c->receive(5s));
+        CHECK(r.info().user_tag == 40 + i);
+        CHECK(first_byte(*c, r) == static_cast<std::byte>(40 + i));
+      }
+      lftest::ok(p->flush(5s));
+      CHECK(pool.stats().all.allocation.current == 4);  // the ring, rented while the producer lives
+      c.reset();
+      p.reset();
+      const auto s = pool.stats();
+      CHECK(s.all.allocation.current == 0);
+      if (round == 0) allocations_after_first = s.num_device_alloc;
+      CHECK(s.num_device_alloc == allocations_after_first);
+    }
+  }
+  // A pool on another Vulkan context than the producer's cannot hold a Vulkan ring.
+  if (ctx) {
+    auto other = VulkanContext::create();
+    auto pool = lftest::ok(MemoryPool::create({.vulkan = *other}));
+    auto dir = lftest::channel_dir();
+    auto o = popts(dir, TransportKind::Vulkan);
+    o.pool = &pool;
+    o.vulkan = &*ctx;
+    auto p = Producer::create("pooled", o);
+    REQUIRE_FALSE(p);
+    CHECK(p.error().code() == Errc::InvalidArgument);
+    CHECK(p.error().message().find("ProducerOptions::pool") != std::string::npos);
+  }
 }

@@ -30,6 +30,7 @@
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/detail/vk_call.hpp"
 #include "lavaflow/core/gpu_buffer.hpp"
+#include "lavaflow/core/pool.hpp"
 #include "lavaflow/core/unix_socket.hpp"
 #include "lavaflow/core/vulkan_context.hpp"
 #include "lavaflow/transports/local.hpp"
@@ -658,6 +659,32 @@ Producer::~Producer() {
   }
 }
 
+namespace {
+
+/// A ring buffer rented from the producer's pool, of the memory its transport would allocate.
+Result<std::unique_ptr<Buffer>> rent_ring_buffer(MemoryPool& pool, TransportKind transport, const TransportEnv& env,
+                                                 std::uint64_t size) {
+  constexpr const char* call = "Producer::create";
+  BufferKind kind = BufferKind::CpuShared;
+  if (transport == TransportKind::Vulkan) {
+    const auto& theirs = pool.options().vulkan;
+    if (!env.vulkan || !theirs || *theirs->device() != *env.vulkan->device())
+      return fail(Errc::InvalidArgument, call,
+                  "ProducerOptions::pool: a Vulkan ring's pool must be on the producer's Vulkan context (pass the "
+                  "pool's context as ProducerOptions::vulkan)");
+    kind = BufferKind::GpuDeviceLocal;
+  } else if (transport != TransportKind::Shm) {
+    return fail(Errc::InvalidArgument, call,
+                str_format("ProducerOptions::pool serves rings in shared memory and Vulkan memory, not on the {} "
+                           "transport",
+                           to_string(transport)));
+  }
+  LF_TRY(auto b, pool.rent(size, kind));
+  return std::unique_ptr<Buffer>(std::make_unique<PooledBuffer>(std::move(b)));
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Producer>> Producer::create(const std::string& name, ProducerOptions o) {
   constexpr const char* call = "Producer::create";
   if (auto ok = check_name(name); !ok) return std::unexpected(ok.error().within(call));
@@ -727,7 +754,8 @@ Result<std::unique_ptr<Producer>> Producer::create(const std::string& name, Prod
   impl->control->drop_oldest = o.policy == FullPolicy::DropOldest;
   impl->control->producer_blocks = o.wait != WaitMode::BusyPoll;
   for (std::uint32_t i = 0; i < o.slots; ++i) {
-    auto b = impl->transport->allocate(impl->env, o.slot_size);
+    auto b = o.pool ? rent_ring_buffer(*o.pool, impl->route.transport, impl->env, o.slot_size)
+                    : impl->transport->allocate(impl->env, o.slot_size);
     if (!b) return std::unexpected(b.error().within(call));
     impl->ring.push_back(std::move(*b));
   }

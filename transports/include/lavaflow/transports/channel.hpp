@@ -28,6 +28,8 @@
 
 namespace lavaflow {
 
+class MemoryPool;
+
 enum class WaitMode : std::uint8_t {
   BusyPoll,       ///< spin; lowest latency, burns a core
   Block,          ///< futex in the shared ring; sleeps at once
@@ -80,6 +82,15 @@ struct ProducerOptions {
   std::optional<ProcessLocation> peer;     ///< the consumer, when known in advance (routing uses it)
   std::optional<HostIdentity> host;        ///< override of this host's identity (tests, containers)
   std::filesystem::path directory;         ///< rendezvous directory; empty = the user's default
+  /// Where the ring's buffers come from: null, fresh memory of the channel's own; else rented from
+  /// this pool (CpuShared on the shm transport, GpuDeviceLocal on the Vulkan transport, whose pool
+  /// must be on `vulkan`'s device) and returned when the producer ends, so that a channel made
+  /// again with the same shape reuses the memory. The pool must outlive the producer. Consumers
+  /// map the whole segment that holds a ring buffer, and keep their mapping after the channel:
+  /// give a pool whose other buffers the consumers may see (e.g. one for the channels among
+  /// trusting processes), never one shared with memory others must not reach. Loan::buffer() is
+  /// then a PooledBuffer (gpu_buffer() and gpu_offset() for Vulkan work).
+  MemoryPool* pool = nullptr;
 };
 
 struct ConsumerOptions {
