@@ -6,6 +6,7 @@
 
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/detail/vk_call.hpp"
+#include "lavaflow/core/pool.hpp"
 
 namespace lavaflow {
 
@@ -137,12 +138,25 @@ struct Stager::Impl {
   }
 };
 
-Status upload(const VulkanContext& ctx, const GpuBuffer& dst, std::span<const std::byte> data) {
+namespace {
+
+/// The Vulkan buffer and offset where a buffer's bytes start in Vulkan memory.
+Result<std::pair<vk::Buffer, std::uint64_t>> vulkan_range(const Buffer& b, const char* call) {
+  if (const auto* g = dynamic_cast<const GpuBuffer*>(&b)) return std::pair{g->buffer(), g->offset()};
+  if (const auto* p = dynamic_cast<const PooledBuffer*>(&b); p && p->gpu_buffer())
+    return std::pair{p->gpu_buffer(), p->gpu_offset()};
+  return fail(Errc::InvalidArgument, call,
+              str_format("a {} buffer that is neither mapped here nor in Vulkan memory", to_string(b.kind())));
+}
+
+}  // namespace
+
+Status upload(const VulkanContext& ctx, const Buffer& dst, std::span<const std::byte> data) {
   LF_TRY(auto stager, Stager::create(ctx, data.size()));
   return stager.upload(dst, data);
 }
 
-Status download(const VulkanContext& ctx, const GpuBuffer& src, std::span<std::byte> out) {
+Status download(const VulkanContext& ctx, const Buffer& src, std::span<std::byte> out) {
   LF_TRY(auto stager, Stager::create(ctx, out.size()));
   return stager.download(src, out);
 }
@@ -156,7 +170,7 @@ Result<Stager> Stager::create(const VulkanContext& ctx, std::uint64_t capacity) 
   return Stager(std::unique_ptr<Impl>(new Impl{&ctx, capacity}));
 }
 
-Status Stager::upload(const GpuBuffer& dst, std::span<const std::byte> data) {
+Status Stager::upload(const Buffer& dst, std::span<const std::byte> data) {
   if (data.size() > dst.size())
     return fail(Errc::InvalidArgument, "Stager::upload",
                 str_format("{} bytes do not fit a {} byte buffer", data.size(), dst.size()));
@@ -164,12 +178,13 @@ Status Stager::upload(const GpuBuffer& dst, std::span<const std::byte> data) {
     std::memcpy(p, data.data(), data.size());
     return {};
   }
+  LF_TRY(const auto range, vulkan_range(dst, "Stager::upload"));
   LF_TRY_STATUS(impl_->ensure(data.size(), "Stager::upload"));
   std::memcpy(impl_->staging->host_ptr(), data.data(), data.size());
-  return impl_->copy(impl_->staging->buffer(), 0, dst.buffer(), dst.offset(), data.size());
+  return impl_->copy(impl_->staging->buffer(), 0, range.first, range.second, data.size());
 }
 
-Status Stager::download(const GpuBuffer& src, std::span<std::byte> out) {
+Status Stager::download(const Buffer& src, std::span<std::byte> out) {
   if (out.size() > src.size())
     return fail(Errc::InvalidArgument, "Stager::download",
                 str_format("{} bytes requested from a {} byte buffer", out.size(), src.size()));
@@ -177,8 +192,9 @@ Status Stager::download(const GpuBuffer& src, std::span<std::byte> out) {
     std::memcpy(out.data(), p, out.size());
     return {};
   }
+  LF_TRY(const auto range, vulkan_range(src, "Stager::download"));
   LF_TRY_STATUS(impl_->ensure(out.size(), "Stager::download"));
-  LF_TRY_STATUS(impl_->copy(src.buffer(), src.offset(), impl_->staging->buffer(), 0, out.size()));
+  LF_TRY_STATUS(impl_->copy(range.first, range.second, impl_->staging->buffer(), 0, out.size()));
   std::memcpy(out.data(), impl_->staging->host_ptr(), out.size());
   return {};
 }

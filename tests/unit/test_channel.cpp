@@ -31,7 +31,7 @@ void publish(Producer& p, std::uint64_t tag, std::uint64_t size = 16) {
   if (!loan.bytes().empty())
     std::memcpy(loan.bytes().data(), data.data(), size);
   else
-    lftest::ok(upload(*p.vulkan(), dynamic_cast<GpuBuffer&>(loan.buffer()), data));  // device-local, unmapped
+    lftest::ok(upload(*p.vulkan(), loan.buffer(), data));  // device-local, unmapped
   lftest::ok(p.publish(std::move(loan), {.size = size, .user_tag = tag}));
 }
 
@@ -39,7 +39,7 @@ void publish(Producer& p, std::uint64_t tag, std::uint64_t size = 16) {
 std::byte first_byte(const Consumer& c, const Received& r) {
   if (!r.bytes().empty()) return r.bytes()[0];
   std::vector<std::byte> one(1);
-  lftest::ok(download(*c.vulkan(), dynamic_cast<GpuBuffer&>(r.buffer()), one));
+  lftest::ok(download(*c.vulkan(), r.buffer(), one));
   return one[0];
 }
 

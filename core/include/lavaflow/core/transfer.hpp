@@ -19,11 +19,13 @@ namespace lavaflow {
                                  std::uint64_t dst_offset, std::uint64_t bytes,
                                  std::chrono::milliseconds timeout = std::chrono::seconds(10));
 
-/// Writes `data` at the start of `dst`'s range. InvalidArgument when it does not fit.
-[[nodiscard]] Status upload(const VulkanContext& ctx, const GpuBuffer& dst, std::span<const std::byte> data);
+/// Writes `data` at the start of `dst`'s range: a GpuBuffer, or a PooledBuffer of Vulkan memory (its
+/// range of the segment); mapped memory is written directly. InvalidArgument when it does not fit
+/// or the buffer is in no Vulkan memory.
+[[nodiscard]] Status upload(const VulkanContext& ctx, const Buffer& dst, std::span<const std::byte> data);
 
-/// Reads `out.size()` bytes from the start of `src`'s range.
-[[nodiscard]] Status download(const VulkanContext& ctx, const GpuBuffer& src, std::span<std::byte> out);
+/// Reads `out.size()` bytes from the start of `src`'s range (the buffers upload() takes).
+[[nodiscard]] Status download(const VulkanContext& ctx, const Buffer& src, std::span<std::byte> out);
 
 /// Writes tightly packed pixels (width × height × bytes per pixel) into the whole image, which is
 /// in layout `current`, and leaves it in VK_IMAGE_LAYOUT_GENERAL (the layout lava-flow tells other
@@ -44,9 +46,9 @@ class Stager {
   Stager& operator=(Stager&&) noexcept;
   ~Stager();
   /// Writes `data` at the start of `dst`'s range (mapped memory directly, else staged GPU copy).
-  [[nodiscard]] Status upload(const GpuBuffer& dst, std::span<const std::byte> data);
+  [[nodiscard]] Status upload(const Buffer& dst, std::span<const std::byte> data);
   /// Reads `out.size()` bytes from the start of `src`'s range.
-  [[nodiscard]] Status download(const GpuBuffer& src, std::span<std::byte> out);
+  [[nodiscard]] Status download(const Buffer& src, std::span<std::byte> out);
 
  private:
   struct Impl;
