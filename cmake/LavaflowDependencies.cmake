@@ -31,10 +31,17 @@ if(LAVAFLOW_HAVE_CUDA AND NOT LAVAFLOW_WITH_NCCL STREQUAL "OFF")
   find_library(LAVAFLOW_NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${LAVAFLOW_NCCL_ROOT} $ENV{NCCL_HOME}
                PATH_SUFFIXES lib lib64 PATHS ${CUDAToolkit_LIBRARY_DIR})
   if(LAVAFLOW_NCCL_INCLUDE AND LAVAFLOW_NCCL_LIBRARY)
-    set(nccl_found ON)
+    # Non-blocking communicators, ncclCommFinalize and ncclRemoteError came with NCCL 2.14.
+    file(STRINGS ${LAVAFLOW_NCCL_INCLUDE}/nccl.h nccl_version REGEX "^#define NCCL_(MAJOR|MINOR) ")
+    string(REGEX REPLACE ".*NCCL_MAJOR ([0-9]+).*" "\\1" nccl_major "${nccl_version}")
+    string(REGEX REPLACE ".*NCCL_MINOR ([0-9]+).*" "\\1" nccl_minor "${nccl_version}")
+    if(nccl_major GREATER 2 OR (nccl_major EQUAL 2 AND nccl_minor GREATER_EQUAL 14))
+      set(nccl_found ON)
+    endif()
   endif()
 endif()
-lavaflow_backend_resolve(NCCL "${nccl_found}" "no CUDA, or no NCCL (nccl.h, libnccl) beside it, in LAVAFLOW_NCCL_ROOT or in NCCL_HOME")
+lavaflow_backend_resolve(NCCL "${nccl_found}"
+  "no CUDA, or no NCCL 2.14 or later (nccl.h, libnccl) beside it, in LAVAFLOW_NCCL_ROOT or in NCCL_HOME")
 
 if(NOT LAVAFLOW_WITH_OPENCL STREQUAL "OFF")
   find_package(OpenCL QUIET)

@@ -413,6 +413,7 @@ class NcclCommunicator final : public Communicator {
   Work launch(std::string_view what, const CallOptions& o, std::function<ncclResult_t()> enqueue) {
     auto call =
         std::make_shared<Call>(call_name(str_format("{} (call #{})", what, calls_++)), o.timeout, std::move(enqueue));
+    if (auto ok = not_capturing(call->name); !ok) return Work::done(std::move(ok));
     std::lock_guard lock(state_->mutex);
     if (state_->broken) return Work::done(state_->failed_before(call->name));
     state_->flush();
@@ -428,10 +429,23 @@ class NcclCommunicator final : public Communicator {
   Work post(std::string_view what, const CallOptions& o, std::function<ncclResult_t()> enqueue) {
     auto call =
         std::make_shared<Call>(call_name(str_format("{} (call #{})", what, calls_++)), o.timeout, std::move(enqueue));
+    if (auto ok = not_capturing(call->name); !ok) return Work::done(std::move(ok));
     std::lock_guard lock(state_->mutex);
     if (state_->broken) return Work::done(state_->failed_before(call->name));
     state_->pending.push_back(call);
     return watch(call);
+  }
+
+  /// A Work waits on an event recorded after its call, which a stream being captured into a CUDA
+  /// graph does not record: such calls are refused rather than reported done at once.
+  Status not_capturing(const std::string& call) const {
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(state_->stream, &capturing) != cudaSuccess) (void)cudaGetLastError();
+    if (capturing != cudaStreamCaptureStatusNone)
+      return fail(Errc::InvalidArgument, call,
+                  "the stream is being captured into a CUDA graph: the NCCL backend's Works wait on events, which "
+                  "capture does not record (use NCCL directly in graphs)");
+    return {};
   }
 
   Work watch(const std::shared_ptr<Call>& call) {
@@ -543,6 +557,7 @@ Result<std::unique_ptr<Communicator>> open_nccl(Communicator& bootstrap, NcclOpt
   // Non-blocking: a rank that never arrives cannot hold this call past its timeout.
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
+  config.commName = state->group.c_str();  // names the group in NCCL's own logs
   ncclResult_t r = ncclCommInitRankConfig(&state->comm, static_cast<int>(size), id, static_cast<int>(rank), &config);
   if (r == ncclInProgress) r = state->settle(deadline);
   if (r != ncclSuccess) {

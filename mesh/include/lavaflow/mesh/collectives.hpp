@@ -82,7 +82,8 @@ class Work {
 };
 
 /// Per-call options. Every collective ends within `timeout`: when a rank of the group does not
-/// take part in time, every rank that did gets Timeout naming the missing ranks and the group.
+/// take part in time, every rank that did gets Timeout naming the group and, where the backend can
+/// tell (native, Mock), the missing ranks; the MPI and NCCL backends cannot, and say so.
 struct CallOptions {
   Duration timeout = std::chrono::seconds(60);
 };
