@@ -308,8 +308,8 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
           LF_TRY(auto b, options.device_segments(bytes));
           if (!b || b->kind() != BufferKind::GpuDeviceLocal || b->size() < bytes)
             return fail(
-                Errc::Internal, "MemoryPool::rent",
-                str_format("PoolOptions::device_segments gave {} for a segment of {} bytes",
+                Errc::Internal, "PoolOptions::device_segments",
+                str_format("gave {} for a segment of {} bytes",
                            b ? str_format("{} bytes of {}", b->size(), to_string(b->kind())) : "nothing", bytes));
           return b;
         }
@@ -335,7 +335,9 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
   Result<PoolSegment*> add_segment(std::uint32_t slot, bool large, std::uint64_t bytes) {
     auto& s = slots[slot];
     auto memory = allocate_memory(s.kind, s.node, bytes);
-    if (!memory && memory.error().code() != Errc::Unsupported && memory.error().code() != Errc::InvalidArgument) {
+    // A refusal or an allocator's broken promise (Internal) is not a lack of memory: nothing to retry.
+    if (!memory && memory.error().code() != Errc::Unsupported && memory.error().code() != Errc::InvalidArgument &&
+        memory.error().code() != Errc::Internal) {
       // Cached memory may be what stands in the way: release it and try once more.
       ++num_alloc_retries;
       if (t_last.state == this) flush(*t_last.cache);
@@ -640,6 +642,7 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
     b.host_ = nullptr;
   }
   void give_back_locked(PooledBuffer& b) noexcept;
+  void retire(PooledBuffer& b) noexcept;
   void finish_if_last();
 
   /// After a return is counted: releases the pool if its handle closed and this was the last buffer.
@@ -787,6 +790,22 @@ Result<PooledBuffer> PoolState::rent_locked(std::uint64_t size, std::uint32_t sl
   return PooledBuffer(this, block.segment, block.offset, host_of(block), size, slot, cls);
 }
 
+void PoolState::retire(PooledBuffer& b) noexcept {
+  const std::uint32_t cls = b.size_class();
+  const std::uint64_t bytes = block_bytes(cls, b.size_);
+  std::shared_ptr<PoolState> last;  // released after the lock, as in give_back_locked
+  {
+    std::lock_guard lock(mutex);
+    // Not released into the free ranges: the block stays carved (active) until its segment goes.
+    auto& t = retired[b.slot()][cls];
+    ++t.returns;
+    t.bytes_back += bytes;
+    t.requested_back += b.size_;
+    if (closing.load()) last = release_if_last();
+  }
+  empty(b);
+}
+
 void PoolState::give_back_locked(PooledBuffer& b) noexcept {
   const std::uint32_t cls = b.size_class();
   const std::uint64_t bytes = block_bytes(cls, b.size_);
@@ -890,6 +909,10 @@ void PoolState::finish_if_last() {
 }  // namespace detail
 
 // --- PooledBuffer ----------------------------------------------------------------------------------
+
+void PooledBuffer::retire() noexcept {
+  if (auto* p = pool_) p->retire(*this);
+}
 
 void PooledBuffer::reset() noexcept {
   if (auto* p = pool_) p->give_back(*this);  // leaves this buffer empty

@@ -902,6 +902,28 @@ TEST_CASE("a ring rented from a pool carries messages, goes back with its produc
       CHECK(s.num_device_alloc == allocations_after_first);
     }
   }
+  {
+    // A consumer still attached when the producer ends keeps what it holds: the ring is retired,
+    // not rented again and overwritten.
+    auto pool = lftest::ok(MemoryPool::create());
+    auto dir = lftest::channel_dir();
+    auto o = popts(dir, TransportKind::Shm);
+    o.slot_size = 4096;
+    o.pool = &pool;
+    auto p = lftest::ok(Producer::create("pooled", o));
+    auto c = lftest::ok(Consumer::open("pooled", copts(dir)));
+    lftest::ok(p->wait_for_consumers(1, 5s));
+    publish(*p, 0x40, 4096);
+    auto held = lftest::ok(c->receive(5s));
+    p.reset();
+    std::vector<PooledBuffer> others;
+    for (int i = 0; i < 8; ++i) {
+      others.push_back(lftest::ok(pool.rent(4096)));
+      std::memset(others.back().host_ptr(), 0xee, 4096);
+    }
+    CHECK(std::all_of(held.bytes().begin(), held.bytes().end(), [](std::byte b) { return b == std::byte{0x40}; }));
+    CHECK(pool.stats().all.allocation.current == 8);  // the retired ring counts as returned
+  }
   // A pool on another Vulkan context than the producer's cannot hold a Vulkan ring.
   if (ctx) {
     auto other = VulkanContext::create();

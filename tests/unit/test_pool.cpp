@@ -527,6 +527,7 @@ TEST_CASE("pool: device segments from an outside allocator are sub-allocated, an
   REQUIRE_FALSE(wrong);
   CHECK(wrong.error().code() == Errc::Internal);
   CHECK(wrong.error().message().find("device_segments") != std::string::npos);
+  CHECK(pool.stats().num_alloc_retries == 0);  // a broken allocator is not retried at the cache's expense
   give = BufferKind::GpuDeviceLocal;
   CHECK(pool.rent(std::uint64_t{200} << 20, BufferKind::GpuDeviceLocal));
 }

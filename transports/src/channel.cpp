@@ -361,6 +361,7 @@ struct detail::ProducerState {
   // Flag channels instead: the written counter and every consumer index's release counter.
   std::unique_ptr<Buffer> flag_block;
   bool loan_out = false;
+  bool pooled_ring = false;  // the ring's buffers are PooledBuffers (ProducerOptions::pool)
   std::thread service;
 
   struct Connection {
@@ -380,7 +381,23 @@ struct detail::ProducerState {
   bool orphaned = false;     // the Producer is gone; the outstanding Loan owns this and deletes it
   bool user_closed = false;  // Producer::close() ran
 
-  ~ProducerState() { close(); }
+  ~ProducerState() {
+    close();
+    // A pooled ring goes back to the pool for the next channel only once no consumer is attached:
+    // an attached one may still read messages it holds (their bytes stay valid after the producer
+    // ends). Otherwise the ring's blocks are retired: never rented again.
+    if (pooled_ring && consumer_attached())
+      for (auto& b : ring) static_cast<PooledBuffer&>(*b).retire();
+  }
+
+  /// Whether a consumer's connection is still open (after the service thread stopped).
+  [[nodiscard]] bool consumer_attached() const {
+    for (const auto& c : connections) {
+      pollfd p{c.sock.get(), POLLIN | POLLRDHUP, 0};
+      if (::poll(&p, 1, 0) == 0 || !(p.revents & (POLLHUP | POLLRDHUP | POLLERR))) return true;
+    }
+    return false;
+  }
 
   /// Value n + 1: message n's GPU writes are done.
   [[nodiscard]] Counter written() const {
@@ -668,6 +685,10 @@ Result<std::unique_ptr<Buffer>> rent_ring_buffer(MemoryPool& pool, TransportKind
   BufferKind kind = BufferKind::CpuShared;
   if (transport == TransportKind::Vulkan) {
     const auto& theirs = pool.options().vulkan;
+    if (pool.options().device_segments)
+      return fail(Errc::InvalidArgument, call,
+                  "ProducerOptions::pool: the pool's device memory comes from PoolOptions::device_segments (e.g. a "
+                  "CUDA pool), which a Vulkan ring cannot use");
     if (!env.vulkan || !theirs || *theirs->device() != *env.vulkan->device())
       return fail(Errc::InvalidArgument, call,
                   "ProducerOptions::pool: a Vulkan ring's pool must be on the producer's Vulkan context (pass the "
@@ -759,6 +780,7 @@ Result<std::unique_ptr<Producer>> Producer::create(const std::string& name, Prod
     if (!b) return std::unexpected(b.error().within(call));
     impl->ring.push_back(std::move(*b));
   }
+  impl->pooled_ring = o.pool != nullptr;
 
   const bool gpu_ring = impl->transport->kind() == TransportKind::Vulkan && impl->env.vulkan;
   if (o.gpu_sync == GpuSyncKind::Flag && gpu_ring) {

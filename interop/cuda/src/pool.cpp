@@ -44,8 +44,13 @@ Result<MemoryPool> make_pool(const Interop& interop, PoolOptions options) {
   if (options.vulkan && options.vulkan->capabilities().identity.device_uuid == interop.device().uuid)
     vulkan = options.vulkan;
   options.device_segments = [interop, vulkan](std::uint64_t bytes) -> Result<std::unique_ptr<lavaflow::Buffer>> {
-    LF_TRY(auto memory, interop.allocate_exportable(bytes));
-    return std::make_unique<CudaSegment>(std::move(memory), vulkan);
+    // Allocating makes the pool's device current; the renting thread's own stays current after.
+    int current = -1;
+    if (cudaGetDevice(&current) != cudaSuccess) current = -1;
+    auto memory = interop.allocate_exportable(bytes);
+    if (current >= 0) (void)cudaSetDevice(current);
+    if (!memory) return std::unexpected(memory.error());
+    return std::make_unique<CudaSegment>(std::move(*memory), vulkan);
   };
   return MemoryPool::create(std::move(options));
 }

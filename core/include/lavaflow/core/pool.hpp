@@ -109,6 +109,10 @@ class PooledBuffer final : public Buffer {
   [[nodiscard]] std::uint64_t offset() const { return offset_; }
   /// Returns the buffer to the pool now (idempotent).
   void reset() noexcept;
+  /// Gives the buffer up without returning its memory: for memory that other processes may still
+  /// read or write (a channel's ring while consumers hold it). The block is never rented again; it
+  /// goes with its segment when the pool is destroyed. Counts as a return in the statistics.
+  void retire() noexcept;
   [[nodiscard]] explicit operator bool() const { return pool_ != nullptr; }
 
  private:

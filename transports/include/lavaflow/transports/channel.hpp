@@ -84,9 +84,10 @@ struct ProducerOptions {
   std::filesystem::path directory;         ///< rendezvous directory; empty = the user's default
   /// Where the ring's buffers come from: null, fresh memory of the channel's own; else rented from
   /// this pool (CpuShared on the shm transport, GpuDeviceLocal on the Vulkan transport, whose pool
-  /// must be on `vulkan`'s device) and returned when the producer ends, so that a channel made
-  /// again with the same shape reuses the memory. The pool must outlive the producer. Consumers
-  /// map the whole segment that holds a ring buffer, and keep their mapping after the channel:
+  /// must be on `vulkan`'s context) and returned when the producer ends with no consumer attached,
+  /// so that a channel made again with the same shape reuses the memory (with a consumer still
+  /// attached, which may hold messages, the ring's blocks are retired instead: never rented
+  /// again). Consumers map the whole segment that holds a ring buffer, and may keep a mapping:
   /// give a pool whose other buffers the consumers may see (e.g. one for the channels among
   /// trusting processes), never one shared with memory others must not reach. Loan::buffer() is
   /// then a PooledBuffer (gpu_buffer() and gpu_offset() for Vulkan work).
