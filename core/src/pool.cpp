@@ -635,7 +635,8 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
   [[gnu::noinline]] void give_back_slow(PooledBuffer& b) noexcept;
   [[gnu::noinline]] void give_back_large(PooledBuffer& b, SlotCache& sc) noexcept;
   void give_back_uncached(PooledBuffer& b) noexcept;
-  /// What a returned buffer is left as: empty, like a default-constructed one.
+  /// What a returned buffer is left as: no pool, segment or memory (size() and offset() keep
+  /// their last values).
   static void empty(PooledBuffer& b) noexcept {
     b.pool_ = nullptr;
     b.segment_ = nullptr;

@@ -104,7 +104,8 @@ class PooledBuffer final : public Buffer {
   /// buffer's offset inside it.
   [[nodiscard]] vk::Buffer gpu_buffer() const;
   [[nodiscard]] std::uint64_t gpu_offset() const;
-  /// The allocation this buffer lives in, and the buffer's offset in that allocation's user range.
+  /// The allocation this buffer lives in, and the buffer's offset in that allocation's user range;
+  /// only while the buffer is rented (a returned or moved-from buffer has none).
   [[nodiscard]] const Buffer& segment() const;
   [[nodiscard]] std::uint64_t offset() const { return offset_; }
   /// Returns the buffer to the pool now (idempotent).
@@ -216,6 +217,7 @@ class MemoryPool {
   /// returning the calling thread's cached blocks.
   void trim();
   [[nodiscard]] PoolStats stats() const;
+  /// The pool's options (not on a moved-from pool).
   [[nodiscard]] const PoolOptions& options() const;
 
  private:
