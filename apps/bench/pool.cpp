@@ -190,7 +190,6 @@ int bench_pool(const PoolBenchOptions& o) {
   }
 
   auto ctx = VulkanContext::create();
-  std::optional<MemoryPool> gpu_pool;
   if (!ctx) {
     std::fprintf(stderr, "no Vulkan device (%s): Vulkan rows skipped\n", ctx.error().message().c_str());
   } else if (!ctx->capabilities().memory_fd_export) {
@@ -201,9 +200,8 @@ int bench_pool(const PoolBenchOptions& o) {
       std::fprintf(stderr, "%s\n", p.error().message().c_str());
       return 1;
     }
-    gpu_pool.emplace(std::move(*p));
     const bool timed = device_rows(
-        rows, "pool-vulkan", "vulkan-alloc-export", *gpu_pool,
+        rows, "pool-vulkan", "vulkan-alloc-export", *p,
         [&](std::uint64_t size) -> Status {
           LF_TRY(auto b, GpuBuffer::allocate(*ctx, {.size = size}));
           LF_TRY(auto e, b.export_handle());
@@ -214,7 +212,6 @@ int bench_pool(const PoolBenchOptions& o) {
   }
 #if LAVAFLOW_BENCH_INTEROP
   // The CUDA adapter's pool (cuMemCreate segments) against a fresh exportable allocation and its fd.
-  std::optional<MemoryPool> cuda_pool;
   auto cuda_devices = cuda::devices();
   if (!cuda_devices || cuda_devices->empty()) {
     std::fprintf(stderr, "no CUDA device: CUDA rows skipped\n");
@@ -226,9 +223,8 @@ int bench_pool(const PoolBenchOptions& o) {
       std::fprintf(stderr, "%s\n", p.error().message().c_str());
       return 1;
     }
-    cuda_pool.emplace(std::move(*p));
     const bool timed = device_rows(
-        rows, "pool-cuda", "cuda-alloc-export", *cuda_pool,
+        rows, "pool-cuda", "cuda-alloc-export", *p,
         [&](std::uint64_t size) -> Status {
           LF_TRY(auto a, cu->allocate_exportable(size));
           LF_TRY(auto fd, a.export_fd());

@@ -87,6 +87,19 @@ struct ClassCounters {
   // Bytes of small classes follow from the counts (one size per class), so only large buckets
   // count bytes; hits are rents minus misses: the fast path bumps as few words as it can.
   Counter rents{0}, misses{0}, returns{0}, bytes_out{0}, bytes_back{0}, requested_out{0}, requested_back{0};
+
+  /// A rent of `requested` bytes; `large_bytes`: the block's bytes, for a large bucket only.
+  void rented(std::uint64_t requested, std::uint64_t large_bytes = 0) {
+    bump(rents, 1);
+    if (large_bytes) bump(bytes_out, large_bytes);
+    bump(requested_out, requested);
+  }
+  /// A return, the count last: ~MemoryPool's Dekker reads it (see returned_fence).
+  void returned(std::uint64_t requested, std::uint64_t large_bytes = 0) {
+    bump(requested_back, requested);
+    if (large_bytes) bump(bytes_back, large_bytes);
+    bump(returns, 1);
+  }
 };
 
 struct ClassTotals {
@@ -642,7 +655,9 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
     b.segment_ = nullptr;
     b.host_ = nullptr;
   }
-  void give_back_locked(PooledBuffer& b) noexcept;
+  /// Counts a return into the pool's own totals under the lock; `free_block`: the block goes back
+  /// to its segment's free ranges (false: it is retired).
+  void give_back_locked(PooledBuffer& b, bool free_block = true) noexcept;
   void retire(PooledBuffer& b) noexcept;
   void finish_if_last();
 
@@ -685,9 +700,7 @@ inline Result<PooledBuffer> PoolState::rent(RentOptions o) {
       const std::uint32_t cls = small_class_of(o.size);
       if (auto& stack = sc->blocks[cls]; !stack.empty()) [[likely]] {
         const Block block = stack.pop();
-        auto& counters = sc->counters[cls];
-        bump(counters.rents, 1);
-        bump(counters.requested_out, o.size);
+        sc->counters[cls].rented(o.size);
         return PooledBuffer(this, block.segment, block.offset, host_of(block), o.size, k - 1, cls);
       }
     }
@@ -701,10 +714,7 @@ Result<PooledBuffer> PoolState::rent_large(RentOptions o, SlotCache& sc) {
   const auto block = take_large(sc, bytes);
   if (!block) return rent_slow(o);
   const std::uint32_t cls = large_bucket_of(o.size);
-  auto& counters = sc.counters[cls];
-  bump(counters.rents, 1);
-  bump(counters.bytes_out, bytes);
-  bump(counters.requested_out, o.size);
+  sc.counters[cls].rented(o.size, bytes);
   return PooledBuffer(this, block->segment, block->offset, host_of(*block), o.size, slot_of(o.kind, -1), cls);
 }
 
@@ -768,10 +778,8 @@ Result<PooledBuffer> PoolState::rent_slow(RentOptions o) {
     }
     if (missed) ++slots[slot].misses;
   }
-  bump(counters.rents, 1);
-  if (missed) bump(counters.misses, 1);
-  if (!small) bump(counters.bytes_out, bytes);
-  bump(counters.requested_out, o.size);
+  counters.rented(o.size, small ? 0 : bytes);
+  if (missed) bump(counters.misses, 1);  // after rents (see ClassTotals::add_out)
   return PooledBuffer(this, block.segment, block.offset, host_of(block), o.size, slot, cls);
 }
 
@@ -792,29 +800,19 @@ Result<PooledBuffer> PoolState::rent_locked(std::uint64_t size, std::uint32_t sl
 }
 
 void PoolState::retire(PooledBuffer& b) noexcept {
-  const std::uint32_t cls = b.size_class();
-  const std::uint64_t bytes = block_bytes(cls, b.size_);
-  std::shared_ptr<PoolState> last;  // released after the lock, as in give_back_locked
-  {
-    std::lock_guard lock(mutex);
-    // Not released into the free ranges: the block stays carved (active) until its segment goes.
-    auto& t = retired[b.slot()][cls];
-    ++t.returns;
-    t.bytes_back += bytes;
-    t.requested_back += b.size_;
-    if (closing.load()) last = release_if_last();
-  }
+  // Not released into the free ranges: the block stays carved (active) until its segment goes.
+  give_back_locked(b, false);
   empty(b);
 }
 
-void PoolState::give_back_locked(PooledBuffer& b) noexcept {
+void PoolState::give_back_locked(PooledBuffer& b, bool free_block) noexcept {
   const std::uint32_t cls = b.size_class();
   const std::uint64_t bytes = block_bytes(cls, b.size_);
   // This thread holds no cache (and so no reference) for the pool: once the lock is released the
   // state may be gone, so the closing check happens under it.
   std::shared_ptr<PoolState> last;
   std::lock_guard lock(mutex);
-  if (!dead) release(Block{b.segment_, b.offset_}, bytes);
+  if (free_block && !dead) release(Block{b.segment_, b.offset_}, bytes);
   auto& t = retired[b.slot()][cls];
   ++t.returns;
   t.bytes_back += bytes;
@@ -831,9 +829,7 @@ inline void PoolState::give_back(PooledBuffer& b) noexcept {
     if (sc && cls >= kSmallClasses) return give_back_large(b, *sc);
     if (sc && sc->blocks[cls].size() < cache_limit(cls)) [[likely]] {
       sc->blocks[cls].push(Block{b.segment_, b.offset_});
-      auto& counters = sc->counters[cls];
-      bump(counters.requested_back, b.size_);
-      bump(counters.returns, 1);
+      sc->counters[cls].returned(b.size_);
       empty(b);
       returned_fence();
       return;
@@ -847,10 +843,7 @@ void PoolState::give_back_large(PooledBuffer& b, SlotCache& sc) noexcept {
   if (sc.large.size() >= kLargeCacheEntries || sc.large_bytes + bytes > large_cache_bytes) return give_back_slow(b);
   sc.large.emplace_back(bytes, Block{b.segment_, b.offset_});
   sc.large_bytes += bytes;
-  auto& counters = sc.counters[b.size_class()];
-  bump(counters.requested_back, b.size_);
-  bump(counters.bytes_back, bytes);
-  bump(counters.returns, 1);
+  sc.counters[b.size_class()].returned(b.size_, bytes);
   empty(b);
   returned_fence();
 }
@@ -894,10 +887,7 @@ void PoolState::give_back_uncached(PooledBuffer& b) noexcept {
     std::lock_guard lock(mutex);
     release(block, bytes);
   }
-  auto& counters = sc.counters[cls];
-  bump(counters.requested_back, b.size_);
-  if (!small) bump(counters.bytes_back, bytes);
-  bump(counters.returns, 1);
+  sc.counters[cls].returned(b.size_, small ? 0 : bytes);
   returned_fence();
 }
 

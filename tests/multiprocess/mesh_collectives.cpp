@@ -76,11 +76,8 @@ void check_moves(Communicator& c, Checker& k, std::size_t count, DType t) {
   const std::uint32_t n = c.size(), r = c.rank();
   const std::size_t bytes = count * size_of(t);
   const auto mine = encode(inputs(r, count, t), t);
-  std::vector<std::byte> all(bytes * n), want;
-  for (std::uint32_t j = 0; j < n; ++j) {
-    const auto e = encode(inputs(j, count, t), t);
-    want.insert(want.end(), e.begin(), e.end());
-  }
+  std::vector<std::byte> all(bytes * n);
+  const auto want = gathered(n, count, t);
   k.status(c.all_gather(mine, all, t).wait(), label(c, "all_gather", t, ReduceOp::Sum, count));
   k.expect(all == want, label(c, "all_gather result", t, ReduceOp::Sum, count));
   for (std::uint32_t root : {0u, n - 1}) {

@@ -61,16 +61,12 @@ Status finish(CudaCollectives& c, cudaStream_t s) {
 void gather_and_broadcast(CudaCollectives& c, cudaStream_t st, std::size_t count, std::uint32_t root) {
   const std::uint32_t n = c.size(), r = c.rank();
   const auto mine = encode(inputs(r, count, DType::U8), DType::U8);
-  std::vector<std::byte> want;
-  for (std::uint32_t j = 0; j < n; ++j) {
-    const auto e = encode(inputs(j, count, DType::U8), DType::U8);
-    want.insert(want.end(), e.begin(), e.end());
-  }
+  const auto want = gathered(n, count, DType::U8);
   DeviceBytes send(count, mine), all(want.size());
   auto s = c.all_gather(send.p, all.p, count, DType::U8, st);
   if (s) s = finish(c, st);
-  const std::string gathered = outcome(s, all, want);
-  expect(gathered.empty(), str_format("all_gather of {} bytes{}", count, gathered));
+  const std::string got = outcome(s, all, want);
+  expect(got.empty(), str_format("all_gather of {} bytes{}", count, got));
   const auto root_data = encode(inputs(root, count, DType::U8), DType::U8);
   DeviceBytes buf(count, r == root ? root_data : std::vector<std::byte>(count));
   s = c.broadcast(buf.p, count, root, DType::U8, st);

@@ -72,11 +72,8 @@ int main(int argc, char** argv) {
               str_format("reduce_scatter {} {} {} on {}", to_string(t), to_string(op), count, g->name));
         }
     const auto mine = encode(inputs(r, 5000, DType::I32), DType::I32);
-    std::vector<std::byte> all(mine.size() * n), want;
-    for (std::uint32_t j = 0; j < n; ++j) {
-      const auto e = encode(inputs(j, 5000, DType::I32), DType::I32);
-      want.insert(want.end(), e.begin(), e.end());
-    }
+    std::vector<std::byte> all(mine.size() * n);
+    const auto want = gathered(n, 5000, DType::I32);
     expect(comm.all_gather(mine, all, DType::I32).wait() && all == want, "all_gather on " + g->name);
     auto buf = r == n - 1 ? mine : std::vector<std::byte>(mine.size());
     expect(comm.broadcast(buf, n - 1, DType::I32).wait() && buf == encode(inputs(n - 1, 5000, DType::I32), DType::I32),

@@ -74,13 +74,9 @@ void every_op(Communicator& c) {
       }
   for (std::size_t count : {std::size_t{1}, std::size_t{100'003}}) {
     const auto mine = encode(inputs(r, count, DType::U8), DType::U8);
-    std::vector<std::byte> want;
-    for (std::uint32_t j = 0; j < n; ++j) {
-      const auto e = encode(inputs(j, count, DType::U8), DType::U8);
-      want.insert(want.end(), e.begin(), e.end());
-    }
-    DeviceBytes send(count, mine), gathered(want.size());
-    std::string d = outcome(c.all_gather(send.span(), gathered.span(), DType::U8).wait(), gathered, want);
+    const auto want = gathered(n, count, DType::U8);
+    DeviceBytes send(count, mine), all(want.size());
+    std::string d = outcome(c.all_gather(send.span(), all.span(), DType::U8).wait(), all, want);
     expect(d.empty(), str_format("all_gather of {} bytes{}", count, d));
     // In place: send is this rank's block of recv.
     std::vector<std::byte> only_mine(want.size());

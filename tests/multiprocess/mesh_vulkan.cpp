@@ -75,11 +75,7 @@ void every_op(const VulkanContext& ctx, VulkanCollectives& vc, const char* how) 
       }
   for (std::size_t count : {std::size_t{1}, std::size_t{5000}, std::size_t{300'001}}) {
     const auto mine = encode(inputs(r, count, DType::U8), DType::U8);
-    std::vector<std::byte> want;
-    for (std::uint32_t j = 0; j < n; ++j) {
-      const auto e = encode(inputs(j, count, DType::U8), DType::U8);
-      want.insert(want.end(), e.begin(), e.end());
-    }
+    const auto want = gathered(n, count, DType::U8);
     auto send = buffer_with(ctx, mine);
     auto all = buffer_with(ctx, {}, want.size());
     if (!send || !all) return expect(false, "allocate");

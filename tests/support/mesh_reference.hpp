@@ -70,6 +70,16 @@ inline std::vector<double> inputs(std::uint32_t r, std::size_t count, DType t) {
   return v;
 }
 
+/// Every rank's input of `count` elements, in rank order: what an all_gather gives every rank.
+inline std::vector<std::byte> gathered(std::uint32_t ranks, std::size_t count, DType t) {
+  std::vector<std::byte> all;
+  for (std::uint32_t j = 0; j < ranks; ++j) {
+    const auto e = encode(inputs(j, count, t), t);
+    all.insert(all.end(), e.begin(), e.end());
+  }
+  return all;
+}
+
 /// The reference, computed on one rank in doubles (then encoded like the result).
 inline std::vector<std::byte> expected(std::uint32_t ranks, std::size_t count, DType t, ReduceOp op) {
   std::vector<double> acc = inputs(0, count, t);
