@@ -86,8 +86,7 @@ void raw_pingpong(MPI_Comm comm, int me, std::uint64_t size, std::vector<char>& 
 }
 
 /// The same over two lava-flow channels (ping one way, pong the other): loan, publish, receive.
-Status lf_pingpong(int me, mpi::RemoteProducer& p, mpi::RemoteConsumer& q, std::uint64_t size, int n,
-                   std::vector<double>* half) {
+Status lf_pingpong(int me, Producer& p, Consumer& q, std::uint64_t size, int n, std::vector<double>* half) {
   for (int i = 0; i < n; ++i) {
     const auto t0 = Clock::now();
     if (me == 0) {
@@ -111,16 +110,17 @@ Status latency(const mpi::Communicator& c, MPI_Comm raw, std::uint64_t size, std
                Row& lf_row) {
   const int me = c.rank();
   const int ping = 100 + static_cast<int>(std::countr_zero(size)) * 2, pong = ping + 1;
-  std::unique_ptr<mpi::RemoteProducer> p;
-  std::unique_ptr<mpi::RemoteConsumer> q;
-  const mpi::RemoteOptions o{.slots = latency_slots(size), .slot_size = size, .wait = WaitMode::BusyPoll};
+  std::unique_ptr<Producer> p;
+  std::unique_ptr<Consumer> q;
+  const mpi::ChannelOptions o{
+      .slots = latency_slots(size), .slot_size = size, .wait = WaitMode::BusyPoll, .transport = TransportKind::Mpi};
   auto opt = [&](int ch) {
     auto x = o;
     x.channel = ch;
     return x;
   };
-  LF_TRY(p, mpi::RemoteProducer::create(c, 1 - me, opt(me == 0 ? ping : pong)));
-  LF_TRY(q, mpi::RemoteConsumer::open(c, 1 - me, opt(me == 0 ? pong : ping)));
+  LF_TRY(p, mpi::open_producer(c, 1 - me, opt(me == 0 ? ping : pong)));
+  LF_TRY(q, mpi::open_consumer(c, 1 - me, opt(me == 0 ? pong : ping)));
   raw_pingpong(raw, me, size, buf, warmup(size), nullptr);
   LF_TRY_STATUS(lf_pingpong(me, *p, *q, size, warmup(size), nullptr));
   std::vector<double> raw_half, lf_half;
@@ -136,12 +136,12 @@ Status latency(const mpi::Communicator& c, MPI_Comm raw, std::uint64_t size, std
 }
 
 /// One channel from rank 0 (producer, `p`) to rank 1 (consumer, `q`).
-Status open_one_way(const mpi::Communicator& c, const mpi::RemoteOptions& o, std::unique_ptr<mpi::RemoteProducer>& p,
-                    std::unique_ptr<mpi::RemoteConsumer>& q) {
+Status open_one_way(const mpi::Communicator& c, const mpi::ChannelOptions& o, std::unique_ptr<Producer>& p,
+                    std::unique_ptr<Consumer>& q) {
   if (c.rank() == 0) {
-    LF_TRY(p, mpi::RemoteProducer::create(c, 1, o));
+    LF_TRY(p, mpi::open_producer(c, 1, o));
   } else {
-    LF_TRY(q, mpi::RemoteConsumer::open(c, 0, o));
+    LF_TRY(q, mpi::open_consumer(c, 0, o));
   }
   return {};
 }
@@ -225,7 +225,7 @@ void credit_window(MPI_Comm comm, int me, std::uint64_t size, const std::vector<
 }
 
 /// The same window through a lava-flow channel (rank 0 publishes 64 messages, rank 1 receives them).
-Status lf_window(MPI_Comm comm, mpi::RemoteProducer* p, mpi::RemoteConsumer* q, std::uint64_t size) {
+Status lf_window(MPI_Comm comm, Producer* p, Consumer* q, std::uint64_t size) {
   char ack = 0;
   if (p) {
     for (int k = 0; k < kWindow; ++k) {
@@ -253,12 +253,13 @@ Status bandwidth(const mpi::Communicator& c, MPI_Comm raw, std::uint64_t size, s
   const int me = c.rank();
   const int windows = size <= 8192 ? 20 : size <= (256u << 10) ? 5 : 2;
   const std::uint32_t slots = bandwidth_slots(size, ring_bytes);
-  const mpi::RemoteOptions o{.slots = slots,
-                             .slot_size = size,
-                             .wait = WaitMode::BusyPoll,
-                             .channel = 1000 + static_cast<int>(std::countr_zero(size))};
-  std::unique_ptr<mpi::RemoteProducer> p;
-  std::unique_ptr<mpi::RemoteConsumer> q;
+  const mpi::ChannelOptions o{.slots = slots,
+                              .slot_size = size,
+                              .wait = WaitMode::BusyPoll,
+                              .channel = 1000 + static_cast<int>(std::countr_zero(size)),
+                              .transport = TransportKind::Mpi};
+  std::unique_ptr<Producer> p;
+  std::unique_ptr<Consumer> q;
   LF_TRY_STATUS(open_one_way(c, o, p, q));
   std::vector<PageBuffer> one, ring, huge;
   one.emplace_back(size);
@@ -297,15 +298,16 @@ Status bandwidth(const mpi::Communicator& c, MPI_Comm raw, std::uint64_t size, s
 Status lf_gpu_staging(const mpi::Communicator& c, const VulkanContext& vk, std::uint64_t size, std::uint64_t chunk,
                       Row& out) {
   const int it = 10, wu = 2;
-  const mpi::RemoteOptions o{.slots = 2,
-                             .slot_size = size,
-                             .wait = WaitMode::BusyPoll,
-                             .channel = 2000 + static_cast<int>(std::countr_zero(chunk)),
-                             .vulkan = &vk,
-                             .chunk = chunk};
+  const mpi::ChannelOptions o{.slots = 2,
+                              .slot_size = size,
+                              .wait = WaitMode::BusyPoll,
+                              .channel = 2000 + static_cast<int>(std::countr_zero(chunk)),
+                              .transport = TransportKind::Mpi,
+                              .vulkan = &vk,
+                              .chunk = chunk};
   LF_TRY(auto gpu, GpuBuffer::allocate(vk, {.size = size, .memory = GpuMemory::DeviceLocal}));
-  std::unique_ptr<mpi::RemoteProducer> p;
-  std::unique_ptr<mpi::RemoteConsumer> q;
+  std::unique_ptr<Producer> p;
+  std::unique_ptr<Consumer> q;
   LF_TRY_STATUS(open_one_way(c, o, p, q));
   Clock::time_point t0;
   for (int i = 0; i < it + wu; ++i) {
@@ -316,10 +318,10 @@ Status lf_gpu_staging(const mpi::Communicator& c, const VulkanContext& vk, std::
     }
     if (p) {
       LF_TRY(auto loan, p->loan(std::chrono::seconds(60)));
-      LF_TRY(auto info, p->publish_gpu(std::move(loan), gpu, 0, size, {}));
+      LF_TRY(auto info, mpi::publish_gpu(*p, std::move(loan), gpu, 0, size, {}));
       (void)info;
     } else {
-      LF_TRY(auto info, q->receive_gpu(gpu, 0, std::chrono::seconds(60)));
+      LF_TRY(auto info, mpi::receive_gpu(*q, gpu, 0, std::chrono::seconds(60)));
       (void)info;
     }
   }

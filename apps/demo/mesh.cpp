@@ -27,11 +27,11 @@ namespace {
 
 struct Out {  // this rank → peer, whatever the route
   int peer = 0;
-  std::unique_ptr<mpi::RankProducer> channel;
+  std::unique_ptr<Producer> channel;
 };
 struct In {  // peer → this rank
   int peer = 0;
-  std::unique_ptr<mpi::RankConsumer> channel;
+  std::unique_ptr<Consumer> channel;
 };
 
 Status send_one(Out& o, std::uint64_t seq, std::uint64_t size, std::vector<std::byte>& scratch,
@@ -48,7 +48,7 @@ Status send_one(Out& o, std::uint64_t seq, std::uint64_t size, std::vector<std::
       LF_TRY(auto s, Stager::create(*vk, o.channel->slot_size()));
       stager.emplace(std::move(s));
     }
-    LF_TRY_STATUS(stager->upload(dynamic_cast<GpuBuffer&>(loan.local()->buffer()), scratch));
+    LF_TRY_STATUS(stager->upload(dynamic_cast<GpuBuffer&>(loan.buffer()), scratch));
   }
   LF_TRY(auto info, o.channel->publish(std::move(loan), {.size = size, .user_tag = sum}));
   (void)info;
@@ -61,11 +61,11 @@ Status receive_one(In& in, std::uint64_t seq, std::vector<std::byte>& scratch, s
   std::span<const std::byte> view = r.bytes();
   if (view.empty() && r.info().size > 0) {  // device-local ring: download
     if (!stager) {
-      LF_TRY(auto s, Stager::create(*in.channel->local()->vulkan(), in.channel->slot_size()));
+      LF_TRY(auto s, Stager::create(*in.channel->vulkan(), in.channel->slot_size()));
       stager.emplace(std::move(s));
     }
     scratch.resize(r.info().size);
-    LF_TRY_STATUS(stager->download(dynamic_cast<GpuBuffer&>(r.local()->buffer()), scratch));
+    LF_TRY_STATUS(stager->download(dynamic_cast<GpuBuffer&>(r.buffer()), scratch));
     view = scratch;
   }
   if (r.info().sequence != seq)
@@ -84,16 +84,15 @@ Status run(const mpi::Communicator& comm, const VulkanContext* vk, std::uint64_t
   std::vector<In> ins;
   // One channel per ordered pair, routed by the Communicator (the same code on every route).
   // Producers first (none of them waits), then consumers (each finds its producer announced).
-  const mpi::RankChannelOptions o{
-      .slots = 8, .slot_size = size, .vulkan = vk, .connect_timeout = std::chrono::seconds(60)};
+  const mpi::ChannelOptions o{.slots = 8, .slot_size = size, .vulkan = vk, .connect_timeout = std::chrono::seconds(60)};
   for (int j = 0; j < n; ++j) {
     if (j == me) continue;
-    LF_TRY(auto p, mpi::RankProducer::create(comm, j, o));
+    LF_TRY(auto p, mpi::open_producer(comm, j, o));
     outs.push_back({j, std::move(p)});
   }
   for (int i = 0; i < n; ++i) {
     if (i == me) continue;
-    LF_TRY(auto c, mpi::RankConsumer::open(comm, i, o));
+    LF_TRY(auto c, mpi::open_consumer(comm, i, o));
     ins.push_back({i, std::move(c)});
   }
   std::vector<std::byte> out_scratch, in_scratch;

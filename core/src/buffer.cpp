@@ -20,6 +20,8 @@ std::string_view to_string(BufferKind k) noexcept {
       return "cpu-hugepages";
     case BufferKind::CpuGpuPinned:
       return "cpu-gpu-pinned";
+    case BufferKind::CpuPrivate:
+      return "cpu-private";
   }
   return "unknown";
 }
@@ -80,7 +82,9 @@ Status ExportDescriptor::validate() const {
   if (version != kVersion)
     return fail(Errc::VersionMismatch, call, str_format("version {}, expected {}", version, kVersion));
   const auto k = static_cast<std::uint8_t>(kind);
-  if (k < 1 || k > 6) return fail(Errc::Malformed, call, str_format("unknown buffer kind {}", k));
+  if (kind == BufferKind::CpuPrivate)
+    return fail(Errc::Malformed, call, "buffer kind cpu-private: that memory never leaves its process");
+  if (k < 1 || k > 7) return fail(Errc::Malformed, call, str_format("unknown buffer kind {}", k));
   if (size == 0) return fail(Errc::Malformed, call, "size is 0");
   if (buffer_size > allocation_size)
     return fail(Errc::Malformed, call,

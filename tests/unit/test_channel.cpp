@@ -725,6 +725,42 @@ TEST_CASE("close() ends the channel at once while the objects, and pointers into
   CHECK(std::filesystem::exists(dir / "closing.sock"));
 }
 
+TEST_CASE("await_consumers: loans wait for the consumer, and once it has gone the channel is PeerLost") {
+  auto dir = lftest::channel_dir();
+  auto o = popts(dir);
+  o.max_consumers = 1;
+  o.await_consumers = 1;
+  auto p = lftest::ok(Producer::create("p2p", o));
+  CHECK(lftest::err(p->try_loan()).code() == Errc::WouldBlock);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto late = lftest::err(p->loan(50ms));
+  CHECK(late.code() == Errc::Timeout);
+  CHECK(late.cause().find("0 of 1 consumers") != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - t0 < 2s);
+  {
+    std::thread opener([&] {
+      std::this_thread::sleep_for(50ms);
+      auto c = lftest::ok(Consumer::open("p2p", copts(dir)));
+      CHECK(lftest::ok(c->receive(5s)).info().user_tag == 7);
+    });
+    publish(*p, 7);  // waits for the consumer to attach
+    opener.join();
+  }
+  // The consumer received the message and went away: the next loan says so instead of
+  // publishing into a ring nobody reads.
+  Error lost(Errc::Internal, "", "");
+  for (auto end = std::chrono::steady_clock::now() + 5s; std::chrono::steady_clock::now() < end;) {
+    auto loan = p->loan(100ms);
+    if (!loan) {
+      lost = loan.error();
+      break;
+    }
+    lftest::ok(p->publish(std::move(*loan), {.size = 8}));
+  }
+  CHECK(lost.code() == Errc::PeerLost);
+  CHECK(lost.cause().find("p2p") != std::string::npos);
+}
+
 // Flag channels keep the same protocol in GPU memory words instead of timeline semaphores. Only
 // CUDA streams write and wait on them on the GPU (tests/interop, GPU tier); here the host stands
 // in for both GPUs through signal_on_host, which is how the protocol runs on any Vulkan device.

@@ -33,6 +33,7 @@
 #include "lavaflow/core/pool.hpp"
 #include "lavaflow/core/unix_socket.hpp"
 #include "lavaflow/core/vulkan_context.hpp"
+#include "lavaflow/transports/detail/link.hpp"
 #include "lavaflow/transports/local.hpp"
 
 namespace lavaflow {
@@ -378,8 +379,13 @@ struct detail::ProducerState {
   std::array<Clock::time_point, kMaxConsumers> freed_at{};  // when each index was last let go (service thread)
   std::vector<Pending> pending;                             // service thread only
 
-  bool orphaned = false;     // the Producer is gone; the outstanding Loan owns this and deletes it
-  bool user_closed = false;  // Producer::close() ran
+  bool orphaned = false;        // the Producer is gone; the outstanding Loan owns this and deletes it
+  bool user_closed = false;     // Producer::close() ran
+  bool consumers_seen = false;  // ProducerOptions::await_consumers were attached once
+  // A route whose link moves the messages (MPI): no control block, sockets or service thread; the
+  // ring holds the link's buffers, several of which may be loaned at once.
+  std::unique_ptr<detail::ProducerLink> link;
+  std::uint32_t link_loans = 0;
 
   ~ProducerState() {
     close();
@@ -430,10 +436,46 @@ struct detail::ProducerState {
     lock_fd.reset();
   }
 
-  /// The loan of message `seq` was dropped unpublished (or published: then seq is stale).
-  void abandon(std::uint64_t seq) {
-    if (seq == write_seq) loan_out = false;
-    if (orphaned && !loan_out) delete this;
+  /// The loan of message `seq` in `slot` was dropped unpublished (or published: then seq is stale).
+  void abandon(std::uint64_t seq, std::uint32_t slot) {
+    if (link) {
+      link->give_back(slot);
+      --link_loans;
+    } else if (seq == write_seq) {
+      loan_out = false;
+    }
+    if (orphaned && !loans_out()) delete this;
+  }
+  [[nodiscard]] bool loans_out() const { return loan_out || link_loans != 0; }
+
+  [[nodiscard]] std::uint32_t count_consumers() const {
+    if (link) return link->consumer_count();
+    std::uint32_t n = 0;
+    for (std::uint32_t i = 0; i < options.max_consumers; ++i)
+      n += control->consumers[i].state.load(std::memory_order_acquire) == 1;
+    return n;
+  }
+
+  /// ProducerOptions::await_consumers: they are attached (waiting for them at most `timeout`), or
+  /// were once and are not all there now.
+  Status await_consumers(Duration timeout, const char* call) {
+    const std::uint32_t want = options.await_consumers;
+    if (count_consumers() >= want) {
+      consumers_seen = true;
+      return {};
+    }
+    if (consumers_seen)
+      return fail(Errc::PeerLost, call,
+                  str_format("channel {}: a consumer left (closed or died); it needs {}", name, want));
+    const Deadline dl(timeout);
+    while (count_consumers() < want) {
+      if (dl.passed())
+        return fail(timeout == Duration::zero() ? Errc::WouldBlock : Errc::Timeout, call,
+                    str_format("channel {}: {} of {} consumers attached in time", name, count_consumers(), want));
+      std::this_thread::sleep_for(1ms);
+    }
+    consumers_seen = true;
+    return {};
   }
 
   /// Whether slot `seq % slots` is free for every active consumer. The cached minimum only ever
@@ -669,7 +711,7 @@ void detail::ProducerState::service_loop() {
 Producer::Producer(std::unique_ptr<detail::ProducerState> impl) : impl_(std::move(impl)) {}
 Producer::~Producer() {
   // A Loan still out keeps the ring mapped (its bytes stay valid) and deletes it when dropped.
-  if (impl_ && impl_->loan_out) {
+  if (impl_ && impl_->loans_out()) {
     impl_->close();
     impl_->orphaned = true;
     (void)impl_.release();
@@ -838,9 +880,15 @@ Result<Loan> Producer::loan(Duration timeout) {
   auto& m = *impl_;
   constexpr const char* call = "Producer::loan";
   if (m.user_closed) return fail(Errc::InvalidArgument, call, "the producer is closed");
+  if (m.link) {
+    LF_TRY(auto slot, m.link->loan(timeout));
+    ++m.link_loans;
+    return Result<Loan>(std::in_place, Loan(&m, m.link->next_sequence(), slot, {}));
+  }
   if (m.loan_out) return fail(Errc::InvalidArgument, call, "the previous loan is not published or dropped yet");
   const std::uint64_t seq = m.write_seq;
   const Deadline deadline(timeout);
+  if (m.options.await_consumers != 0) LF_TRY_STATUS(m.await_consumers(timeout, call));
   const bool fail_fast = m.options.policy == FullPolicy::FailFast;
   auto ready = [&] { return m.room_for(seq); };
   if (!ready()) {
@@ -872,7 +920,7 @@ Result<Loan> Producer::loan(Duration timeout) {
 Result<Loan> Producer::try_loan() {
   auto& m = *impl_;
   if (m.user_closed) return fail(Errc::InvalidArgument, "Producer::try_loan", "the producer is closed");
-  if (!m.loan_out && !m.room_for(m.write_seq))
+  if (!m.link && !m.loan_out && !m.room_for(m.write_seq))
     return fail(Errc::WouldBlock, "Producer::try_loan", "ring full: a consumer has not released its oldest message");
   return loan(Duration(0));
 }
@@ -881,12 +929,16 @@ Result<MessageInfo> Producer::publish(Loan&& loan, MessageInfo info) {
   auto& m = *impl_;
   constexpr const char* call = "Producer::publish";
   if (m.user_closed) return fail(Errc::InvalidArgument, call, "the producer is closed");
-  if (loan.impl_ != &m || loan.seq_ != m.write_seq)
-    return fail(Errc::InvalidArgument, call, "loan does not belong to this producer's current slot");
   if (info.size == 0) info.size = m.options.slot_size;
   if (info.size > m.options.slot_size)
     return fail(Errc::InvalidArgument, call,
                 str_format("size {} exceeds the slot size {}", info.size, m.options.slot_size));
+  if (m.link)
+    return detail::publish_linked(*this, std::move(loan), [&](detail::ProducerLink& link, std::uint32_t slot) {
+      return link.publish(slot, info);
+    });
+  if (loan.impl_ != &m || loan.seq_ != m.write_seq)
+    return fail(Errc::InvalidArgument, call, "loan does not belong to this producer's current slot");
   info.sequence = loan.seq_;
   info.timestamp_ns = m.options.timestamps ? now_ns() : 0;
   auto& slot = m.control->ring[loan.slot_];
@@ -946,17 +998,14 @@ const std::string& Producer::name() const { return impl_->name; }
 std::uint32_t Producer::slots() const { return impl_->options.slots; }
 std::uint64_t Producer::slot_size() const { return impl_->options.slot_size; }
 const VulkanContext* Producer::vulkan() const {
+  if (impl_->link) return impl_->env.vulkan;
   return impl_->transport->kind() == TransportKind::Vulkan ? impl_->env.vulkan : nullptr;
 }
-std::uint32_t Producer::consumer_count() const {
-  std::uint32_t n = 0;
-  for (std::uint32_t i = 0; i < impl_->options.max_consumers; ++i)
-    n += impl_->control->consumers[i].state.load(std::memory_order_acquire) == 1;
-  return n;
-}
+std::uint32_t Producer::consumer_count() const { return impl_->count_consumers(); }
 
 Status Producer::flush(Duration timeout) {
   auto& m = *impl_;
+  if (m.link) return m.link->flush(timeout);
   auto drained = [&] {
     for (std::uint32_t i = 0; i < m.options.max_consumers; ++i) {
       const auto& c = m.control->consumers[i];
@@ -991,7 +1040,7 @@ Loan::Loan(Loan&& o) noexcept
       waits_(std::move(o.waits_)) {}
 Loan& Loan::operator=(Loan&& o) noexcept {
   if (this != &o) {
-    if (impl_) impl_->abandon(seq_);
+    if (impl_) impl_->abandon(seq_, slot_);
     impl_ = std::exchange(o.impl_, nullptr);
     seq_ = o.seq_;
     slot_ = o.slot_;
@@ -1001,7 +1050,7 @@ Loan& Loan::operator=(Loan&& o) noexcept {
   return *this;
 }
 Loan::~Loan() {
-  if (impl_) impl_->abandon(seq_);
+  if (impl_) impl_->abandon(seq_, slot_);
 }
 std::span<std::byte> Loan::bytes() const { return impl_ ? impl_->ring[slot_]->bytes() : std::span<std::byte>(); }
 Buffer& Loan::buffer() const { return *impl_->ring[slot_]; }
@@ -1050,6 +1099,9 @@ struct detail::ConsumerState {
   std::vector<std::uint8_t> done;  // by slot
   bool orphaned = false;           // the Consumer is gone; the last outstanding Received deletes this
   bool user_closed = false;        // Consumer::close() ran
+  // A route whose link moves the messages (MPI): no control block, socket or watcher; the ring
+  // holds the link's buffers.
+  std::unique_ptr<detail::ConsumerLink> link;
 
   /// Stops watching the producer and hangs up: the producer stops counting this consumer.
   void disconnect() {
@@ -1327,9 +1379,15 @@ Result<Received> Consumer::receive(Duration timeout) {
   auto& m = *impl_;
   constexpr const char* call = "Consumer::receive";
   if (m.user_closed) return fail(Errc::InvalidArgument, call, "the consumer is closed");
-  auto& cb = *m.control;
   if (m.held >= m.slots)
     return fail(Errc::InvalidArgument, call, str_format("all {} ring buffers are held: release one first", m.slots));
+  if (m.link) {
+    LF_TRY(auto got, m.link->receive(timeout));
+    ++m.held;
+    m.expected = got.second.sequence + 1;
+    return Result<Received>(std::in_place, Received(&m, got.second, 0, got.first, false));
+  }
+  auto& cb = *m.control;
   const Deadline dl(timeout);
   for (;;) {
     std::uint64_t n = 0;
@@ -1390,6 +1448,12 @@ Result<Received> Consumer::receive(Duration timeout) {
 
 Result<Received> Consumer::try_receive() {
   if (impl_->user_closed) return fail(Errc::InvalidArgument, "Consumer::try_receive", "the consumer is closed");
+  if (impl_->link) {
+    auto r = receive(Duration(0));
+    if (!r && r.error().code() == Errc::Timeout)
+      return fail(Errc::WouldBlock, "Consumer::try_receive", "no message waiting");
+    return r;
+  }
   std::uint64_t n = 0;
   std::uint32_t k = 0;
   if (!impl_->message_ready(n, k)) {
@@ -1402,6 +1466,11 @@ Result<Received> Consumer::try_receive() {
 void detail::ConsumerState::release(std::uint32_t slot, std::uint64_t gpu_release) {
   auto& m = *this;
   --m.held;
+  if (link) {
+    link->release(slot);
+    if (orphaned && held == 0) delete this;
+    return;
+  }
   if (m.user_closed) {  // hung up: our entry in the control block may be another consumer's now
     if (orphaned && held == 0) delete this;
     return;
@@ -1435,7 +1504,7 @@ std::optional<GpuSyncKind> Consumer::gpu_sync() const {
 
 const GpuSemaphore* Producer::gpu_timeline() const { return impl_->timeline ? &*impl_->timeline : nullptr; }
 const GpuSemaphore* Consumer::gpu_timeline() const { return impl_->timeline ? &*impl_->timeline : nullptr; }
-std::uint64_t Consumer::next_sequence() const { return impl_->expected; }
+std::uint64_t Consumer::next_sequence() const { return impl_->link ? impl_->link->next_sequence() : impl_->expected; }
 
 Result<Consumer::Upcoming> Consumer::upcoming(std::uint64_t sequence) {
   constexpr const char* call = "Consumer::upcoming";
@@ -1517,6 +1586,72 @@ std::span<const std::byte> Received::bytes() const {
   return all.first(std::min<std::uint64_t>(info_.size, all.size()));
 }
 Buffer& Received::buffer() const { return *impl_->ring[slot_]; }
+
+// ---------------------------------------------------------------------------------------------
+// Channel ends over a link
+
+struct detail::LinkAccess {
+  static std::unique_ptr<Producer> make_producer(LinkedEnd end, std::unique_ptr<ProducerLink> link) {
+    auto m = std::make_unique<ProducerState>();
+    m->name = std::move(end.name);
+    m->route = std::move(end.route);
+    m->options.slots = end.slots;
+    m->options.slot_size = end.slot_size;
+    m->options.max_consumers = 1;
+    m->options.policy = end.policy;
+    m->options.wait = end.wait;
+    m->options.timestamps = end.timestamps;
+    m->options.transport = m->route.transport;
+    m->options.vulkan = end.vulkan;
+    m->env.vulkan = end.vulkan;
+    m->ring = std::move(end.ring);
+    m->link = std::move(link);
+    return std::unique_ptr<Producer>(new Producer(std::move(m)));
+  }
+  static std::unique_ptr<Consumer> make_consumer(LinkedEnd end, std::unique_ptr<ConsumerLink> link) {
+    auto m = std::make_unique<ConsumerState>();
+    m->options.wait = end.wait;
+    m->options.vulkan = end.vulkan;
+    m->route = std::move(end.route);
+    m->env.vulkan = end.vulkan;
+    m->slots = end.slots;
+    m->slot_size = end.slot_size;
+    m->producer_pid = end.peer_pid;
+    m->ring = std::move(end.ring);
+    m->link = std::move(link);
+    return std::unique_ptr<Consumer>(new Consumer(std::move(m)));
+  }
+  static ProducerLink* link(const Producer& p) { return p.impl_->link.get(); }
+  static ConsumerLink* link(const Consumer& c) { return c.impl_->link.get(); }
+  static void set_route(Producer& p, ChannelRoute r) { p.impl_->route = std::move(r); }
+  static void set_route(Consumer& c, ChannelRoute r) { c.impl_->route = std::move(r); }
+
+  static Result<MessageInfo> publish(Producer& p, Loan&& loan, const LinkSend& send) {
+    constexpr const char* call = "Producer::publish";
+    auto& m = *p.impl_;
+    if (!m.link) return fail(Errc::InvalidArgument, call, "the channel is on a local route, not over a link");
+    if (m.user_closed) return fail(Errc::InvalidArgument, call, "the producer is closed");
+    if (loan.impl_ != &m) return fail(Errc::InvalidArgument, call, "the loan belongs to another channel");
+    LF_TRY(auto info, send(*m.link, loan.slot_));
+    --m.link_loans;
+    loan.impl_ = nullptr;
+    return info;
+  }
+};
+
+std::unique_ptr<Producer> detail::make_producer(LinkedEnd end, std::unique_ptr<ProducerLink> link) {
+  return LinkAccess::make_producer(std::move(end), std::move(link));
+}
+std::unique_ptr<Consumer> detail::make_consumer(LinkedEnd end, std::unique_ptr<ConsumerLink> link) {
+  return LinkAccess::make_consumer(std::move(end), std::move(link));
+}
+detail::ProducerLink* detail::link_of(const Producer& producer) { return LinkAccess::link(producer); }
+detail::ConsumerLink* detail::link_of(const Consumer& consumer) { return LinkAccess::link(consumer); }
+void detail::set_route(Producer& producer, ChannelRoute route) { LinkAccess::set_route(producer, std::move(route)); }
+void detail::set_route(Consumer& consumer, ChannelRoute route) { LinkAccess::set_route(consumer, std::move(route)); }
+Result<MessageInfo> detail::publish_linked(Producer& producer, Loan&& loan, const LinkSend& send) {
+  return LinkAccess::publish(producer, std::move(loan), send);
+}
 
 // ---------------------------------------------------------------------------------------------
 

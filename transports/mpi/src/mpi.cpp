@@ -22,10 +22,12 @@ class MpiTransport final : public Transport {
     return {true, str_format("MPI point-to-point: {}", scope.reason)};
   }
   Result<std::unique_ptr<Buffer>> allocate(const TransportEnv&, std::uint64_t) const override {
-    return fail(Errc::Unsupported, "mpi transport", "remote channels move bytes: use lavaflow::mpi::RemoteProducer");
+    return fail(Errc::Unsupported, "mpi transport",
+                "MPI moves bytes between ranks, not fds: open the channel with lavaflow::mpi::open_producer");
   }
   Result<std::unique_ptr<Buffer>> import(const TransportEnv&, const ExportDescriptor&, UniqueFd&&) const override {
-    return fail(Errc::Unsupported, "mpi transport", "fds do not cross hosts: use lavaflow::mpi::RemoteConsumer");
+    return fail(Errc::Unsupported, "mpi transport",
+                "fds do not cross hosts: open the channel with lavaflow::mpi::open_consumer");
   }
 };
 

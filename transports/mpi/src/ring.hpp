@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 #pragma once
-// Private to lavaflow::mpi: the ring buffers of a remote channel, the checks of its options, and
+// Private to lavaflow::mpi: the ring buffers of a channel over MPI, the checks of its options, and
 // the GPU copies of staged messages.
 #include <sys/mman.h>
 
@@ -17,12 +17,12 @@
 
 namespace lavaflow::mpi::detail {
 
-/// The ring buffers of a remote channel. Private memory (it never leaves the process as an fd; MPI
+/// The ring buffers of a channel over MPI. Private memory (it never leaves the process as an fd; MPI
 /// sends from it and receives into it): an anonymous mapping of its own rather than a memfd
 /// mapping, which MPI libraries (MPICH over UCX) handle on their fast path. Every slot in one
 /// block: slot_size + kMaxTrailer bytes, page-aligned. A ring of at least kHugeRing bytes is
 /// backed by transparent huge pages (2 MiB-aligned, MADV_HUGEPAGE before its first touch) unless
-/// RemoteOptions::huge_pages is off: MPI's single-copy path pins the pages of every large message
+/// ChannelOptions::huge_pages is off: MPI's single-copy path pins the pages of every large message
 /// (CMA), and a 2 MiB page costs it what a 4 KiB page does. The mapping is the ring's own so that
 /// its pages are fresh: memory from the malloc heap may have been touched before in 4 KiB pages,
 /// which the advice does not change (design note 0010 has the measurements). With GPU staging each
@@ -37,6 +37,33 @@ struct Ring {
   [[nodiscard]] std::byte* host_ptr(std::uint32_t slot) const { return at[slot]; }
   [[nodiscard]] std::span<std::byte> bytes(std::uint32_t slot) const { return {at[slot], slot_bytes}; }
 };
+
+/// One slot of a Ring as the Buffer a Loan or Received shows: `slot_size` bytes (the trailer's
+/// room after them is the channel's own).
+class RingSlot final : public Buffer {
+ public:
+  RingSlot(std::byte* at, std::uint64_t size, BufferKind kind) : at_(at), size_(size), kind_(kind) {}
+  [[nodiscard]] std::uint64_t size() const override { return size_; }
+  [[nodiscard]] BufferKind kind() const override { return kind_; }
+  [[nodiscard]] std::byte* host_ptr() const override { return at_; }
+  [[nodiscard]] Result<Export> export_handle() const override {
+    return fail(Errc::Unsupported, "export_handle",
+                "a ring buffer of a channel over MPI stays in its process: MPI moves its bytes");
+  }
+
+ private:
+  std::byte* at_;
+  std::uint64_t size_;
+  BufferKind kind_;
+};
+
+/// The ring's slots as Buffers, for the Producer or Consumer around the channel's link.
+inline std::vector<std::unique_ptr<Buffer>> slot_buffers(const Ring& ring, std::uint64_t slot_size) {
+  std::vector<std::unique_ptr<Buffer>> out;
+  const auto kind = ring.pinned.empty() ? BufferKind::CpuPrivate : BufferKind::CpuGpuPinned;
+  for (auto* at : ring.at) out.push_back(std::make_unique<RingSlot>(at, slot_size, kind));
+  return out;
+}
 
 /// `total` bytes of fresh anonymous memory aligned to `align` (a multiple of the page size): a
 /// larger mapping whose unaligned head and tail are given back.
@@ -154,17 +181,17 @@ class ChunkCopier {
   std::vector<Copy> copies_;  // destroyed before the pool
 };
 
-inline Status check_staging(const RemoteOptions& o, const GpuBuffer& gpu, std::uint64_t offset, std::uint64_t size,
+inline Status check_staging(const ChannelOptions& o, const GpuBuffer& gpu, std::uint64_t offset, std::uint64_t size,
                             const char* call) {
   if (!o.vulkan)
-    return fail(Errc::InvalidArgument, call, "GPU staging needs RemoteOptions::vulkan (the GPU buffer's device)");
+    return fail(Errc::InvalidArgument, call, "GPU staging needs ChannelOptions::vulkan (the GPU buffer's device)");
   if (offset > gpu.size() || size > gpu.size() - offset)
     return fail(Errc::InvalidArgument, call,
                 str_format("range [{}, +{}) outside the {}-byte GPU buffer", offset, size, gpu.size()));
   return {};
 }
 
-inline Status check_options(const RemoteOptions& o, const char* call) {
+inline Status check_options(const ChannelOptions& o, const char* call) {
   LF_TRY_STATUS(detail::check_channel(o.channel, call));
   if (o.policy == FullPolicy::DropOldest)
     return fail(Errc::Unsupported, call, "DropOldest is not available over MPI: a sent message cannot be taken back");

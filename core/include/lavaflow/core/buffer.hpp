@@ -23,6 +23,7 @@ enum class BufferKind : std::uint8_t {
   CpuNuma = 4,         ///< memfd bound to one NUMA node
   CpuHugePages = 5,    ///< memfd on huge pages (MFD_HUGETLB)
   CpuGpuPinned = 6,    ///< memfd also imported into Vulkan (VK_EXT_external_memory_host)
+  CpuPrivate = 7,      ///< this process's own memory (e.g. a ring that MPI sends from): never exported
 };
 [[nodiscard]] std::string_view to_string(BufferKind k) noexcept;
 [[nodiscard]] constexpr bool is_gpu(BufferKind k) noexcept {

@@ -1,10 +1,15 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 /// @file
-/// Channels: one producer, any number of consumers (fan-out: each sees every message), on one host.
-/// A ring of N buffers is allocated once by the producer and shared once, at connect time (fds over
-/// a Unix socket, SCM_RIGHTS). Per message only a slot descriptor moves, through a lock-free ring in
-/// shared memory: `loan()` → write → `publish()`; `receive()` → read → release (RAII).
+/// Channels: one producer, any number of consumers (fan-out: each sees every message).
+/// `loan()` → write → `publish()`; `receive()` → read → release (RAII). The same Producer and
+/// Consumer types serve every route: made by name (Producer::create / Consumer::open) they connect
+/// processes of one host; made between MPI ranks (lavaflow::mpi::open_producer / open_consumer)
+/// they take the route the job's Communicator chooses, local or over MPI to another host.
+///
+/// On one host a ring of N buffers is allocated once by the producer and shared once, at connect
+/// time (fds over a Unix socket, SCM_RIGHTS). Per message only a slot descriptor moves, through a
+/// lock-free ring in shared memory.
 ///
 /// Rendezvous is by name among processes of one user: the producer owns a socket in a 0700
 /// directory of that user and holds a lock file for its lifetime, so a crashed producer's name is
@@ -92,6 +97,10 @@ struct ProducerOptions {
   /// trusting processes), never one shared with memory others must not reach. Loan::buffer() is
   /// then a PooledBuffer (gpu_buffer() and gpu_offset() for Vulkan work).
   MemoryPool* pool = nullptr;
+  /// Point-to-point channels (e.g. between two MPI ranks): loan() first waits, within its
+  /// timeout, until this many consumers are attached, and once they were, a channel with fewer is
+  /// Errc::PeerLost (a consumer closed or died). 0: messages go to whoever is attached.
+  std::uint32_t await_consumers = 0;
 };
 
 struct ConsumerOptions {
@@ -152,6 +161,7 @@ class Consumer;
 namespace detail {
 struct ProducerState;  // the channel's ring, control block and sockets (transports/src/channel.cpp)
 struct ConsumerState;
+struct LinkAccess;  // transports that move messages themselves (detail/link.hpp)
 }  // namespace detail
 
 /// A loaned ring buffer. Write into `bytes()`, then `Producer::publish(std::move(loan))`.
@@ -188,6 +198,7 @@ class Loan {
 
  private:
   friend class Producer;
+  friend struct detail::LinkAccess;
   Loan(detail::ProducerState* state, std::uint64_t seq, std::uint32_t slot, std::vector<GpuSync> waits)
       : impl_(state), seq_(seq), slot_(slot), waits_(std::move(waits)) {}
   detail::ProducerState* impl_ = nullptr;
@@ -233,6 +244,7 @@ class Received {
 
  private:
   friend class Consumer;
+  friend struct detail::LinkAccess;
   Received(detail::ConsumerState* state, MessageInfo info, std::uint64_t missed, std::uint32_t slot, bool gpu_ordered)
       : impl_(state), info_(info), missed_(missed), slot_(slot), gpu_ordered_(gpu_ordered) {}
   detail::ConsumerState* impl_ = nullptr;
@@ -287,6 +299,7 @@ class Producer {
   [[nodiscard]] bool closed() const;
 
  private:
+  friend struct detail::LinkAccess;
   explicit Producer(std::unique_ptr<detail::ProducerState> state);
   std::unique_ptr<detail::ProducerState> impl_;
 };
@@ -343,6 +356,7 @@ class Consumer {
   [[nodiscard]] std::uint64_t next_sequence() const;
 
  private:
+  friend struct detail::LinkAccess;
   explicit Consumer(std::unique_ptr<detail::ConsumerState> state);
   std::unique_ptr<detail::ConsumerState> impl_;
 };

@@ -1,33 +1,27 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 /// @file
-/// lavaflow::mpi — channels between MPI ranks, routed per pair: ranks on one host use the local
-/// transports (Vulkan IPC or shared memory, fds over the local socket), ranks on different hosts a
-/// remote channel over MPI point-to-point.
+/// lavaflow::mpi — an MPI job's ranks and where they are (Communicator), and channels between them:
+/// the same lavaflow::Producer and Consumer as on one host, routed per pair. Ranks on one host use
+/// the local transports (Vulkan IPC or shared memory, fds over the local socket); ranks on
+/// different hosts send over MPI point-to-point (fds are node-local, so bytes move).
 ///
-/// A remote channel moves bytes (fds are node-local): the producer's ring buffer is sent as is
-/// (`MPI_Isend` straight from the loaned buffer: the payload, then an 8–32-byte trailer) into a receive
-/// posted on the consumer's ring buffer (no copy on either side, no unexpected-message buffering:
-/// the producer sends only with a credit, and every credit stands for a posted receive).
-///
-/// Differences from local channels (design note 0010): one consumer per remote channel; FullPolicy
-/// DropOldest is refused (a sent message cannot be taken back); waits poll MPI (`MPI_Test`),
-/// busy or with short sleeps, because MPI has no blocking wait with a timeout. A peer rank whose
-/// process this one can watch (same kernel and PID namespace) and that exits is Errc::PeerLost
-/// within about a millisecond of any wait on it; a peer on another host that vanishes is a timeout.
+/// Differences of the MPI route (design note 0010): one consumer per channel; FullPolicy
+/// DropOldest is refused (a sent message cannot be taken back); no GPU ordering (stage GPU buffers
+/// with publish_gpu / receive_gpu); waits poll MPI (`MPI_Test`), busy or with short sleeps,
+/// because MPI has no blocking wait with a timeout. A peer rank whose process this one can watch
+/// (same kernel and PID namespace) and that exits is Errc::PeerLost within about a millisecond of
+/// any wait on it; a peer on another host that vanishes is a timeout.
 
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <optional>
-#include <span>
 #include <string>
-#include <variant>
 #include <vector>
 
-#include "lavaflow/core/cpu_buffer.hpp"
 #include "lavaflow/core/duration.hpp"
 #include "lavaflow/core/error.hpp"
 #include "lavaflow/core/gpu_buffer.hpp"
@@ -41,11 +35,12 @@ namespace lavaflow::mpi {
 /// An MPI error code as a lava-flow Error ("MPI_Send: MPI_ERR_RANK: invalid rank").
 [[nodiscard]] Error to_error(int code, std::string call);
 
-/// The routing-only transport for peers on other hosts (its ring buffers are not fds).
+/// The transport of ranks on other hosts, for routing (choose_route): its ring buffers are not fds,
+/// so a channel over it is made between ranks (open_producer / open_consumer), not by name.
 [[nodiscard]] std::shared_ptr<const Transport> mpi_transport();
 
 /// Whether this MPI library reads and writes CUDA device memory itself ("CUDA-aware"), asked at run
-/// time (Open MPI: MPIX_Query_cuda_support; MPICH: MPIX_GPU_query_support). Remote channels stage
+/// time (Open MPI: MPIX_Query_cuda_support; MPICH: MPIX_GPU_query_support). Channels over MPI stage
 /// GPU buffers through pinned host memory either way (publish_gpu / receive_gpu, design note
 /// 0010); this says whether a CUDA-aware path could be taken, and `how` says how it was found out.
 struct GpuAwareness {
@@ -112,250 +107,76 @@ class Communicator {
   std::vector<UniqueFd> exits_;  // per rank: a pidfd that turns readable when it exits, or empty
 };
 
-/// The highest channel number (RemoteOptions / RankChannelOptions::channel): every channel takes
-/// 8 MPI tags, and MPI guarantees tags up to 32767.
+/// The highest channel number (ChannelOptions::channel): every channel takes 8 MPI tags, and MPI
+/// guarantees tags up to 32767.
 inline constexpr int kMaxChannel = 4094;
 
-struct RemoteOptions {
-  std::uint32_t slots = 8;            ///< ring length (producer's choice; the consumer takes it)
-  std::uint64_t slot_size = 1 << 20;  ///< payload bytes per ring buffer
-  FullPolicy policy = FullPolicy::Block;
-  WaitMode wait = WaitMode::SpinThenBlock;
-  bool timestamps = false;
-  /// Distinguishes channels between the same two ranks: 0 … 4094.
-  int channel = 0;
-  Duration connect_timeout = std::chrono::seconds(30);
-  /// GPU staging (publish_gpu / receive_gpu): the ring buffers become pinned host memory of this
-  /// Vulkan device (VK_EXT_external_memory_host), which its copy engine reads and writes directly.
-  const VulkanContext* vulkan = nullptr;
-  /// publish_gpu's chunk: a power of two, 4 KiB … 1 GiB. Each chunk goes out as its own MPI
-  /// message as soon as the GPU has copied it, while the GPU copies the next.
-  std::uint64_t chunk = 4 << 20;
-  /// A ring of 256 KiB or more (without GPU staging) in transparent huge pages, rounded up to
-  /// 2 MiB: MPI's single-copy path pins every page of a large message, and large pages make that
-  /// cheap. Each side decides for its own ring.
-  bool huge_pages = true;
-};
-
-class RemoteProducer;
-class RemoteConsumer;
-
-/// A loaned ring buffer of a remote channel; dropped unpublished, it goes back.
-class RemoteLoan {
- public:
-  RemoteLoan(RemoteLoan&&) noexcept;
-  RemoteLoan& operator=(RemoteLoan&&) = delete;
-  ~RemoteLoan();
-  [[nodiscard]] std::span<std::byte> bytes() const;
-  [[nodiscard]] std::uint64_t sequence() const { return seq_; }
-
- private:
-  friend class RemoteProducer;
-  RemoteLoan(RemoteProducer* p, std::uint32_t slot, std::uint64_t seq) : producer_(p), slot_(slot), seq_(seq) {}
-  RemoteProducer* producer_ = nullptr;
-  std::uint32_t slot_ = 0;
-  std::uint64_t seq_ = 0;
-};
-
-/// A received message of a remote channel; released (its ring buffer re-posted, a credit sent back)
-/// when destroyed.
-class RemoteReceived {
- public:
-  RemoteReceived(RemoteReceived&&) noexcept;
-  RemoteReceived& operator=(RemoteReceived&&) = delete;
-  ~RemoteReceived();
-  [[nodiscard]] std::span<const std::byte> bytes() const;
-  [[nodiscard]] const MessageInfo& info() const { return info_; }
-  Status release();
-
- private:
-  friend class RemoteConsumer;
-  RemoteReceived(RemoteConsumer* c, std::uint32_t slot, MessageInfo info) : consumer_(c), slot_(slot), info_(info) {}
-  RemoteConsumer* consumer_ = nullptr;
-  std::uint32_t slot_ = 0;
-  MessageInfo info_;
-};
-
-class RemoteProducer {
- public:
-  /// Announces the channel to `consumer_rank` (does not wait: the first loan() waits for its answer).
-  [[nodiscard]] static Result<std::unique_ptr<RemoteProducer>> create(const Communicator& comm, int consumer_rank,
-                                                                      RemoteOptions options = {});
-  ~RemoteProducer();
-  [[nodiscard]] Result<RemoteLoan> loan(Duration timeout = kForever);
-  [[nodiscard]] Result<RemoteLoan> try_loan();
-  /// Sends the first `info.size` bytes of the buffer (0: the whole slot) and a trailer written
-  /// after them, from the buffer itself (a trailer of 8 bytes, 8 more each for a non-zero user tag
-  /// and a timestamp).
-  [[nodiscard]] Result<MessageInfo> publish(RemoteLoan&& loan, MessageInfo info = {});
-  /// Sends [offset, offset + size) of a (device-local) GPU buffer, staged through the loaned ring
-  /// buffer in pipelined chunks: the GPU copies every chunk into the pinned ring buffer (one
-  /// submission each, signalling a timeline), and each chunk is sent the moment its copy is done,
-  /// while the GPU copies the next. Needs RemoteOptions::vulkan (the device of `src`).
-  [[nodiscard]] Result<MessageInfo> publish_gpu(RemoteLoan&& loan, const GpuBuffer& src, std::uint64_t offset,
-                                                std::uint64_t size, MessageInfo info = {});
-  /// Waits until every published message has been received and released by the consumer. The
-  /// consumer reports releases in batches: the last ones when it next waits for a message or when
-  /// it is closed — so a peer that neither receives nor closes makes this time out.
-  [[nodiscard]] Status flush(Duration timeout = kForever);
-  [[nodiscard]] std::uint64_t slot_size() const;
-  [[nodiscard]] std::uint32_t slots() const;
-
-  struct Impl;
-
- private:
-  friend class RemoteLoan;
-  explicit RemoteProducer(std::unique_ptr<Impl> impl);
-  RemoteLoan take(std::uint32_t slot);  ///< loans a free slot (loan and try_loan)
-  void give_back(std::uint32_t slot);
-  std::unique_ptr<Impl> impl_;
-};
-
-class RemoteConsumer {
- public:
-  /// Waits (up to options.connect_timeout) for `producer_rank`'s announcement of the channel,
-  /// checks it, allocates the ring and posts a receive on every ring buffer.
-  [[nodiscard]] static Result<std::unique_ptr<RemoteConsumer>> open(const Communicator& comm, int producer_rank,
-                                                                    RemoteOptions options = {});
-  ~RemoteConsumer();
-  /// The next message, waiting at most `timeout`; Malformed on a size or sequence mismatch.
-  /// A message sent in chunks (publish_gpu) is returned once every chunk is in.
-  [[nodiscard]] Result<RemoteReceived> receive(Duration timeout = kForever);
-  /// The next message, straight on into `dst` at `offset`: each chunk is uploaded by the GPU as
-  /// soon as it arrives (overlapping the arrival of the next); returns when the data is in `dst`,
-  /// the ring buffer already released. Needs RemoteOptions::vulkan (the device of `dst`).
-  [[nodiscard]] Result<MessageInfo> receive_gpu(const GpuBuffer& dst, std::uint64_t offset,
-                                                Duration timeout = kForever);
-  [[nodiscard]] Result<RemoteReceived> try_receive();
-  [[nodiscard]] std::uint64_t slot_size() const;
-  [[nodiscard]] std::uint32_t slots() const;
-
-  struct Impl;
-
- private:
-  friend class RemoteReceived;
-  explicit RemoteConsumer(std::unique_ptr<Impl> impl);
-  Status release(std::uint32_t slot);
-  std::unique_ptr<Impl> impl_;
-};
-
-// ----- Rank channels: one API whatever the route
-
-/// A channel from this rank to another, or from another to this one. Both sides name the channel
-/// by (producer rank, consumer rank, `channel`); neither says how it goes.
-struct RankChannelOptions {
-  std::uint32_t slots = 8;                ///< ring length (the producer's choice; local routes: 1..62)
+/// A channel from this rank to another, or from another to this one. Both ends name it by
+/// (producer rank, consumer rank, `channel`); neither says how it goes.
+struct ChannelOptions {
+  /// Ring length, the producer's choice (the consumer takes it): 1..62 on a local route, 1..1024
+  /// over MPI.
+  std::uint32_t slots = 8;
   std::uint64_t slot_size = 1 << 20;      ///< payload bytes per ring buffer (the producer's choice)
-  FullPolicy policy = FullPolicy::Block;  ///< DropOldest: local routes only (refused over MPI)
+  FullPolicy policy = FullPolicy::Block;  ///< DropOldest: local routes only (a sent message cannot be taken back)
   WaitMode wait = WaitMode::SpinThenBlock;
   bool timestamps = false;
   /// Distinguishes channels between the same two ranks (one per direction each): 0 … 4094.
   int channel = 0;
-  /// Unset: Communicator::route()'s choice; else forces one. Both sides must force the same (the
+  /// Unset: Communicator::route()'s choice; else forces one. Both ends must force the same (the
   /// consumer looks for the channel where its route says it is).
   std::optional<TransportKind> transport;
   /// Local routes: the Vulkan IPC ring's device (null: one is made when needed). MPI route: the
-  /// device for GPU staging (remote()->publish_gpu / receive_gpu).
+  /// device for GPU staging (publish_gpu / receive_gpu); the ring buffers then become pinned host
+  /// memory of this device (VK_EXT_external_memory_host), which its copy engine reads and writes.
   const VulkanContext* vulkan = nullptr;
   Duration connect_timeout = std::chrono::seconds(30);  ///< consumer: wait this long for the producer
-  bool huge_pages = true;                               ///< MPI route: RemoteOptions::huge_pages
+  /// MPI route, publish_gpu's chunk: a power of two, 4 KiB … 1 GiB. Each chunk goes out as its own
+  /// MPI message as soon as the GPU has copied it, while the GPU copies the next.
+  std::uint64_t chunk = 4 << 20;
+  /// MPI route: a ring of 256 KiB or more (without GPU staging) in transparent huge pages, rounded
+  /// up to 2 MiB: MPI's single-copy path pins every page of a large message, and large pages make
+  /// that cheap. Each end decides for its own ring.
+  bool huge_pages = true;
 };
 
-class RankProducer;
-class RankConsumer;
+/// The producer end of a channel to `consumer_rank`: a lavaflow::Producer like any other, on the
+/// route the Communicator chooses for the pair (Producer::route() says which and why).
+/// - Local route (the ranks share a host): Vulkan IPC or shared memory, the fds over the local
+///   socket; the ring is shared, and one loan is out at a time.
+/// - MPI route (design note 0010): the loaned ring buffer is sent as is (`MPI_Isend` straight from
+///   it: the payload, then an 8–32-byte trailer) into a receive posted on the consumer's ring
+///   buffer (no copy on either side, no unexpected-message buffering: the producer sends only
+///   with a credit, and every credit stands for a posted receive). Up to `slots` loans may be out
+///   at once. Its ring buffers stay in this process (Buffer::export_handle is Unsupported).
+/// Either way the channel has exactly one consumer: the first loan waits (within its timeout) for
+/// that rank to open the channel; a consumer rank that goes away makes the next wait PeerLost —
+/// at once on a local route, within about a millisecond over MPI where this process can watch the
+/// rank's process (Communicator::watches), else a timeout. Over MPI, flush() counts a message
+/// once the consumer releases it, and the consumer reports releases in batches: the last ones
+/// when it next waits for a message or is destroyed.
+[[nodiscard]] Result<std::unique_ptr<Producer>> open_producer(const Communicator& comm, int consumer_rank,
+                                                              ChannelOptions options = {});
 
-/// A loaned ring buffer of a rank channel: Loan or RemoteLoan underneath.
-class RankLoan {
- public:
-  RankLoan(RankLoan&&) noexcept = default;
-  /// Empty when the ring is device-local GPU memory (Vulkan IPC route on a discrete GPU): write it
-  /// through local()->buffer() then.
-  [[nodiscard]] std::span<std::byte> bytes() const;
-  [[nodiscard]] std::uint64_t sequence() const;
-  /// The route's own loan, for what only it has (Loan::buffer(), gpu_signal()); null on the other route.
-  [[nodiscard]] Loan* local() { return std::get_if<Loan>(&loan_); }
-  [[nodiscard]] RemoteLoan* remote() { return std::get_if<RemoteLoan>(&loan_); }
+/// The consumer end of a channel from `producer_rank` (see open_producer). Waits up to
+/// options.connect_timeout for the producer; only `channel`, `transport`, `wait`, `vulkan`,
+/// `connect_timeout` and `huge_pages` are read (the ring is the producer's). Over MPI, receive()
+/// is Malformed on a size or sequence mismatch, and a message sent in chunks (publish_gpu) is
+/// returned once every chunk is in.
+[[nodiscard]] Result<std::unique_ptr<Consumer>> open_consumer(const Communicator& comm, int producer_rank,
+                                                              ChannelOptions options = {});
 
- private:
-  friend class RankProducer;
-  explicit RankLoan(Loan&& l) : loan_(std::move(l)) {}
-  explicit RankLoan(RemoteLoan&& l) : loan_(std::move(l)) {}
-  std::variant<Loan, RemoteLoan> loan_;
-};
+/// MPI route: sends [offset, offset + size) of a (device-local) GPU buffer as `loan`'s message,
+/// staged through the loaned ring buffer in pipelined chunks: the GPU copies every chunk into the
+/// pinned ring buffer (one submission each), and each chunk is sent the moment its copy is done,
+/// while the GPU copies the next. Needs ChannelOptions::vulkan (the device of `src`).
+[[nodiscard]] Result<MessageInfo> publish_gpu(Producer& producer, Loan&& loan, const GpuBuffer& src,
+                                              std::uint64_t offset, std::uint64_t size, MessageInfo info = {});
 
-/// A received message of a rank channel; released when destroyed.
-class RankReceived {
- public:
-  RankReceived(RankReceived&&) noexcept = default;
-  /// Empty when the ring is device-local GPU memory: read it through local()->buffer() then.
-  [[nodiscard]] std::span<const std::byte> bytes() const;
-  [[nodiscard]] const MessageInfo& info() const;
-  Status release();
-  [[nodiscard]] Received* local() { return std::get_if<Received>(&received_); }
-  [[nodiscard]] RemoteReceived* remote() { return std::get_if<RemoteReceived>(&received_); }
-
- private:
-  friend class RankConsumer;
-  explicit RankReceived(Received&& r) : received_(std::move(r)) {}
-  explicit RankReceived(RemoteReceived&& r) : received_(std::move(r)) {}
-  std::variant<Received, RemoteReceived> received_;
-};
-
-/// The producer end of a channel to `consumer_rank`, routed by the Communicator: a local Producer
-/// (Vulkan IPC or shared memory; the fds go over the local socket) when the two ranks share a host,
-/// a RemoteProducer otherwise. Exactly one consumer: the first loan waits for that rank to open
-/// the channel, and a local consumer that goes away is PeerLost.
-/// Differences between the routes (design note 0013): one loan at a time on a local route, up to
-/// `slots` over MPI; DropOldest only locally; device-local rings (bytes() empty) only locally.
-class RankProducer {
- public:
-  [[nodiscard]] static Result<std::unique_ptr<RankProducer>> create(const Communicator& comm, int consumer_rank,
-                                                                    RankChannelOptions options = {});
-  ~RankProducer();
-  [[nodiscard]] Result<RankLoan> loan(Duration timeout = kForever);
-  [[nodiscard]] Result<RankLoan> try_loan();
-  [[nodiscard]] Result<MessageInfo> publish(RankLoan&& loan, MessageInfo info = {});
-  /// Waits until the consumer has received and released every published message.
-  [[nodiscard]] Status flush(Duration timeout = kForever);
-  [[nodiscard]] const PairRoute& route() const { return route_; }
-  [[nodiscard]] std::uint32_t slots() const;
-  [[nodiscard]] std::uint64_t slot_size() const;
-  /// The channel underneath (one of them is null), for what only one route has.
-  [[nodiscard]] Producer* local() const { return local_.get(); }
-  [[nodiscard]] RemoteProducer* remote() const { return remote_.get(); }
-
- private:
-  RankProducer() = default;
-  Status wait_for_consumer(Duration timeout);
-  PairRoute route_;
-  std::unique_ptr<Producer> local_;
-  std::unique_ptr<RemoteProducer> remote_;
-  bool consumer_seen_ = false;
-};
-
-/// The consumer end of a channel from `producer_rank` (see RankProducer).
-class RankConsumer {
- public:
-  /// Waits up to options.connect_timeout for the producer; only `channel`, `transport`, `wait`,
-  /// `vulkan`, `connect_timeout` and `huge_pages` are read (the ring is the producer's).
-  [[nodiscard]] static Result<std::unique_ptr<RankConsumer>> open(const Communicator& comm, int producer_rank,
-                                                                  RankChannelOptions options = {});
-  ~RankConsumer();
-  /// The next message, waiting at most `timeout`; PeerLost once a local producer is gone and
-  /// everything it sent is received.
-  [[nodiscard]] Result<RankReceived> receive(Duration timeout = kForever);
-  [[nodiscard]] Result<RankReceived> try_receive();
-  [[nodiscard]] const PairRoute& route() const { return route_; }
-  [[nodiscard]] std::uint32_t slots() const;
-  [[nodiscard]] std::uint64_t slot_size() const;
-  [[nodiscard]] Consumer* local() const { return local_.get(); }
-  [[nodiscard]] RemoteConsumer* remote() const { return remote_.get(); }
-
- private:
-  RankConsumer() = default;
-  PairRoute route_;
-  std::unique_ptr<Consumer> local_;
-  std::unique_ptr<RemoteConsumer> remote_;
-};
+/// MPI route: the next message, straight on into `dst` at `offset`: each chunk is uploaded by the
+/// GPU as soon as it arrives (overlapping the arrival of the next); returns when the data is in
+/// `dst`, the ring buffer already released. Needs ChannelOptions::vulkan (the device of `dst`).
+[[nodiscard]] Result<MessageInfo> receive_gpu(Consumer& consumer, const GpuBuffer& dst, std::uint64_t offset,
+                                              Duration timeout = kForever);
 
 }  // namespace lavaflow::mpi

@@ -4,28 +4,31 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <span>
+#include <utility>
 
 #include "checks.hpp"
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/vulkan_context.hpp"
 #include "lavaflow/mpi/mpi.hpp"
+#include "lavaflow/transports/detail/link.hpp"
+#include "links.hpp"
 #include "ring.hpp"
 #include "wait.hpp"
 #include "wire.hpp"
 
-namespace lavaflow::mpi {
+namespace lavaflow::mpi::detail {
 
-using namespace detail;
+namespace {
 
-// ----- RemoteConsumer
-
-struct RemoteConsumer::Impl {
+/// The receiving end of a channel over MPI.
+struct MpiConsumerLink final : lavaflow::detail::ConsumerLink {
   MPI_Comm comm = MPI_COMM_NULL;
   int peer = 0;
   PeerWatch watch;
-  RemoteOptions o;
+  ChannelOptions o;
   Ring ring;
   std::vector<MPI_Request> recvs;
   std::deque<std::uint32_t> posted;  // in posting order: MPI matches messages to them in this order
@@ -34,11 +37,32 @@ struct RemoteConsumer::Impl {
   std::unique_ptr<ChunkCopier> copier;  // GPU staging, made on first use
   bool broken = false;                  // lost its place inside a chunked message
   std::string broken_reason;
+  Status deferred;  // a release's failure, reported by the next receive
 
-  Impl() = default;
-  Impl(const Impl&) = delete;
-  Impl& operator=(const Impl&) = delete;
-  ~Impl();
+  MpiConsumerLink() = default;
+  MpiConsumerLink(const MpiConsumerLink&) = delete;
+  MpiConsumerLink& operator=(const MpiConsumerLink&) = delete;
+  ~MpiConsumerLink() override;
+
+  Status start(const Communicator& comm, int producer_rank, const ChannelOptions& o);
+
+  Result<std::pair<std::uint32_t, MessageInfo>> receive(Duration timeout) override {
+    if (!deferred) return std::unexpected(std::exchange(deferred, Status{}).error());
+    return take_next(timeout, {}, "Consumer::receive");
+  }
+  void release(std::uint32_t slot) override {
+    if (auto ok = give_back(slot); !ok && deferred) deferred = ok;
+  }
+  std::uint64_t next_sequence() const override { return expected; }
+
+  /// The ring buffer of `slot` takes the next message again.
+  Status give_back(std::uint32_t slot) {
+    LF_TRY_STATUS(post(slot));
+    ++released;
+    return maybe_credit();
+  }
+
+  Result<MessageInfo> receive_gpu(const GpuBuffer& dst, std::uint64_t offset, Duration timeout);
 
   /// A part of message `sequence`'s payload that has arrived: bytes [offset, +bytes) of `total`,
   /// in the ring buffer of `slot`.
@@ -80,12 +104,8 @@ struct RemoteConsumer::Impl {
   }
 };
 
-RemoteConsumer::RemoteConsumer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-
-RemoteConsumer::~RemoteConsumer() = default;
-
-/// Also when open() fails half-way: no receive outlives the ring buffer it writes into.
-RemoteConsumer::Impl::~Impl() {
+/// Also when start() fails half-way: no receive outlives the ring buffer it writes into.
+MpiConsumerLink::~MpiConsumerLink() {
   if (released != credited) (void)send_credit();
   for (auto& [v, r] : credits) finish_or_cancel(r, std::chrono::milliseconds(500));
   for (auto slot : posted) cancel(recvs[slot]);  // the active ones; then free them all
@@ -93,23 +113,22 @@ RemoteConsumer::Impl::~Impl() {
     if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
 }
 
-Result<std::unique_ptr<RemoteConsumer>> RemoteConsumer::open(const Communicator& comm, int producer_rank,
-                                                             RemoteOptions o) {
-  constexpr const char* call = "mpi::RemoteConsumer::open";
-  LF_TRY_STATUS(detail::check_peer(comm, producer_rank, call));
-  LF_TRY_STATUS(detail::check_channel(o.channel, call));
-  auto m = std::make_unique<Impl>();
-  m->comm = comm.comm();
-  m->peer = producer_rank;
-  m->watch = PeerWatch(comm, producer_rank, o.channel);
+/// Waits for the producer's announcement, checks it, allocates the ring, posts a receive on every
+/// ring buffer and answers.
+Status MpiConsumerLink::start(const Communicator& c, int producer_rank, const ChannelOptions& options) {
+  constexpr const char* call = "mpi::open_consumer";
+  comm = c.comm();
+  peer = producer_rank;
+  watch = PeerWatch(c, producer_rank, options.channel);
   Hello hello{};
   MPI_Request r = MPI_REQUEST_NULL;
-  LF_TRY_STATUS(check(MPI_Irecv(&hello, sizeof hello, MPI_BYTE, producer_rank, hello_tag(o.channel), m->comm, &r),
+  LF_TRY_STATUS(check(MPI_Irecv(&hello, sizeof hello, MPI_BYTE, producer_rank, hello_tag(options.channel), comm, &r),
                       "MPI_Irecv(announce)"));
   MPI_Status st;
   auto got = poll_until(
-      [&] { return test(r, &st, "MPI_Test(announce)"); }, o.connect_timeout, o.wait, Errc::Timeout,
-      [&] { return str_format("rank {} did not announce channel {} in time", producer_rank, o.channel); }, &m->watch);
+      [&] { return test(r, &st, "MPI_Test(announce)"); }, options.connect_timeout, options.wait, Errc::Timeout,
+      [&] { return str_format("rank {} did not announce channel {} in time", producer_rank, options.channel); },
+      &watch);
   if (!got) {
     cancel(r);
     return std::unexpected(got.error().within(call));
@@ -122,28 +141,26 @@ Result<std::unique_ptr<RemoteConsumer>> RemoteConsumer::open(const Communicator&
   if (hello.version != kVersion)
     return fail(Errc::VersionMismatch, call,
                 str_format("announcement version {}, this build speaks {}", hello.version, kVersion));
-  if (hello.channel != o.channel)
+  if (hello.channel != options.channel)
     return fail(Errc::Malformed, call,
-                str_format("announcement for channel {} on channel {}'s tag", hello.channel, o.channel));
-  RemoteOptions theirs = o;
+                str_format("announcement for channel {} on channel {}'s tag", hello.channel, options.channel));
+  ChannelOptions theirs = options;
   theirs.slots = hello.slots;
   theirs.slot_size = hello.slot_size;
   theirs.policy = FullPolicy::Block;
   if (auto ok = check_options(theirs, call); !ok)
     return std::unexpected(Error(Errc::Malformed, call, "announcement out of range: " + ok.error().cause()));
-  m->o = theirs;
-  LF_TRY(m->ring, make_ring(theirs.slots, theirs.slot_size, o.vulkan, o.huge_pages));
-  m->recvs.assign(theirs.slots, MPI_REQUEST_NULL);
+  o = theirs;
+  LF_TRY(ring, make_ring(theirs.slots, theirs.slot_size, options.vulkan, options.huge_pages));
+  recvs.assign(theirs.slots, MPI_REQUEST_NULL);
   for (std::uint32_t k = 0; k < theirs.slots; ++k) {
-    LF_TRY_STATUS(check(MPI_Recv_init(m->ring.host_ptr(k), static_cast<int>(theirs.slot_size + kMaxTrailer), MPI_BYTE,
-                                      producer_rank, data_tag(o.channel), m->comm, &m->recvs[k]),
+    LF_TRY_STATUS(check(MPI_Recv_init(ring.host_ptr(k), static_cast<int>(theirs.slot_size + kMaxTrailer), MPI_BYTE,
+                                      producer_rank, data_tag(options.channel), comm, &recvs[k]),
                         "MPI_Recv_init(message)"));
-    LF_TRY_STATUS(m->post(k));
+    LF_TRY_STATUS(post(k));
   }
   std::uint32_t answer = kHelloMagic;
-  LF_TRY_STATUS(
-      check(MPI_Send(&answer, 1, MPI_UINT32_T, producer_rank, ack_tag(o.channel), m->comm), "MPI_Send(answer)"));
-  return std::unique_ptr<RemoteConsumer>(new RemoteConsumer(std::move(m)));
+  return check(MPI_Send(&answer, 1, MPI_UINT32_T, producer_rank, ack_tag(options.channel), comm), "MPI_Send(answer)");
 }
 
 /// Waits for the next message in posted order and checks it; for a chunked message, also receives
@@ -151,8 +168,8 @@ Result<std::unique_ptr<RemoteConsumer>> RemoteConsumer::open(const Communicator&
 /// payload as it is in — the GPU path uploads it then. Returns the slot and the trailer. A channel
 /// that loses its place inside a chunked message is marked broken, and that ring buffer is not
 /// posted again (a GPU copy may still be reading it; the channel refuses every later call anyway).
-Result<std::pair<std::uint32_t, MessageInfo>> RemoteConsumer::Impl::take_next(Duration timeout, const PartFn& on_part,
-                                                                              const char* call) {
+Result<std::pair<std::uint32_t, MessageInfo>> MpiConsumerLink::take_next(Duration timeout, const PartFn& on_part,
+                                                                         const char* call) {
   auto& m = *this;
   if (m.broken)
     return fail(Errc::Malformed, call, "the channel lost its place in a chunked message earlier: " + m.broken_reason);
@@ -263,22 +280,18 @@ Result<std::pair<std::uint32_t, MessageInfo>> RemoteConsumer::Impl::take_next(Du
   return std::pair{slot, MessageInfo{size, t->tag, t->timestamp_ns, seq}};
 }
 
-Result<RemoteReceived> RemoteConsumer::receive(Duration timeout) {
-  LF_TRY(auto got, impl_->take_next(timeout, {}, "mpi::RemoteConsumer::receive"));
-  return RemoteReceived(this, got.first, got.second);
-}
-
-Result<MessageInfo> RemoteConsumer::receive_gpu(const GpuBuffer& dst, std::uint64_t offset, Duration timeout) {
-  constexpr const char* call = "mpi::RemoteConsumer::receive_gpu";
-  auto& m = *impl_;
+Result<MessageInfo> MpiConsumerLink::receive_gpu(const GpuBuffer& dst, std::uint64_t offset, Duration timeout) {
+  constexpr const char* call = "mpi::receive_gpu";
+  auto& m = *this;
+  if (!deferred) return std::unexpected(std::exchange(deferred, Status{}).error());
   LF_TRY_STATUS(check_staging(m.o, dst, offset, 0, call));
   if (!m.copier) {
     LF_TRY(m.copier, ChunkCopier::create(*m.o.vulkan));
   }
   // Each part is uploaded as it lands. The whole message must fit at `offset`; its size is known
   // only from its trailer, so the first part checks it (the message is then consumed and reported).
-  std::vector<std::size_t> tickets;                      // every copy is waited for: fences of separate submissions
-  auto upload = [&](const Impl::Part& part) -> Status {  // may signal out of order
+  std::vector<std::size_t> tickets;                // every copy is waited for: fences of separate submissions
+  auto upload = [&](const Part& part) -> Status {  // may signal out of order
     if (part.offset == 0 && offset + part.total > dst.size())
       return fail(Errc::InvalidArgument, call,
                   str_format("message {} of {} bytes does not fit at offset {} of a {}-byte GPU buffer", part.sequence,
@@ -293,39 +306,40 @@ Result<MessageInfo> RemoteConsumer::receive_gpu(const GpuBuffer& dst, std::uint6
   Status waited;
   for (auto t : tickets)
     if (waited) waited = m.copier->wait(t, std::chrono::seconds(10));
-  LF_TRY_STATUS(release(got.first));  // the GPU is done reading the ring buffer (or gave up)
+  LF_TRY_STATUS(give_back(got.first));  // the GPU is done reading the ring buffer (or gave up)
   LF_TRY_STATUS(waited);
   return got.second;
 }
 
-Result<RemoteReceived> RemoteConsumer::try_receive() {
-  auto r = receive(Duration::zero());
-  if (!r && r.error().code() == Errc::Timeout)
-    return fail(Errc::WouldBlock, "mpi::RemoteConsumer::try_receive", "no message yet");
-  return r;
+}  // namespace
+
+Result<std::unique_ptr<Consumer>> open_mpi_consumer(const Communicator& comm, int producer_rank,
+                                                    const ChannelOptions& o, lavaflow::detail::LinkedEnd end) {
+  LF_TRY_STATUS(detail::check_channel(o.channel, "mpi::open_consumer"));
+  auto link = std::make_unique<MpiConsumerLink>();
+  LF_TRY_STATUS(link->start(comm, producer_rank, o));
+  end.slots = link->o.slots;
+  end.slot_size = link->o.slot_size;
+  end.wait = o.wait;
+  end.vulkan = o.vulkan;
+  end.peer_pid = comm.location(producer_rank).pid;
+  end.ring = slot_buffers(link->ring, link->o.slot_size);
+  return lavaflow::detail::make_consumer(std::move(end), std::move(link));
 }
 
-Status RemoteConsumer::release(std::uint32_t slot) {
-  auto& m = *impl_;
-  LF_TRY_STATUS(m.post(slot));
-  ++m.released;
-  return m.maybe_credit();
-}
+}  // namespace lavaflow::mpi::detail
 
-std::uint64_t RemoteConsumer::slot_size() const { return impl_->o.slot_size; }
-std::uint32_t RemoteConsumer::slots() const { return impl_->o.slots; }
+namespace lavaflow::mpi {
 
-RemoteReceived::RemoteReceived(RemoteReceived&& o) noexcept
-    : consumer_(std::exchange(o.consumer_, nullptr)), slot_(o.slot_), info_(o.info_) {}
-RemoteReceived::~RemoteReceived() { (void)release(); }
-Status RemoteReceived::release() {
-  if (!consumer_) return {};
-  auto* c = std::exchange(consumer_, nullptr);
-  return c->release(slot_);
-}
-std::span<const std::byte> RemoteReceived::bytes() const {
-  if (!consumer_) return {};
-  return consumer_->impl_->ring.bytes(slot_).first(info_.size);
+Result<MessageInfo> receive_gpu(Consumer& consumer, const GpuBuffer& dst, std::uint64_t offset, Duration timeout) {
+  constexpr const char* call = "mpi::receive_gpu";
+  auto* link = dynamic_cast<detail::MpiConsumerLink*>(lavaflow::detail::link_of(consumer));
+  if (!link)
+    return fail(Errc::InvalidArgument, call,
+                str_format("the channel is on the {} route, not over MPI: receive and copy the ring buffer instead",
+                           to_string(consumer.route().transport)));
+  if (consumer.closed()) return fail(Errc::InvalidArgument, call, "the consumer is closed");
+  return link->receive_gpu(dst, offset, timeout);
 }
 
 }  // namespace lavaflow::mpi

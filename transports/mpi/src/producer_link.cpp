@@ -11,26 +11,49 @@
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/vulkan_context.hpp"
 #include "lavaflow/mpi/mpi.hpp"
+#include "lavaflow/transports/detail/link.hpp"
+#include "links.hpp"
 #include "ring.hpp"
 #include "wait.hpp"
 #include "wire.hpp"
 
-namespace lavaflow::mpi {
+namespace lavaflow::mpi::detail {
 
-using namespace detail;
+namespace {
 
-// ----- RemoteProducer
+/// The sending end of a channel over MPI.
+class MpiProducerLink final : public lavaflow::detail::ProducerLink {
+ public:
+  MpiProducerLink() = default;
+  MpiProducerLink(const MpiProducerLink&) = delete;
+  MpiProducerLink& operator=(const MpiProducerLink&) = delete;
+  ~MpiProducerLink() override;
 
-struct RemoteProducer::Impl {
-  Impl() = default;
-  Impl(const Impl&) = delete;
-  Impl& operator=(const Impl&) = delete;
-  ~Impl();
+  Status start(const Communicator& comm, int consumer_rank, const ChannelOptions& o);
+
+  Result<std::uint32_t> loan(Duration timeout) override;
+  Result<MessageInfo> publish(std::uint32_t slot, MessageInfo info) override;
+  void give_back(std::uint32_t slot) override {
+    loaned[slot] = false;
+    --loans;
+  }
+  Status flush(Duration timeout) override;
+  std::uint32_t consumer_count() override {
+    (void)progress();  // a failure here shows in the next loan or flush
+    return connected ? 1 : 0;
+  }
+  std::uint64_t next_sequence() const override { return next_seq; }
+
+  Result<MessageInfo> publish_gpu(std::uint32_t slot, const GpuBuffer& src, std::uint64_t offset, std::uint64_t size,
+                                  MessageInfo info);
+
+  Ring ring;
+
+ private:
   MPI_Comm comm = MPI_COMM_NULL;
   int peer = 0;
   PeerWatch watch;
-  RemoteOptions o;
-  Ring ring;
+  ChannelOptions o;
   std::vector<MPI_Request> sends;
   std::vector<std::vector<MPI_Request>> chunk_sends;  // per slot: chunks 1… of a chunked message
   std::unique_ptr<ChunkCopier> copier;                // GPU staging, made on first use
@@ -58,7 +81,7 @@ struct RemoteProducer::Impl {
       LF_TRY(bool got, test(ack_req, &st, "MPI_Test(answer)"));
       if (!got) return {};
       if (ack != kHelloMagic)
-        return fail(Errc::Malformed, "mpi::RemoteProducer",
+        return fail(Errc::Malformed, "mpi producer",
                     str_format("rank {} answered channel {} with {:#x}", peer, o.channel, ack));
       connected = true;
       LF_TRY_STATUS(post_credit());
@@ -70,7 +93,7 @@ struct RemoteProducer::Impl {
       if (!got) break;
       if (credit > next_seq || credit < released)
         return fail(
-            Errc::Malformed, "mpi::RemoteProducer",
+            Errc::Malformed, "mpi producer",
             str_format("rank {} released {} messages of {} sent (before: {})", peer, credit, next_seq, released));
       released = credit;
       credited = true;
@@ -101,24 +124,22 @@ struct RemoteProducer::Impl {
     return t.length();
   }
 
-  /// The message in `loan`'s slot is on its way: the loan no longer gives the slot back.
-  void sent(RemoteLoan& loan) {
-    loaned[loan.slot_] = false;
+  /// The message in `slot` is on its way: the slot is no longer loaned.
+  void sent(std::uint32_t slot) {
+    loaned[slot] = false;
     --loans;
     ++next_seq;
-    loan.producer_ = nullptr;
   }
 
-  /// The chunked format's first part: `loan`'s trailer alone (total size, chunks of 2^chunk_log2),
-  /// sent from the spare bytes after the slot. The loan is spent; the chunks follow with send_chunk.
-  Status send_trailer_alone(RemoteLoan& loan, MessageInfo& info, unsigned chunk_log2) {
-    const std::uint32_t slot = loan.slot_;
+  /// The chunked format's first part: `slot`'s trailer alone (total size, chunks of
+  /// 2^chunk_log2), sent from the spare bytes after the slot. The chunks follow with send_chunk.
+  Status send_trailer_alone(std::uint32_t slot, MessageInfo& info, unsigned chunk_log2) {
     const std::size_t trailer =
         write_trailer(slot, o.slot_size, info, static_cast<std::uint16_t>(kChunked | (chunk_log2 << 8)));
     LF_TRY_STATUS(check(MPI_Isend(ring.host_ptr(slot) + o.slot_size, static_cast<int>(trailer), MPI_BYTE, peer,
                                   data_tag(o.channel), comm, &sends[slot]),
                         "MPI_Isend(trailer)"));
-    sent(loan);
+    sent(slot);
     return {};
   }
 
@@ -156,14 +177,17 @@ struct RemoteProducer::Impl {
     }
     return std::optional<std::uint32_t>{};
   }
+
+  std::uint32_t take(std::uint32_t slot) {
+    loaned[slot] = true;
+    ++loans;
+    cursor = (slot + 1) % o.slots;
+    return slot;
+  }
 };
 
-RemoteProducer::RemoteProducer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-
-RemoteProducer::~RemoteProducer() = default;
-
-/// Also when create() fails half-way: no request outlives the memory it reads or writes.
-RemoteProducer::Impl::~Impl() {
+/// Also when start() fails half-way: no request outlives the memory it reads or writes.
+MpiProducerLink::~MpiProducerLink() {
   for (auto& r : sends) finish_or_cancel(r, std::chrono::seconds(2));
   for (auto& chunks : chunk_sends)
     for (auto& r : chunks) finish_or_cancel(r, std::chrono::seconds(2));
@@ -172,184 +196,170 @@ RemoteProducer::Impl::~Impl() {
   cancel(credit_req);
 }
 
-Result<std::unique_ptr<RemoteProducer>> RemoteProducer::create(const Communicator& comm, int consumer_rank,
-                                                               RemoteOptions o) {
-  constexpr const char* call = "mpi::RemoteProducer::create";
-  LF_TRY_STATUS(check_options(o, call));
-  LF_TRY_STATUS(detail::check_peer(comm, consumer_rank, call));
-  auto m = std::make_unique<Impl>();
-  m->comm = comm.comm();
-  m->peer = consumer_rank;
-  m->watch = PeerWatch(comm, consumer_rank, o.channel);
-  m->o = o;
-  LF_TRY(m->ring, make_ring(o.slots, o.slot_size, o.vulkan, o.huge_pages));
-  m->sends.assign(o.slots, MPI_REQUEST_NULL);
-  m->chunk_sends.resize(o.slots);
-  m->loaned.assign(o.slots, false);
-  m->hello = Hello{kHelloMagic, kVersion, 0, o.slots, o.channel, o.slot_size};
-  LF_TRY_STATUS(check(MPI_Irecv(&m->ack, 1, MPI_UINT32_T, consumer_rank, ack_tag(o.channel), m->comm, &m->ack_req),
-                      "MPI_Irecv(answer)"));
+/// Announces the channel to the consumer (does not wait: the first loan waits for its answer).
+Status MpiProducerLink::start(const Communicator& c, int consumer_rank, const ChannelOptions& options) {
+  comm = c.comm();
+  peer = consumer_rank;
+  watch = PeerWatch(c, consumer_rank, options.channel);
+  o = options;
+  LF_TRY(ring, make_ring(o.slots, o.slot_size, o.vulkan, o.huge_pages));
+  sends.assign(o.slots, MPI_REQUEST_NULL);
+  chunk_sends.resize(o.slots);
+  loaned.assign(o.slots, false);
+  hello = Hello{kHelloMagic, kVersion, 0, o.slots, o.channel, o.slot_size};
   LF_TRY_STATUS(
-      check(MPI_Isend(&m->hello, sizeof(Hello), MPI_BYTE, consumer_rank, hello_tag(o.channel), m->comm, &m->hello_req),
-            "MPI_Isend(announce)"));
-  return std::unique_ptr<RemoteProducer>(new RemoteProducer(std::move(m)));
+      check(MPI_Irecv(&ack, 1, MPI_UINT32_T, consumer_rank, ack_tag(o.channel), comm, &ack_req), "MPI_Irecv(answer)"));
+  return check(MPI_Isend(&hello, sizeof(Hello), MPI_BYTE, consumer_rank, hello_tag(o.channel), comm, &hello_req),
+               "MPI_Isend(announce)");
 }
 
-Result<RemoteLoan> RemoteProducer::loan(Duration timeout) {
-  auto& m = *impl_;
-  if (m.o.policy == FullPolicy::FailFast) {  // waits for the consumer to open, never for room
+Result<std::uint32_t> MpiProducerLink::loan(Duration timeout) {
+  constexpr const char* call = "Producer::loan";
+  if (timeout == Duration::zero()) {
+    LF_TRY(auto slot, free_slot());
+    if (!slot)
+      return fail(Errc::WouldBlock, call,
+                  connected ? "ring full: the consumer has not released a buffer"
+                            : "the consumer has not opened the channel yet");
+    return take(*slot);
+  }
+  if (o.policy == FullPolicy::FailFast) {  // waits for the consumer to open, never for room
     LF_TRY_STATUS(poll_until(
         [&]() -> Result<bool> {
-          if (auto ok = m.progress(); !ok) return std::unexpected(ok.error());
-          return m.connected;
+          if (auto ok = progress(); !ok) return std::unexpected(ok.error());
+          return connected;
         },
-        timeout, m.o.wait, Errc::Timeout,
-        [&] { return str_format("rank {} did not open channel {} in time", m.peer, m.o.channel); }, &m.watch));
-    return try_loan();
+        timeout, o.wait, Errc::Timeout,
+        [&] { return str_format("rank {} did not open channel {} in time", peer, o.channel); }, &watch));
+    return loan(Duration::zero());
   }
   std::optional<std::uint32_t> slot;
   LF_TRY_STATUS(poll_until(
       [&]() -> Result<bool> {
-        LF_TRY(slot, m.free_slot());
+        LF_TRY(slot, free_slot());
         return slot.has_value();
       },
-      timeout, m.o.wait, Errc::Timeout,
+      timeout, o.wait, Errc::Timeout,
       [&] {
-        return m.connected
-                   ? str_format("ring full: rank {} released no buffer of channel {} in time", m.peer, m.o.channel)
-                   : str_format("rank {} did not open channel {} in time", m.peer, m.o.channel);
+        return connected ? str_format("ring full: rank {} released no buffer of channel {} in time", peer, o.channel)
+                         : str_format("rank {} did not open channel {} in time", peer, o.channel);
       },
-      &m.watch));
+      &watch));
   return take(*slot);
 }
 
-Result<RemoteLoan> RemoteProducer::try_loan() {
-  auto& m = *impl_;
-  LF_TRY(auto slot, m.free_slot());
-  if (!slot)
-    return fail(Errc::WouldBlock, "mpi::RemoteProducer::try_loan",
-                m.connected ? "ring full: the consumer has not released a buffer"
-                            : "the consumer has not opened the channel yet");
-  return take(*slot);
-}
-
-Result<MessageInfo> RemoteProducer::publish(RemoteLoan&& loan, MessageInfo info) {
-  constexpr const char* call = "mpi::RemoteProducer::publish";
-  auto& m = *impl_;
-  if (loan.producer_ != this) return fail(Errc::InvalidArgument, call, "loan belongs to another channel");
-  const std::uint32_t slot = loan.slot_;
-  if (info.size == 0) info.size = m.o.slot_size;
-  if (info.size > m.o.slot_size)
-    return fail(Errc::InvalidArgument, call,
-                str_format("{} bytes do not fit a {}-byte ring buffer", info.size, m.o.slot_size));
+Result<MessageInfo> MpiProducerLink::publish(std::uint32_t slot, MessageInfo info) {
   if (info.size >= kSeparateTrailer) {
     // A large message goes in the chunked format: the trailer alone first, then the payload as it
     // is (1 GiB chunks), so MPI moves a payload of the application's size: Open MPI's
     // copy-in/copy-out path moves such payloads faster than payload-then-trailer messages (design
     // note 0010). The consumer posts the payload's receive when the trailer is in; the payload's
     // rendezvous waits for it without buffering anything.
-    LF_TRY_STATUS(m.send_trailer_alone(loan, info, kMaxChunkLog2));
+    LF_TRY_STATUS(send_trailer_alone(slot, info, kMaxChunkLog2));
     const std::uint64_t chunk = 1ull << kMaxChunkLog2;
     for (std::uint64_t at = 0; at < info.size; at += chunk)
-      LF_TRY_STATUS(m.send_chunk(slot, at, std::min(chunk, info.size - at)));
+      LF_TRY_STATUS(send_chunk(slot, at, std::min(chunk, info.size - at)));
     return info;
   }
-  const std::size_t trailer = m.write_trailer(slot, info.size, info, 0);
+  const std::size_t trailer = write_trailer(slot, info.size, info, 0);
   const int bytes = static_cast<int>(info.size + trailer);
   if (bytes <= kBlockingSendMax) {
     // Small: a blocking send. Its receive is posted already (every credit stands for one), and a
     // message this small goes eagerly in every MPI: MPI_Send returns once it is copied out,
     // without waiting for the consumer — and costs MPI less than MPI_Isend + a later completion.
-    LF_TRY_STATUS(check(MPI_Send(m.ring.host_ptr(slot), bytes, MPI_BYTE, m.peer, data_tag(m.o.channel), m.comm),
-                        "MPI_Send(message)"));
-  } else {
     LF_TRY_STATUS(
-        check(MPI_Isend(m.ring.host_ptr(slot), bytes, MPI_BYTE, m.peer, data_tag(m.o.channel), m.comm, &m.sends[slot]),
-              "MPI_Isend(message)"));
+        check(MPI_Send(ring.host_ptr(slot), bytes, MPI_BYTE, peer, data_tag(o.channel), comm), "MPI_Send(message)"));
+  } else {
+    LF_TRY_STATUS(check(MPI_Isend(ring.host_ptr(slot), bytes, MPI_BYTE, peer, data_tag(o.channel), comm, &sends[slot]),
+                        "MPI_Isend(message)"));
   }
-  m.sent(loan);
+  sent(slot);
   return info;
 }
 
-Result<MessageInfo> RemoteProducer::publish_gpu(RemoteLoan&& loan, const GpuBuffer& src, std::uint64_t offset,
-                                                std::uint64_t size, MessageInfo info) {
-  constexpr const char* call = "mpi::RemoteProducer::publish_gpu";
-  auto& m = *impl_;
-  if (loan.producer_ != this) return fail(Errc::InvalidArgument, call, "loan belongs to another channel");
-  LF_TRY_STATUS(check_staging(m.o, src, offset, size, call));
-  if (size == 0 || size > m.o.slot_size)
+Result<MessageInfo> MpiProducerLink::publish_gpu(std::uint32_t slot, const GpuBuffer& src, std::uint64_t offset,
+                                                 std::uint64_t size, MessageInfo info) {
+  constexpr const char* call = "mpi::publish_gpu";
+  LF_TRY_STATUS(check_staging(o, src, offset, size, call));
+  if (size == 0 || size > o.slot_size)
     return fail(Errc::InvalidArgument, call,
-                str_format("{} bytes: outside 1..{} (the ring buffer)", size, m.o.slot_size));
-  if (!m.copier) {
-    LF_TRY(m.copier, ChunkCopier::create(*m.o.vulkan));
+                str_format("{} bytes: outside 1..{} (the ring buffer)", size, o.slot_size));
+  if (!copier) {
+    LF_TRY(copier, ChunkCopier::create(*o.vulkan));
   }
-  const std::uint32_t slot = loan.slot_;
-  const std::uint64_t chunk = m.o.chunk;
+  const std::uint64_t chunk = o.chunk;
   const std::uint64_t n = (size + chunk - 1) / chunk;
   // Queue every chunk's copy at once; the GPU works through them while chunks go out below.
   std::vector<std::size_t> done(n);
   for (std::uint64_t k = 0; k < n; ++k) {
     const std::uint64_t len = std::min(chunk, size - k * chunk);
-    LF_TRY(done[k], m.copier->copy(src.buffer(), src.offset() + offset + k * chunk, m.ring.pinned[slot].gpu_buffer(),
-                                   k * chunk, len));
+    LF_TRY(done[k], copier->copy(src.buffer(), src.offset() + offset + k * chunk, ring.pinned[slot].gpu_buffer(),
+                                 k * chunk, len));
   }
   // The trailer goes first, on its own (from the spare bytes after the slot): the consumer learns
   // the message's size and posts its chunk receives while the copies run.
   info.size = size;
-  LF_TRY_STATUS(m.send_trailer_alone(loan, info, static_cast<unsigned>(std::countr_zero(chunk))));
+  LF_TRY_STATUS(send_trailer_alone(slot, info, static_cast<unsigned>(std::countr_zero(chunk))));
   for (std::uint64_t k = 0; k < n; ++k) {
     // A failure here loses the message (chunks already sent cannot be withdrawn); the consumer
     // then times out on the rest of it, naming the chunk.
-    LF_TRY_STATUS(m.copier->wait(done[k], std::chrono::seconds(10)));
-    LF_TRY_STATUS(m.send_chunk(slot, k * chunk, std::min(chunk, size - k * chunk)));
+    LF_TRY_STATUS(copier->wait(done[k], std::chrono::seconds(10)));
+    LF_TRY_STATUS(send_chunk(slot, k * chunk, std::min(chunk, size - k * chunk)));
   }
   return info;
 }
 
-Status RemoteProducer::flush(Duration timeout) {
-  auto& m = *impl_;
+Status MpiProducerLink::flush(Duration timeout) {
   return poll_until(
       [&]() -> Result<bool> {
-        LF_TRY_STATUS(m.progress());
-        if (m.released != m.next_seq) return false;
-        for (auto& r : m.sends) {
+        LF_TRY_STATUS(progress());
+        if (released != next_seq) return false;
+        for (auto& r : sends) {
           LF_TRY(bool done, test(r, nullptr, "MPI_Test(send)"));
           if (!done) return false;
         }
         return true;
       },
-      timeout, m.o.wait, Errc::Timeout,
+      timeout, o.wait, Errc::Timeout,
       [&] {
-        return str_format("rank {} released {} of {} messages of channel {} in time", m.peer, m.released, m.next_seq,
-                          m.o.channel);
+        return str_format("rank {} released {} of {} messages of channel {} in time", peer, released, next_seq,
+                          o.channel);
       },
-      &m.watch);
+      &watch);
 }
 
-RemoteLoan RemoteProducer::take(std::uint32_t slot) {
-  auto& m = *impl_;
-  m.loaned[slot] = true;
-  ++m.loans;
-  m.cursor = (slot + 1) % m.o.slots;
-  return RemoteLoan(this, slot, m.next_seq);
+}  // namespace
+
+Result<std::unique_ptr<Producer>> open_mpi_producer(const Communicator& comm, int consumer_rank,
+                                                    const ChannelOptions& o, lavaflow::detail::LinkedEnd end) {
+  LF_TRY_STATUS(check_options(o, "mpi::open_producer"));
+  auto link = std::make_unique<MpiProducerLink>();
+  LF_TRY_STATUS(link->start(comm, consumer_rank, o));
+  end.slots = o.slots;
+  end.slot_size = o.slot_size;
+  end.policy = o.policy;
+  end.wait = o.wait;
+  end.timestamps = o.timestamps;
+  end.vulkan = o.vulkan;
+  end.ring = slot_buffers(link->ring, o.slot_size);
+  return lavaflow::detail::make_producer(std::move(end), std::move(link));
 }
 
-void RemoteProducer::give_back(std::uint32_t slot) {
-  impl_->loaned[slot] = false;
-  --impl_->loans;
-}
-std::uint64_t RemoteProducer::slot_size() const { return impl_->o.slot_size; }
-std::uint32_t RemoteProducer::slots() const { return impl_->o.slots; }
+}  // namespace lavaflow::mpi::detail
 
-RemoteLoan::RemoteLoan(RemoteLoan&& o) noexcept
-    : producer_(std::exchange(o.producer_, nullptr)), slot_(o.slot_), seq_(o.seq_) {}
-RemoteLoan::~RemoteLoan() {
-  if (producer_) producer_->give_back(slot_);
-}
-std::span<std::byte> RemoteLoan::bytes() const {
-  if (!producer_) return {};
-  auto& m = *producer_->impl_;
-  return m.ring.bytes(slot_).first(m.o.slot_size);
+namespace lavaflow::mpi {
+
+Result<MessageInfo> publish_gpu(Producer& producer, Loan&& loan, const GpuBuffer& src, std::uint64_t offset,
+                                std::uint64_t size, MessageInfo info) {
+  if (!dynamic_cast<detail::MpiProducerLink*>(lavaflow::detail::link_of(producer)))
+    return fail(Errc::InvalidArgument, "mpi::publish_gpu",
+                str_format("channel {} is on the {} route, not over MPI: write the GPU buffer into the loan's ring "
+                           "buffer instead",
+                           producer.name(), to_string(producer.route().transport)));
+  return lavaflow::detail::publish_linked(
+      producer, std::move(loan), [&](lavaflow::detail::ProducerLink& link, std::uint32_t slot) {
+        return static_cast<detail::MpiProducerLink&>(link).publish_gpu(slot, src, offset, size, info);
+      });
 }
 
 }  // namespace lavaflow::mpi
