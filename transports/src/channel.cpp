@@ -887,15 +887,21 @@ Result<Loan> Producer::loan(Duration timeout) {
   }
   if (m.loan_out) return fail(Errc::InvalidArgument, call, "the previous loan is not published or dropped yet");
   const std::uint64_t seq = m.write_seq;
-  const Deadline deadline(timeout);
-  if (m.options.await_consumers != 0) LF_TRY_STATUS(m.await_consumers(timeout, call));
+  // The deadline starts when something must wait: a loan that waits for nothing reads no clock
+  // (a clock read is a good share of a busy-polled hand-off).
+  std::optional<Deadline> deadline;
+  auto left = [&] {
+    if (!deadline) deadline.emplace(timeout);
+    return deadline->left();
+  };
+  if (m.options.await_consumers != 0) LF_TRY_STATUS(m.await_consumers(left(), call));
   const bool fail_fast = m.options.policy == FullPolicy::FailFast;
   auto ready = [&] { return m.room_for(seq); };
   if (!ready()) {
     if (fail_fast) return fail(Errc::WouldBlock, call, "ring full: a consumer has not released its oldest message");
     auto never = [] { return std::optional<Error>(); };
-    auto ok = wait_until(ready, never, m.control->space_futex, m.control->producer_waiting, m.options.wait,
-                         deadline.left(), call);
+    auto ok =
+        wait_until(ready, never, m.control->space_futex, m.control->producer_waiting, m.options.wait, left(), call);
     if (!ok) {
       if (ok.error().code() == Errc::Timeout)
         return fail(Errc::Timeout, call, "ring full: no consumer released a slot in time");
@@ -905,7 +911,7 @@ Result<Loan> Producer::loan(Duration timeout) {
   auto waits = m.release_waits(seq, m.write_slot);
   if (!waits.empty() && m.options.host_wait_for_gpu_release) {
     for (const auto& w : waits)
-      if (auto ok = wait_on_host(w, fail_fast ? Duration::zero() : deadline.left()); !ok) {
+      if (auto ok = wait_on_host(w, fail_fast ? Duration::zero() : left()); !ok) {
         if (ok.error().code() != Errc::Timeout) return std::unexpected(ok.error());
         if (fail_fast || timeout == Duration::zero())
           return fail(Errc::WouldBlock, call, "a consumer's GPU is still reading the slot's previous message");
@@ -1388,7 +1394,12 @@ Result<Received> Consumer::receive(Duration timeout) {
     return Result<Received>(std::in_place, Received(&m, got.second, 0, got.first, false));
   }
   auto& cb = *m.control;
-  const Deadline dl(timeout);
+  // The deadline starts when something must wait (as in loan()).
+  std::optional<Deadline> deadline;
+  auto left = [&] {
+    if (!deadline) deadline.emplace(timeout);
+    return deadline->left();
+  };
   for (;;) {
     std::uint64_t n = 0;
     // Ready when the slot of message n carries n's publication marker.
@@ -1396,14 +1407,14 @@ Result<Received> Consumer::receive(Duration timeout) {
     auto ready = [&] { return m.message_ready(n, k); };
     if (!ready()) {
       auto gone = [&] { return m.gone(); };
-      LF_TRY_STATUS(wait_until(ready, gone, cb.data_futex, cb.consumers_waiting, m.options.wait, dl.left(), call));
+      LF_TRY_STATUS(wait_until(ready, gone, cb.data_futex, cb.consumers_waiting, m.options.wait, left(), call));
     }
     // A message whose producer's GPU is still writing it stays in the ring until the write is
     // done: a receive that times out waiting for it loses nothing.
     if (m.options.host_wait_for_gpu && m.written() &&
         (cb.ring[k].flags.load(std::memory_order_relaxed) & kGpuOrdered)) {
       m.raise_gpu_wait(n + 1);
-      if (auto ok = m.written().wait(n + 1, dl.left()); !ok) {
+      if (auto ok = m.written().wait(n + 1, left()); !ok) {
         if (ok.error().code() != Errc::Timeout) return std::unexpected(ok.error().within(call));
         return fail(Errc::Timeout, call, str_format("the producer's GPU did not finish writing message {} in time", n));
       }
@@ -1434,7 +1445,7 @@ Result<Received> Consumer::receive(Duration timeout) {
     const bool gpu_ordered = (slot.flags.load(std::memory_order_relaxed) & kGpuOrdered) && m.written();
     if (gpu_ordered) m.raise_gpu_wait(n + 1);
     if (gpu_ordered && m.options.host_wait_for_gpu) {
-      auto ok = m.written().wait(n + 1, dl.left());
+      auto ok = m.written().wait(n + 1, left());
       if (ok && m.lost_before(n + 1))
         ok = fail(Errc::PeerLost, call, str_format("{}, before its GPU finished writing message {}", m.lost_reason, n));
       if (!ok) {
