@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "lavaflow/core/detail/format.hpp"
+#include "lavaflow/core/detail/wait.hpp"
 #include "lavaflow/core/unique_fd.hpp"
 #include "names.hpp"
 
@@ -700,6 +701,15 @@ class Engine : public std::enable_shared_from_this<Engine> {
   }
 };
 
+/// A setup wait for what other ranks do to the group's segment (nothing wakes the waiter): tests
+/// in short naps until `deadline`.
+template <class Ready, class OnTimeout>
+Status poll_setup(Ready&& ready, const Deadline& deadline, OnTimeout&& on_timeout) {
+  return lavaflow::detail::wait_for(ready, lavaflow::detail::never_stop,
+                                    lavaflow::detail::Nap{std::chrono::microseconds(200)}, WaitMode::Block,
+                                    deadline.left(), {}, on_timeout);
+}
+
 Status attach(Engine& e, Duration timeout) {
   constexpr const char* call = "mesh::open_native";
   const Layout layout(e.nlocal, e.chunk, e.arena_bytes);
@@ -719,27 +729,33 @@ Status attach(Engine& e, Duration timeout) {
       return std::unexpected(from_errno(err, call, str_format("sizing /dev/shm{}", name)));
     }
   } else {
-    while (!(fd = UniqueFd(::shm_open(name, O_RDWR | O_CLOEXEC, 0)))) {
-      if (errno != ENOENT) return std::unexpected(from_errno(errno, call, str_format("opening /dev/shm{}", name)));
-      if (deadline.passed())
-        return fail(Errc::Timeout, call,
-                    str_format("{} of group '{}', this host's leader, did not create the group's segment in time",
-                               ranks_text({e.local[0]}, e.world), e.group));
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    // The creator sizes the segment right after creating it.
-    struct stat st {};
-    for (;;) {
-      if (::fstat(fd.get(), &st) != 0) return std::unexpected(from_errno(errno, call, "fstat of the group's segment"));
-      if (static_cast<std::uint64_t>(st.st_size) == layout.bytes) break;
-      if (st.st_size != 0)
-        return fail(Errc::Malformed, call,
-                    str_format("/dev/shm{} holds {} bytes where group '{}' needs {}: another job's segment, or ranks "
-                               "that disagree on the group",
-                               name, st.st_size, e.group, layout.bytes));
-      if (deadline.passed()) return fail(Errc::Timeout, call, str_format("/dev/shm{} was never sized", name));
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+    // The leader creates the segment, then sizes it; nothing wakes the others when it has.
+    LF_TRY_STATUS(poll_setup(
+        [&]() -> Result<bool> {
+          if ((fd = UniqueFd(::shm_open(name, O_RDWR | O_CLOEXEC, 0)))) return true;
+          if (errno != ENOENT) return std::unexpected(from_errno(errno, call, str_format("opening /dev/shm{}", name)));
+          return false;
+        },
+        deadline,
+        [&] {
+          return Error(Errc::Timeout, call,
+                       str_format("{} of group '{}', this host's leader, did not create the group's segment in time",
+                                  ranks_text({e.local[0]}, e.world), e.group));
+        }));
+    LF_TRY_STATUS(poll_setup(
+        [&]() -> Result<bool> {
+          struct stat st {};
+          if (::fstat(fd.get(), &st) != 0)
+            return std::unexpected(from_errno(errno, call, "fstat of the group's segment"));
+          if (static_cast<std::uint64_t>(st.st_size) == layout.bytes) return true;
+          if (st.st_size != 0)
+            return fail(Errc::Malformed, call,
+                        str_format("/dev/shm{} holds {} bytes where group '{}' needs {}: another job's segment, or "
+                                   "ranks that disagree on the group",
+                                   name, st.st_size, e.group, layout.bytes));
+          return false;
+        },
+        deadline, [&] { return Error(Errc::Timeout, call, str_format("/dev/shm{} was never sized", name)); }));
   }
   void* p = ::mmap(nullptr, layout.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (p == MAP_FAILED) {
@@ -756,10 +772,9 @@ Status attach(Engine& e, Duration timeout) {
     h.bytes = layout.bytes;
     h.magic.store(kMagic, std::memory_order_release);
   } else {
-    while (h.magic.load(std::memory_order_acquire) != kMagic) {
-      if (deadline.passed()) return fail(Errc::Timeout, call, str_format("/dev/shm{} was never initialised", name));
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+    LF_TRY_STATUS(
+        poll_setup([&] { return h.magic.load(std::memory_order_acquire) == kMagic; }, deadline,
+                   [&] { return Error(Errc::Timeout, call, str_format("/dev/shm{} was never initialised", name)); }));
     if (h.local != e.nlocal || h.chunk != e.chunk || h.bytes != layout.bytes)
       return fail(Errc::Malformed, call,
                   str_format("/dev/shm{} is laid out for {} ranks and {}-byte chunks, this rank expects {} and {}",
@@ -769,13 +784,14 @@ Status attach(Engine& e, Duration timeout) {
   e.slot(e.me).attached.store(1, std::memory_order_release);
   // Everyone attached: the name goes (whoever gets there first), so no crash can leave it behind.
   std::vector<std::uint32_t> missing;
-  for (;;) {
-    missing.clear();
-    for (std::uint32_t j = 0; j < e.nlocal; ++j)
-      if (e.slot(j).attached.load(std::memory_order_acquire) == 0) missing.push_back(e.local[j]);
-    if (missing.empty() || deadline.passed()) break;
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
+  (void)poll_setup(
+      [&] {
+        missing.clear();
+        for (std::uint32_t j = 0; j < e.nlocal; ++j)
+          if (e.slot(j).attached.load(std::memory_order_acquire) == 0) missing.push_back(e.local[j]);
+        return missing.empty();
+      },
+      deadline, [] { return Error(Errc::Timeout, "", ""); });  // reported below, after the unlink
   ::shm_unlink(name);
   if (!missing.empty())
     return fail(Errc::Timeout, call,

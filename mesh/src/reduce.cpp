@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "lavaflow/core/detail/format.hpp"
+#include "lavaflow/core/detail/wait.hpp"
 #include "lavaflow/mesh/collectives.hpp"
 
 namespace lavaflow::mesh {
@@ -362,25 +363,21 @@ Status Work::wait(Duration timeout) {
     if (ready_) return *ready_;
     return fail(Errc::InvalidArgument, "mesh::Work::wait", "this Work holds no call");
   }
-  const Deadline deadline(timeout);
   if (state_->progress) {
-    // Polled: spin briefly (a peer's step takes microseconds), then yield the core, then nap.
-    for (std::uint64_t polls = 0;; ++polls) {
-      state_->progress();
-      if (test_ended()) break;
-      if ((polls & 63) == 63 && deadline.passed())
-        return fail(Errc::Timeout, "mesh::Work::wait", "the call has not ended yet");
-      // A short spin only: a peer that shares this core runs only once this one yields.
-      if (polls < 200) continue;
-      if (polls < 20000) {
-        std::this_thread::yield();
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-      }
-    }
+    // Polled: spin briefly (a peer's step takes microseconds), then yield the core — a peer that
+    // shares this core runs only once this one yields — then nap.
+    LF_TRY_STATUS(lavaflow::detail::wait_for(
+        [&] {
+          state_->progress();
+          return test_ended();
+        },
+        lavaflow::detail::never_stop, lavaflow::detail::YieldThenNap{20000, std::chrono::microseconds(50)},
+        WaitMode::SpinThenBlock, timeout, {.clock_every = 8, .relax = false, .spin_for = std::chrono::microseconds(10)},
+        [] { return Error(Errc::Timeout, "mesh::Work::wait", "the call has not ended yet"); }));
     std::lock_guard lock(state_->mutex);
     return *state_->result;
   }
+  const Deadline deadline(timeout);
   std::unique_lock lock(state_->mutex);
   auto ended = [&] { return state_->result.has_value(); };
   if (deadline.forever()) {

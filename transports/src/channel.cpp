@@ -29,6 +29,7 @@
 #include "lavaflow/core/cpu_buffer.hpp"
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/detail/vk_call.hpp"
+#include "lavaflow/core/detail/wait.hpp"
 #include "lavaflow/core/gpu_buffer.hpp"
 #include "lavaflow/core/pool.hpp"
 #include "lavaflow/core/unix_socket.hpp"
@@ -114,56 +115,36 @@ void futex_wake_all(std::atomic<std::uint32_t>& word) {
   ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
-inline void cpu_relax() { __builtin_ia32_pause(); }
-
-/// BusyPoll waits test this many times before they start pausing between tests.
-constexpr std::uint64_t kSpinsWithoutPause = 4096;
+/// Sleeps on a futex word of the control block, announcing itself in `waiters` (Dekker-style with
+/// the waker: both seq_cst).
+struct FutexSleep {
+  std::atomic<std::uint32_t>& word;
+  std::atomic<std::uint32_t>& waiters;
+  std::uint32_t arm() {
+    waiters.fetch_add(1, std::memory_order_seq_cst);
+    return word.load(std::memory_order_seq_cst);
+  }
+  void disarm(std::uint32_t) { waiters.fetch_sub(1, std::memory_order_seq_cst); }
+  void sleep(std::uint32_t seen, Duration left) {
+    futex_wait(word, seen, left);
+    waiters.fetch_sub(1, std::memory_order_seq_cst);
+  }
+};
 
 /// Waits until `ready()`; `aborted()` returns an error to stop with. Spins first (per mode), then
-/// sleeps on `word` announcing itself in `waiters` (Dekker-style with the waker: both seq_cst).
+/// sleeps on `word`. A test of the ring is a load of a cache line: BusyPoll reads the clock only
+/// every few thousand tests.
 template <class Ready, class Aborted>
 Status wait_until(Ready ready, Aborted aborted, std::atomic<std::uint32_t>& word, std::atomic<std::uint32_t>& waiters,
                   WaitMode mode, Duration timeout, const char* call) {
-  const Deadline dl(timeout);
-  // Spin: BusyPoll forever; SpinThenBlock for about kSpinFor, then sleep (on a busy or
-  // oversubscribed machine a long spin only steals the peer's core).
-  constexpr auto kSpinFor = std::chrono::microseconds(20);
-  const auto spin_until = mode == WaitMode::SpinThenBlock ? Clock::now() + kSpinFor : Clock::time_point::max();
-  if (mode != WaitMode::Block) {
-    for (std::uint64_t i = 0;; ++i) {
-      if (ready()) return {};
-      if ((i & 63) == 63) {
-        if (mode == WaitMode::SpinThenBlock && Clock::now() >= spin_until) break;
-        if ((i & 4095) == 4095) {
-          if (auto e = aborted()) return std::unexpected(*e);
-          if (dl.passed()) return fail(Errc::Timeout, call, "timed out");
-        }
-      }
-      // BusyPoll is the caller's choice to spend a core on latency: it tests without a pause for
-      // as long as a message is typically on its way (a pause takes longer than the hand-off on
-      // Intel cores since Skylake, so pausing sooner adds a pause to most hand-offs); only a wait
-      // past that pauses, so as not to flood the writer's cache line.
-      if (mode != WaitMode::BusyPoll || i >= kSpinsWithoutPause) cpu_relax();
-    }
-  }
-  for (;;) {
-    waiters.fetch_add(1, std::memory_order_seq_cst);
-    const std::uint32_t v = word.load(std::memory_order_seq_cst);
-    if (ready()) {
-      waiters.fetch_sub(1, std::memory_order_seq_cst);
-      return {};
-    }
-    if (auto e = aborted()) {
-      waiters.fetch_sub(1, std::memory_order_seq_cst);
-      return std::unexpected(*e);
-    }
-    if (dl.passed()) {
-      waiters.fetch_sub(1, std::memory_order_seq_cst);
-      return fail(Errc::Timeout, call, "timed out");
-    }
-    futex_wait(word, v, dl.left());
-    waiters.fetch_sub(1, std::memory_order_seq_cst);
-  }
+  const detail::SpinPlan plan{.clock_every = mode == WaitMode::BusyPoll ? detail::kSpinsWithoutPause : 64};
+  return detail::wait_for(
+      ready,
+      [&]() -> Result<bool> {
+        if (auto e = aborted()) return std::unexpected(std::move(*e));
+        return false;
+      },
+      FutexSleep{word, waiters}, mode, timeout, plan, [&] { return Error(Errc::Timeout, call, "timed out"); });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -467,13 +448,13 @@ struct detail::ProducerState {
     if (consumers_seen)
       return fail(Errc::PeerLost, call,
                   str_format("channel {}: a consumer left (closed or died); it needs {}", name, want));
-    const Deadline dl(timeout);
-    while (count_consumers() < want) {
-      if (dl.passed())
-        return fail(timeout == Duration::zero() ? Errc::WouldBlock : Errc::Timeout, call,
-                    str_format("channel {}: {} of {} consumers attached in time", name, count_consumers(), want));
-      std::this_thread::sleep_for(1ms);
-    }
+    // Admission happens on the service thread (or in the link), which wakes nobody: poll.
+    LF_TRY_STATUS(detail::wait_for(
+        [&] { return count_consumers() >= want; }, detail::never_stop, detail::Nap{1ms}, WaitMode::Block, timeout, {},
+        [&] {
+          return Error(timeout == Duration::zero() ? Errc::WouldBlock : Errc::Timeout, call,
+                       str_format("channel {}: {} of {} consumers attached in time", name, count_consumers(), want));
+        }));
     consumers_seen = true;
     return {};
   }
@@ -758,6 +739,9 @@ Result<std::unique_ptr<Producer>> Producer::create(const std::string& name, Prod
   if (o.max_consumers == 0 || o.max_consumers > kMaxConsumers)
     return fail(Errc::InvalidArgument, call,
                 str_format("max_consumers {}: must be 1 to {}", o.max_consumers, kMaxConsumers));
+  if (o.await_consumers > o.max_consumers)
+    return fail(Errc::InvalidArgument, call,
+                str_format("await_consumers {} exceeds max_consumers {}", o.await_consumers, o.max_consumers));
   if (o.transports.empty()) o.transports = local_transports();
 
   auto impl = std::make_unique<detail::ProducerState>();
@@ -770,11 +754,13 @@ Result<std::unique_ptr<Producer>> Producer::create(const std::string& name, Prod
   reclaim_stale_names(dir);
   // Another process's reclaim_stale_names holds a free name's lock for a moment while it looks at
   // it: only a lock still held after a few tries belongs to a live producer.
-  auto lock = lock_name(impl->lock_path, true);
-  for (int attempt = 0; lock && !*lock && attempt < 20; ++attempt) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    lock = lock_name(impl->lock_path, true);
-  }
+  Result<UniqueFd> lock = UniqueFd();
+  (void)detail::wait_for(
+      [&] {
+        lock = lock_name(impl->lock_path, true);
+        return !lock || bool(*lock);
+      },
+      detail::never_stop, detail::Nap{1ms}, WaitMode::Block, 20ms, {}, [] { return Error(Errc::Timeout, "", ""); });
   if (!lock) return std::unexpected(lock.error().within(call));
   if (!*lock)
     return fail(Errc::PermissionDenied, call, str_format("channel \"{}\" is in use by a live producer", name));
@@ -894,7 +880,8 @@ Result<Loan> Producer::loan(Duration timeout) {
     if (!deadline) deadline.emplace(timeout);
     return deadline->left();
   };
-  if (m.options.await_consumers != 0) LF_TRY_STATUS(m.await_consumers(left(), call));
+  if (m.options.await_consumers != 0 && !(m.consumers_seen && m.count_consumers() >= m.options.await_consumers))
+    LF_TRY_STATUS(m.await_consumers(left(), call));
   const bool fail_fast = m.options.policy == FullPolicy::FailFast;
   auto ready = [&] { return m.room_for(seq); };
   if (!ready()) {
@@ -1028,14 +1015,12 @@ Status Producer::flush(Duration timeout) {
 }
 
 Status Producer::wait_for_consumers(std::uint32_t n, Duration timeout) {
-  const Deadline dl(timeout);
-  while (consumer_count() < n) {
-    if (dl.passed())
-      return fail(Errc::Timeout, "Producer::wait_for_consumers",
-                  str_format("{} of {} consumers connected", consumer_count(), n));
-    std::this_thread::sleep_for(1ms);
-  }
-  return {};
+  return detail::wait_for([&] { return consumer_count() >= n; }, detail::never_stop, detail::Nap{1ms}, WaitMode::Block,
+                          timeout, {},
+                          [&] {
+                            return Error(Errc::Timeout, "Producer::wait_for_consumers",
+                                         str_format("{} of {} consumers connected", consumer_count(), n));
+                          });
 }
 
 Loan::Loan(Loan&& o) noexcept
@@ -1238,21 +1223,24 @@ Result<std::unique_ptr<Consumer>> Consumer::open(const std::string& name, Consum
   LF_TRY(auto addr, address(path));
   const Deadline dl(o.connect_timeout);
 
-  // Connect, in any start order: wait for the producer to appear.
-  for (;;) {
-    if (::access(dir.c_str(), F_OK) == 0) {
-      if (auto ok = private_directory(dir, false); !ok) return std::unexpected(ok.error().within(call));
-    }
-    LF_TRY(impl->sock, unix_socket());
-    if (::connect(impl->sock.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) break;
-    const int err = errno;
-    if (err != ENOENT && err != ECONNREFUSED && err != EAGAIN)
-      return std::unexpected(from_errno(err, "connect", path.string()).within(call));
-    if (dl.passed())
-      return fail(Errc::Timeout, call,
-                  str_format("no producer for channel \"{}\" appeared at {}", name, path.string()));
-    std::this_thread::sleep_for(5ms);
-  }
+  // Connect, in any start order: wait for the producer to appear (nothing wakes us when it does).
+  LF_TRY_STATUS(detail::wait_for(
+      [&]() -> Result<bool> {
+        if (::access(dir.c_str(), F_OK) == 0) {
+          if (auto ok = private_directory(dir, false); !ok) return std::unexpected(ok.error().within(call));
+        }
+        LF_TRY(impl->sock, unix_socket());
+        if (::connect(impl->sock.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) return true;
+        const int err = errno;
+        if (err != ENOENT && err != ECONNREFUSED && err != EAGAIN)
+          return std::unexpected(from_errno(err, "connect", path.string()).within(call));
+        return false;
+      },
+      detail::never_stop, detail::Nap{5ms}, WaitMode::Block, o.connect_timeout, {},
+      [&] {
+        return Error(Errc::Timeout, call,
+                     str_format("no producer for channel \"{}\" appeared at {}", name, path.string()));
+      }));
   LF_TRY(auto cred, peer_credentials(impl->sock.get()));
   if (cred.uid != ::getuid())
     return fail(Errc::PermissionDenied, call,
@@ -1413,8 +1401,9 @@ Result<Received> Consumer::receive(Duration timeout) {
     // done: a receive that times out waiting for it loses nothing.
     if (m.options.host_wait_for_gpu && m.written() &&
         (cb.ring[k].flags.load(std::memory_order_relaxed) & kGpuOrdered)) {
+      const Duration budget = left();  // the deadline starts before raise_gpu_wait, which may take a while
       m.raise_gpu_wait(n + 1);
-      if (auto ok = m.written().wait(n + 1, left()); !ok) {
+      if (auto ok = m.written().wait(n + 1, budget); !ok) {
         if (ok.error().code() != Errc::Timeout) return std::unexpected(ok.error().within(call));
         return fail(Errc::Timeout, call, str_format("the producer's GPU did not finish writing message {} in time", n));
       }
@@ -1443,7 +1432,10 @@ Result<Received> Consumer::receive(Duration timeout) {
     MessageInfo info{size, slot.tag.load(std::memory_order_relaxed), slot.timestamp_ns.load(std::memory_order_relaxed),
                      n};
     const bool gpu_ordered = (slot.flags.load(std::memory_order_relaxed) & kGpuOrdered) && m.written();
-    if (gpu_ordered) m.raise_gpu_wait(n + 1);
+    if (gpu_ordered) {
+      (void)left();  // start the deadline first: raise_gpu_wait may take a while
+      m.raise_gpu_wait(n + 1);
+    }
     if (gpu_ordered && m.options.host_wait_for_gpu) {
       auto ok = m.written().wait(n + 1, left());
       if (ok && m.lost_before(n + 1))
@@ -1478,7 +1470,7 @@ void detail::ConsumerState::release(std::uint32_t slot, std::uint64_t gpu_releas
   auto& m = *this;
   --m.held;
   if (link) {
-    link->release(slot);
+    link->release(slot);  // counted towards the producer's credit, even after the Consumer is gone
     if (orphaned && held == 0) delete this;
     return;
   }
@@ -1643,9 +1635,14 @@ struct detail::LinkAccess {
     if (!m.link) return fail(Errc::InvalidArgument, call, "the channel is on a local route, not over a link");
     if (m.user_closed) return fail(Errc::InvalidArgument, call, "the producer is closed");
     if (loan.impl_ != &m) return fail(Errc::InvalidArgument, call, "the loan belongs to another channel");
-    LF_TRY(auto info, send(*m.link, loan.slot_));
-    --m.link_loans;
-    loan.impl_ = nullptr;
+    // A send that fails after the message took its sequence has used the slot up (part of it may
+    // be on its way): the loan is spent either way, and only an untouched one is given back.
+    const std::uint64_t before = m.link->next_sequence();
+    auto info = send(*m.link, loan.slot_);
+    if (info || m.link->next_sequence() != before) {
+      --m.link_loans;
+      loan.impl_ = nullptr;
+    }
     return info;
   }
 };
@@ -1693,20 +1690,12 @@ Status wait_on_host(const GpuSync& sync, Duration timeout) {
     return sync.source->wait(sync.value, timeout);
   }
   LF_TRY_STATUS(check_flag(sync, call));
-  // GPU work writes the word with no way to wake a sleeper: poll, backing off to sleeps of up to
-  // 50 µs once the wait is clearly not about to end.
+  // GPU work writes the word with no way to wake a sleeper: spin, then poll in naps of 50 µs.
   const auto word = flag_word(sync);
-  const Deadline dl(timeout);
-  for (std::uint32_t i = 0;; ++i) {
-    if (word.load(std::memory_order_acquire) >= sync.value) return {};
-    if (dl.passed()) return fail(Errc::Timeout, call, str_format("the GPU flag did not reach {} in time", sync.value));
-    if (i < 256)
-      cpu_relax();
-    else if (i < 512)
-      std::this_thread::yield();
-    else
-      std::this_thread::sleep_for(std::min<Duration>(std::chrono::microseconds(50), dl.left()));
-  }
+  return detail::wait_for(
+      [&] { return word.load(std::memory_order_acquire) >= sync.value; }, detail::never_stop,
+      detail::Nap{std::chrono::microseconds(50)}, WaitMode::SpinThenBlock, timeout, {},
+      [&] { return Error(Errc::Timeout, call, str_format("the GPU flag did not reach {} in time", sync.value)); });
 }
 
 Status signal_on_host(const GpuSync& sync) {

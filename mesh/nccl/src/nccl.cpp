@@ -17,6 +17,7 @@
 
 #include "cuda_util.hpp"
 #include "lavaflow/core/detail/format.hpp"
+#include "lavaflow/core/detail/wait.hpp"
 
 namespace lavaflow::mesh {
 
@@ -131,12 +132,14 @@ struct NcclState {
   /// its result, or ncclInProgress still when `deadline` passes.
   ncclResult_t settle(const Deadline& deadline) const {
     ncclResult_t state = ncclInProgress;
-    for (std::uint64_t polls = 0;; ++polls) {
-      if (const ncclResult_t asked = ncclCommGetAsyncError(comm, &state); asked != ncclSuccess) return asked;
-      if (state != ncclInProgress) return state;
-      if (deadline.passed()) return ncclInProgress;
-      if (polls > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
+    (void)lavaflow::detail::wait_for(
+        [&] {
+          if (const ncclResult_t asked = ncclCommGetAsyncError(comm, &state); asked != ncclSuccess) state = asked;
+          return state != ncclInProgress;
+        },
+        lavaflow::detail::never_stop, lavaflow::detail::Nap{std::chrono::microseconds(50)}, WaitMode::SpinThenBlock,
+        deadline.left(), {.relax = false}, [] { return Error(Errc::Timeout, "ncclCommGetAsyncError", ""); });
+    return state;
   }
 
   /// Ends the communicator after a failure (under the lock): NCCL's kernels stop, and every call

@@ -37,7 +37,7 @@ struct MpiConsumerLink final : lavaflow::detail::ConsumerLink {
   std::unique_ptr<ChunkCopier> copier;  // GPU staging, made on first use
   bool broken = false;                  // lost its place inside a chunked message
   std::string broken_reason;
-  Status deferred;  // a release's failure, reported by the next receive
+  Status deferred;  // a release's failure (its ring buffer is out of service): every later receive reports it
 
   MpiConsumerLink() = default;
   MpiConsumerLink(const MpiConsumerLink&) = delete;
@@ -47,7 +47,7 @@ struct MpiConsumerLink final : lavaflow::detail::ConsumerLink {
   Status start(const Communicator& comm, int producer_rank, const ChannelOptions& o);
 
   Result<std::pair<std::uint32_t, MessageInfo>> receive(Duration timeout) override {
-    if (!deferred) return std::unexpected(std::exchange(deferred, Status{}).error());
+    if (!deferred) return std::unexpected(deferred.error());
     return take_next(timeout, {}, "Consumer::receive");
   }
   void release(std::uint32_t slot) override {
@@ -106,6 +106,7 @@ struct MpiConsumerLink final : lavaflow::detail::ConsumerLink {
 
 /// Also when start() fails half-way: no receive outlives the ring buffer it writes into.
 MpiConsumerLink::~MpiConsumerLink() {
+  if (mpi_finalized()) return;  // a message held past MPI_Finalize: MPI has let go of the ring already
   if (released != credited) (void)send_credit();
   for (auto& [v, r] : credits) finish_or_cancel(r, std::chrono::milliseconds(500));
   for (auto slot : posted) cancel(recvs[slot]);  // the active ones; then free them all
@@ -283,7 +284,7 @@ Result<std::pair<std::uint32_t, MessageInfo>> MpiConsumerLink::take_next(Duratio
 Result<MessageInfo> MpiConsumerLink::receive_gpu(const GpuBuffer& dst, std::uint64_t offset, Duration timeout) {
   constexpr const char* call = "mpi::receive_gpu";
   auto& m = *this;
-  if (!deferred) return std::unexpected(std::exchange(deferred, Status{}).error());
+  if (!deferred) return std::unexpected(deferred.error());
   LF_TRY_STATUS(check_staging(m.o, dst, offset, 0, call));
   if (!m.copier) {
     LF_TRY(m.copier, ChunkCopier::create(*m.o.vulkan));

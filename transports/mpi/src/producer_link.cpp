@@ -188,6 +188,7 @@ class MpiProducerLink final : public lavaflow::detail::ProducerLink {
 
 /// Also when start() fails half-way: no request outlives the memory it reads or writes.
 MpiProducerLink::~MpiProducerLink() {
+  if (mpi_finalized()) return;  // a loan held past MPI_Finalize: MPI has let go of the ring already
   for (auto& r : sends) finish_or_cancel(r, std::chrono::seconds(2));
   for (auto& chunks : chunk_sends)
     for (auto& r : chunks) finish_or_cancel(r, std::chrono::seconds(2));

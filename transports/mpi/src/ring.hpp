@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 
 #include <bit>
+#include <climits>
 #include <memory>
 #include <vector>
 
@@ -197,8 +198,10 @@ inline Status check_options(const ChannelOptions& o, const char* call) {
     return fail(Errc::Unsupported, call, "DropOldest is not available over MPI: a sent message cannot be taken back");
   if (o.slots == 0 || o.slots > 1024)
     return fail(Errc::InvalidArgument, call, str_format("{} slots, allowed 1..1024", o.slots));
-  if (o.slot_size == 0 || o.slot_size > (1ull << 31) - kMaxTrailer)
-    return fail(Errc::InvalidArgument, call, str_format("slot size {} outside 1..2 GiB", o.slot_size));
+  if (o.slot_size == 0 || o.slot_size > static_cast<std::uint64_t>(INT_MAX) - kMaxTrailer)
+    return fail(Errc::InvalidArgument, call,
+                str_format("slot size {} outside 1..{} (one MPI count holds a slot and its trailer)", o.slot_size,
+                           static_cast<std::uint64_t>(INT_MAX) - kMaxTrailer));
   if (!std::has_single_bit(o.chunk) || o.chunk < (1u << kMinChunkLog2) || o.chunk > (1u << kMaxChunkLog2))
     return fail(Errc::InvalidArgument, call, str_format("chunk {} is not a power of two in 4 KiB..1 GiB", o.chunk));
   return {};

@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: MIT
 #pragma once
-// Private to lavaflow::mpi: MPI calls as Status, and the wait loop of every remote-channel wait.
+// Private to lavaflow::mpi: MPI calls as Status, and waits on MPI through the library's one wait loop.
 #include <poll.h>
 #include <time.h>
 
+#include "lavaflow/core/detail/wait.hpp"
 #include "lavaflow/mpi/mpi.hpp"
 
 namespace lavaflow::mpi::detail {
@@ -31,11 +32,12 @@ struct PeerWatch {
       : exit(comm.watch(peer)), rank(peer), channel(ch), pid(comm.location(peer).pid) {}
 };
 
-/// Polls `done` (returns Result<bool>) until true or `timeout`: spinning, then (unless
-/// busy-polling) sleeping 20 µs between tests — MPI has no blocking wait with a timeout.
-/// The clock is read only every 16th test (the first read starts the timeout): a clock read costs
-/// as much as a small message's hand-off on the fast path, and a spin loop's reaction time grows
-/// with it.
+/// Polls `done` (returns Result<bool>) until true or `timeout`, through the library's one wait
+/// loop (detail::wait_for): spinning, then (unless busy-polling) napping 20 µs between tests — MPI
+/// has no blocking wait with a timeout. A busy poll reads the clock every 16th test (the first read
+/// starts the timeout): a clock read costs as much as a small message's hand-off, and a spin
+/// loop's reaction time grows with it; an MPI_Test costs more than a clock read, so other modes
+/// read it every test.
 /// `what` makes the timeout's message — only when it happens (formatting costs more than a message).
 /// With a `watch`, a wait that lasts looks once a millisecond whether the peer's process has
 /// exited: then what it sent before is taken in (a few more tests), and if that is not enough the
@@ -43,37 +45,28 @@ struct PeerWatch {
 template <class F, class W>
 inline Status poll_until(F&& done, Duration timeout, WaitMode mode, Errc on_timeout, W&& what,
                          const PeerWatch* watch = nullptr) {
-  LF_TRY(bool first, done());
-  if (first) return {};
-  if (timeout <= Duration::zero()) return fail(on_timeout, "lavaflow::mpi", what());
-  Clock::time_point start{}, deadline{}, watched{};
-  for (std::uint32_t tests = 1;; ++tests) {
-    LF_TRY(bool ok, done());
-    if (ok) return {};
-    if (tests % 16 != 0 && mode == WaitMode::BusyPoll) continue;
-    const auto now = Clock::now();
-    if (start == Clock::time_point{}) {
-      start = watched = now;
-      deadline = Deadline(timeout, start).at();
+  auto peer_gone = [&]() -> Result<bool> {
+    if (!watch || !exited(watch->exit)) return false;
+    for (int k = 0; k < 1000; ++k) {
+      LF_TRY(bool late, done());
+      if (late) return true;
     }
-    if (watch && now - watched >= std::chrono::milliseconds(1)) {
-      watched = now;
-      if (exited(watch->exit)) {
-        for (int k = 0; k < 1000; ++k) {
-          LF_TRY(bool late, done());
-          if (late) return {};
-        }
-        return fail(Errc::PeerLost, "lavaflow::mpi",
-                    str_format("rank {} (pid {}) has exited: channel {} gets no answer from it", watch->rank,
-                               watch->pid, watch->channel));
-      }
-    }
-    if (now >= deadline) return fail(on_timeout, "lavaflow::mpi", what());
-    if (mode != WaitMode::BusyPoll && now - start > std::chrono::microseconds(20)) {
-      timespec ts{0, 20'000};
-      ::nanosleep(&ts, nullptr);
-    }
-  }
+    return fail(Errc::PeerLost, "lavaflow::mpi",
+                str_format("rank {} (pid {}) has exited: channel {} gets no answer from it", watch->rank, watch->pid,
+                           watch->channel));
+  };
+  const lavaflow::detail::SpinPlan plan{.clock_every = mode == WaitMode::BusyPoll ? 16u : 1u,
+                                        .relax = false,
+                                        .check_every = std::chrono::milliseconds(1)};
+  return lavaflow::detail::wait_for(done, peer_gone, lavaflow::detail::Nap{std::chrono::microseconds(20)}, mode,
+                                    timeout, plan, [&] { return Error(on_timeout, "lavaflow::mpi", what()); });
+}
+
+/// Whether MPI_Finalize has run: then no MPI call may be made (and no request is pending any more).
+inline bool mpi_finalized() {
+  int done = 0;
+  MPI_Finalized(&done);
+  return done != 0;
 }
 
 inline Result<bool> test(MPI_Request& r, MPI_Status* st, const char* call) {
@@ -91,14 +84,14 @@ inline void cancel(MPI_Request& r) {
 /// Waits up to `limit` for `r`; cancels it when it does not complete (peer gone).
 inline void finish_or_cancel(MPI_Request& r, Duration limit) {
   if (r == MPI_REQUEST_NULL) return;
-  const auto end = Clock::now() + limit;
-  int flag = 0;
-  while (Clock::now() < end) {
-    if (MPI_Test(&r, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || flag) return;
-    timespec ts{0, 50'000};
-    ::nanosleep(&ts, nullptr);
-  }
-  cancel(r);
+  auto finished = [&] {
+    int flag = 0;
+    return MPI_Test(&r, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || flag != 0;
+  };
+  const auto waited = lavaflow::detail::wait_for(finished, lavaflow::detail::never_stop,
+                                                 lavaflow::detail::Nap{std::chrono::microseconds(50)}, WaitMode::Block,
+                                                 limit, {}, [] { return Error(Errc::Timeout, "lavaflow::mpi", ""); });
+  if (!waited) cancel(r);
 }
 
 }  // namespace lavaflow::mpi::detail

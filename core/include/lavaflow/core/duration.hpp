@@ -24,6 +24,13 @@ using Clock = std::chrono::steady_clock;
   return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
 }
 
+/// How a wait spends its time.
+enum class WaitMode : std::uint8_t {
+  BusyPoll,       ///< spin; lowest latency, burns a core
+  Block,          ///< sleep at once (on a futex where the other side can wake it)
+  SpinThenBlock,  ///< spin briefly, then sleep (default)
+};
+
 /// The moment a timeout runs out. kForever, or anything beyond a year, never does (and never
 /// overflows the clock).
 class Deadline {

@@ -35,12 +35,6 @@ namespace lavaflow {
 
 class MemoryPool;
 
-enum class WaitMode : std::uint8_t {
-  BusyPoll,       ///< spin; lowest latency, burns a core
-  Block,          ///< futex in the shared ring; sleeps at once
-  SpinThenBlock,  ///< spin briefly, then futex (default)
-};
-
 enum class FullPolicy : std::uint8_t {
   Block,       ///< producer waits for a free slot (default)
   DropOldest,  ///< the oldest message a lagging consumer has not taken yet is dropped for it
@@ -294,7 +288,8 @@ class Producer {
   [[nodiscard]] Status wait_for_consumers(std::uint32_t n, Duration timeout);
   /// Ends the channel now: consumers see PeerLost after the messages already published, nobody
   /// new connects, the name is free again. The ring stays mapped until the Producer is destroyed,
-  /// so pointers into published buffers stay valid; loan() and publish() fail from now on.
+  /// so pointers into published buffers stay valid; loan() and publish() fail from now on. (Over
+  /// MPI the consumer is not told: see lavaflow::mpi::open_producer.)
   void close();
   [[nodiscard]] bool closed() const;
 
@@ -313,6 +308,7 @@ class Consumer {
   /// Hangs up now: the producer stops counting this consumer (its unreleased messages no longer
   /// hold the producer back). The ring stays mapped until the Consumer is destroyed, so pointers
   /// into received buffers stay valid (their slots may be written again); receive() fails from now on.
+  /// (Over MPI the producer is not told: see lavaflow::mpi::open_producer.)
   void close();
   [[nodiscard]] bool closed() const;
 
