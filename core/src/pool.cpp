@@ -463,6 +463,17 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
     return static_cast<std::uint64_t>(locked_all.reserved_bytes.current - locked_all.active_bytes.current);
   }
 
+  /// The cap on cached bytes now (PoolOptions::max_cached_bytes and max_cached_share).
+  std::uint64_t cache_cap() const {
+    std::uint64_t cap = options.max_cached_bytes;
+    if (options.max_cached_share > 0) {
+      const auto active = static_cast<double>(std::max<std::int64_t>(locked_all.active_bytes.current, 0));
+      cap = std::min(
+          cap, std::max(options.segment_bytes / 2, static_cast<std::uint64_t>(active * options.max_cached_share)));
+    }
+    return cap;
+  }
+
   /// Best fit among the free ranges, or a new segment. `missed` is set when a segment was added.
   Result<Block> carve(std::uint32_t slot, bool large, std::uint64_t bytes, bool& missed) {
     auto& arena = slots[slot].arenas[large];
@@ -515,11 +526,12 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
     seg->free_bytes += bytes;
     account(seg->slot, large, &LockedStats::active, -1);
     account(seg->slot, large, &LockedStats::active_bytes, -static_cast<std::int64_t>(bytes));
-    if (cached_bytes() <= options.max_cached_bytes) return;
+    const std::uint64_t cap = cache_cap();
+    if (cached_bytes() <= cap) return;
     // Above the cap: a segment this return left wholly free goes back (its fd too) with the other
     // wholly free ones; in host memory still in use, this free range's pages go back.
     if (seg->free_bytes == seg->size || !seg->can_release)
-      release_free_segments(std::max<std::uint64_t>(options.max_cached_bytes, 1));
+      release_free_segments(std::max<std::uint64_t>(cap, 1));
     else
       release_pages(seg, offset, len);
   }
@@ -963,12 +975,18 @@ Result<MemoryPool> MemoryPool::create(PoolOptions o) {
                            o.segment_bytes, o.small_segment_bytes));
   if (o.segment_bytes > (std::uint64_t{1} << 48) || o.small_segment_bytes > (std::uint64_t{1} << 48))
     return fail(Errc::InvalidArgument, call, "segment size beyond any memory");
+  if (!(o.max_cached_share >= 0 && o.max_cached_share <= 1e6))  // NaN too
+    return fail(Errc::InvalidArgument, call,
+                str_format("max_cached_share {} is not a share (0 turns it off)", o.max_cached_share));
   auto s = std::make_shared<detail::PoolState>();
   s->options = std::move(o);
   s->options.segment_bytes = detail::round_up(s->options.segment_bytes, detail::kAlign);
   s->options.small_segment_bytes = detail::round_up(s->options.small_segment_bytes, detail::kAlign);
   s->topology = CpuTopology::detect();
+  // Blocks in thread caches are outside the caps: bounded too, a share of what the caps allow.
   s->large_cache_bytes = std::min(s->options.thread_cache_large_bytes, s->options.max_cached_bytes / 8);
+  if (s->options.max_cached_share > 0)
+    s->large_cache_bytes = std::min(s->large_cache_bytes, s->options.segment_bytes / 4);
   for (std::uint32_t c = 0; c < detail::kSmallClasses; ++c)
     s->cache_limits[c] = s->options.thread_cache_bytes == 0
                              ? 0

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -242,7 +243,7 @@ TEST_CASE("pool: the cap on cached bytes and trim() release free segments") {
   }
   SECTION("cap of one segment: a second free segment is released, the first kept") {
     const std::uint64_t seg = std::uint64_t{64} << 20;
-    auto pool = lftest::ok(MemoryPool::create({.max_cached_bytes = seg}));
+    auto pool = lftest::ok(MemoryPool::create({.max_cached_bytes = seg, .max_cached_share = 0}));
     {
       auto a = lftest::ok(pool.rent(seg));
       auto b = lftest::ok(pool.rent(seg));
@@ -252,8 +253,26 @@ TEST_CASE("pool: the cap on cached bytes and trim() release free segments") {
     CHECK(s.all.segment.current == 1);
     CHECK(static_cast<std::uint64_t>(s.all.reserved_bytes.current) <= seg);
   }
+  SECTION("the cap that follows the load: a share of the bytes rented out, never below half a segment") {
+    const std::uint64_t seg = std::uint64_t{8} << 20, mib = 1 << 20;
+    auto pool = lftest::ok(MemoryPool::create(
+        {.segment_bytes = seg, .max_cached_share = 0.25, .thread_cache_bytes = 0, .thread_cache_large_bytes = 0}));
+    std::vector<PooledBuffer> out;
+    for (int i = 0; i < 32; ++i) out.push_back(lftest::ok(pool.rent(seg)));  // a segment each
+    auto cached = [&] {
+      const auto s = pool.stats();
+      return static_cast<std::uint64_t>(s.all.reserved_bytes.current - s.all.active_bytes.current);
+    };
+    out.resize(16);  // 128 MiB still out: up to a quarter of it stays cached
+    CHECK(cached() <= 32 * mib);
+    CHECK(cached() >= 24 * mib);
+    out.clear();  // nothing out: half a segment at most
+    CHECK(cached() <= seg / 2);
+    CHECK(lftest::err(MemoryPool::create({.max_cached_share = -1})).code() == Errc::InvalidArgument);
+    CHECK(lftest::err(MemoryPool::create({.max_cached_share = std::nan("")})).code() == Errc::InvalidArgument);
+  }
   SECTION("trim() returns this thread's cached blocks and every free segment") {
-    auto pool = lftest::ok(MemoryPool::create());
+    auto pool = lftest::ok(MemoryPool::create({.max_cached_share = 0}));
     auto keep = lftest::ok(pool.rent(std::uint64_t{4} << 20));
     for (int i = 0; i < 10; ++i) auto b = lftest::ok(pool.rent(4096 * static_cast<std::uint64_t>(i + 1)));
     { auto big = lftest::ok(pool.rent(std::uint64_t{100} << 20)); }
