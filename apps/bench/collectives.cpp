@@ -3,8 +3,9 @@
 // run, for every size from 8 B to --max-size (bytes per rank) and every op (all_reduce f32 sum,
 // all_gather, reduce_scatter f32 sum): the lava-flow native backend on ordinary user memory and
 // the MPI library's own collective (MPI_Allreduce, MPI_Allgather, MPI_Reduce_scatter_block) and,
-// where built, Gloo (through lava-flow's Gloo backend), in alternating blocks so that all see the
-// same moments of a shared machine. Every call is timed on
+// where built, Gloo (through lava-flow's Gloo backend) and NCCL (lava-flow's NCCL backend, on GPU
+// buffers: rank r on CUDA device r % devices, when every rank of a host has a device of its own), in
+// alternating blocks so that all see the same moments of a shared machine. Every call is timed on
 // every rank; a row's p50/p99 are over the slowest rank's time of each call. busbw follows NCCL's
 // convention: all_reduce size/t × 2(n−1)/n; all_gather and reduce_scatter n·size/t × (n−1)/n.
 // Rank 0 prints a table, or with --json {"results":[{"name","op","dtype","size","ranks","p50_ns",
@@ -22,6 +23,11 @@
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/mesh_mpi/mesh_mpi.hpp"
 #include "plot.hpp"
+#if LAVAFLOW_BENCH_NCCL
+#include <cuda_runtime_api.h>
+
+#include "lavaflow/mesh_nccl/nccl.hpp"
+#endif
 
 using namespace lavaflow;
 using namespace lavaflow::mesh;
@@ -46,44 +52,98 @@ int calls_for(std::uint64_t size) {
   return size <= (64u << 20) ? 6 : 3;
 }
 
+/// Room for every op at one size: `send` and `recv` of size × ranks bytes each (host or GPU memory).
 struct Buffers {
-  std::vector<float> send, recv;
+  std::byte* send = nullptr;
+  std::byte* recv = nullptr;
 };
 
 /// One call of `op` by lava-flow (comm) or MPI (comm == nullptr); false on an error.
 bool once(Op op, Communicator* comm, Buffers& b, std::uint64_t size, int n) {
   const auto count = static_cast<int>(size / 4);
-  auto bytes = [](std::vector<float>& v, std::size_t elems) {
-    return std::as_writable_bytes(std::span(v.data(), elems));
-  };
-  const std::size_t c = size / 4;
+  const std::size_t bytes = size / 4 * 4, all = bytes * static_cast<std::size_t>(n);
   if (comm) {
     Work w;
     switch (op) {
       case Op::AllReduce:
-        w = comm->all_reduce(bytes(b.send, c), bytes(b.recv, c), DType::F32, ReduceOp::Sum);
+        w = comm->all_reduce({b.send, bytes}, {b.recv, bytes}, DType::F32, ReduceOp::Sum);
         break;
       case Op::AllGather:
-        w = comm->all_gather(bytes(b.send, c), bytes(b.recv, c * n), DType::F32);
+        w = comm->all_gather({b.send, bytes}, {b.recv, all}, DType::F32);
         break;
       case Op::ReduceScatter:
-        w = comm->reduce_scatter(bytes(b.send, c * n), bytes(b.recv, c), DType::F32, ReduceOp::Sum);
+        w = comm->reduce_scatter({b.send, all}, {b.recv, bytes}, DType::F32, ReduceOp::Sum);
         break;
     }
     return w.wait().has_value();
   }
   switch (op) {
     case Op::AllReduce:
-      return MPI_Allreduce(b.send.data(), b.recv.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD) == MPI_SUCCESS;
+      return MPI_Allreduce(b.send, b.recv, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD) == MPI_SUCCESS;
     case Op::AllGather:
-      return MPI_Allgather(b.send.data(), count, MPI_FLOAT, b.recv.data(), count, MPI_FLOAT, MPI_COMM_WORLD) ==
-             MPI_SUCCESS;
+      return MPI_Allgather(b.send, count, MPI_FLOAT, b.recv, count, MPI_FLOAT, MPI_COMM_WORLD) == MPI_SUCCESS;
     case Op::ReduceScatter:
-      return MPI_Reduce_scatter_block(b.send.data(), b.recv.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD) ==
-             MPI_SUCCESS;
+      return MPI_Reduce_scatter_block(b.send, b.recv, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD) == MPI_SUCCESS;
   }
   return false;
 }
+
+/// The NCCL rows' group and GPU buffers.
+struct NcclRows {
+  std::unique_ptr<Communicator> comm;
+  Buffers gpu;
+  NcclRows() = default;
+  NcclRows(const NcclRows&) = delete;
+  NcclRows& operator=(const NcclRows&) = delete;
+  ~NcclRows() {
+    comm.reset();
+#if LAVAFLOW_BENCH_NCCL
+    cudaFree(gpu.send);
+    cudaFree(gpu.recv);
+#endif
+  }
+};
+
+#if LAVAFLOW_BENCH_NCCL
+/// An NCCL group of every rank on GPU buffers, when every rank can have a CUDA device of its own
+/// (rank r takes device r % devices; ranks on one host must not share one): decided by all ranks
+/// together. The buffers are `bytes` each (cudaMalloc).
+std::unique_ptr<NcclRows> open_nccl_rows(Communicator& world, int rank, std::uint64_t bytes) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
+  MPI_Comm host;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &host);
+  int on_host = 1;
+  MPI_Comm_size(host, &on_host);
+  MPI_Comm_free(&host);
+  int can = devices >= on_host ? 1 : 0, all = 0;
+  MPI_Allreduce(&can, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (!all) {
+    if (rank == 0)
+      std::fprintf(stderr, "lavaflow-bench collectives: NCCL rows skipped: a rank has no CUDA device of its own\n");
+    return nullptr;
+  }
+  auto rows = std::make_unique<NcclRows>();
+  const int device = rank % devices;
+  int ok = cudaSetDevice(device) == cudaSuccess &&
+           cudaMalloc(reinterpret_cast<void**>(&rows->gpu.send), bytes) == cudaSuccess &&
+           cudaMalloc(reinterpret_cast<void**>(&rows->gpu.recv), bytes) == cudaSuccess &&
+           cudaMemset(rows->gpu.send, 0, bytes) == cudaSuccess;
+  int every = 0;
+  MPI_Allreduce(&ok, &every, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (!every) {
+    if (rank == 0) std::fprintf(stderr, "lavaflow-bench collectives: NCCL rows skipped: cudaMalloc failed\n");
+    return nullptr;
+  }
+  auto c = open_nccl(world, {.device = device});
+  if (!c) {
+    std::fprintf(stderr, "lavaflow-bench collectives: %s\n", c.error().message().c_str());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  rows->comm = std::move(*c);
+  return rows;
+}
+#endif
 
 /// Times `calls` calls, each on every rank; returns the slowest rank's time of each call (rank 0).
 bool timed(Op op, Communicator* comm, Buffers& b, std::uint64_t size, int n, int calls, std::vector<double>& out) {
@@ -138,7 +198,7 @@ int main(int argc, char** argv) {
     }
     // Gloo, where built: through lava-flow's Gloo backend (its calls run on the backend's thread).
     std::unique_ptr<Communicator> gloo;
-    if (std::find(mpi_backends().begin(), mpi_backends().end(), Backend::Gloo) != mpi_backends().end()) {
+    if (const auto built = mpi_backends(); std::find(built.begin(), built.end(), Backend::Gloo) != built.end()) {
       std::vector<std::uint32_t> all;
       for (int r = 0; r < n; ++r) all.push_back(static_cast<std::uint32_t>(r));
       auto g = mpi_communicators(*job)({"world-gloo", all, Backend::Gloo}, static_cast<std::uint32_t>(rank));
@@ -149,22 +209,29 @@ int main(int argc, char** argv) {
       gloo = std::move(*g);
     }
     std::vector<Row> rows;
+    std::vector<float> send, recv;
     Buffers b;
+    std::unique_ptr<NcclRows> nccl;
+#if LAVAFLOW_BENCH_NCCL
+    nccl = open_nccl_rows(**comm, rank, max_size / 4 * 4 * static_cast<std::uint64_t>(n));
+#endif
     for (std::uint64_t size = 8; size <= max_size;
          size = size * 4 > max_size && size < max_size ? max_size : size * 4) {
-      b.send.assign(size / 4 * static_cast<std::uint64_t>(n), 1.0f);
-      b.recv.assign(size / 4 * static_cast<std::uint64_t>(n), 0.0f);
+      send.assign(size / 4 * static_cast<std::uint64_t>(n), 1.0f);
+      recv.assign(size / 4 * static_cast<std::uint64_t>(n), 0.0f);
+      b = {reinterpret_cast<std::byte*>(send.data()), reinterpret_cast<std::byte*>(recv.data())};
       for (Op op : {Op::AllReduce, Op::AllGather, Op::ReduceScatter}) {
         const int calls = calls_for(size);
-        std::vector<double> ours, theirs, glooed;
+        std::vector<double> ours, theirs, glooed, nccled;
         bool ok = true;
         for (int w = 0; w < 2 && ok; ++w)  // warm-up: pages touched, connections made
           ok = once(op, comm->get(), b, size, n) && once(op, nullptr, b, size, n) &&
-               (!gloo || once(op, gloo.get(), b, size, n));
+               (!gloo || once(op, gloo.get(), b, size, n)) && (!nccl || once(op, nccl->comm.get(), nccl->gpu, size, n));
         for (int round = 0; round < 5 && ok; ++round)
           ok = timed(op, comm->get(), b, size, n, std::max(1, calls / 5), ours) &&
                timed(op, nullptr, b, size, n, std::max(1, calls / 5), theirs) &&
-               (!gloo || timed(op, gloo.get(), b, size, n, std::max(1, calls / 5), glooed));
+               (!gloo || timed(op, gloo.get(), b, size, n, std::max(1, calls / 5), glooed)) &&
+               (!nccl || timed(op, nccl->comm.get(), nccl->gpu, size, n, std::max(1, calls / 5), nccled));
         if (!ok) {
           std::fprintf(stderr, "lavaflow-bench collectives: %s of %llu bytes failed\n", op_name(op),
                        static_cast<unsigned long long>(size));
@@ -174,6 +241,7 @@ int main(int argc, char** argv) {
           rows.push_back(summarize("lavaflow", op, size, n, ours));
           rows.push_back(summarize("mpi", op, size, n, theirs));
           if (gloo) rows.push_back(summarize("gloo", op, size, n, glooed));
+          if (nccl) rows.push_back(summarize("nccl", op, size, n, nccled));
         }
       }
       if (size == max_size) break;
@@ -219,7 +287,8 @@ int main(int argc, char** argv) {
         std::puts(out.dump().c_str());
       } else {
         std::printf(
-            "lavaflow-bench collectives: %d ranks, f32 (sum), ordinary user memory, native backend vs MPI and Gloo\n",
+            "lavaflow-bench collectives: %d ranks, f32 (sum), ordinary user memory, native backend vs MPI and Gloo "
+            "(NCCL: GPU buffers)\n",
             n);
         std::printf("%-15s %10s %-9s %12s %12s %10s\n", "op", "size", "name", "p50 us", "p99 us", "busbw GB/s");
         for (const auto& r : rows)
@@ -232,7 +301,7 @@ int main(int argc, char** argv) {
       if (!plot.empty()) {
         std::vector<lfapp::PlotSeries> series;
         for (const char* op : {"all_reduce", "all_gather", "reduce_scatter"})
-          for (const char* name : {"lavaflow", "mpi", "gloo"}) {
+          for (const char* name : {"lavaflow", "mpi", "gloo", "nccl"}) {
             lfapp::PlotSeries s{str_format("{} {}", name, op), {}, std::string(name) != "lavaflow"};
             for (const auto& r : rows)
               if (r.op == op && r.name == name) s.points.emplace_back(r.size, r.busbw_gbps);

@@ -129,7 +129,8 @@ struct NcclState {
   }
 
   /// Waits (under the lock) for a non-blocking NCCL call that answered ncclInProgress to settle:
-  /// its result, or ncclInProgress still when `deadline` passes.
+  /// its result, or ncclInProgress still when `deadline` passes. An enqueue settles within tens of
+  /// microseconds: the wait spins through that before it naps.
   ncclResult_t settle(const Deadline& deadline) const {
     ncclResult_t state = ncclInProgress;
     (void)lavaflow::detail::wait_for(
@@ -138,7 +139,8 @@ struct NcclState {
           return state != ncclInProgress;
         },
         lavaflow::detail::never_stop, lavaflow::detail::Nap{std::chrono::microseconds(50)}, WaitMode::SpinThenBlock,
-        deadline.left(), {.relax = false}, [] { return Error(Errc::Timeout, "ncclCommGetAsyncError", ""); });
+        deadline.left(), {.clock_every = 16, .relax = false, .spin_for = std::chrono::milliseconds(1)},
+        [] { return Error(Errc::Timeout, "ncclCommGetAsyncError", ""); });
     return state;
   }
 
