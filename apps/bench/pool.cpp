@@ -7,7 +7,8 @@
 //                               against cuMemCreate and an fd export (builds with CUDA, a GPU)
 //   pool-churn                  10^5 operations, sizes log-uniform 4 KiB..64 MiB, bounded live set:
 //                               reuse, fragmentation at the peak, fds; on a pool as created and
-//                               (variant "max_cached_bytes 32 MiB") on one with a cap
+//                               (variants "max_cached_bytes 32 MiB", "max_cached_share 0.05") on
+//                               pools with a fixed cap and with a cap that follows the load
 #include "pool.hpp"
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include <cstdlib>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <string>
 #include <tuple>
@@ -235,20 +237,31 @@ int bench_pool(const PoolBenchOptions& o) {
   }
 #endif
 
-  // The trace on a pool as created, and on one with a cap on cached bytes, above which host memory
-  // gives the pages of free ranges back to the system.
+  // The trace on a pool as created, and on pools with a cap on cached bytes (a fixed one; one that
+  // follows the load), above which host memory gives the pages of free ranges back to the system.
   constexpr std::uint64_t kChurnCap = std::uint64_t{32} << 20;
-  auto churn_pool = MemoryPool::create();
-  auto capped_pool = MemoryPool::create({.max_cached_bytes = kChurnCap});
-  if (!churn_pool || !capped_pool) {
-    std::fprintf(stderr, "%s\n", (churn_pool ? capped_pool : churn_pool).error().message().c_str());
-    return 1;
-  }
+  constexpr double kChurnShare = 0.05;
+  struct Variant {
+    std::string name;  // empty: the pool as created
+    PoolOptions options;
+    Churn result;
+  };
+  std::vector<Variant> churns;
+  churns.push_back({"", {}, {}});
+  churns.push_back({str_format("max_cached_bytes {} MiB", kChurnCap >> 20), {.max_cached_bytes = kChurnCap}, {}});
+  churns.push_back({str_format("max_cached_share {}", kChurnShare), {.max_cached_share = kChurnShare}, {}});
   const std::uint64_t churn_ops = o.quick ? 20'000 : 100'000;
-  const auto ch = churn(*churn_pool, churn_ops, 64);
-  const auto churn_stats = churn_pool->stats();
-  const auto capped = churn(*capped_pool, churn_ops, 64);
-  const std::string cap_variant = str_format("max_cached_bytes {} MiB", kChurnCap >> 20);
+  std::optional<PoolStats> churn_stats;
+  for (auto& v : churns) {
+    auto churn_pool = MemoryPool::create(std::move(v.options));
+    if (!churn_pool) {
+      std::fprintf(stderr, "%s\n", churn_pool.error().message().c_str());
+      return 1;
+    }
+    v.result = churn(*churn_pool, churn_ops, 64);
+    if (!churn_stats) churn_stats = churn_pool->stats();
+  }
+  const Churn& ch = churns.front().result;
 
   auto find = [&](const std::string& name, std::uint64_t size) -> const Row* {
     for (const auto& r : rows)
@@ -275,14 +288,15 @@ int bench_pool(const PoolBenchOptions& o) {
                              {"value_ns", r.ns.p50},
                              {"target", ">= 100x faster and <= 1 us"},
                              {"met", f->ns.p50 >= 100 * r.ns.p50 && r.ns.p50 <= 1000}});
-  for (const auto* c : {&ch, &capped}) {
-    const std::string pool_name = c == &ch ? "a pool as created" : "a pool with " + cap_variant;
+  for (const auto& v : churns) {
+    const std::string pool_name = v.name.empty() ? "a pool as created" : "a pool with " + v.name;
+    const Churn& c = v.result;
     targets.push_back(
-        {{"name", "churn reuse, " + pool_name}, {"ratio", c->reuse}, {"target", ">= 0.95"}, {"met", c->reuse >= 0.95}});
+        {{"name", "churn reuse, " + pool_name}, {"ratio", c.reuse}, {"target", ">= 0.95"}, {"met", c.reuse >= 0.95}});
     targets.push_back({{"name", "churn fragmentation (1 - peak allocated / peak reserved), " + pool_name},
-                       {"ratio", c->fragmentation},
+                       {"ratio", c.fragmentation},
                        {"target", "< 0.10"},
-                       {"met", c->fragmentation < 0.10}});
+                       {"met", c.fragmentation < 0.10}});
   }
   targets.push_back(
       {{"name", "churn fds (max open during the trace vs segments)"},
@@ -299,22 +313,23 @@ int bench_pool(const PoolBenchOptions& o) {
                                 {"p50_ns", r.ns.p50},
                                 {"p25_ns", r.ns.p25},
                                 {"p75_ns", r.ns.p75}});
-    for (const auto* c : {&ch, &capped}) {
+    for (const auto& v : churns) {
+      const Churn& c = v.result;
       nlohmann::json row = {{"suite", "pool"},
                             {"name", "pool-churn"},
-                            {"ops", c->ops},
-                            {"reuse", c->reuse},
-                            {"fragmentation", c->fragmentation},
-                            {"size_class_waste", c->waste},
-                            {"max_fds", c->max_fds},
-                            {"segments", c->segments},
-                            {"peak_reserved_bytes", c->peak_reserved},
-                            {"peak_allocated_bytes", c->peak_allocated},
-                            {"seconds", c->seconds}};
-      if (c == &capped) row["variant"] = cap_variant;
+                            {"ops", c.ops},
+                            {"reuse", c.reuse},
+                            {"fragmentation", c.fragmentation},
+                            {"size_class_waste", c.waste},
+                            {"max_fds", c.max_fds},
+                            {"segments", c.segments},
+                            {"peak_reserved_bytes", c.peak_reserved},
+                            {"peak_allocated_bytes", c.peak_allocated},
+                            {"seconds", c.seconds}};
+      if (!v.name.empty()) row["variant"] = v.name;
       out["results"].push_back(row);
     }
-    out["pool_stats"] = nlohmann::json::parse(churn_stats.to_json());
+    out["pool_stats"] = nlohmann::json::parse(churn_stats->to_json());
     std::puts(out.dump().c_str());
     return 0;
   }
@@ -323,14 +338,16 @@ int bench_pool(const PoolBenchOptions& o) {
   for (const auto& r : rows)
     std::printf("%-20s %10llu %12.1f %11.1f..%-11.1f\n", r.name.c_str(), static_cast<unsigned long long>(r.size),
                 r.ns.p50, r.ns.p25, r.ns.p75);
-  for (const auto* c : {&ch, &capped})
+  for (const auto& v : churns) {
+    const Churn& c = v.result;
     std::printf(
         "pool-churn%s: %llu ops in %.2f s, reuse %.4f, fragmentation %.4f (peak reserved %llu MiB, peak allocated "
         "%llu MiB), size-class waste %.4f, max fds %llu, segments %llu\n",
-        c == &ch ? "" : (" (" + cap_variant + ")").c_str(), static_cast<unsigned long long>(c->ops), c->seconds,
-        c->reuse, c->fragmentation, static_cast<unsigned long long>(c->peak_reserved >> 20),
-        static_cast<unsigned long long>(c->peak_allocated >> 20), c->waste, static_cast<unsigned long long>(c->max_fds),
-        static_cast<unsigned long long>(c->segments));
+        v.name.empty() ? "" : (" (" + v.name + ")").c_str(), static_cast<unsigned long long>(c.ops), c.seconds, c.reuse,
+        c.fragmentation, static_cast<unsigned long long>(c.peak_reserved >> 20),
+        static_cast<unsigned long long>(c.peak_allocated >> 20), c.waste, static_cast<unsigned long long>(c.max_fds),
+        static_cast<unsigned long long>(c.segments));
+  }
   for (const auto& t : targets)
     std::printf("target %s: %.3f (%s) %s\n", t["name"].get<std::string>().c_str(), t["ratio"].get<double>(),
                 t["target"].get<std::string>().c_str(), t["met"].get<bool>() ? "MET" : "NOT MET");

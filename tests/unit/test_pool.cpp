@@ -243,7 +243,7 @@ TEST_CASE("pool: the cap on cached bytes and trim() release free segments") {
   }
   SECTION("cap of one segment: a second free segment is released, the first kept") {
     const std::uint64_t seg = std::uint64_t{64} << 20;
-    auto pool = lftest::ok(MemoryPool::create({.max_cached_bytes = seg, .max_cached_share = 0}));
+    auto pool = lftest::ok(MemoryPool::create({.max_cached_bytes = seg}));
     {
       auto a = lftest::ok(pool.rent(seg));
       auto b = lftest::ok(pool.rent(seg));
@@ -272,7 +272,7 @@ TEST_CASE("pool: the cap on cached bytes and trim() release free segments") {
     CHECK(lftest::err(MemoryPool::create({.max_cached_share = std::nan("")})).code() == Errc::InvalidArgument);
   }
   SECTION("trim() returns this thread's cached blocks and every free segment") {
-    auto pool = lftest::ok(MemoryPool::create({.max_cached_share = 0}));
+    auto pool = lftest::ok(MemoryPool::create());
     auto keep = lftest::ok(pool.rent(std::uint64_t{4} << 20));
     for (int i = 0; i < 10; ++i) auto b = lftest::ok(pool.rent(4096 * static_cast<std::uint64_t>(i + 1)));
     { auto big = lftest::ok(pool.rent(std::uint64_t{100} << 20)); }

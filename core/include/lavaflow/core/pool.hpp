@@ -45,12 +45,13 @@ struct PoolOptions {
   /// new segment). Blocks that threads keep (below) are outside the cap; with a cap, a thread
   /// keeps at most an eighth of it in large blocks.
   std::uint64_t max_cached_bytes = std::numeric_limits<std::uint64_t>::max();
-  /// A second cap, that follows the load: cached bytes at most this share of the bytes rented
-  /// out, but never less than half a large segment (`segment_bytes`), so that a pool with little
-  /// out still keeps what it just had; with it, a thread keeps at most a quarter of a large
-  /// segment in large blocks. It bounds fragmentation (reserved − in use); 0 turns it off (then
-  /// only max_cached_bytes caps the cache).
-  double max_cached_share = 0.05;
+  /// A second cap, that follows the load (0: none): cached bytes at most this share of the bytes
+  /// rented out, but never less than half a large segment (`segment_bytes`), so that a pool with
+  /// little out still keeps what it just had; with it, a thread keeps at most a quarter of a large
+  /// segment in large blocks. It bounds fragmentation (reserved − in use) for workloads of many
+  /// sizes; the price is that a block of a whole segment or more is not kept when little else is
+  /// out (its next rent allocates again), which is why it is off by default.
+  double max_cached_share = 0;
   /// Bytes per size class that each thread keeps for itself (the lock-free path); 0: every rent
   /// and return takes the pool's lock.
   std::uint64_t thread_cache_bytes = std::uint64_t{512} << 10;
