@@ -2,15 +2,21 @@
 # mesh_collectives on two simulated hosts (unshare -u, as root; launched MPMD): first of uneven
 # size — ranks 0-1 in a UTS namespace named simhost-a, rank 2 in simhost-b — where the native
 # backend reduces inside each host in shared memory and between the hosts' leaders over MPI; then
-# one rank per host, where the leaders exchange straight from the callers' buffers.
+# one rank per host on two, three and five hosts, where the leaders exchange straight from the
+# callers' buffers (small all_reduces point to point, by recursive doubling: three hosts take its
+# path for host counts that are not a power of two, five also doubles twice).
 #   mesh_collectives_hosts.sh MPIEXEC MESH_COLLECTIVES
 # Exit 77 (skipped) when this machine cannot make UTS namespaces.
 set -uo pipefail
 mpiexec=$1 prog=$2
 unshare -u true 2>/dev/null || { echo "LAVAFLOW-SKIP: cannot create UTS namespaces here (unshare -u needs root or CAP_SYS_ADMIN)"; exit 77; }
-for shape in "2 1" "1 1"; do
-  read -r a b <<< "$shape"
-  echo "--- ranks per host: $a + $b"
-  "$mpiexec" -n "$a" unshare -u sh -c "hostname simhost-a && exec $prog all" : \
-             -n "$b" unshare -u sh -c "hostname simhost-b && exec $prog all" || { echo "FAILED: the $a + $b job exited $?"; exit 1; }
+for shape in "2 1" "1 1" "1 1 1" "1 1 1 1 1"; do
+  echo "--- ranks per host: ${shape// / + }"
+  args=() host=0
+  for n in $shape; do
+    [ $host -gt 0 ] && args+=(:)
+    args+=(-n "$n" unshare -u sh -c "hostname simhost-$host && exec $prog all")
+    host=$((host + 1))
+  done
+  "$mpiexec" "${args[@]}" || { echo "FAILED: the ${shape// / + } job exited $?"; exit 1; }
 done

@@ -84,14 +84,16 @@ std::string ranks_text(std::uint32_t group_rank, std::uint32_t world_rank) {
   return str_format("rank {} (world {})", group_rank, world_rank);
 }
 
-/// The leaders' exchange of the native backend: one non-blocking MPI collective at a time.
+/// The leaders' exchange of the native backend: one non-blocking MPI collective at a time. Small
+/// all_reduces go point to point instead (Doubling), which a leader polls about as cheaply as MPI
+/// runs its blocking collective; MPI's non-blocking collectives carry more machinery per call.
 class MpiHostLink final : public HostLink {
  public:
   MpiHostLink(MPI_Comm comm, std::uint32_t hosts, std::uint32_t host) : comm_(comm), hosts_(hosts), host_(host) {}
   ~MpiHostLink() override {
     for (auto& op : ops_)
       if (op != MPI_OP_NULL) MPI_Op_free(&op);
-    if (request_ == MPI_REQUEST_NULL) MPI_Comm_free(&comm_);  // else in flight: left to MPI
+    if (request_ == MPI_REQUEST_NULL && !doubling_.active()) MPI_Comm_free(&comm_);  // else in flight: left to MPI
   }
   std::uint32_t hosts() const override { return hosts_; }
   std::uint32_t host() const override { return host_; }
@@ -100,6 +102,7 @@ class MpiHostLink final : public HostLink {
     const auto count = data.size() / size_of(type);
     if (count > INT_MAX) return fail(Errc::InvalidArgument, "MPI_Iallreduce", "more than INT_MAX elements");
     LF_TRY(MPI_Op o, op_for(type, op));
+    if (data.size() <= kPointToPointMax) return doubling_.start(comm_, hosts_, host_, data, data, mpi_type(type), o);
     return check(
         MPI_Iallreduce(MPI_IN_PLACE, data.data(), static_cast<int>(count), mpi_type(type), o, comm_, &request_),
         "MPI_Iallreduce");
@@ -130,6 +133,7 @@ class MpiHostLink final : public HostLink {
     const auto count = recv.size() / size_of(type);
     if (count > INT_MAX) return fail(Errc::InvalidArgument, "MPI_Iallreduce", "more than INT_MAX elements");
     LF_TRY(MPI_Op o, op_for(type, op));
+    if (recv.size() <= kPointToPointMax) return doubling_.start(comm_, hosts_, host_, send, recv, mpi_type(type), o);
     const void* s = send.data() == recv.data() ? MPI_IN_PLACE : send.data();
     return check(MPI_Iallreduce(s, recv.data(), static_cast<int>(count), mpi_type(type), o, comm_, &request_),
                  "MPI_Iallreduce");
@@ -142,12 +146,155 @@ class MpiHostLink final : public HostLink {
                  "MPI_Iallgather");
   }
   Result<bool> test() override {
+    if (doubling_.active()) return doubling_.advance();
     int flag = 0;
     LF_TRY_STATUS(check(MPI_Test(&request_, &flag, MPI_STATUS_IGNORE), "MPI_Test"));
     return flag != 0;
   }
 
  private:
+  /// Up to this many bytes an all_reduce goes point to point.
+  static constexpr std::size_t kPointToPointMax = 32u << 10;
+
+  /// An all_reduce by recursive doubling over MPI_Isend/MPI_Irecv: log2 of the hosts exchanges,
+  /// each combined with MPI_Reduce_local. With a host count that is not a power of two, the first
+  /// 2·extra hosts pair up first (the even one hands its data to the odd one and gets the result
+  /// back at the end). Every op here is commutative, and each pair combines the same two values, so
+  /// every host ends with the same bits. The first step sends from `send` and receives straight
+  /// into `data` (no copy of the caller's input); later steps work in `data`.
+  class Doubling {
+   public:
+    Status start(MPI_Comm comm, std::uint32_t hosts, std::uint32_t host, std::span<const std::byte> send,
+                 std::span<std::byte> data, MPI_Datatype type, MPI_Op op) {
+      comm_ = comm;
+      first_ = send.data();
+      data_ = data;
+      type_ = type;
+      op_ = op;
+      incoming_.resize(data.size());
+      std::uint32_t pow2 = 1;
+      while (pow2 * 2 <= hosts) pow2 *= 2;
+      extra_ = hosts - pow2;
+      pow2_ = pow2;
+      host_ = host;
+      // Virtual rank among the pow2 hosts that double; -1 for the even host of a first pair.
+      vrank_ = host < 2 * extra_ ? (host % 2 == 1 ? static_cast<int>(host / 2) : -1) : static_cast<int>(host - extra_);
+      active_ = true;
+      if (host < 2 * extra_) {
+        stage_ = Stage::Pair;
+        if (host % 2 == 0) return post(static_cast<int>(host + 1), true, false);  // send, then wait for the result
+        return post(static_cast<int>(host - 1), false, true);
+      }
+      return begin_doubling();
+    }
+    [[nodiscard]] bool active() const { return active_; }
+
+    /// true once this host holds the result.
+    Result<bool> advance() {
+      int done = 0;
+      LF_TRY_STATUS(check(MPI_Testall(2, requests_, &done, MPI_STATUSES_IGNORE), "MPI_Testall(all_reduce)"));
+      if (!done) return false;
+      if (combine_) {
+        // The first step received into data_ itself: combine the caller's input into it.
+        const void* in = first_ != data_.data() ? first_ : incoming_.data();
+        LF_TRY_STATUS(check(MPI_Reduce_local(in, data_.data(), count(), type_, op_), "MPI_Reduce_local"));
+      }
+      first_ = data_.data();
+      switch (stage_) {
+        case Stage::Pair:
+          if (vrank_ < 0) {  // even host of a pair: sent; now the result comes back
+            stage_ = Stage::Result;
+            LF_TRY_STATUS(check(MPI_Irecv(data_.data(), static_cast<int>(data_.size()), MPI_BYTE,
+                                          static_cast<int>(host_ + 1), kTag, comm_, &requests_[0]),
+                                "MPI_Irecv(all_reduce)"));
+            requests_[1] = MPI_REQUEST_NULL;
+            combine_ = false;
+            return false;
+          }
+          LF_TRY_STATUS(begin_doubling());
+          return finished();
+        case Stage::Doubling:
+          mask_ <<= 1;
+          if (mask_ < pow2_) {
+            LF_TRY_STATUS(exchange());
+            return false;
+          }
+          if (host_ < 2 * extra_) {  // odd host of a pair: the result goes back to the even one
+            stage_ = Stage::Result;
+            LF_TRY_STATUS(post(static_cast<int>(host_ - 1), true, false));
+            return false;
+          }
+          active_ = false;
+          return true;
+        case Stage::Result:
+          active_ = false;
+          return true;
+      }
+      return true;
+    }
+
+   private:
+    enum class Stage { Pair, Doubling, Result };
+    static constexpr int kTag = 7;
+
+    [[nodiscard]] int count() const {
+      int size = 1;
+      MPI_Type_size(type_, &size);
+      return static_cast<int>(data_.size() / static_cast<std::size_t>(std::max(size, 1)));
+    }
+    Result<bool> finished() {
+      if (stage_ == Stage::Doubling) return false;
+      active_ = false;
+      return true;
+    }
+    Status begin_doubling() {
+      stage_ = Stage::Doubling;
+      mask_ = 1;
+      if (pow2_ == 1) {  // one host doubling alone: nothing to exchange
+        stage_ = Stage::Result;
+        requests_[0] = requests_[1] = MPI_REQUEST_NULL;
+        combine_ = false;
+        if (host_ < 2 * extra_) return post(static_cast<int>(host_ - 1), true, false);
+        return {};
+      }
+      return exchange();
+    }
+    /// This round's partner: the host whose virtual rank differs in bit `mask_`.
+    Status exchange() {
+      const int partner_v = vrank_ ^ static_cast<int>(mask_);
+      const int partner =
+          partner_v < static_cast<int>(extra_) ? partner_v * 2 + 1 : partner_v + static_cast<int>(extra_);
+      return post(partner, true, true);
+    }
+    /// Sends this step's data (the caller's input on the first step) and receives the peer's: on
+    /// the first step straight into data_, after that into incoming_.
+    Status post(int peer, bool send, bool receive) {
+      requests_[0] = requests_[1] = MPI_REQUEST_NULL;
+      combine_ = receive;
+      std::byte* into = first_ != data_.data() ? data_.data() : incoming_.data();
+      if (receive)
+        LF_TRY_STATUS(check(MPI_Irecv(into, static_cast<int>(data_.size()), MPI_BYTE, peer, kTag, comm_, &requests_[0]),
+                            "MPI_Irecv(all_reduce)"));
+      if (send)
+        LF_TRY_STATUS(
+            check(MPI_Isend(first_, static_cast<int>(data_.size()), MPI_BYTE, peer, kTag, comm_, &requests_[1]),
+                  "MPI_Isend(all_reduce)"));
+      return {};
+    }
+
+    MPI_Comm comm_ = MPI_COMM_NULL;
+    const std::byte* first_ = nullptr;  // what the next send sends: the caller's input, then data_
+    std::span<std::byte> data_;
+    std::vector<std::byte> incoming_;
+    MPI_Datatype type_ = MPI_BYTE;
+    MPI_Op op_ = MPI_OP_NULL;
+    std::uint32_t pow2_ = 1, extra_ = 0, host_ = 0, mask_ = 1;
+    int vrank_ = 0;
+    Stage stage_ = Stage::Doubling;
+    MPI_Request requests_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    bool combine_ = false, active_ = false;
+  };
+
   /// MPI's op, or one of ours for f16 and bf16 (made once).
   Result<MPI_Op> op_for(DType type, ReduceOp op) {
     if (type != DType::F16 && type != DType::BF16) return mpi_op(op);
@@ -161,6 +308,7 @@ class MpiHostLink final : public HostLink {
   MPI_Comm comm_;
   std::uint32_t hosts_, host_;
   MPI_Request request_ = MPI_REQUEST_NULL;
+  Doubling doubling_;
   std::vector<int> counts_, offsets_;
   MPI_Op ops_[8] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL,
                     MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
