@@ -4,7 +4,7 @@
 // all_gather, reduce_scatter f32 sum): the lava-flow native backend on ordinary user memory and
 // the MPI library's own collective (MPI_Allreduce, MPI_Allgather, MPI_Reduce_scatter_block) and,
 // where built, Gloo (through lava-flow's Gloo backend) and NCCL (lava-flow's NCCL backend, on GPU
-// buffers: rank r on CUDA device r % devices, when every rank of a host has a device of its own), in
+// buffers: a host's k-th rank on its CUDA device k, when every rank of a host has a device of its own), in
 // alternating blocks so that all see the same moments of a shared machine. Every call is timed on
 // every rank; a row's p50/p99 are over the slowest rank's time of each call. busbw follows NCCL's
 // convention: all_reduce size/t × 2(n−1)/n; all_gather and reduce_scatter n·size/t × (n−1)/n.
@@ -106,15 +106,16 @@ struct NcclRows {
 
 #if LAVAFLOW_BENCH_NCCL
 /// An NCCL group of every rank on GPU buffers, when every rank can have a CUDA device of its own
-/// (rank r takes device r % devices; ranks on one host must not share one): decided by all ranks
-/// together. The buffers are `bytes` each (cudaMalloc).
+/// (a host's k-th rank takes its device k; ranks on one host must not share one): decided by all
+/// ranks together. The buffers are `bytes` each (cudaMalloc).
 std::unique_ptr<NcclRows> open_nccl_rows(Communicator& world, int rank, std::uint64_t bytes) {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
   MPI_Comm host;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &host);
-  int on_host = 1;
+  int on_host = 1, local = 0;
   MPI_Comm_size(host, &on_host);
+  MPI_Comm_rank(host, &local);  // ranks of a host need not be numbered one after another
   MPI_Comm_free(&host);
   int can = devices >= on_host ? 1 : 0, all = 0;
   MPI_Allreduce(&can, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
@@ -124,7 +125,7 @@ std::unique_ptr<NcclRows> open_nccl_rows(Communicator& world, int rank, std::uin
     return nullptr;
   }
   auto rows = std::make_unique<NcclRows>();
-  const int device = rank % devices;
+  const int device = local % devices;
   int ok = cudaSetDevice(device) == cudaSuccess &&
            cudaMalloc(reinterpret_cast<void**>(&rows->gpu.send), bytes) == cudaSuccess &&
            cudaMalloc(reinterpret_cast<void**>(&rows->gpu.recv), bytes) == cudaSuccess &&

@@ -467,9 +467,10 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
   std::uint64_t cache_cap() const {
     std::uint64_t cap = options.max_cached_bytes;
     if (options.max_cached_share > 0) {
+      // In double, and clamped before the conversion (a share of a huge pool could exceed 2^64).
       const auto active = static_cast<double>(std::max<std::int64_t>(locked_all.active_bytes.current, 0));
-      cap = std::min(
-          cap, std::max(options.segment_bytes / 2, static_cast<std::uint64_t>(active * options.max_cached_share)));
+      cap = std::min(cap, std::max(options.segment_bytes / 2,
+                                   static_cast<std::uint64_t>(std::min(active * options.max_cached_share, 0x1p63))));
     }
     return cap;
   }

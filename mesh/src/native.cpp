@@ -827,6 +827,9 @@ class NativeCommunicator final : public Communicator {
                   CallOptions o) override {
     if (send.size() != recv.size())
       return bad("all_reduce", str_format("send holds {} bytes, recv {}", send.size(), recv.size()));
+    if (send.data() != recv.data() && send.data() < recv.data() + recv.size() &&
+        recv.data() < send.data() + send.size())
+      return bad("all_reduce", "send and recv overlap without being the same bytes (in place is send == recv)");
     auto c = make(Kind::AllReduce, send, recv, send.size(), type, op, 0, o);
     if (!c) return Work::done(std::unexpected(c.error()));
     if (send.empty()) return Work::done({});

@@ -93,7 +93,8 @@ class MpiHostLink final : public HostLink {
   ~MpiHostLink() override {
     for (auto& op : ops_)
       if (op != MPI_OP_NULL) MPI_Op_free(&op);
-    if (request_ == MPI_REQUEST_NULL && !doubling_.active()) MPI_Comm_free(&comm_);  // else in flight: left to MPI
+    doubling_.abandon();                                      // its receive writes into memory that goes with it
+    if (request_ == MPI_REQUEST_NULL) MPI_Comm_free(&comm_);  // else in flight: left to MPI
   }
   std::uint32_t hosts() const override { return hosts_; }
   std::uint32_t host() const override { return host_; }
@@ -146,7 +147,11 @@ class MpiHostLink final : public HostLink {
                  "MPI_Iallgather");
   }
   Result<bool> test() override {
-    if (doubling_.active()) return doubling_.advance();
+    if (doubling_.active()) {
+      auto r = doubling_.advance();
+      if (!r) doubling_.abandon();
+      return r;
+    }
     int flag = 0;
     LF_TRY_STATUS(check(MPI_Test(&request_, &flag, MPI_STATUS_IGNORE), "MPI_Test"));
     return flag != 0;
@@ -160,11 +165,44 @@ class MpiHostLink final : public HostLink {
   /// each combined with MPI_Reduce_local. With a host count that is not a power of two, the first
   /// 2·extra hosts pair up first (the even one hands its data to the odd one and gets the result
   /// back at the end). Every op here is commutative, and each pair combines the same two values, so
-  /// every host ends with the same bits. The first step sends from `send` and receives straight
-  /// into `data` (no copy of the caller's input); later steps work in `data`.
+  /// every host ends with the same bits: both partners apply the op with the lower virtual rank's
+  /// data first (MIN and MAX pick between ±0 and among NaNs by order). The first step sends from
+  /// `send` and receives straight into `data` (no copy of the caller's input); later steps work in
+  /// `data`.
   class Doubling {
    public:
     Status start(MPI_Comm comm, std::uint32_t hosts, std::uint32_t host, std::span<const std::byte> send,
+                 std::span<std::byte> data, MPI_Datatype type, MPI_Op op) {
+      auto ok = begin(comm, hosts, host, send, data, type, op);
+      if (!ok) abandon();
+      return ok;
+    }
+    [[nodiscard]] bool active() const { return active_; }
+
+    /// Ends an exchange that will not finish (an error, or its link going away): the receive is
+    /// cancelled, the send let go.
+    void abandon() {
+      if (!active_) return;
+      if (requests_[0] != MPI_REQUEST_NULL) {
+        MPI_Cancel(&requests_[0]);
+        MPI_Wait(&requests_[0], MPI_STATUS_IGNORE);
+      }
+      if (requests_[1] != MPI_REQUEST_NULL) MPI_Request_free(&requests_[1]);
+      active_ = false;
+    }
+
+    /// true once this host holds the result.
+    Result<bool> advance() {
+      int done = 0;
+      LF_TRY_STATUS(check(MPI_Testall(2, requests_, &done, MPI_STATUSES_IGNORE), "MPI_Testall(all_reduce)"));
+      if (!done) return false;
+      if (combine_) LF_TRY_STATUS(combine());
+      first_ = data_.data();
+      return next();
+    }
+
+   private:
+    Status begin(MPI_Comm comm, std::uint32_t hosts, std::uint32_t host, std::span<const std::byte> send,
                  std::span<std::byte> data, MPI_Datatype type, MPI_Op op) {
       comm_ = comm;
       first_ = send.data();
@@ -183,23 +221,31 @@ class MpiHostLink final : public HostLink {
       if (host < 2 * extra_) {
         stage_ = Stage::Pair;
         if (host % 2 == 0) return post(static_cast<int>(host + 1), true, false);  // send, then wait for the result
-        return post(static_cast<int>(host - 1), false, true);
+        return post(static_cast<int>(host - 1), false, true, false);              // the even host's data is first
       }
       return begin_doubling();
     }
-    [[nodiscard]] bool active() const { return active_; }
 
-    /// true once this host holds the result.
-    Result<bool> advance() {
-      int done = 0;
-      LF_TRY_STATUS(check(MPI_Testall(2, requests_, &done, MPI_STATUSES_IGNORE), "MPI_Testall(all_reduce)"));
-      if (!done) return false;
-      if (combine_) {
-        // The first step received into data_ itself: combine the caller's input into it.
-        const void* in = first_ != data_.data() ? first_ : incoming_.data();
-        LF_TRY_STATUS(check(MPI_Reduce_local(in, data_.data(), count(), type_, op_), "MPI_Reduce_local"));
+    /// This step's result into data_: lower op higher (MPI_Reduce_local: inout = in op inout).
+    /// Ours is first_ (the caller's input on the first step); theirs came into data_ on the first
+    /// step of a caller with separate buffers, else into incoming_.
+    Status combine() {
+      std::byte* theirs = first_ != data_.data() ? data_.data() : incoming_.data();
+      const int n = count();
+      if (mine_lower_) {
+        LF_TRY_STATUS(check(MPI_Reduce_local(first_, theirs, n, type_, op_), "MPI_Reduce_local"));
+        if (theirs != data_.data()) std::memcpy(data_.data(), theirs, data_.size());
+        return {};
       }
-      first_ = data_.data();
+      if (first_ == data_.data())
+        return check(MPI_Reduce_local(theirs, data_.data(), n, type_, op_), "MPI_Reduce_local");
+      std::memcpy(incoming_.data(), first_, data_.size());  // the caller's input stays as it is
+      LF_TRY_STATUS(check(MPI_Reduce_local(theirs, incoming_.data(), n, type_, op_), "MPI_Reduce_local"));
+      std::memcpy(data_.data(), incoming_.data(), data_.size());
+      return {};
+    }
+
+    Result<bool> next() {
       switch (stage_) {
         case Stage::Pair:
           if (vrank_ < 0) {  // even host of a pair: sent; now the result comes back
@@ -233,7 +279,6 @@ class MpiHostLink final : public HostLink {
       return true;
     }
 
-   private:
     enum class Stage { Pair, Doubling, Result };
     static constexpr int kTag = 7;
 
@@ -264,13 +309,14 @@ class MpiHostLink final : public HostLink {
       const int partner_v = vrank_ ^ static_cast<int>(mask_);
       const int partner =
           partner_v < static_cast<int>(extra_) ? partner_v * 2 + 1 : partner_v + static_cast<int>(extra_);
-      return post(partner, true, true);
+      return post(partner, true, true, vrank_ < partner_v);
     }
     /// Sends this step's data (the caller's input on the first step) and receives the peer's: on
     /// the first step straight into data_, after that into incoming_.
-    Status post(int peer, bool send, bool receive) {
+    Status post(int peer, bool send, bool receive, bool mine_lower = false) {
       requests_[0] = requests_[1] = MPI_REQUEST_NULL;
       combine_ = receive;
+      mine_lower_ = mine_lower;
       std::byte* into = first_ != data_.data() ? data_.data() : incoming_.data();
       if (receive)
         LF_TRY_STATUS(check(MPI_Irecv(into, static_cast<int>(data_.size()), MPI_BYTE, peer, kTag, comm_, &requests_[0]),
@@ -292,7 +338,7 @@ class MpiHostLink final : public HostLink {
     int vrank_ = 0;
     Stage stage_ = Stage::Doubling;
     MPI_Request requests_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-    bool combine_ = false, active_ = false;
+    bool combine_ = false, mine_lower_ = false, active_ = false;
   };
 
   /// MPI's op, or one of ours for f16 and bf16 (made once).

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cstdint>
 #include <optional>
 #include <thread>
@@ -36,7 +37,7 @@ inline constexpr std::uint64_t kSpinsWithoutPause = 4096;
 
 /// How the spinning part of a wait goes.
 struct SpinPlan {
-  /// Tests between clock reads while spinning (a power of two). A clock read costs as much as a
+  /// Tests between clock reads while spinning (rounded up to a power of two). A clock read costs as much as a
   /// fast hand-off: a cheap test reads the clock rarely, an expensive one (an MPI_Test) often.
   std::uint64_t clock_every = 64;
   bool relax = true;  ///< pause between tests (see kSpinsWithoutPause)
@@ -127,11 +128,12 @@ Status wait_for(Ready&& ready, Stop&& stop, Sleeper&& sleeper, WaitMode mode, Du
   }
   std::optional<Deadline> deadline;
   Clock::time_point start{}, checked{};
+  const std::uint64_t every = std::bit_ceil(std::max<std::uint64_t>(plan.clock_every, 1));
   if (mode != WaitMode::Block) {
     for (std::uint64_t i = 1;; ++i) {
       if (test()) return done();
       if (plan.relax && (mode != WaitMode::BusyPoll || i >= kSpinsWithoutPause)) cpu_relax();
-      if ((i & (plan.clock_every - 1)) != 0) continue;
+      if ((i & (every - 1)) != 0) continue;
       const auto now = Clock::now();
       if (!deadline) {
         deadline.emplace(timeout, now);
