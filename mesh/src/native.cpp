@@ -83,14 +83,10 @@ struct Layout {
 
 struct Op {
   std::shared_ptr<Work::State> state;
-  Duration timeout = kForever;
-  // Started at the first look rather than at the call: a call that ends at once never reads the
-  // clock, and one that waits starts its timeout a few microseconds late.
-  std::optional<Deadline> deadline;
-  bool expired() {
-    if (!deadline) deadline.emplace(timeout);
-    return deadline->passed();
-  }
+  // Started at the first look rather than at the call (a call that ends at once never reads the
+  // clock).
+  LazyDeadline deadline;
+  bool expired() { return deadline.passed(); }
   virtual ~Op() = default;
 };
 
@@ -889,7 +885,7 @@ class NativeCommunicator final : public Communicator {
     x->peer = peer;
     x->tag = tag;
     x->out = buffer;
-    x->timeout = o.timeout;
+    x->deadline = LazyDeadline(o.timeout);
     return e_->start(std::move(x), false);
   }
   Work recv(std::span<std::byte> buffer, std::uint32_t peer, std::uint32_t tag, CallOptions o) override {
@@ -900,7 +896,7 @@ class NativeCommunicator final : public Communicator {
     x->peer = peer;
     x->tag = tag;
     x->in = buffer;
-    x->timeout = o.timeout;
+    x->deadline = LazyDeadline(o.timeout);
     return e_->start(std::move(x), false);
   }
 
@@ -932,7 +928,7 @@ class NativeCommunicator final : public Communicator {
     c->recv = recv;
     c->unit = unit;
     c->call_no = e_->calls++;
-    c->timeout = o.timeout;
+    c->deadline = LazyDeadline(o.timeout);
     return c;
   }
 

@@ -448,15 +448,20 @@ struct detail::ProducerState {
     if (consumers_seen)
       return fail(Errc::PeerLost, call,
                   str_format("channel {}: a consumer left (closed or died); it needs {}", name, want));
-    // Admission happens on the service thread (or in the link), which wakes nobody: poll.
-    LF_TRY_STATUS(detail::wait_for(
-        [&] { return count_consumers() >= want; }, detail::never_stop, detail::Nap{1ms}, WaitMode::Block, timeout, {},
-        [&] {
-          return Error(timeout == Duration::zero() ? Errc::WouldBlock : Errc::Timeout, call,
-                       str_format("channel {}: {} of {} consumers attached in time", name, count_consumers(), want));
-        }));
+    LF_TRY_STATUS(wait_attached(want, timeout, [&] {
+      return Error(timeout == Duration::zero() ? Errc::WouldBlock : Errc::Timeout, call,
+                   str_format("channel {}: {} of {} consumers attached in time", name, count_consumers(), want));
+    }));
     consumers_seen = true;
     return {};
+  }
+
+  /// Waits until `n` consumers are attached; `late()` is the error when they are not in time.
+  /// Admission happens on the service thread (or in the link), which wakes nobody: this polls.
+  template <class Late>
+  Status wait_attached(std::uint32_t n, Duration timeout, Late&& late) const {
+    return detail::wait_for([&] { return count_consumers() >= n; }, detail::never_stop, detail::Nap{1ms},
+                            WaitMode::Block, timeout, {}, late);
   }
 
   /// Whether slot `seq % slots` is free for every active consumer. The cached minimum only ever
@@ -873,22 +878,17 @@ Result<Loan> Producer::loan(Duration timeout) {
   }
   if (m.loan_out) return fail(Errc::InvalidArgument, call, "the previous loan is not published or dropped yet");
   const std::uint64_t seq = m.write_seq;
-  // The deadline starts when something must wait: a loan that waits for nothing reads no clock
-  // (a clock read is a good share of a busy-polled hand-off).
-  std::optional<Deadline> deadline;
-  auto left = [&] {
-    if (!deadline) deadline.emplace(timeout);
-    return deadline->left();
-  };
+  // The deadline starts when something must wait: a loan that waits for nothing reads no clock.
+  LazyDeadline deadline(timeout);
   if (m.options.await_consumers != 0 && !(m.consumers_seen && m.count_consumers() >= m.options.await_consumers))
-    LF_TRY_STATUS(m.await_consumers(left(), call));
+    LF_TRY_STATUS(m.await_consumers(deadline.left(), call));
   const bool fail_fast = m.options.policy == FullPolicy::FailFast;
   auto ready = [&] { return m.room_for(seq); };
   if (!ready()) {
     if (fail_fast) return fail(Errc::WouldBlock, call, "ring full: a consumer has not released its oldest message");
     auto never = [] { return std::optional<Error>(); };
-    auto ok =
-        wait_until(ready, never, m.control->space_futex, m.control->producer_waiting, m.options.wait, left(), call);
+    auto ok = wait_until(ready, never, m.control->space_futex, m.control->producer_waiting, m.options.wait,
+                         deadline.left(), call);
     if (!ok) {
       if (ok.error().code() == Errc::Timeout)
         return fail(Errc::Timeout, call, "ring full: no consumer released a slot in time");
@@ -898,7 +898,7 @@ Result<Loan> Producer::loan(Duration timeout) {
   auto waits = m.release_waits(seq, m.write_slot);
   if (!waits.empty() && m.options.host_wait_for_gpu_release) {
     for (const auto& w : waits)
-      if (auto ok = wait_on_host(w, fail_fast ? Duration::zero() : left()); !ok) {
+      if (auto ok = wait_on_host(w, fail_fast ? Duration::zero() : deadline.left()); !ok) {
         if (ok.error().code() != Errc::Timeout) return std::unexpected(ok.error());
         if (fail_fast || timeout == Duration::zero())
           return fail(Errc::WouldBlock, call, "a consumer's GPU is still reading the slot's previous message");
@@ -1015,12 +1015,10 @@ Status Producer::flush(Duration timeout) {
 }
 
 Status Producer::wait_for_consumers(std::uint32_t n, Duration timeout) {
-  return detail::wait_for([&] { return consumer_count() >= n; }, detail::never_stop, detail::Nap{1ms}, WaitMode::Block,
-                          timeout, {},
-                          [&] {
-                            return Error(Errc::Timeout, "Producer::wait_for_consumers",
-                                         str_format("{} of {} consumers connected", consumer_count(), n));
-                          });
+  return impl_->wait_attached(n, timeout, [&] {
+    return Error(Errc::Timeout, "Producer::wait_for_consumers",
+                 str_format("{} of {} consumers connected", consumer_count(), n));
+  });
 }
 
 Loan::Loan(Loan&& o) noexcept
@@ -1383,11 +1381,7 @@ Result<Received> Consumer::receive(Duration timeout) {
   }
   auto& cb = *m.control;
   // The deadline starts when something must wait (as in loan()).
-  std::optional<Deadline> deadline;
-  auto left = [&] {
-    if (!deadline) deadline.emplace(timeout);
-    return deadline->left();
-  };
+  LazyDeadline deadline(timeout);
   for (;;) {
     std::uint64_t n = 0;
     // Ready when the slot of message n carries n's publication marker.
@@ -1395,13 +1389,14 @@ Result<Received> Consumer::receive(Duration timeout) {
     auto ready = [&] { return m.message_ready(n, k); };
     if (!ready()) {
       auto gone = [&] { return m.gone(); };
-      LF_TRY_STATUS(wait_until(ready, gone, cb.data_futex, cb.consumers_waiting, m.options.wait, left(), call));
+      LF_TRY_STATUS(
+          wait_until(ready, gone, cb.data_futex, cb.consumers_waiting, m.options.wait, deadline.left(), call));
     }
     // A message whose producer's GPU is still writing it stays in the ring until the write is
     // done: a receive that times out waiting for it loses nothing.
     if (m.options.host_wait_for_gpu && m.written() &&
         (cb.ring[k].flags.load(std::memory_order_relaxed) & kGpuOrdered)) {
-      const Duration budget = left();  // the deadline starts before raise_gpu_wait, which may take a while
+      const Duration budget = deadline.left();  // started before raise_gpu_wait, which may take a while
       m.raise_gpu_wait(n + 1);
       if (auto ok = m.written().wait(n + 1, budget); !ok) {
         if (ok.error().code() != Errc::Timeout) return std::unexpected(ok.error().within(call));
@@ -1433,11 +1428,11 @@ Result<Received> Consumer::receive(Duration timeout) {
                      n};
     const bool gpu_ordered = (slot.flags.load(std::memory_order_relaxed) & kGpuOrdered) && m.written();
     if (gpu_ordered) {
-      (void)left();  // start the deadline first: raise_gpu_wait may take a while
+      (void)deadline.get();  // start the deadline first: raise_gpu_wait may take a while
       m.raise_gpu_wait(n + 1);
     }
     if (gpu_ordered && m.options.host_wait_for_gpu) {
-      auto ok = m.written().wait(n + 1, left());
+      auto ok = m.written().wait(n + 1, deadline.left());
       if (ok && m.lost_before(n + 1))
         ok = fail(Errc::PeerLost, call, str_format("{}, before its GPU finished writing message {}", m.lost_reason, n));
       if (!ok) {

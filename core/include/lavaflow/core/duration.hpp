@@ -51,4 +51,29 @@ class Deadline {
   Clock::time_point at_;
 };
 
+/// A Deadline that starts when it is first asked rather than when it is made: a call that needs
+/// no wait never reads the clock (a clock read is a good share of a fast hand-off), and one that
+/// waits starts its timeout a few tests late.
+class LazyDeadline {
+ public:
+  explicit LazyDeadline(Duration timeout = kForever) : timeout_(timeout) {}
+  [[nodiscard]] bool started() const { return started_; }
+  /// The deadline, started `now` if it was not yet.
+  [[nodiscard]] const Deadline& get(Clock::time_point now) {
+    if (!started_) {
+      at_ = Deadline(timeout_, now);
+      started_ = true;
+    }
+    return at_;
+  }
+  [[nodiscard]] const Deadline& get() { return started_ ? at_ : get(Clock::now()); }
+  [[nodiscard]] Duration left() { return get().left(); }
+  [[nodiscard]] bool passed() { return get().passed(); }
+
+ private:
+  Duration timeout_;
+  bool started_ = false;
+  Deadline at_{kForever, Clock::time_point{}};
+};
+
 }  // namespace lavaflow

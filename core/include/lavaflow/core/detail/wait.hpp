@@ -89,8 +89,8 @@ inline Result<bool> never_stop() { return false; }
 /// - sleeper: arm() returns a token, then sleep(token, left) or disarm(token). The condition is
 ///   tested after arm(), so a wake-up between that test and the sleep is not lost.
 /// - on_timeout(): the Error to return when the deadline passes.
-/// The deadline starts at the first clock read: a wait whose condition holds at once, or within
-/// a few tests, reads no clock.
+/// The deadline starts at the first clock read (a LazyDeadline): a wait whose condition holds at
+/// once, or within a few tests, reads no clock.
 template <class Ready, class Stop, class Sleeper, class OnTimeout>
 Status wait_for(Ready&& ready, Stop&& stop, Sleeper&& sleeper, WaitMode mode, Duration timeout, const SpinPlan& plan,
                 OnTimeout&& on_timeout) {
@@ -126,7 +126,7 @@ Status wait_for(Ready&& ready, Stop&& stop, Sleeper&& sleeper, WaitMode mode, Du
       if (auto s = stopped()) return *s;
     return timed_out();
   }
-  std::optional<Deadline> deadline;
+  LazyDeadline deadline(timeout);
   Clock::time_point start{}, checked{};
   const std::uint64_t every = std::bit_ceil(std::max<std::uint64_t>(plan.clock_every, 1));
   if (mode != WaitMode::Block) {
@@ -135,19 +135,15 @@ Status wait_for(Ready&& ready, Stop&& stop, Sleeper&& sleeper, WaitMode mode, Du
       if (plan.relax && (mode != WaitMode::BusyPoll || i >= kSpinsWithoutPause)) cpu_relax();
       if ((i & (every - 1)) != 0) continue;
       const auto now = Clock::now();
-      if (!deadline) {
-        deadline.emplace(timeout, now);
-        start = checked = now;
-      }
+      if (!deadline.started()) start = checked = now;
       if (now - checked >= plan.check_every) {
         checked = now;
         if (auto s = stopped()) return *s;
       }
-      if (deadline->passed(now)) return timed_out();
+      if (deadline.get(now).passed(now)) return timed_out();
       if (mode == WaitMode::SpinThenBlock && now - start >= plan.spin_for) break;
     }
   }
-  if (!deadline) deadline.emplace(timeout);
   for (;;) {
     auto token = sleeper.arm();
     if (test()) {
@@ -162,11 +158,12 @@ Status wait_for(Ready&& ready, Stop&& stop, Sleeper&& sleeper, WaitMode mode, Du
         return *s;
       }
     }
-    if (deadline->passed(now)) {
+    const Deadline& dl = deadline.get(now);
+    if (dl.passed(now)) {
       sleeper.disarm(token);
       return timed_out();
     }
-    sleeper.sleep(token, deadline->left(now));
+    sleeper.sleep(token, dl.left(now));
   }
 }
 
