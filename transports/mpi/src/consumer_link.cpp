@@ -47,7 +47,6 @@ struct MpiConsumerLink final : lavaflow::detail::ConsumerLink {
   Status start(const Communicator& comm, int producer_rank, const ChannelOptions& o);
 
   Result<std::pair<std::uint32_t, MessageInfo>> receive(Duration timeout) override {
-    if (!deferred) return std::unexpected(deferred.error());
     return take_next(timeout, {}, "Consumer::receive");
   }
   void release(std::uint32_t slot) override {
@@ -172,6 +171,7 @@ Status MpiConsumerLink::start(const Communicator& c, int producer_rank, const Ch
 Result<std::pair<std::uint32_t, MessageInfo>> MpiConsumerLink::take_next(Duration timeout, const PartFn& on_part,
                                                                          const char* call) {
   auto& m = *this;
+  if (!m.deferred) return std::unexpected(m.deferred.error());
   if (m.broken)
     return fail(Errc::Malformed, call, "the channel lost its place in a chunked message earlier: " + m.broken_reason);
   if (m.posted.empty())
@@ -284,7 +284,6 @@ Result<std::pair<std::uint32_t, MessageInfo>> MpiConsumerLink::take_next(Duratio
 Result<MessageInfo> MpiConsumerLink::receive_gpu(const GpuBuffer& dst, std::uint64_t offset, Duration timeout) {
   constexpr const char* call = "mpi::receive_gpu";
   auto& m = *this;
-  if (!deferred) return std::unexpected(deferred.error());
   LF_TRY_STATUS(check_staging(m.o, dst, offset, 0, call));
   if (!m.copier) {
     LF_TRY(m.copier, ChunkCopier::create(*m.o.vulkan));
