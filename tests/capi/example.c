@@ -38,18 +38,38 @@ static int consume(const char* name) {
   return 0;
 }
 
+/* The consumer process is forked before the producer exists: a producer runs a service thread, and
+ * a fork taken while another thread holds a lock (the allocator's, the sanitizer's thread registry)
+ * leaves the child waiting on it forever. The child starts once the parent says the channel is
+ * there, or exits if the parent closes the pipe without a channel. */
 static int channel(void) {
   char name[64];
   snprintf(name, sizeof name, "capi-example-%d", (int)getpid());
+  int go[2];
+  EXPECT(pipe(go) == 0);
+  const pid_t child = fork();
+  EXPECT(child >= 0);
+  if (child == 0) {
+    close(go[1]);
+    char ready = 0;
+    const ssize_t n = read(go[0], &ready, 1);
+    close(go[0]);
+    _exit(n == 1 ? consume(name) : 2);
+  }
+  close(go[0]);
   lf_producer_options o = LF_PRODUCER_OPTIONS_INIT;
   o.slot_size = kWords * sizeof(uint32_t);
   o.transport = LF_TRANSPORT_SHM;
   lf_producer* p = NULL;
-  CHECK(lf_producer_create(name, &o, &p));
+  const lf_status created = lf_producer_create(name, &o, &p);
+  if (created == LF_OK) EXPECT(write(go[1], "g", 1) == 1);
+  close(go[1]);
+  if (created != LF_OK) {
+    waitpid(child, NULL, 0);
+    CHECK(created);
+  }
   const char* reason = NULL;
   EXPECT(strcmp(lf_producer_route(p, &reason), "shm") == 0 && reason && *reason);
-  const pid_t child = fork();
-  if (child == 0) _exit(consume(name));
   CHECK(lf_producer_wait_for_consumers(p, 1, 10000000000LL));
   for (uint64_t m = 0; m < kMessages; ++m) {
     lf_loan* loan = NULL;

@@ -657,14 +657,25 @@ TEST_CASE("rendezvous files go with their channel: 1000 create/destroy cycles an
   CHECK(entries(dir) == std::set<std::string>{"victim-b.lock", "victim-b.sock"});
   // A consumer killed while connected leaves nothing of its own either.
   {
-    auto p = lftest::ok(Producer::create("victim-a", popts(dir)));  // reclaims both stale names
+    // Forked before the producer starts its service thread: a child forked while another thread
+    // holds a lock (the allocator's, a sanitizer's) can wait on it forever.
+    int go[2];
+    REQUIRE(::pipe(go) == 0);
     const pid_t pid = ::fork();
     REQUIRE(pid >= 0);
     if (pid == 0) {
+      ::close(go[1]);
+      char ready = 0;
+      if (::read(go[0], &ready, 1) != 1) ::_exit(2);
       auto c = Consumer::open("victim-a", copts(dir));
       ::raise(SIGKILL);
     }
+    ::close(go[0]);
+    auto p = Producer::create("victim-a", popts(dir));  // reclaims both stale names
+    if (p) CHECK(::write(go[1], "g", 1) == 1);
+    ::close(go[1]);
     REQUIRE(::waitpid(pid, nullptr, 0) == pid);
+    REQUIRE(p);
   }
   CHECK(entries(dir) == before);
 }
