@@ -2,7 +2,8 @@
 // libFuzzer target for the remote channels' wire format: the trailer that ends every message a
 // peer rank sends. Trailer::read may refuse input; it must never crash or read out of bounds, and
 // what it accepts must be consistent with the bytes received: a trailer no longer than the
-// message, a short form only behind at most kShortMax payload bytes, known flags only, and a
+// message, a short form only behind at most kShortMax payload bytes, known flags only, an end
+// marker alone, and a
 // re-encoding that reads back the same.
 #include <cstddef>
 #include <cstdint>
@@ -34,7 +35,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (!t) return 0;
   if (t->length() > msg.size()) std::abort();
   if (t->is_short && (t->flags != 0 || msg.size() - 2 > kShortMax || t->seq > kShortSeqMask)) std::abort();
-  if (!t->is_short && (t->flags & ~0x3F07u) != 0) std::abort();
+  if (!t->is_short && (t->flags & ~0x3F0Fu) != 0) std::abort();
+  // An end marker stands alone: its incarnation in the tag field, no payload, no other flag.
+  if ((t->flags & kEnd) != 0 && (t->flags != (kEnd | kHasTag) || msg.size() != t->length())) std::abort();
   (void)t->is_sequence(expected);
   // The producer's encoding of what was accepted reads back the same.
   std::vector<std::byte> again(t->length());

@@ -226,8 +226,8 @@ int main(int argc, char** argv) {
       barrier();  // the consumer has posted its receives
       std::vector<std::byte> junk(64 + 16, std::byte{0x5a});
       MPI_Send(junk.data(), static_cast<int>(junk.size()), MPI_BYTE, 1, kDataTagOf(5), comm->comm());
-      // 16 payload bytes, then a trailer: sequence 7 (0 expected), no flags, magic 'L' + wire version 4
-      const std::uint32_t trailer[2] = {7, 0x4c04u << 16};
+      // 16 payload bytes, then a trailer: sequence 7 (0 expected), no flags, magic 'L' + wire version 5
+      const std::uint32_t trailer[2] = {7, 0x4c05u << 16};
       std::memcpy(junk.data() + 16, trailer, sizeof trailer);
       MPI_Send(junk.data(), 16 + sizeof trailer, MPI_BYTE, 1, kDataTagOf(5), comm->comm());
       std::vector<std::byte> big(64 + 4096);
@@ -282,7 +282,7 @@ int main(int argc, char** argv) {
       // Trailer only: the total, then sequence 0, flags chunked | log2(64 KiB) << 8, magic + version.
       std::byte msg[16];
       std::memcpy(msg, &total, 8);
-      const std::uint32_t end[2] = {0, (0x4c04u << 16) | (16u << 8) | 1u};
+      const std::uint32_t end[2] = {0, (0x4c05u << 16) | (16u << 8) | 1u};
       std::memcpy(msg + 8, end, 8);
       MPI_Send(msg, 16, MPI_BYTE, 1, kDataTagOf(6), comm->comm());
       std::vector<std::byte> chunk(65536, std::byte{1});
@@ -518,6 +518,96 @@ int main(int argc, char** argv) {
           r->release();
           expect(r->bytes().empty(), "outlive: released");
         }
+      }
+      barrier();
+    }
+
+    // 8. Closing tells the other end, as on a local route: after a producer's close its consumer
+    //    receives what was published, then PeerLost (at once, not at its timeout), and again on
+    //    every later receive; after a consumer's close its producer's loan and flush are PeerLost.
+    //    The channel number opens again afterwards, both ways round, and what a close that
+    //    crossed its peer's left behind (a close word, an end marker) does not reach the new one.
+    {
+      const mpi::ChannelOptions o{.slots = 4, .slot_size = 64, .channel = 30, .transport = TransportKind::Mpi};
+      if (me == 0) {
+        auto p = mpi::open_producer(*comm, 1, o);
+        for (std::uint64_t i = 0; p && i < 3; ++i) {
+          auto loan = (*p)->loan(10s);
+          expect(loan && bool((*p)->publish(std::move(*loan), {.size = 8, .user_tag = 100 + i})), "close: publish");
+        }
+        if (p) (*p)->close();
+        barrier();  // the consumer has seen the end
+      } else {
+        auto c = mpi::open_consumer(*comm, 0, o);
+        for (std::uint64_t i = 0; c && i < 3; ++i) {
+          auto r = (*c)->receive(10s);
+          expect(r && r->info().user_tag == 100 + i, "close: the messages before it arrive");
+        }
+        const auto t0 = std::chrono::steady_clock::now();
+        auto end = c ? (*c)->receive(20s) : Result<Received>(std::unexpected(c.error()));
+        expect(is(end, Errc::PeerLost) &&
+                   end.error().cause().find("closed channel 30 after 3 messages") != std::string::npos,
+               "close: then PeerLost (" + (end ? std::string("a message") : end.error().message()) + ")");
+        expect(std::chrono::steady_clock::now() - t0 < 5s, "close: PeerLost at once, not at the timeout");
+        if (c) expect(is((*c)->receive(10ms), Errc::PeerLost), "close: PeerLost again");
+        barrier();
+      }
+      barrier();
+      // The consumer closes: the producer's flush, then its loan, are PeerLost.
+      const mpi::ChannelOptions q{.slots = 4, .slot_size = 64, .channel = 31, .transport = TransportKind::Mpi};
+      if (me == 0) {
+        auto p = mpi::open_producer(*comm, 1, q);
+        auto loan = p ? (*p)->loan(10s) : Result<Loan>(std::unexpected(p.error()));
+        expect(loan && bool((*p)->publish(std::move(*loan), {.size = 8})), "consumer close: publish");
+        barrier();  // the consumer has closed without releasing the message
+        const auto t0 = std::chrono::steady_clock::now();
+        auto flushed = p ? (*p)->flush(20s) : Status(std::unexpected(p.error()));
+        expect(is(flushed, Errc::PeerLost) &&
+                   flushed.error().cause().find("closed its end of channel 31") != std::string::npos,
+               "consumer close: flush PeerLost (" + (flushed ? std::string("ok") : flushed.error().message()) + ")");
+        expect(std::chrono::steady_clock::now() - t0 < 5s, "consumer close: at once, not at the timeout");
+        if (p)
+          expect(is((*p)->loan(10s), Errc::PeerLost) && (*p)->consumer_count() == 0, "consumer close: loan PeerLost");
+      } else {
+        auto c = mpi::open_consumer(*comm, 0, q);
+        auto r = c ? (*c)->receive(10s) : Result<Received>(std::unexpected(c.error()));
+        expect(bool(r), "consumer close: receive");
+        if (c) (*c)->close();
+        barrier();
+      }
+      barrier();
+      // Both ends close at once, three times over on channel 32 (the close word and the end marker
+      // cross and are left in the other rank's MPI), then the number opens again and streams.
+      const mpi::ChannelOptions x{.slots = 2, .slot_size = 64, .channel = 32, .transport = TransportKind::Mpi};
+      for (int round = 0; round < 3; ++round) {
+        if (me == 0) {
+          auto p = mpi::open_producer(*comm, 1, x);
+          auto loan = p ? (*p)->loan(10s) : Result<Loan>(std::unexpected(p.error()));
+          expect(loan && bool((*p)->publish(std::move(*loan), {.size = 8})), "crossed: publish");
+          barrier();
+        } else {
+          auto c = mpi::open_consumer(*comm, 0, x);
+          expect(c && bool((*c)->receive(10s)), "crossed: receive");
+          barrier();
+        }
+      }
+      barrier();
+      if (me == 0) {
+        auto p = mpi::open_producer(*comm, 1, x);
+        for (std::uint64_t i = 0; p && i < 50; ++i) {
+          auto loan = (*p)->loan(10s);
+          expect(loan && bool((*p)->publish(std::move(*loan), {.size = 8, .user_tag = i + 1})), "reopened: publish");
+        }
+        expect(p && bool((*p)->flush(10s)), "reopened: flush");
+      } else {
+        auto c = mpi::open_consumer(*comm, 0, x);
+        for (std::uint64_t i = 0; c && i < 50; ++i) {
+          auto r = (*c)->receive(10s);
+          expect(r && r->info().sequence == i && r->info().user_tag == i + 1,
+                 "reopened: message " + std::to_string(i) + " (" + (r ? std::string("ok") : r.error().message()) + ")");
+        }
+        auto end = c ? (*c)->receive(20s) : Result<Received>(std::unexpected(c.error()));
+        expect(is(end, Errc::PeerLost), "reopened: ends after 50");
       }
       barrier();
     }

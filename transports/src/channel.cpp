@@ -400,6 +400,7 @@ struct detail::ProducerState {
   /// Ends the channel: consumers see it closed, nobody new is admitted, the names are removed.
   /// The ring stays mapped until this state is deleted.
   void close() {
+    if (link) link->close();
     if (control) {
       control->closed.store(1, std::memory_order_seq_cst);
       futex_wake_all(control->data_futex);
@@ -1094,6 +1095,7 @@ struct detail::ConsumerState {
 
   /// Stops watching the producer and hangs up: the producer stops counting this consumer.
   void disconnect() {
+    if (link) link->close();
     if (watcher.joinable()) {
       std::uint64_t one = 1;
       (void)!::write(stop_fd.get(), &one, sizeof one);

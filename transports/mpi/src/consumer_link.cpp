@@ -33,7 +33,11 @@ struct MpiConsumerLink final : lavaflow::detail::ConsumerLink {
   std::vector<MPI_Request> recvs;
   std::deque<std::uint32_t> posted;  // in posting order: MPI matches messages to them in this order
   std::uint64_t expected = 0, released = 0, credited = 0;
-  std::deque<std::pair<std::unique_ptr<std::uint64_t>, MPI_Request>> credits;
+  std::uint32_t incarnation = 0;  // the producer's, from its Hello
+  bool ended = false;             // the producer's end marker is in
+  bool closed = false;            // close() ran: releases no longer count
+  bool answered = false;          // start() answered the producer: it counts on our credits
+  std::deque<std::pair<std::unique_ptr<Credit>, MPI_Request>> credits;
   std::unique_ptr<ChunkCopier> copier;  // GPU staging, made on first use
   bool broken = false;                  // lost its place inside a chunked message
   std::string broken_reason;
@@ -50,9 +54,11 @@ struct MpiConsumerLink final : lavaflow::detail::ConsumerLink {
     return take_next(timeout, {}, "Consumer::receive");
   }
   void release(std::uint32_t slot) override {
+    if (closed) return;
     if (auto ok = give_back(slot); !ok && deferred) deferred = ok;
   }
   std::uint64_t next_sequence() const override { return expected; }
+  void close() override;
 
   /// The ring buffer of `slot` takes the next message again.
   Status give_back(std::uint32_t slot) {
@@ -88,25 +94,36 @@ struct MpiConsumerLink final : lavaflow::detail::ConsumerLink {
   }
 
   Status send_credit() {
+    credited = released;
+    return send_credit_value(released);
+  }
+  Status send_credit_value(std::uint64_t value) {
     while (!credits.empty()) {
       LF_TRY(bool done, test(credits.front().second, nullptr, "MPI_Test(credit)"));
       if (!done) break;
       credits.pop_front();
     }
-    credited = released;
-    auto value = std::make_unique<std::uint64_t>(released);
+    auto c = std::make_unique<Credit>(Credit{value, incarnation});
     MPI_Request r = MPI_REQUEST_NULL;
     LF_TRY_STATUS(
-        check(MPI_Isend(value.get(), 1, MPI_UINT64_T, peer, credit_tag(o.channel), comm, &r), "MPI_Isend(credit)"));
-    credits.emplace_back(std::move(value), r);
+        check(MPI_Isend(c.get(), 2, MPI_UINT64_T, peer, credit_tag(o.channel), comm, &r), "MPI_Isend(credit)"));
+    credits.emplace_back(std::move(c), r);
     return {};
   }
 };
 
+/// The last releases go out, then the word that this end is closed; not after the producer's end
+/// marker (nobody listens any more).
+void MpiConsumerLink::close() {
+  if (std::exchange(closed, true) || ended || !answered || mpi_finalized()) return;
+  if (released != credited) (void)send_credit();
+  (void)send_credit_value(kClosedCredit);
+}
+
 /// Also when start() fails half-way: no receive outlives the ring buffer it writes into.
 MpiConsumerLink::~MpiConsumerLink() {
   if (mpi_finalized()) return;  // a message held past MPI_Finalize: MPI has let go of the ring already
-  if (released != credited) (void)send_credit();
+  if (!closed && answered && released != credited) (void)send_credit();
   for (auto& [v, r] : credits) finish_or_cancel(r, std::chrono::milliseconds(500));
   for (auto slot : posted) cancel(recvs[slot]);  // the active ones; then free them all
   for (auto& r : recvs)
@@ -159,8 +176,11 @@ Status MpiConsumerLink::start(const Communicator& c, int producer_rank, const Ch
                         "MPI_Recv_init(message)"));
     LF_TRY_STATUS(post(k));
   }
-  std::uint32_t answer = kHelloMagic;
-  return check(MPI_Send(&answer, 1, MPI_UINT32_T, producer_rank, ack_tag(options.channel), comm), "MPI_Send(answer)");
+  incarnation = hello.incarnation;
+  LF_TRY_STATUS(check(MPI_Send(&incarnation, 1, MPI_UINT32_T, producer_rank, ack_tag(options.channel), comm),
+                      "MPI_Send(answer)"));
+  answered = true;
+  return {};
 }
 
 /// Waits for the next message in posted order and checks it; for a chunked message, also receives
@@ -171,6 +191,9 @@ Status MpiConsumerLink::start(const Communicator& c, int producer_rank, const Ch
 Result<std::pair<std::uint32_t, MessageInfo>> MpiConsumerLink::take_next(Duration timeout, const PartFn& on_part,
                                                                          const char* call) {
   auto& m = *this;
+  if (m.ended)
+    return fail(Errc::PeerLost, call,
+                str_format("rank {} closed channel {} after {} messages", m.peer, m.o.channel, m.expected));
   if (!m.deferred) return std::unexpected(m.deferred.error());
   if (m.broken)
     return fail(Errc::Malformed, call, "the channel lost its place in a chunked message earlier: " + m.broken_reason);
@@ -210,6 +233,11 @@ Result<std::pair<std::uint32_t, MessageInfo>> MpiConsumerLink::take_next(Duratio
   MPI_Get_count(&st, MPI_BYTE, &count);
   std::byte* const base = m.ring.host_ptr(slot);
   auto t = Trailer::read({base, static_cast<std::size_t>(std::max(count, 0))});
+  const bool end = t && (t->flags & kEnd) != 0;
+  if (end && t->tag != m.incarnation) {  // an earlier opening's end: not ours
+    LF_TRY_STATUS(m.post(slot));
+    return take_next(timeout, on_part, call);
+  }
   const bool chunked = t && (t->flags & kChunked) != 0;
   const std::uint64_t arrived =
       t ? static_cast<std::uint64_t>(count) - t->length() : 0;  // payload bytes in this message
@@ -227,6 +255,10 @@ Result<std::pair<std::uint32_t, MessageInfo>> MpiConsumerLink::take_next(Duratio
   if (!bad.empty()) {
     (void)m.post(slot);
     return fail(Errc::Malformed, call, str_format("rank {}, channel {}: {}", m.peer, m.o.channel, bad));
+  }
+  if (end) {  // its ring buffer is not posted again: nothing more comes
+    m.ended = true;
+    return take_next(timeout, on_part, call);
   }
   const std::uint64_t seq = m.expected++;
   const std::uint64_t size = chunked ? t->total : arrived;

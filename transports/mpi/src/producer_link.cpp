@@ -5,7 +5,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <random>
 #include <span>
+#include <utility>
 
 #include "checks.hpp"
 #include "lavaflow/core/detail/format.hpp"
@@ -40,9 +42,10 @@ class MpiProducerLink final : public lavaflow::detail::ProducerLink {
   Status flush(Duration timeout) override;
   std::uint32_t consumer_count() override {
     (void)progress();  // a failure here shows in the next loan or flush
-    return connected ? 1 : 0;
+    return connected && !peer_closed ? 1 : 0;
   }
   std::uint64_t next_sequence() const override { return next_seq; }
+  void close() override;
 
   Result<MessageInfo> publish_gpu(std::uint32_t slot, const GpuBuffer& src, std::uint64_t offset, std::uint64_t size,
                                   MessageInfo info);
@@ -61,41 +64,68 @@ class MpiProducerLink final : public lavaflow::detail::ProducerLink {
   std::vector<bool> loaned;
   std::uint32_t loans = 0, cursor = 0;
   std::uint64_t next_seq = 0, released = 0;
-  std::uint64_t credit = 0;
+  Credit credit{};
   MPI_Request credit_req = MPI_REQUEST_NULL;
   Hello hello{};
   MPI_Request hello_req = MPI_REQUEST_NULL;
   std::uint32_t ack = 0;
   MPI_Request ack_req = MPI_REQUEST_NULL;
   bool connected = false;
+  bool peer_closed = false;  // the consumer said it closed its end
+  bool closed = false;       // close() ran
+  std::byte end_marker[kMaxTrailer]{};
+  MPI_Request end_req = MPI_REQUEST_NULL;
 
+  Status post_ack() {
+    return check(MPI_Irecv(&ack, 1, MPI_UINT32_T, peer, ack_tag(o.channel), comm, &ack_req), "MPI_Irecv(answer)");
+  }
   Status post_credit() {
-    return check(MPI_Irecv(&credit, 1, MPI_UINT64_T, peer, credit_tag(o.channel), comm, &credit_req),
+    return check(MPI_Irecv(&credit, 2, MPI_UINT64_T, peer, credit_tag(o.channel), comm, &credit_req),
                  "MPI_Irecv(credit)");
   }
+  Error consumer_closed(const char* call) const {
+    return Error(Errc::PeerLost, call,
+                 str_format("rank {} closed its end of channel {} ({} of {} messages released)", peer, o.channel,
+                            released, next_seq));
+  }
 
-  /// Takes in whatever the consumer has said (answer, credits) without waiting.
+  /// Takes in whatever the consumer has said (answer, credits, its close) without waiting. What
+  /// carries another incarnation is an earlier opening's and is dropped.
   Status progress() {
-    if (!connected) {
+    while (!connected) {
       MPI_Status st;
       LF_TRY(bool got, test(ack_req, &st, "MPI_Test(answer)"));
       if (!got) return {};
-      if (ack != kHelloMagic)
-        return fail(Errc::Malformed, "mpi producer",
-                    str_format("rank {} answered channel {} with {:#x}", peer, o.channel, ack));
-      connected = true;
-      LF_TRY_STATUS(post_credit());
+      if (ack == hello.incarnation) {
+        connected = true;
+        LF_TRY_STATUS(post_credit());
+      } else {
+        LF_TRY_STATUS(post_ack());
+      }
     }
     bool credited = false;
-    for (;;) {
+    while (!peer_closed) {
       MPI_Status st;
       LF_TRY(bool got, test(credit_req, &st, "MPI_Test(credit)"));
       if (!got) break;
-      if (credit > next_seq || credit < released)
-        return fail(
-            Errc::Malformed, "mpi producer",
-            str_format("rank {} released {} messages of {} sent (before: {})", peer, credit, next_seq, released));
-      released = credit;
+      int count = 0;
+      MPI_Get_count(&st, MPI_UINT64_T, &count);
+      if (count != 2)
+        return fail(Errc::Malformed, "mpi producer",
+                    str_format("rank {} sent a credit of {} words on channel {}", peer, count, o.channel));
+      if (credit.incarnation != hello.incarnation) {
+        LF_TRY_STATUS(post_credit());
+        continue;
+      }
+      if (credit.released == kClosedCredit) {
+        peer_closed = true;  // nothing more comes: no receive is posted again
+        break;
+      }
+      if (credit.released > next_seq || credit.released < released)
+        return fail(Errc::Malformed, "mpi producer",
+                    str_format("rank {} released {} messages of {} sent (before: {})", peer, credit.released, next_seq,
+                               released));
+      released = credit.released;
       credited = true;
       LF_TRY_STATUS(post_credit());
     }
@@ -158,7 +188,10 @@ class MpiProducerLink final : public lavaflow::detail::ProducerLink {
   /// makes as few as it can: credits are read only when the window looks full, and the slot after
   /// the last one used is tried first.
   Result<std::optional<std::uint32_t>> free_slot() {
-    if (!connected || next_seq - released + loans >= o.slots) LF_TRY_STATUS(progress());
+    if (!connected || next_seq - released + loans >= o.slots) {
+      LF_TRY_STATUS(progress());
+      if (peer_closed) return std::unexpected(consumer_closed("Producer::loan"));
+    }
     if (!connected || next_seq - released + loans >= o.slots) return std::optional<std::uint32_t>{};
     for (std::uint32_t k = 0; k < o.slots; ++k) {
       const std::uint32_t s = (cursor + k) % o.slots;
@@ -193,6 +226,7 @@ MpiProducerLink::~MpiProducerLink() {
   for (auto& chunks : chunk_sends)
     for (auto& r : chunks) finish_or_cancel(r, std::chrono::seconds(2));
   finish_or_cancel(hello_req, std::chrono::milliseconds(100));
+  finish_or_cancel(end_req, std::chrono::milliseconds(100));
   cancel(ack_req);
   cancel(credit_req);
 }
@@ -207,15 +241,28 @@ Status MpiProducerLink::start(const Communicator& c, int consumer_rank, const Ch
   sends.assign(o.slots, MPI_REQUEST_NULL);
   chunk_sends.resize(o.slots);
   loaned.assign(o.slots, false);
-  hello = Hello{kHelloMagic, kVersion, 0, o.slots, o.channel, o.slot_size};
-  LF_TRY_STATUS(
-      check(MPI_Irecv(&ack, 1, MPI_UINT32_T, consumer_rank, ack_tag(o.channel), comm, &ack_req), "MPI_Irecv(answer)"));
+  hello = Hello{kHelloMagic, kVersion, 0, o.slots, o.channel, o.slot_size, std::random_device{}(), 0};
+  LF_TRY_STATUS(post_ack());
   return check(MPI_Isend(&hello, sizeof(Hello), MPI_BYTE, consumer_rank, hello_tag(o.channel), comm, &hello_req),
                "MPI_Isend(announce)");
 }
 
+/// Sends the end marker after the last message, unless the consumer has closed already (it would
+/// wait in that rank's MPI for good).
+void MpiProducerLink::close() {
+  if (std::exchange(closed, true) || mpi_finalized()) return;
+  (void)progress();
+  if (peer_closed) return;
+  const Trailer end = Trailer::end(next_seq, hello.incarnation);
+  end.write(end_marker);
+  (void)check(
+      MPI_Isend(end_marker, static_cast<int>(end.length()), MPI_BYTE, peer, data_tag(o.channel), comm, &end_req),
+      "MPI_Isend(end)");
+}
+
 Result<std::uint32_t> MpiProducerLink::loan(Duration timeout) {
   constexpr const char* call = "Producer::loan";
+  if (peer_closed) return std::unexpected(consumer_closed(call));
   if (timeout == Duration::zero()) {
     LF_TRY(auto slot, free_slot());
     if (!slot)
@@ -228,6 +275,7 @@ Result<std::uint32_t> MpiProducerLink::loan(Duration timeout) {
     LF_TRY_STATUS(poll_until(
         [&]() -> Result<bool> {
           if (auto ok = progress(); !ok) return std::unexpected(ok.error());
+          if (peer_closed) return std::unexpected(consumer_closed(call));
           return connected;
         },
         timeout, o.wait, Errc::Timeout,
@@ -314,6 +362,7 @@ Status MpiProducerLink::flush(Duration timeout) {
   return poll_until(
       [&]() -> Result<bool> {
         LF_TRY_STATUS(progress());
+        if (released != next_seq && peer_closed) return std::unexpected(consumer_closed("Producer::flush"));
         if (released != next_seq) return false;
         for (auto& r : sends) {
           LF_TRY(bool done, test(r, nullptr, "MPI_Test(send)"));

@@ -13,7 +13,7 @@
 
 namespace lavaflow::mpi::detail {
 
-// Each message is one MPI message: the payload, then a trailer (wire version 4). The payload starts
+// Each message is one MPI message: the payload, then a trailer (wire version 5). The payload starts
 // the ring buffer (page-aligned for the application and the GPU copy engine); the trailer follows
 // it, so its length can depend on the message. The full trailer: 8 bytes (sequence, flags, magic)
 // and an 8-byte field for each of total size (chunked), user tag and timestamp that the message
@@ -21,13 +21,15 @@ namespace lavaflow::mpi::detail {
 // trailer instead: two marker bits and the low 14 bits of the sequence. Small messages stay
 // small because MPI's fastest paths are narrow: Open MPI's shared-memory path takes ≤ 10 bytes
 // (an 8-byte payload with a 2-byte trailer), MPICH over UCX ≤ 24 bytes (design note 0010).
-constexpr std::uint16_t kVersion = 4;
+constexpr std::uint16_t kVersion = 5;
 constexpr std::uint16_t kDataMagic = 0x4c00 | kVersion;  // 'L', wire version
 constexpr std::uint32_t kHelloMagic = 0x484d4c46;        // "FLMH"
 
 // Trailer flags. kChunked: a message sent in chunks (publish_gpu): the data-tag message is the
 // trailer alone, chunks 0 … n-1 follow on chunk_tag; bits 8-13 hold log2 of the chunk size.
-constexpr std::uint16_t kChunked = 1, kHasTag = 2, kHasTime = 4;
+// kEnd: the producer closed the channel; its sequence is the number of messages before it. It is
+// a trailer alone with kHasTag, whose tag field holds the channel's incarnation (see Hello).
+constexpr std::uint16_t kChunked = 1, kHasTag = 2, kHasTime = 4, kEnd = 8;
 constexpr unsigned kMinChunkLog2 = 12, kMaxChunkLog2 = 30;
 // From this size publish() sends the trailer on its own, before the payload (see publish()).
 constexpr std::uint64_t kSeparateTrailer = 512u << 10;
@@ -56,6 +58,14 @@ struct Trailer {
   static bool short_fits(std::uint64_t size, std::uint16_t flags) { return flags == 0 && size <= kShortMax; }
   [[nodiscard]] std::size_t length() const {
     return is_short ? 2 : sizeof(TrailerEnd) + 8 * static_cast<std::size_t>(std::popcount(flags & 7u));
+  }
+  /// The marker that ends incarnation `incarnation` of a channel after `messages` messages.
+  static Trailer end(std::uint64_t messages, std::uint32_t incarnation) {
+    Trailer t;
+    t.flags = kEnd | kHasTag;
+    t.seq = messages;
+    t.tag = incarnation;
+    return t;
   }
   /// Whether the sequence it carries (its low 14 or 32 bits) is that of message `expected`.
   [[nodiscard]] bool is_sequence(std::uint64_t expected) const {
@@ -100,9 +110,12 @@ struct Trailer {
     if (e.magic != kDataMagic)
       return std::unexpected(str_format("wire version {}, this build speaks {}", e.magic & 0xff, kVersion));
     const unsigned chunk_log2 = e.flags >> 8;
-    if ((e.flags & ~0x3F07u) != 0 || ((e.flags & kChunked) != 0) != (chunk_log2 != 0) ||
+    if ((e.flags & ~0x3F0Fu) != 0 || ((e.flags & kChunked) != 0) != (chunk_log2 != 0) ||
         (chunk_log2 != 0 && (chunk_log2 < kMinChunkLog2 || chunk_log2 > kMaxChunkLog2)))
       return std::unexpected(str_format("unknown trailer flags {:#x}", e.flags));
+    if ((e.flags & kEnd) != 0 && (e.flags != (kEnd | kHasTag) || msg.size() != sizeof(TrailerEnd) + 8))
+      return std::unexpected(
+          str_format("an end-of-channel marker with flags {:#x} in {} bytes (it stands alone)", e.flags, msg.size()));
     Trailer t;
     t.flags = e.flags;
     t.seq = e.seq;
@@ -122,6 +135,10 @@ struct Trailer {
   }
 };
 
+// A channel number can be opened again between the same two ranks. Each opening (incarnation)
+// draws a random number that the producer announces in its Hello; the consumer's answer, its
+// credits and the producer's end marker carry it, and one that carries another number was left
+// over by an earlier opening (a close that crossed its peer's) and is dropped.
 struct Hello {
   std::uint32_t magic;
   std::uint16_t version;
@@ -129,7 +146,17 @@ struct Hello {
   std::uint32_t slots;
   std::int32_t channel;
   std::uint64_t slot_size;
+  std::uint32_t incarnation;
+  std::uint32_t reserved2;
 };
+
+// The consumer's answer to a Hello is its incarnation (a u32). A credit: how many messages the
+// consumer has released, or kClosedCredit when it closed its end.
+struct Credit {
+  std::uint64_t released;
+  std::uint64_t incarnation;
+};
+constexpr std::uint64_t kClosedCredit = ~std::uint64_t{0};
 
 inline int data_tag(int channel) { return channel * 8 + 0; }
 inline int credit_tag(int channel) { return channel * 8 + 1; }

@@ -35,6 +35,9 @@ class ProducerLink {
   [[nodiscard]] virtual std::uint32_t consumer_count() = 0;
   /// The sequence the next published message gets.
   [[nodiscard]] virtual std::uint64_t next_sequence() const = 0;
+  /// The channel ends (Producer::close or its end going): the consumer receives what was
+  /// published, then PeerLost. Called again, nothing more happens.
+  virtual void close() = 0;
 };
 
 /// The receiving half of a channel end. Called by one thread at a time (the Consumer's).
@@ -47,6 +50,10 @@ class ConsumerLink {
   /// and reported by the next receive().
   virtual void release(std::uint32_t slot) = 0;
   [[nodiscard]] virtual std::uint64_t next_sequence() const = 0;
+  /// This end leaves (Consumer::close, or its end going once no message is held): the producer's
+  /// next wait on it ends in PeerLost. Messages still held may be released after it; they no
+  /// longer count. Called again, nothing more happens.
+  virtual void close() = 0;
 };
 
 /// What a Producer or Consumer over a link shows of itself.

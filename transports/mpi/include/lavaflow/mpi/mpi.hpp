@@ -156,8 +156,9 @@ struct ChannelOptions {
 /// once the consumer releases it, and the consumer reports releases in batches: the last ones
 /// when it next waits for a message or is destroyed.
 /// Over MPI, also: a message's sequence is fixed when it is published (Loan::sequence() of one of
-/// several loans out is the next free one, not a promise); close() tells the peer nothing (its
-/// waits end in PeerLost or their timeout as above); and the channel, its loans and messages must
+/// several loans out is the next free one, not a promise); closing either end tells the other
+/// (its consumer receives what was published, then PeerLost; its producer's next wait for room
+/// and flush() with messages unreleased are PeerLost); and the channel, its loans and messages must
 /// be gone before the Communicator is destroyed (they send and receive on its communicator).
 [[nodiscard]] Result<std::unique_ptr<Producer>> open_producer(const Communicator& comm, int consumer_rank,
                                                               ChannelOptions options = {});
