@@ -242,20 +242,48 @@ std::optional<Block> take_large(SlotCache& sc, std::uint64_t bytes) {
 
 }  // namespace
 
-struct ThreadCache {
-  std::shared_ptr<PoolState> state;
-  std::vector<std::unique_ptr<SlotCache>> slots;
-};
+struct ThreadCache;
 
 namespace {
 
 // The last pool this thread used and its cache; cleared when caches are pruned or the thread ends.
-// One object, so the fast paths find both through one thread-pointer load.
+// One object, so the fast paths find both through one thread-pointer load. `state` is atomic
+// because trim() in another thread clears it (relaxed: a plain load on the fast path); `busy` is
+// set while this thread works on its large blocks or in a slow path, where trim() must not take
+// them from under it.
 struct LastPool {
-  PoolState* state = nullptr;
+  std::atomic<PoolState*> state{nullptr};
   ThreadCache* cache = nullptr;
+  std::atomic<std::uint32_t> busy{0};
 };
 thread_local LastPool t_last;
+
+/// Marks this thread busy with its cache for a scope (nested scopes keep it marked), then looks
+/// at its fence-free side of the Dekker pair with PoolState::take_idle_large (see there).
+class BusyScope {
+ public:
+  BusyScope() : was_(t_last.busy.load(std::memory_order_relaxed)) {
+    t_last.busy.store(1, std::memory_order_relaxed);
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+  }
+  BusyScope(const BusyScope&) = delete;
+  BusyScope& operator=(const BusyScope&) = delete;
+  ~BusyScope() { t_last.busy.store(was_, std::memory_order_release); }
+
+ private:
+  std::uint32_t was_;
+};
+
+}  // namespace
+
+struct ThreadCache {
+  std::shared_ptr<PoolState> state;
+  std::vector<std::unique_ptr<SlotCache>> slots;
+  LastPool* owner = nullptr;      // the owning thread's t_last (valid while the cache is listed)
+  std::atomic<bool> trim{false};  // a trim() asked the owner to return what it keeps
+};
+
+namespace {
 // Set once this thread's caches are gone (thread exit): later rents and returns, from other
 // thread_local destructors, take the lock and count into the pool directly.
 thread_local bool t_caches_gone = false;
@@ -353,7 +381,8 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
         memory.error().code() != Errc::Internal) {
       // Cached memory may be what stands in the way: release it and try once more.
       ++num_alloc_retries;
-      if (t_last.state == this) flush(*t_last.cache);
+      if (t_last.state.load(std::memory_order_relaxed) == this) flush(*t_last.cache);
+      ask_caches_back(t_last.state.load(std::memory_order_relaxed) == this ? t_last.cache : nullptr);
       release_free_segments(0);
       memory = allocate_memory(s.kind, s.node, bytes);
       if (!memory) ++num_ooms;
@@ -600,18 +629,60 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
   }
 
   // --- thread caches ----------------------------------------------------------------------------
+  /// This thread's cache, which returns what it keeps first when a trim() asked (from a slow path
+  /// or a large block's path: inside a BusyScope).
   ThreadCache& cache() {
     // The thread's last pool first, through trivially destructible thread_locals (no guard check).
-    if (t_last.state == this) return *t_last.cache;
-    ThreadCache& tc = find_cache();
-    t_last.state = this;
-    t_last.cache = &tc;
-    return tc;
+    ThreadCache* tc = t_last.cache;
+    if (t_last.state.load(std::memory_order_relaxed) != this) {
+      tc = &find_cache();
+      t_last.cache = tc;
+      t_last.state.store(this, std::memory_order_relaxed);
+    }
+    if (tc->trim.load(std::memory_order_acquire)) [[unlikely]]
+      return_for_trim(*tc);
+    return *tc;
+  }
+
+  void return_for_trim(ThreadCache& tc) {
+    std::lock_guard lock(mutex);
+    if (!dead) flush(tc);
+    tc.trim.store(false, std::memory_order_relaxed);
+  }
+
+  /// Under the lock (trim(), a failed allocation): every other thread's cache of this pool is
+  /// asked to come back. Each owner returns its cache on its next rent or return, which a trim
+  /// sends down the slow path by clearing the owner's last pool. Owners that are not inside a
+  /// BusyScope lose their large blocks here at once: the owner stores `busy` and then loads
+  /// `trim`; this stores `trim`, fences every thread with membarrier() and then loads `busy` — one
+  /// of the two sees the other, and an owner that sees `trim` waits for this lock. Small blocks
+  /// stay until the owner's next call: its fast path touches them without marking itself busy.
+  void ask_caches_back(ThreadCache* self) {
+    bool asked = false;
+    for (auto* tc : caches) {
+      if (tc == self) continue;
+      tc->trim.store(true, std::memory_order_relaxed);
+      PoolState* expected = this;
+      tc->owner->state.compare_exchange_strong(expected, nullptr, std::memory_order_relaxed);
+      asked = true;
+    }
+    if (!asked || !membarrier || ::syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) != 0) return;
+    for (auto* tc : caches)
+      if (tc != self && tc->owner->busy.load(std::memory_order_acquire) == 0) flush_large(*tc);
+  }
+
+  void flush_large(ThreadCache& tc) {
+    for (auto& sc : tc.slots) {
+      if (!sc) continue;
+      for (auto [bytes, b] : sc->large) release(b, bytes);
+      sc->large.clear();
+      sc->large_bytes = 0;
+    }
   }
 
   ThreadCache& find_cache() {
     static thread_local ThreadCaches mine;
-    t_last.state = nullptr;  // the pruning below may free the cache it points to
+    t_last.state.store(nullptr, std::memory_order_relaxed);  // the pruning below may free the cache it points to
     for (auto& tc : mine.list)
       if (tc->state.get() == this) return *tc;
     // Drop caches of pools that are gone, then make one for this pool.
@@ -627,6 +698,7 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
     auto tc = std::make_unique<ThreadCache>();
     tc->state = shared_from_this();
     tc->slots.resize(slots.size());
+    tc->owner = &t_last;
     {
       std::lock_guard lock(mutex);
       caches.push_back(tc.get());
@@ -692,7 +764,7 @@ namespace {
 
 ThreadCaches::~ThreadCaches() {
   t_caches_gone = true;
-  t_last.state = nullptr;
+  t_last.state.store(nullptr, std::memory_order_relaxed);
   for (auto& tc : list) tc->state->retire(*tc);
 }
 
@@ -707,7 +779,8 @@ int current_node() {
 inline Result<PooledBuffer> PoolState::rent(RentOptions o) {
   // Only a slot with a cache was rented from before, so its kind needs no further check.
   const auto k = static_cast<std::uint32_t>(o.kind);
-  if (k - 1 < kKindSlots && o.kind != BufferKind::CpuNuma && o.numa_node == -1 && t_last.state == this) [[likely]] {
+  if (k - 1 < kKindSlots && o.kind != BufferKind::CpuNuma && o.numa_node == -1 &&
+      t_last.state.load(std::memory_order_relaxed) == this) [[likely]] {
     if (SlotCache* sc = t_last.cache->slots[k - 1].get()) [[likely]] {
       if (o.size - 1 >= MemoryPool::kSmallMax) return rent_large(o, *sc);
       const std::uint32_t cls = small_class_of(o.size);
@@ -722,6 +795,9 @@ inline Result<PooledBuffer> PoolState::rent(RentOptions o) {
 }
 
 Result<PooledBuffer> PoolState::rent_large(RentOptions o, SlotCache& sc) {
+  const BusyScope busy;
+  if (t_last.cache->trim.load(std::memory_order_acquire)) [[unlikely]]
+    return rent_slow(o);
   const std::uint64_t bytes = round_up(o.size, kAlign);
   if (o.size > kMaxRent || sc.large.empty()) return rent_slow(o);
   const auto block = take_large(sc, bytes);
@@ -755,6 +831,7 @@ Result<PooledBuffer> PoolState::rent_slow(RentOptions o) {
   const std::uint32_t slot = slot_of(o.kind, node);
   if (t_caches_gone) [[unlikely]]
     return rent_locked(o.size, slot);
+  const BusyScope busy;
   auto& tc = cache();
   auto& sc = slot_cache(tc, slot);
   const std::uint32_t cls = class_of(o.size);
@@ -836,7 +913,7 @@ void PoolState::give_back_locked(PooledBuffer& b, bool free_block) noexcept {
 inline void PoolState::give_back(PooledBuffer& b) noexcept {
   // A small block goes back to this thread's cache while the cache has room. (No cache for the
   // slot: the block was rented by another thread.)
-  if (t_last.state == this) [[likely]] {
+  if (t_last.state.load(std::memory_order_relaxed) == this) [[likely]] {
     const std::uint32_t cls = b.size_class();
     SlotCache* sc = t_last.cache->slots[b.slot()].get();
     if (sc && cls >= kSmallClasses) return give_back_large(b, *sc);
@@ -852,6 +929,9 @@ inline void PoolState::give_back(PooledBuffer& b) noexcept {
 }
 
 void PoolState::give_back_large(PooledBuffer& b, SlotCache& sc) noexcept {
+  const BusyScope busy;
+  if (t_last.cache->trim.load(std::memory_order_acquire)) [[unlikely]]
+    return give_back_slow(b);
   const std::uint64_t bytes = round_up(b.size_, kAlign);
   if (sc.large.size() >= kLargeCacheEntries || sc.large_bytes + bytes > large_cache_bytes) return give_back_slow(b);
   sc.large.emplace_back(bytes, Block{b.segment_, b.offset_});
@@ -869,6 +949,7 @@ void PoolState::give_back_slow(PooledBuffer& b) noexcept {
 void PoolState::give_back_uncached(PooledBuffer& b) noexcept {
   if (t_caches_gone) [[unlikely]]
     return give_back_locked(b);
+  const BusyScope busy;
   auto& tc = cache();
   const std::uint32_t cls = b.size_class();
   auto& sc = slot_cache(tc, b.slot());
@@ -1029,9 +1110,11 @@ const PoolOptions& MemoryPool::options() const { return state_->options; }
 void MemoryPool::trim() {
   if (!state_) return;
   auto& s = *state_;
+  const detail::BusyScope busy;
   auto* tc = detail::t_caches_gone ? nullptr : &s.cache();
   std::lock_guard lock(s.mutex);
   if (tc) s.flush(*tc);
+  s.ask_caches_back(tc);
   s.release_free_segments(0);
   s.release_free_pages();
 }

@@ -1,11 +1,14 @@
 // SPDX-License-Identifier: MIT
+#include <linux/membarrier.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -285,6 +288,108 @@ TEST_CASE("pool: the cap on cached bytes and trim() release free segments") {
     CHECK(s.all.inactive_split_bytes.current < 4096);
     CHECK(s.all.reserved_bytes.current < (std::int64_t{4} << 20) + 8192);
   }
+}
+
+TEST_CASE("pool: trim() takes back the large blocks an idle thread keeps, and its small ones at its next call") {
+  auto pool = lftest::ok(MemoryPool::create());
+  const std::uint64_t big = std::uint64_t{32} << 20;
+  std::mutex m;
+  std::condition_variable cv;
+  int stage = 0;  // 1: the worker keeps its blocks; 2: go on; 3: it made one more call
+  auto wait_for = [&](int s) {
+    std::unique_lock lock(m);
+    cv.wait(lock, [&] { return stage >= s; });
+  };
+  auto set = [&](int s) {
+    {
+      std::lock_guard lock(m);
+      stage = s;
+    }
+    cv.notify_all();
+  };
+  std::thread worker([&] {
+    { auto b = pool.rent(big); }  // kept in this thread's cache, exactly as large as it was
+    for (int i = 0; i < 4; ++i) auto b = pool.rent(4096);
+    set(1);
+    wait_for(2);
+    auto again = pool.rent(4096);  // the next call returns what the thread kept first
+    CHECK(again.has_value());
+    set(3);
+    wait_for(4);
+  });
+  wait_for(1);
+  const auto before = pool.stats();
+  CHECK(before.all.segment.current == 2);  // the large block's segment and a small one
+  pool.trim();
+  const auto after = pool.stats();
+  // The large block went back at once where the kernel has membarrier (the worker is idle);
+  // elsewhere it comes back with the worker's next call.
+  const bool fenced = ::syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0) > 0;
+  if (fenced) {
+    CHECK(after.all.segment.current == 1);
+    CHECK(after.all.reserved_bytes.current < before.all.reserved_bytes.current - static_cast<std::int64_t>(big) + 1);
+  }
+  set(2);
+  wait_for(3);
+  pool.trim();
+  const auto later = pool.stats();
+  CHECK(later.all.segment.current == 1);  // the small segment the worker rents from again
+  CHECK(later.all.reserved_bytes.current <= static_cast<std::int64_t>(pool.options().small_segment_bytes));
+  set(4);
+  worker.join();
+  pool.trim();
+  CHECK(pool.stats().all.reserved_bytes.current == 0);
+}
+
+TEST_CASE("pool: trim() while other threads rent and return loses nothing and overlaps nothing") {
+  auto pool = lftest::ok(MemoryPool::create({.segment_bytes = std::uint64_t{8} << 20}));
+  constexpr int kThreads = 4;
+  constexpr int kOps = 3000;
+  std::atomic<int> errors{0}, running{kThreads};
+  std::atomic<std::uint64_t> trims{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng(static_cast<std::uint64_t>(t) + 100);
+      std::vector<PooledBuffer> mine;
+      for (int i = 0; i < kOps; ++i) {
+        const auto size = std::uint64_t{1} << (rng() % 24);  // 1 B .. 8 MiB: small and large blocks
+        auto b = pool.rent(size + rng() % 100);
+        if (!b) {
+          ++errors;
+          continue;
+        }
+        const std::uint64_t seed = rng();
+        auto head = b->bytes().subspan(0, std::min<std::uint64_t>(b->size(), 64));
+        auto tail = b->bytes().subspan(b->size() >= 128 ? b->size() - 64 : b->size());
+        lftest::fill(head, seed);
+        lftest::fill(tail, seed + 1);
+        std::this_thread::yield();
+        if (lftest::first_mismatch(head, seed) != -1 || lftest::first_mismatch(tail, seed + 1) != -1) ++errors;
+        if (rng() % 2) {
+          mine.push_back(std::move(*b));
+          if (mine.size() > 6) mine.erase(mine.begin() + static_cast<long>(rng() % mine.size()));
+        }
+      }
+      --running;
+    });
+  std::thread trimmer([&] {
+    while (running > 0) {
+      pool.trim();
+      ++trims;
+      std::this_thread::yield();
+    }
+  });
+  for (auto& t : threads) t.join();
+  trimmer.join();
+  CHECK(errors == 0);
+  CHECK(trims > 0);
+  const auto s = pool.stats();
+  CHECK(s.all.allocation.current == 0);
+  CHECK(s.all.allocated_bytes.current == 0);
+  CHECK(s.all.allocation.allocated == static_cast<std::uint64_t>(kThreads) * kOps);
+  pool.trim();
+  CHECK(pool.stats().all.reserved_bytes.current == 0);
 }
 
 TEST_CASE("pool: host memory above the cap gives the pages of free ranges back to the system") {

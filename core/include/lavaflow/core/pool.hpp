@@ -221,7 +221,9 @@ class MemoryPool {
   [[nodiscard]] Result<PooledBuffer> rent(std::uint64_t size, BufferKind kind = BufferKind::CpuShared);
   [[nodiscard]] Result<PooledBuffer> rent(const RentOptions& options);
   /// Releases every wholly free segment and the free pages of host segments still in use, after
-  /// returning the calling thread's cached blocks.
+  /// returning the calling thread's cached blocks and the large blocks that other threads keep and
+  /// are not using at that moment (where the kernel has membarrier). Other threads return their
+  /// small blocks (and large ones they were using) at their next rent or return.
   void trim();
   [[nodiscard]] PoolStats stats() const;
   /// The pool's options (not on a moved-from pool).
