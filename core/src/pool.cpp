@@ -259,7 +259,7 @@ struct LastPool {
 thread_local LastPool t_last;
 
 /// Marks this thread busy with its cache for a scope (nested scopes keep it marked), then looks
-/// at its fence-free side of the Dekker pair with PoolState::take_idle_large (see there).
+/// at its fence-free side of the Dekker pair with PoolState::ask_caches_back (see there).
 class BusyScope {
  public:
   BusyScope() : was_(t_last.busy.load(std::memory_order_relaxed)) {
@@ -373,7 +373,8 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
     }
   }
 
-  Result<PoolSegment*> add_segment(std::uint32_t slot, bool large, std::uint64_t bytes) {
+  /// `self`: the calling thread's cache of this pool, if it has one (given back first on a retry).
+  Result<PoolSegment*> add_segment(std::uint32_t slot, bool large, std::uint64_t bytes, ThreadCache* self) {
     auto& s = slots[slot];
     auto memory = allocate_memory(s.kind, s.node, bytes);
     // A refusal or an allocator's broken promise (Internal) is not a lack of memory: nothing to retry.
@@ -381,8 +382,8 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
         memory.error().code() != Errc::Internal) {
       // Cached memory may be what stands in the way: release it and try once more.
       ++num_alloc_retries;
-      if (t_last.state.load(std::memory_order_relaxed) == this) flush(*t_last.cache);
-      ask_caches_back(t_last.state.load(std::memory_order_relaxed) == this ? t_last.cache : nullptr);
+      if (self) flush(*self);
+      ask_caches_back(self);
       release_free_segments(0);
       memory = allocate_memory(s.kind, s.node, bytes);
       if (!memory) ++num_ooms;
@@ -504,14 +505,15 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
     return cap;
   }
 
-  /// Best fit among the free ranges, or a new segment. `missed` is set when a segment was added.
-  Result<Block> carve(std::uint32_t slot, bool large, std::uint64_t bytes, bool& missed) {
+  /// Best fit among the free ranges, or a new segment. `missed` is set when a segment was added;
+  /// `self` as for add_segment.
+  Result<Block> carve(std::uint32_t slot, bool large, std::uint64_t bytes, bool& missed, ThreadCache* self) {
     auto& arena = slots[slot].arenas[large];
     auto it = arena.by_size.lower_bound({bytes, 0, 0});
     if (it == arena.by_size.end()) {
       const std::uint64_t seg_bytes = large ? std::max(options.segment_bytes, round_up(bytes, std::uint64_t{2} << 20))
                                             : options.small_segment_bytes;
-      LF_TRY_STATUS(add_segment(slot, large, seg_bytes));
+      LF_TRY_STATUS(add_segment(slot, large, seg_bytes, self));
       missed = true;
       it = arena.by_size.lower_bound({bytes, 0, 0});
     }
@@ -854,13 +856,13 @@ Result<PooledBuffer> PoolState::rent_slow(RentOptions o) {
   }
   if (!found) {
     std::lock_guard lock(mutex);
-    LF_TRY(block, carve(slot, !small, bytes, missed));
+    LF_TRY(block, carve(slot, !small, bytes, missed, &tc));
     if (small) {
       // Fill part of the thread's cache for this class under the same lock.
       const std::size_t fill = std::min<std::uint64_t>(cache_limit(cls) / 2, kRefillBytes / bytes);  // may be 0
       for (std::size_t i = 0; i < fill; ++i) {
         bool more_missed = false;
-        auto extra = carve(slot, false, bytes, more_missed);
+        auto extra = carve(slot, false, bytes, more_missed, &tc);
         if (!extra) break;
         stack->push(*extra);
         missed = missed || more_missed;
@@ -879,7 +881,7 @@ Result<PooledBuffer> PoolState::rent_locked(std::uint64_t size, std::uint32_t sl
   const std::uint64_t bytes = block_bytes(cls, size);
   std::lock_guard lock(mutex);
   bool missed = false;
-  LF_TRY(const Block block, carve(slot, !small, bytes, missed));
+  LF_TRY(const Block block, carve(slot, !small, bytes, missed, nullptr));
   auto& t = retired[slot][cls];
   ++t.rents;
   t.hits += missed ? 0 : 1;

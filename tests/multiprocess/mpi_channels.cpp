@@ -537,6 +537,12 @@ int main(int argc, char** argv) {
         }
         if (p) (*p)->close();
         barrier();  // the consumer has seen the end
+        // A closed producer still flushes: the consumer's last releases reach it when it closes.
+        if (p) {
+          auto flushed = (*p)->flush(10s);
+          expect(bool(flushed),
+                 "close: flush after close (" + (flushed ? std::string("ok") : flushed.error().message()) + ")");
+        }
       } else {
         auto c = mpi::open_consumer(*comm, 0, o);
         for (std::uint64_t i = 0; c && i < 3; ++i) {
@@ -551,6 +557,7 @@ int main(int argc, char** argv) {
         expect(std::chrono::steady_clock::now() - t0 < 5s, "close: PeerLost at once, not at the timeout");
         if (c) expect(is((*c)->receive(10ms), Errc::PeerLost), "close: PeerLost again");
         barrier();
+        if (c) c->reset();
       }
       barrier();
       // The consumer closes: the producer's flush, then its loan, are PeerLost.
@@ -608,6 +615,67 @@ int main(int argc, char** argv) {
         }
         auto end = c ? (*c)->receive(20s) : Result<Received>(std::unexpected(c.error()));
         expect(is(end, Errc::PeerLost), "reopened: ends after 50");
+      }
+      barrier();
+    }
+
+    // 8b. What earlier openings of a number left in MPI — an announcement no consumer took, an end
+    //     marker, an answer and a closing credit of another incarnation — is passed over: the
+    //     consumer answers the newest announcement, and the stream goes through intact (a stale
+    //     closing credit taken for this opening's would fail the loans once the 2-slot ring fills).
+    {
+      const int ch = 33;
+      const mpi::ChannelOptions o{.slots = 2, .slot_size = 64, .channel = ch, .transport = TransportKind::Mpi};
+      const std::uint32_t stale = 777;
+      if (me == 0) {
+        // A v5 Hello: magic, version, reserved, slots, channel, slot size, incarnation, reserved.
+        struct {
+          std::uint32_t magic;
+          std::uint16_t version, reserved;
+          std::uint32_t slots;
+          std::int32_t channel;
+          std::uint64_t slot_size;
+          std::uint32_t incarnation, reserved2;
+        } hello{0x484d4c46, 5, 0, 2, ch, 64, stale, 0};
+        MPI_Send(&hello, sizeof hello, MPI_BYTE, 1, kDataTagOf(ch) + 2, comm->comm());
+        // An end marker: the incarnation in the tag field, sequence 0, flags end | tag, magic + version.
+        const std::uint64_t tag = stale;
+        const std::uint32_t end[2] = {0, (0x4c05u << 16) | 0x0au};
+        std::byte marker[16];
+        std::memcpy(marker, &tag, 8);
+        std::memcpy(marker + 8, end, 8);
+        MPI_Send(marker, 16, MPI_BYTE, 1, kDataTagOf(ch), comm->comm());
+      } else {
+        MPI_Send(&stale, 1, MPI_UINT32_T, 0, kDataTagOf(ch) + 3, comm->comm());  // an answer
+        const std::uint64_t closing[2] = {~std::uint64_t{0}, stale};             // a closing credit
+        MPI_Send(closing, 2, MPI_UINT64_T, 0, kDataTagOf(ch) + 1, comm->comm());
+      }
+      barrier();
+      std::unique_ptr<Producer> p;
+      if (me == 0) {
+        auto made = mpi::open_producer(*comm, 1, o);
+        expect(bool(made), "leftovers: open producer");
+        if (made) p = std::move(*made);
+      }
+      barrier();  // its announcement is out, behind the stale one
+      if (me == 0) {
+        for (std::uint64_t i = 0; p && i < 20; ++i) {
+          auto loan = p->loan(10s);
+          expect(loan && bool(p->publish(std::move(*loan), {.size = 8, .user_tag = i + 1})),
+                 "leftovers: publish " + std::to_string(i) + " (" +
+                     (loan ? std::string("ok") : loan.error().message()) + ")");
+        }
+        auto flushed = p ? p->flush(10s) : Status(fail(Errc::InvalidArgument, "test", "no producer"));
+        expect(bool(flushed), "leftovers: flush (" + (flushed ? std::string("ok") : flushed.error().message()) + ")");
+      } else {
+        auto c = mpi::open_consumer(*comm, 0, o);
+        expect(bool(c), "leftovers: open consumer");
+        for (std::uint64_t i = 0; c && i < 20; ++i) {
+          auto r = (*c)->receive(10s);
+          expect(
+              r && r->info().sequence == i && r->info().user_tag == i + 1,
+              "leftovers: message " + std::to_string(i) + " (" + (r ? std::string("ok") : r.error().message()) + ")");
+        }
       }
       barrier();
     }

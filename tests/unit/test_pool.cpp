@@ -312,7 +312,8 @@ TEST_CASE("pool: trim() takes back the large blocks an idle thread keeps, and it
     for (int i = 0; i < 4; ++i) auto b = pool.rent(4096);
     set(1);
     wait_for(2);
-    auto again = pool.rent(4096);  // the next call returns what the thread kept first
+    // The next call returns what the thread kept first: its small blocks too.
+    auto again = pool.rent(big);
     CHECK(again.has_value());
     set(3);
     wait_for(4);
@@ -324,17 +325,21 @@ TEST_CASE("pool: trim() takes back the large blocks an idle thread keeps, and it
   const auto after = pool.stats();
   // The large block went back at once where the kernel has membarrier (the worker is idle);
   // elsewhere it comes back with the worker's next call.
-  const bool fenced = ::syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0) > 0;
-  if (fenced) {
-    CHECK(after.all.segment.current == 1);
-    CHECK(after.all.reserved_bytes.current < before.all.reserved_bytes.current - static_cast<std::int64_t>(big) + 1);
+  const long commands = ::syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+  if (commands > 0 && (commands & MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0) {
+    CHECK(after.all.segment.current == 1);  // the small one, which the worker's stack still holds
+  } else {
+    WARN("no private expedited membarrier here: large blocks come back at the worker's next call");
   }
   set(2);
   wait_for(3);
   pool.trim();
   const auto later = pool.stats();
-  CHECK(later.all.segment.current == 1);  // the small segment the worker rents from again
-  CHECK(later.all.reserved_bytes.current <= static_cast<std::int64_t>(pool.options().small_segment_bytes));
+  // The worker's small blocks came back with its call, so their segment went at this trim; what
+  // stays is the segment of the large buffer the worker holds.
+  CHECK(later.all.segment.current == 1);
+  CHECK(later.all.active.current == 1);
+  CHECK(later.all.reserved_bytes.current == static_cast<std::int64_t>(big));
   set(4);
   worker.join();
   pool.trim();
@@ -374,11 +379,11 @@ TEST_CASE("pool: trim() while other threads rent and return loses nothing and ov
       --running;
     });
   std::thread trimmer([&] {
-    while (running > 0) {
+    do {
       pool.trim();
       ++trims;
       std::this_thread::yield();
-    }
+    } while (running > 0);
   });
   for (auto& t : threads) t.join();
   trimmer.join();

@@ -112,12 +112,12 @@ struct MpiConsumerLink final : lavaflow::detail::ConsumerLink {
   }
 };
 
-/// The last releases go out, then the word that this end is closed; not after the producer's end
-/// marker (nobody listens any more).
+/// The last releases go out (a producer that closed may still flush), then the word that this
+/// end is closed — not after the producer's end marker: nobody waits for it then.
 void MpiConsumerLink::close() {
-  if (std::exchange(closed, true) || ended || !answered || mpi_finalized()) return;
+  if (std::exchange(closed, true) || !answered || mpi_finalized()) return;
   if (released != credited) (void)send_credit();
-  (void)send_credit_value(kClosedCredit);
+  if (!ended) (void)send_credit_value(kClosedCredit);
 }
 
 /// Also when start() fails half-way: no receive outlives the ring buffer it writes into.
@@ -137,9 +137,11 @@ Status MpiConsumerLink::start(const Communicator& c, int producer_rank, const Ch
   comm = c.comm();
   peer = producer_rank;
   watch = PeerWatch(c, producer_rank, options.channel);
-  Hello hello{};
+  // Received into room for more than a Hello, so that another version's announcement (of another
+  // size) is told apart by its version field rather than failing as a truncated message.
+  alignas(8) std::byte raw[2 * sizeof(Hello)]{};
   MPI_Request r = MPI_REQUEST_NULL;
-  LF_TRY_STATUS(check(MPI_Irecv(&hello, sizeof hello, MPI_BYTE, producer_rank, hello_tag(options.channel), comm, &r),
+  LF_TRY_STATUS(check(MPI_Irecv(raw, sizeof raw, MPI_BYTE, producer_rank, hello_tag(options.channel), comm, &r),
                       "MPI_Irecv(announce)"));
   MPI_Status st;
   auto got = poll_until(
@@ -150,14 +152,30 @@ Status MpiConsumerLink::start(const Communicator& c, int producer_rank, const Ch
     cancel(r);
     return std::unexpected(got.error().within(call));
   }
+  // Announcements of earlier openings that no consumer took (their producers closed first) come
+  // before this opening's: the newest one already here is the one to answer.
+  for (;;) {
+    int more = 0;
+    LF_TRY_STATUS(check(MPI_Iprobe(producer_rank, hello_tag(options.channel), comm, &more, MPI_STATUS_IGNORE),
+                        "MPI_Iprobe(announce)"));
+    if (!more) break;
+    LF_TRY_STATUS(check(MPI_Recv(raw, sizeof raw, MPI_BYTE, producer_rank, hello_tag(options.channel), comm, &st),
+                        "MPI_Recv(announce)"));
+  }
   int count = 0;
   MPI_Get_count(&st, MPI_BYTE, &count);
-  if (count != static_cast<int>(sizeof hello) || hello.magic != kHelloMagic)
+  Hello hello{};
+  std::memcpy(&hello, raw, sizeof hello);
+  if (count < 6 || hello.magic != kHelloMagic)
     return fail(Errc::Malformed, call,
                 str_format("rank {} sent {} bytes that are not a channel announcement", producer_rank, count));
   if (hello.version != kVersion)
     return fail(Errc::VersionMismatch, call,
                 str_format("announcement version {}, this build speaks {}", hello.version, kVersion));
+  if (count != static_cast<int>(sizeof hello))
+    return fail(Errc::Malformed, call,
+                str_format("rank {} sent a {}-byte announcement; version {} has {}", producer_rank, count, kVersion,
+                           sizeof hello));
   if (hello.channel != options.channel)
     return fail(Errc::Malformed, call,
                 str_format("announcement for channel {} on channel {}'s tag", hello.channel, options.channel));
@@ -191,10 +209,10 @@ Status MpiConsumerLink::start(const Communicator& c, int producer_rank, const Ch
 Result<std::pair<std::uint32_t, MessageInfo>> MpiConsumerLink::take_next(Duration timeout, const PartFn& on_part,
                                                                          const char* call) {
   auto& m = *this;
+  if (!m.deferred) return std::unexpected(m.deferred.error());
   if (m.ended)
     return fail(Errc::PeerLost, call,
                 str_format("rank {} closed channel {} after {} messages", m.peer, m.o.channel, m.expected));
-  if (!m.deferred) return std::unexpected(m.deferred.error());
   if (m.broken)
     return fail(Errc::Malformed, call, "the channel lost its place in a chunked message earlier: " + m.broken_reason);
   if (m.posted.empty())

@@ -288,8 +288,8 @@ class Producer {
   [[nodiscard]] Status wait_for_consumers(std::uint32_t n, Duration timeout);
   /// Ends the channel now: consumers see PeerLost after the messages already published, nobody
   /// new connects, the name is free again. The ring stays mapped until the Producer is destroyed,
-  /// so pointers into published buffers stay valid; loan() and publish() fail from now on. (Over
-  /// MPI the consumer is not told: see lavaflow::mpi::open_producer.)
+  /// so pointers into published buffers stay valid; loan() and publish() fail from now on. Over
+  /// MPI too: the consumer receives an end marker after the last message.
   void close();
   [[nodiscard]] bool closed() const;
 
@@ -308,7 +308,8 @@ class Consumer {
   /// Hangs up now: the producer stops counting this consumer (its unreleased messages no longer
   /// hold the producer back). The ring stays mapped until the Consumer is destroyed, so pointers
   /// into received buffers stay valid (their slots may be written again); receive() fails from now on.
-  /// (Over MPI the producer is not told: see lavaflow::mpi::open_producer.)
+  /// Over MPI the producer is told too: its next wait for room, and a flush with messages
+  /// unreleased, are PeerLost.
   void close();
   [[nodiscard]] bool closed() const;
 

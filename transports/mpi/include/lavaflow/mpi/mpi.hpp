@@ -158,8 +158,13 @@ struct ChannelOptions {
 /// Over MPI, also: a message's sequence is fixed when it is published (Loan::sequence() of one of
 /// several loans out is the next free one, not a promise); closing either end tells the other
 /// (its consumer receives what was published, then PeerLost; its producer's next wait for room
-/// and flush() with messages unreleased are PeerLost); and the channel, its loans and messages must
-/// be gone before the Communicator is destroyed (they send and receive on its communicator).
+/// and flush() with messages unreleased are PeerLost); a channel number may be opened again, and
+/// a consumer answers the newest announcement it finds — but a producer that keeps publishing
+/// after its consumer closed, until its ring fills and it learns of the close, sends messages
+/// that a later opening of the same number receives (as a sequence mismatch, or as its own
+/// message when the sequences agree): reopen a number once its producer has flushed or seen
+/// PeerLost, or use another number; and the channel, its loans and messages must be gone before
+/// the Communicator is destroyed (they send and receive on its communicator).
 [[nodiscard]] Result<std::unique_ptr<Producer>> open_producer(const Communicator& comm, int consumer_rank,
                                                               ChannelOptions options = {});
 
