@@ -11,6 +11,7 @@
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/lavaflow.hpp"
 #include "lavaflow/transports/local.hpp"
+#include "pool_report.hpp"
 
 using namespace lavaflow;
 
@@ -50,6 +51,43 @@ std::vector<TransportRow> transports(const ProcessLocation& me, const VulkanCont
   return rows;
 }
 
+std::string mib(std::int64_t bytes) { return str_format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20)); }
+
+/// --pool: the statistics of every pool that publishes them (PoolOptions::stats_label).
+int show_pools(bool json, const std::filesystem::path& directory) {
+  const auto dir = directory.empty() ? runtime_directory() : directory;
+  const auto pools = read_published_pools(dir);
+  using Json = nlohmann::ordered_json;
+  Json out = {{"directory", dir.string()}, {"pools", Json::array()}};
+  if (!json) std::printf("pools publishing their statistics in %s:%s\n", dir.c_str(), pools.empty() ? " none" : "");
+  for (const auto& p : pools) {
+    auto summary = p.error.empty() ? lfinfo::parse_pool_report(p.report)
+                                   : std::expected<lfinfo::PoolSummary, std::string>(std::unexpected(p.error));
+    if (json) {
+      Json row = {{"pid", p.pid}, {"label", p.label}};
+      if (summary)
+        row["stats"] = std::move(summary->all);
+      else
+        row["error"] = summary.error();
+      out["pools"].push_back(std::move(row));
+      continue;
+    }
+    if (!summary) {
+      std::printf("  pid %d \"%s\": no report (%s)\n", p.pid, p.label.c_str(), summary.error().c_str());
+      continue;
+    }
+    std::printf(
+        "  pid %d \"%s\": %s in %lld buffers; reserved %s in %lld segments (peak %s); reuse %.3f; %lld fds; %lld "
+        "out-of-memory\n",
+        p.pid, p.label.c_str(), mib(summary->allocated_bytes).c_str(), static_cast<long long>(summary->allocations),
+        mib(summary->reserved_bytes).c_str(), static_cast<long long>(summary->segments),
+        mib(summary->reserved_peak).c_str(), summary->reuse_rate, static_cast<long long>(summary->open_fds),
+        static_cast<long long>(summary->num_ooms));
+  }
+  if (json) std::printf("%s\n", out.dump(2).c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -61,7 +99,15 @@ int main(int argc, char** argv) {
       "channel transports this machine supports, and the interop matrix between the APIs.",
       "lavaflow-info"};
   app.add_flag("--json", json, "print JSON instead of text");
+  bool pools = false;
+  std::string pool_dir;
+  app.add_flag("--pool", pools,
+               "only the statistics of the memory pools that running processes of this user publish "
+               "(PoolOptions::stats_label)");
+  app.add_option("--pool-directory", pool_dir, "where those pools publish (default: the runtime directory)")
+      ->needs("--pool");
   if (auto rc = lfapp::parse(app, argc, argv)) return *rc;
+  if (pools) return show_pools(json, pool_dir);
   auto devices = enumerate_devices();
   std::vector<DeviceIdentity> ids;
   if (devices)

@@ -20,6 +20,7 @@
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/gpu_buffer.hpp"
 #include "round_up.hpp"
+#include "stats_server.hpp"
 
 namespace lavaflow {
 namespace detail {
@@ -297,6 +298,10 @@ struct ThreadCaches {
 
 }  // namespace
 
+struct PoolState;
+/// Every statistic of the pool, under its lock.
+PoolStats collect_stats(const PoolState& s);
+
 struct PoolState : std::enable_shared_from_this<PoolState> {
   PoolOptions options;
   CpuTopology topology;
@@ -326,6 +331,8 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
 
   std::atomic<bool> closing{false};
   bool dead = false;
+  // PoolOptions::stats_label: answers other processes; stopped first when the handle closes.
+  std::unique_ptr<StatsServer> stats_server;
   std::shared_ptr<PoolState> keepalive;  // set when the handle closed with buffers still rented
 
   std::uint32_t slot_of(BufferKind kind, int node) const {
@@ -1035,6 +1042,7 @@ MemoryPool::~MemoryPool() {
   if (!state_) return;
   auto& s = *state_;
   std::shared_ptr<detail::PoolState> handle = std::move(state_);
+  s.stats_server.reset();  // its thread reads the state: before anything here changes it
   std::lock_guard lock(s.mutex);
   s.closing.store(true, std::memory_order_seq_cst);
   bool fenced = true;
@@ -1088,6 +1096,12 @@ Result<MemoryPool> MemoryPool::create(PoolOptions o) {
   s->locked_slot.resize(nslots);
   s->retired.resize(nslots);
   s->sampled_peaks.assign(3 + nslots, {0, 0, 0});
+  if (!s->options.stats_label.empty()) {
+    // The server is stopped before the state can go (~MemoryPool), so a plain pointer serves.
+    LF_TRY(s->stats_server,
+           detail::StatsServer::start(s->options.stats_directory, s->options.stats_label,
+                                      [state = s.get()] { return detail::collect_stats(*state).to_json(); }));
+  }
   return MemoryPool(std::move(s));
 }
 
@@ -1147,10 +1161,9 @@ void apply_counters(PoolStatGroup& g, const detail::ClassTotals& t, std::array<s
 
 }  // namespace
 
-PoolStats MemoryPool::stats() const {
-  using namespace detail;
-  if (!state_) return {};
-  const auto& s = *state_;
+PoolStats MemoryPool::stats() const { return state_ ? detail::collect_stats(*state_) : PoolStats{}; }
+
+PoolStats detail::collect_stats(const PoolState& s) {
   std::lock_guard lock(s.mutex);
   const std::size_t nslots = s.slots.size();
   std::vector<std::array<ClassTotals, kClasses>> totals = s.retired;

@@ -1,5 +1,12 @@
 // SPDX-License-Identifier: MIT
 // Real processes exchanging real memory: descriptor + fd over a Unix socket (SCM_RIGHTS).
+#include <fcntl.h>
+#include <spawn.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "lavaflow/core/pool.hpp"
 #include "support.hpp"
 
 using namespace lavaflow;
@@ -79,4 +86,55 @@ TEST_CASE("a peer given a descriptor from another device refuses it clearly") {
   CHECK(reply.find("no Vulkan device with UUID") == std::string::npos);  // same device UUID: found
   CHECK(reply.find("driver") != std::string::npos);
   CHECK(lftest::wait_exit(peer.pid) == 1);
+}
+
+namespace {
+
+/// Runs `args` and returns its exit code and what it printed on stdout.
+std::pair<int, std::string> run_capture(std::vector<std::string> args) {
+  int out[2];
+  REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, args[0].c_str(), &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(out[1]);
+  REQUIRE(rc == 0);
+  std::string text;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(out[0], buf, sizeof buf)) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    REQUIRE(n > 0);
+    text.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(out[0]);
+  return {lftest::wait_exit(pid), text};
+}
+
+}  // namespace
+
+TEST_CASE("lavaflow-info --pool shows the statistics that a running process's pool publishes") {
+  const auto dir = lftest::channel_dir();
+  auto pool = lftest::ok(MemoryPool::create({.stats_label = "xproc", .stats_directory = dir}));
+  std::vector<PooledBuffer> held;
+  for (int i = 0; i < 3; ++i) held.push_back(lftest::ok(pool.rent(4096)));
+  const auto [code, json] = run_capture({LAVAFLOW_INFO, "--pool", "--pool-directory", dir.string(), "--json"});
+  INFO(json);
+  REQUIRE(code == 0);
+  const auto j = nlohmann::json::parse(json);
+  REQUIRE(j["pools"].size() == 1);
+  CHECK(j["pools"][0]["pid"] == ::getpid());
+  CHECK(j["pools"][0]["label"] == "xproc");
+  CHECK(j["pools"][0]["stats"]["allocation.all.current"] == 3);
+  const auto [text_code, text] = run_capture({LAVAFLOW_INFO, "--pool", "--pool-directory", dir.string()});
+  INFO(text);
+  CHECK(text_code == 0);
+  CHECK(text.find("\"xproc\": 0.0 MiB in 3 buffers") != std::string::npos);
+  // The directory option means nothing without --pool.
+  CHECK(run_capture({LAVAFLOW_INFO, "--pool-directory", dir.string()}).first == 2);
 }

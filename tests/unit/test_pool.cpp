@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: MIT
 #include <linux/membarrier.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -10,6 +12,8 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -18,6 +22,7 @@
 #include <thread>
 
 #include "lavaflow/core/pool.hpp"
+#include "lavaflow/core/published_stats.hpp"
 #include "support.hpp"
 
 using namespace lavaflow;
@@ -659,4 +664,91 @@ TEST_CASE("pool: device segments from an outside allocator are sub-allocated, an
   CHECK(pool.stats().num_alloc_retries == 0);  // a broken allocator is not retried at the cache's expense
   give = BufferKind::GpuDeviceLocal;
   CHECK(pool.rent(std::uint64_t{200} << 20, BufferKind::GpuDeviceLocal));
+}
+
+namespace {
+
+std::set<std::string> files_in(const std::filesystem::path& dir) {
+  std::set<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) out.insert(e.path().filename().string());
+  return out;
+}
+
+/// A Unix socket file at `path` that nobody will ever accept on (bound and closed), or, with
+/// `listening`, one whose connections are queued but never answered (its fd returned).
+UniqueFd socket_file(const std::filesystem::path& path, bool listening) {
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  REQUIRE(fd);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof addr.sun_path - 1);
+  REQUIRE(::bind(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0);
+  if (listening) REQUIRE(::listen(fd.get(), 4) == 0);
+  if (!listening) fd.reset();
+  return fd;
+}
+
+}  // namespace
+
+TEST_CASE("pool: a pool with a stats label publishes its statistics, and its socket goes with it") {
+  const auto dir = lftest::channel_dir();
+  {
+    auto pool = lftest::ok(MemoryPool::create({.stats_label = "unit-pool", .stats_directory = dir}));
+    auto b = lftest::ok(pool.rent(1000));
+    CHECK(files_in(dir) == std::set<std::string>{"pool-" + std::to_string(::getpid()) + "-unit-pool.sock"});
+    const auto pools = read_published_pools(dir);
+    REQUIRE(pools.size() == 1);
+    CHECK(pools[0].pid == ::getpid());
+    CHECK(pools[0].label == "unit-pool");
+    INFO(pools[0].error);
+    CHECK(pools[0].error.empty());
+    CHECK(pools[0].report.find("\"allocation.all.current\": 1,") != std::string::npos);
+    CHECK(pools[0].report == pool.stats().to_json());
+    // One label per process: a second pool under it is refused, naming the label.
+    auto again = MemoryPool::create({.stats_label = "unit-pool", .stats_directory = dir});
+    REQUIRE(!again);
+    CHECK(again.error().code() == Errc::InvalidArgument);
+    CHECK(again.error().message().find("unit-pool") != std::string::npos);
+  }
+  CHECK(files_in(dir).empty());
+  for (const char* bad : {".hidden", "a/b", "with space", "x\n",
+                          "0123456789012345678901234567890123456789012345678901234567890123456789"})
+    CHECK(lftest::err(MemoryPool::create({.stats_label = bad, .stats_directory = dir})).code() ==
+          Errc::InvalidArgument);
+  CHECK(files_in(dir).empty());
+}
+
+TEST_CASE("pool: reading published statistics removes dead processes' sockets and outlasts silent peers") {
+  const auto dir = lftest::channel_dir();
+  // A process that is gone (its pid waited for), which left its socket behind.
+  const pid_t gone = ::fork();
+  REQUIRE(gone >= 0);
+  if (gone == 0) ::_exit(0);
+  REQUIRE(::waitpid(gone, nullptr, 0) == gone);
+  const auto stale = dir / ("pool-" + std::to_string(gone) + "-left.sock");
+  socket_file(stale, false);
+  // Something of this process that takes connections but never answers, and a plain file with a
+  // pool socket's name: neither is a pool.
+  auto mute = socket_file(dir / ("pool-" + std::to_string(::getpid()) + "-mute.sock"), true);
+  { std::ofstream(dir / "pool-1-notasocket.sock") << "x"; }
+  auto pool = lftest::ok(MemoryPool::create({.stats_label = "live", .stats_directory = dir}));
+  // A client that connects to the live pool and never reads holds nothing up.
+  UniqueFd silent(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const auto live_path = dir / ("pool-" + std::to_string(::getpid()) + "-live.sock");
+  std::strncpy(addr.sun_path, live_path.c_str(), sizeof addr.sun_path - 1);
+  REQUIRE(::connect(silent.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto pools = read_published_pools(dir, std::chrono::milliseconds(300));
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3));
+  REQUIRE(pools.size() == 2);  // by name: live, then mute
+  CHECK(pools[0].label == "live");
+  CHECK(pools[0].error.empty());
+  CHECK(!pools[0].report.empty());
+  CHECK(pools[1].label == "mute");
+  CHECK(pools[1].report.empty());
+  CHECK(pools[1].error.find("in time") != std::string::npos);
+  CHECK(!std::filesystem::exists(stale));
+  CHECK(std::filesystem::exists(dir / "pool-1-notasocket.sock"));
 }

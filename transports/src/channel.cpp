@@ -28,10 +28,12 @@
 #include "handshake.hpp"
 #include "lavaflow/core/cpu_buffer.hpp"
 #include "lavaflow/core/detail/format.hpp"
+#include "lavaflow/core/detail/private_dir.hpp"
 #include "lavaflow/core/detail/vk_call.hpp"
 #include "lavaflow/core/detail/wait.hpp"
 #include "lavaflow/core/gpu_buffer.hpp"
 #include "lavaflow/core/pool.hpp"
+#include "lavaflow/core/published_stats.hpp"
 #include "lavaflow/core/unix_socket.hpp"
 #include "lavaflow/core/vulkan_context.hpp"
 #include "lavaflow/transports/detail/link.hpp"
@@ -196,37 +198,7 @@ class Counter {
 // ---------------------------------------------------------------------------------------------
 // Rendezvous: a private directory, a lock file held by the live producer, a SEQPACKET socket.
 
-Status check_name(const std::string& name) {
-  if (name.empty() || name.size() > 64)
-    return fail(Errc::InvalidArgument, "channel name", str_format("\"{}\": must be 1 to 64 characters", name));
-  for (char c : name)
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.'))
-      return fail(Errc::InvalidArgument, "channel name",
-                  str_format("\"{}\": only letters, digits, '-', '_', '.'", name));
-  if (name[0] == '.') return fail(Errc::InvalidArgument, "channel name", "must not start with '.'");
-  return {};
-}
-
-Status private_directory(const std::filesystem::path& dir, bool create) {
-  if (create) {
-    std::error_code ec;
-    std::filesystem::create_directories(dir.parent_path(), ec);
-    if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
-      return std::unexpected(from_errno(errno, "mkdir", dir.string()));
-  }
-  struct stat st {};
-  if (::lstat(dir.c_str(), &st) != 0) return std::unexpected(from_errno(errno, "lstat", dir.string()));
-  if (!S_ISDIR(st.st_mode))
-    return fail(Errc::PermissionDenied, "channel directory", dir.string() + " is not a directory");
-  if (st.st_uid != ::getuid())
-    return fail(Errc::PermissionDenied, "channel directory",
-                str_format("{} belongs to uid {}, not to this user (uid {})", dir.string(), st.st_uid, ::getuid()));
-  if (st.st_mode & 077)
-    return fail(
-        Errc::PermissionDenied, "channel directory",
-        str_format("{} is reachable by other users (mode {:04o}); it must be 0700", dir.string(), st.st_mode & 0777));
-  return {};
-}
+Status check_name(const std::string& name) { return detail::check_file_name(name, "channel name"); }
 
 /// The lock is the name: held while its producer lives, released by the kernel when it dies.
 /// An empty fd when a live producer holds it. A lock file can be unlinked by its holder (or a
@@ -307,13 +279,7 @@ Result<ProcessLocation> my_location(const std::optional<HostIdentity>& host, con
 
 }  // namespace
 
-std::filesystem::path default_channel_directory() {
-  if (const char* xdg = std::getenv("XDG_RUNTIME_DIR"); xdg && *xdg) {
-    struct stat st {};
-    if (::stat(xdg, &st) == 0 && st.st_uid == ::getuid()) return std::filesystem::path(xdg) / "lavaflow";
-  }
-  return std::filesystem::path("/tmp") / str_format("lavaflow-{}", ::getuid());
-}
+std::filesystem::path default_channel_directory() { return runtime_directory(); }
 
 // ---------------------------------------------------------------------------------------------
 // Producer
@@ -753,7 +719,7 @@ Result<std::unique_ptr<Producer>> Producer::create(const std::string& name, Prod
   auto impl = std::make_unique<detail::ProducerState>();
   impl->name = name;
   const auto dir = o.directory.empty() ? default_channel_directory() : o.directory;
-  if (auto ok = private_directory(dir, true); !ok) return std::unexpected(ok.error().within(call));
+  if (auto ok = detail::private_directory(dir, true); !ok) return std::unexpected(ok.error().within(call));
   impl->socket_path = dir / (name + ".sock");
   impl->lock_path = dir / (name + ".lock");
 
@@ -1227,7 +1193,7 @@ Result<std::unique_ptr<Consumer>> Consumer::open(const std::string& name, Consum
   LF_TRY_STATUS(detail::wait_for(
       [&]() -> Result<bool> {
         if (::access(dir.c_str(), F_OK) == 0) {
-          if (auto ok = private_directory(dir, false); !ok) return std::unexpected(ok.error().within(call));
+          if (auto ok = detail::private_directory(dir, false); !ok) return std::unexpected(ok.error().within(call));
         }
         LF_TRY(impl->sock, unix_socket());
         if (::connect(impl->sock.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) return true;

@@ -13,6 +13,7 @@
 #include "lavaflow/core/gpu_semaphore.hpp"
 #include "lavaflow/core/location.hpp"
 #include "lavaflow/core/pool.hpp"
+#include "lavaflow/core/published_stats.hpp"
 #include "lavaflow/core/transfer.hpp"
 #include "lavaflow/core/unified_buffer.hpp"
 #include "lavaflow/core/unique_fd.hpp"

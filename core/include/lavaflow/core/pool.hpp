@@ -7,6 +7,7 @@
 /// buffer's offset and size in the descriptor, which every importer already honours.
 
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -57,6 +58,11 @@ struct PoolOptions {
   std::uint64_t thread_cache_bytes = std::uint64_t{512} << 10;
   /// Bytes of large buffers (a few, matched by exact size) that each thread keeps; 0: none.
   std::uint64_t thread_cache_large_bytes = std::uint64_t{64} << 20;
+  /// Non-empty: while the pool lives, other processes of this user can read its statistics
+  /// (`lavaflow-info --pool`, read_published_pools) from a socket named pool-<pid>-<label>.sock
+  /// in `stats_directory` (empty: runtime_directory()). A thread of the pool's answers them.
+  std::string stats_label;
+  std::filesystem::path stats_directory;
 };
 
 struct RentOptions {
