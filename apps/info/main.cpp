@@ -56,7 +56,12 @@ std::string mib(std::int64_t bytes) { return str_format("{:.1f} MiB", static_cas
 /// --pool: the statistics of every pool that publishes them (PoolOptions::stats_label).
 int show_pools(bool json, const std::filesystem::path& directory) {
   const auto dir = directory.empty() ? runtime_directory() : directory;
-  const auto pools = read_published_pools(dir);
+  const auto read = read_published_pools(dir);
+  if (!read) {
+    std::fprintf(stderr, "lavaflow-info: %s\n", read.error().message().c_str());
+    return 1;
+  }
+  const auto& pools = *read;
   using Json = nlohmann::ordered_json;
   Json out = {{"directory", dir.string()}, {"pools", Json::array()}};
   if (!json) std::printf("pools publishing their statistics in %s:%s\n", dir.c_str(), pools.empty() ? " none" : "");

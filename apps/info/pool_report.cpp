@@ -9,6 +9,9 @@ std::expected<PoolSummary, std::string> parse_pool_report(std::string_view json)
   auto j = nlohmann::ordered_json::parse(json.begin(), json.end(), nullptr, false);
   if (j.is_discarded()) return std::unexpected("not JSON");
   if (!j.is_object()) return std::unexpected("not a JSON object");
+  // A report is flat: keys with numbers. Nothing nested is kept (nor printed back, recursively).
+  for (const auto& [key, value] : j.items())
+    if (!value.is_number()) return std::unexpected("\"" + key + "\" is not a number");
   PoolSummary s;
   std::string bad;
   auto count = [&](const char* key, std::int64_t& out) {

@@ -21,8 +21,8 @@ struct PoolSummary {
   nlohmann::ordered_json all;  ///< the whole report, parsed
 };
 
-/// Parses and checks a report (PoolStats::to_json): a JSON object whose keys above are numbers,
-/// counts and sizes not negative, the reuse rate within 0..1. The cause otherwise.
+/// Parses and checks a report (PoolStats::to_json): a flat JSON object of numbers with the keys
+/// above, counts and sizes not negative, the reuse rate within 0..1. The cause otherwise.
 [[nodiscard]] std::expected<PoolSummary, std::string> parse_pool_report(std::string_view json);
 
 }  // namespace lfinfo

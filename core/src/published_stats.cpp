@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: MIT
 #include "lavaflow/core/published_stats.hpp"
 
+#include <fcntl.h>
 #include <poll.h>
-#include <signal.h>
 #include <sys/eventfd.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -29,13 +30,14 @@ using Clock = std::chrono::steady_clock;
 /// How long the server spends on one client before dropping it.
 constexpr auto kAnswerBudget = std::chrono::milliseconds(200);
 
-std::filesystem::path socket_name(std::int32_t pid, const std::string& label) {
-  return str_format("pool-{}-{}.sock", pid, label);
-}
+/// The files of a publication: pool-<pid>-<label>.sock, and .lock, which its server holds locked
+/// (flock) while it lives: the kernel lets go of the lock when the process dies, in whatever pid
+/// namespace, so a lock nobody holds marks a publication whose process is gone.
+std::string base_name(std::int32_t pid, const std::string& label) { return str_format("pool-{}-{}", pid, label); }
 
-/// The pid and label of a file named pool-<pid>-<label>.sock; nothing for any other name.
-std::optional<std::pair<std::int32_t, std::string>> parse_socket_name(const std::string& name) {
-  constexpr std::string_view prefix = "pool-", suffix = ".sock";
+/// The pid and label of a file named pool-<pid>-<label><suffix>; nothing for any other name.
+std::optional<std::pair<std::int32_t, std::string>> parse_name(const std::string& name, std::string_view suffix) {
+  constexpr std::string_view prefix = "pool-";
   if (name.size() <= prefix.size() + suffix.size() || !name.starts_with(prefix) || !name.ends_with(suffix))
     return std::nullopt;
   const std::string_view middle(name.data() + prefix.size(), name.size() - prefix.size() - suffix.size());
@@ -49,8 +51,22 @@ std::optional<std::pair<std::int32_t, std::string>> parse_socket_name(const std:
   return std::pair{pid, std::move(label)};
 }
 
-/// Whether process `pid` is gone (a process of another user that lives counts as living).
-bool process_gone(std::int32_t pid) { return ::kill(pid, 0) != 0 && errno == ESRCH; }
+void unlink_socket(const std::filesystem::path& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) ::unlink(path.c_str());
+}
+
+/// Removes the publication `base` in `dir` when its server is gone (its lock free or missing);
+/// true when it did.
+bool reclaim_if_stale(const std::filesystem::path& dir, const std::string& base) {
+  const auto lock_path = dir / (base + ".lock");
+  auto lock = detail::lock_file(lock_path, false);
+  if (lock && !*lock) return false;  // held: its server lives
+  if (!lock && lock.error().code() != Errc::NotFound) return false;
+  unlink_socket(dir / (base + ".sock"));
+  if (lock) ::unlink(lock_path.c_str());  // we hold it, and the path names it
+  return true;
+}
 
 Result<sockaddr_un> address_of(const std::filesystem::path& path) {
   sockaddr_un addr{};
@@ -72,14 +88,6 @@ Result<UniqueFd> connect_to(const std::filesystem::path& path) {
   if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0 && errno != EINPROGRESS)
     return std::unexpected(from_errno(errno, "connect", path.string()));
   return fd;
-}
-
-/// Whether a process listens on the socket at `addr` (a connection is taken or queued).
-bool someone_listens(const sockaddr_un& addr) {
-  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!fd) return false;
-  return ::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0 || errno == EAGAIN ||
-         errno == EINPROGRESS;
 }
 
 int millis_left(Clock::time_point deadline) {
@@ -154,26 +162,45 @@ Status detail::private_directory(const std::filesystem::path& dir, bool create) 
   return {};
 }
 
-std::vector<PublishedPool> read_published_pools(const std::filesystem::path& directory, Duration timeout) {
+Result<UniqueFd> detail::lock_file(const std::filesystem::path& path, bool create) {
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    UniqueFd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | (create ? O_CREAT : 0), 0600));
+    if (!fd) return std::unexpected(from_errno(errno, "open", path.string()));
+    if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+      if (errno == EWOULDBLOCK) return UniqueFd();
+      return std::unexpected(from_errno(errno, "flock", path.string()));
+    }
+    struct stat held {
+    }, named{};
+    if (::fstat(fd.get(), &held) != 0) return std::unexpected(from_errno(errno, "fstat", path.string()));
+    if (::lstat(path.c_str(), &named) == 0 && named.st_dev == held.st_dev && named.st_ino == held.st_ino) return fd;
+    if (!create) return UniqueFd();  // gone or replaced: nothing stale left to reclaim here
+  }
+  return fail(Errc::System, "lock_file", str_format("{} keeps being replaced under us", path.string()));
+}
+
+Result<std::vector<PublishedPool>> read_published_pools(const std::filesystem::path& directory, Duration timeout) {
+  constexpr const char* call = "read_published_pools";
   const auto dir = directory.empty() ? runtime_directory() : directory;
   std::vector<PublishedPool> out;
-  if (!detail::private_directory(dir, false)) return out;  // none, or not one to trust
+  if (auto ok = detail::private_directory(dir, false); !ok) {
+    if (ok.error().code() == Errc::NotFound) return out;  // nobody has published here yet
+    return std::unexpected(ok.error().within(call));
+  }
   std::vector<std::string> names;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) names.push_back(entry.path().filename());
   std::sort(names.begin(), names.end());
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout);
   for (const auto& name : names) {
-    auto parsed = parse_socket_name(name);
+    auto parsed = parse_name(name, ".sock");
     if (!parsed) continue;
     const auto path = dir / name;
     struct stat st {};
     if (::lstat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
-    if (process_gone(parsed->first)) {  // killed before its pool could remove the socket
-      ::unlink(path.c_str());
-      continue;
-    }
+    if (reclaim_if_stale(dir, base_name(parsed->first, parsed->second))) continue;  // its process is gone
+    if (out.size() == kMaxPublishedPools) break;
     PublishedPool p{parsed->first, std::move(parsed->second), {}, {}};
-    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout);
     auto fd = connect_to(path);
     auto report = fd ? read_report(fd->get(), deadline) : Result<std::string>(std::unexpected(fd.error()));
     if (report)
@@ -194,49 +221,61 @@ Result<std::unique_ptr<detail::StatsServer>> detail::StatsServer::start(std::fil
   if (auto ok = check_stats_label(label); !ok) return std::unexpected(ok.error().within(call));
   const auto dir = directory.empty() ? runtime_directory() : directory;
   if (auto ok = private_directory(dir, true); !ok) return std::unexpected(ok.error().within(call));
-  // Sockets of processes that were killed before their pools ended.
+  // Publications whose processes ended without removing them (killed).
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    auto parsed = parse_socket_name(entry.path().filename());
-    if (parsed && process_gone(parsed->first)) ::unlink(entry.path().c_str());
+    const std::string name = entry.path().filename();
+    auto parsed = parse_name(name, ".lock");
+    if (!parsed) parsed = parse_name(name, ".sock");
+    if (parsed) (void)reclaim_if_stale(dir, base_name(parsed->first, parsed->second));
   }
   std::unique_ptr<StatsServer> s(new StatsServer());
-  s->path_ = dir / socket_name(::getpid(), label);
-  s->report_ = std::move(report);
-  LF_TRY(const sockaddr_un addr, address_of(s->path_));
-  // A socket of this name and pid: another pool of this process publishing under the label (it
-  // takes the connection, or its queue is full), or one left by an earlier process that had this
-  // pid (refused: nobody listens), which goes.
-  if (someone_listens(addr))
+  s->owner_ = ::getpid();
+  const std::string base = base_name(s->owner_, label);
+  s->path_ = dir / (base + ".sock");
+  auto addr = address_of(s->path_);
+  if (!addr) return std::unexpected(addr.error().within(call));
+  s->lock_path_ = dir / (base + ".lock");
+  auto lock = detail::lock_file(s->lock_path_, true);
+  if (!lock) return std::unexpected(lock.error().within(call));
+  s->lock_ = std::move(*lock);
+  if (!s->lock_)
     return fail(Errc::InvalidArgument, call,
-                str_format("another pool of this process publishes its statistics as \"{}\"", label));
-  ::unlink(s->path_.c_str());
+                str_format("another pool publishes its statistics as \"{}\" under pid {} ({})", label, s->owner_,
+                           s->path_.string()));
+  // The name is ours (we hold its lock): a socket file there is a dead publication's.
+  unlink_socket(s->path_);
   s->listen_.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!s->listen_) return std::unexpected(from_errno(errno, "socket").within(call));
-  if (::bind(s->listen_.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0)
+  if (::bind(s->listen_.get(), reinterpret_cast<const sockaddr*>(&*addr), sizeof *addr) != 0)
     return std::unexpected(from_errno(errno, "bind", s->path_.string()).within(call));
-  if (::listen(s->listen_.get(), 16) != 0) {
-    const int err = errno;
-    ::unlink(s->path_.c_str());
-    return std::unexpected(from_errno(err, "listen").within(call));
-  }
+  s->bound_ = true;
+  if (::listen(s->listen_.get(), 16) != 0) return std::unexpected(from_errno(errno, "listen").within(call));
   s->stop_.reset(::eventfd(0, EFD_CLOEXEC));
-  if (!s->stop_) {
-    const int err = errno;
-    ::unlink(s->path_.c_str());
-    return std::unexpected(from_errno(err, "eventfd").within(call));
-  }
+  if (!s->stop_) return std::unexpected(from_errno(errno, "eventfd").within(call));
+  s->report_ = std::move(report);
   s->thread_ = std::thread([p = s.get()] { p->serve(); });
   return s;
 }
 
 detail::StatsServer::~StatsServer() {
+  if (::getpid() != owner_) {
+    // A forked child's copy: the thread, the socket and the lock are the parent's.
+    if (thread_.joinable()) thread_.detach();
+    return;
+  }
   if (thread_.joinable()) {
     const std::uint64_t one = 1;
     (void)!::write(stop_.get(), &one, sizeof one);
     thread_.join();
   }
-  if (listen_) ::unlink(path_.c_str());
+  if (bound_) ::unlink(path_.c_str());
+  if (lock_) ::unlink(lock_path_.c_str());  // while still holding it
+}
+
+bool detail::StatsServer::stopping() const {
+  pollfd p{stop_.get(), POLLIN, 0};
+  return ::poll(&p, 1, 0) == 1;
 }
 
 void detail::StatsServer::serve() {
@@ -247,7 +286,9 @@ void detail::StatsServer::serve() {
       return;
     }
     if (p[0].revents) return;
-    for (;;) {
+    // A few clients per wake-up, and a look at `stop_` before each: a process that connects
+    // without end cannot keep the pool's destructor waiting.
+    for (int k = 0; k < kClientsPerWake && !stopping(); ++k) {
       UniqueFd client(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
       if (!client) break;  // EAGAIN: all taken; anything else: try again at the next wake-up
       answer(client.get());
@@ -259,7 +300,14 @@ void detail::StatsServer::answer(int client) {
   ucred who{};
   socklen_t len = sizeof who;
   if (::getsockopt(client, SOL_SOCKET, SO_PEERCRED, &who, &len) != 0 || who.uid != ::getuid()) return;
-  const std::string r = report_();
+  // Reports are made at most every kReportEvery: each one takes the pool's lock, and clients
+  // that come in numbers must not slow the pool's own work.
+  const auto now = Clock::now();
+  if (report_at_ == Clock::time_point{} || now - report_at_ >= kReportEvery) {
+    report_cache_ = report_();
+    report_at_ = now;
+  }
+  const std::string& r = report_cache_;
   const auto deadline = Clock::now() + kAnswerBudget;
   std::size_t sent = 0;
   while (sent < r.size()) {

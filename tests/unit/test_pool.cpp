@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: MIT
+#include <fcntl.h>
 #include <linux/membarrier.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -17,6 +19,7 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <set>
 #include <thread>
@@ -384,10 +387,12 @@ TEST_CASE("pool: trim() while other threads rent and return loses nothing and ov
       --running;
     });
   std::thread trimmer([&] {
+    // Not back to back: a trim holds the lock through membarrier() and every free range's
+    // madvise, and on a machine of many cores a trimmer that never pauses starves the workers.
     do {
       pool.trim();
       ++trims;
-      std::this_thread::yield();
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
     } while (running > 0);
   });
   for (auto& t : threads) t.join();
@@ -695,8 +700,9 @@ TEST_CASE("pool: a pool with a stats label publishes its statistics, and its soc
   {
     auto pool = lftest::ok(MemoryPool::create({.stats_label = "unit-pool", .stats_directory = dir}));
     auto b = lftest::ok(pool.rent(1000));
-    CHECK(files_in(dir) == std::set<std::string>{"pool-" + std::to_string(::getpid()) + "-unit-pool.sock"});
-    const auto pools = read_published_pools(dir);
+    const std::string base = "pool-" + std::to_string(::getpid()) + "-unit-pool";
+    CHECK(files_in(dir) == std::set<std::string>{base + ".lock", base + ".sock"});
+    const auto pools = lftest::ok(read_published_pools(dir));
     REQUIRE(pools.size() == 1);
     CHECK(pools[0].pid == ::getpid());
     CHECK(pools[0].label == "unit-pool");
@@ -720,18 +726,21 @@ TEST_CASE("pool: a pool with a stats label publishes its statistics, and its soc
 
 TEST_CASE("pool: reading published statistics removes dead processes' sockets and outlasts silent peers") {
   const auto dir = lftest::channel_dir();
-  // A process that is gone (its pid waited for), which left its socket behind.
-  const pid_t gone = ::fork();
-  REQUIRE(gone >= 0);
-  if (gone == 0) ::_exit(0);
-  REQUIRE(::waitpid(gone, nullptr, 0) == gone);
-  const auto stale = dir / ("pool-" + std::to_string(gone) + "-left.sock");
-  socket_file(stale, false);
-  // Something of this process that takes connections but never answers, and a plain file with a
-  // pool socket's name: neither is a pool.
-  auto mute = socket_file(dir / ("pool-" + std::to_string(::getpid()) + "-mute.sock"), true);
+  // A publication whose process is gone: its socket, and a lock file that nobody holds (or none).
+  socket_file(dir / "pool-4242-left.sock", false);
+  { std::ofstream(dir / "pool-4242-left.lock") << ""; }
+  socket_file(dir / "pool-4243-nolock.sock", false);
+  // A publication that takes connections but never answers (its lock held), and a plain file
+  // with a publication's name: the first is listed with an error, the second left alone.
+  const std::string mute = "pool-" + std::to_string(::getpid()) + "-mute";
+  auto mute_socket = socket_file(dir / (mute + ".sock"), true);
+  UniqueFd mute_lock(::open((dir / (mute + ".lock")).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  REQUIRE(::flock(mute_lock.get(), LOCK_EX | LOCK_NB) == 0);
   { std::ofstream(dir / "pool-1-notasocket.sock") << "x"; }
   auto pool = lftest::ok(MemoryPool::create({.stats_label = "live", .stats_directory = dir}));
+  CHECK(!std::filesystem::exists(dir / "pool-4242-left.sock"));  // a pool that starts clears them
+  CHECK(!std::filesystem::exists(dir / "pool-4242-left.lock"));
+  socket_file(dir / "pool-4242-left.sock", false);  // left again, found by the reader this time
   // A client that connects to the live pool and never reads holds nothing up.
   UniqueFd silent(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   sockaddr_un addr{};
@@ -740,7 +749,7 @@ TEST_CASE("pool: reading published statistics removes dead processes' sockets an
   std::strncpy(addr.sun_path, live_path.c_str(), sizeof addr.sun_path - 1);
   REQUIRE(::connect(silent.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0);
   const auto t0 = std::chrono::steady_clock::now();
-  const auto pools = read_published_pools(dir, std::chrono::milliseconds(300));
+  const auto pools = lftest::ok(read_published_pools(dir, std::chrono::milliseconds(300)));
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3));
   REQUIRE(pools.size() == 2);  // by name: live, then mute
   CHECK(pools[0].label == "live");
@@ -749,6 +758,37 @@ TEST_CASE("pool: reading published statistics removes dead processes' sockets an
   CHECK(pools[1].label == "mute");
   CHECK(pools[1].report.empty());
   CHECK(pools[1].error.find("in time") != std::string::npos);
-  CHECK(!std::filesystem::exists(stale));
+  CHECK(!std::filesystem::exists(dir / "pool-4242-left.sock"));
+  CHECK(!std::filesystem::exists(dir / "pool-4243-nolock.sock"));
   CHECK(std::filesystem::exists(dir / "pool-1-notasocket.sock"));
+  // A directory others can reach is refused, naming why.
+  const auto open_dir = lftest::channel_dir();
+  REQUIRE(::chmod(open_dir.c_str(), 0755) == 0);
+  const auto refused = read_published_pools(open_dir);
+  REQUIRE(!refused);
+  CHECK(refused.error().code() == Errc::PermissionDenied);
+  CHECK(lftest::ok(read_published_pools(dir / "missing")).empty());
+}
+
+TEST_CASE("pool: a forked child's copy of a publishing pool leaves the parent's publication alone") {
+  const auto dir = lftest::channel_dir();
+  const std::string base = "pool-" + std::to_string(::getpid()) + "-parent";
+  std::optional<MemoryPool> pool;
+  pool.emplace(lftest::ok(MemoryPool::create({.stats_label = "parent", .stats_directory = dir})));
+  // The child only destroys its copy and exits. The server thread sits in poll() with nobody
+  // connecting, so the child inherits no lock held; forking while a pool works is otherwise out
+  // of bounds (architecture.md).
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    pool.reset();
+    ::_exit(0);
+  }
+  REQUIRE(lftest::wait_exit(child) == 0);
+  CHECK(files_in(dir) == std::set<std::string>{base + ".lock", base + ".sock"});
+  const auto pools = lftest::ok(read_published_pools(dir));
+  REQUIRE(pools.size() == 1);
+  CHECK(pools[0].error.empty());
+  pool.reset();
+  CHECK(files_in(dir).empty());
 }

@@ -200,27 +200,6 @@ class Counter {
 
 Status check_name(const std::string& name) { return detail::check_file_name(name, "channel name"); }
 
-/// The lock is the name: held while its producer lives, released by the kernel when it dies.
-/// An empty fd when a live producer holds it. A lock file can be unlinked by its holder (or a
-/// reclaimer) between our open and our flock; the lock is ours only if the path still names the
-/// file we locked, else we try again on the new file.
-Result<UniqueFd> lock_name(const std::filesystem::path& path, bool create) {
-  for (int attempt = 0; attempt < 16; ++attempt) {
-    UniqueFd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | (create ? O_CREAT : 0), 0600));
-    if (!fd) return std::unexpected(from_errno(errno, "open", path.string()));
-    if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
-      if (errno == EWOULDBLOCK) return UniqueFd();
-      return std::unexpected(from_errno(errno, "flock", path.string()));
-    }
-    struct stat held {
-    }, named{};
-    if (::fstat(fd.get(), &held) != 0) return std::unexpected(from_errno(errno, "fstat", path.string()));
-    if (::lstat(path.c_str(), &named) == 0 && named.st_dev == held.st_dev && named.st_ino == held.st_ino) return fd;
-    if (!create) return UniqueFd();  // gone or replaced: nothing stale left to reclaim here
-  }
-  return fail(Errc::System, "lock_name", str_format("{} keeps being replaced under us", path.string()));
-}
-
 /// Removes the names of producers that died without cleaning up (killed): a lock file nobody
 /// holds, and its socket. Names of live producers are untouched (their lock is held).
 void reclaim_stale_names(const std::filesystem::path& dir) {
@@ -228,7 +207,7 @@ void reclaim_stale_names(const std::filesystem::path& dir) {
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     const auto& lock_path = entry.path();
     if (lock_path.extension() != ".lock") continue;
-    auto lock = lock_name(lock_path, false);
+    auto lock = detail::lock_file(lock_path, false);
     if (!lock || !*lock) continue;
     auto socket_path = lock_path;
     socket_path.replace_extension(".sock");
@@ -729,7 +708,7 @@ Result<std::unique_ptr<Producer>> Producer::create(const std::string& name, Prod
   Result<UniqueFd> lock = UniqueFd();
   (void)detail::wait_for(
       [&] {
-        lock = lock_name(impl->lock_path, true);
+        lock = detail::lock_file(impl->lock_path, true);
         return !lock || bool(*lock);
       },
       detail::never_stop, detail::Nap{1ms}, WaitMode::Block, 20ms, {}, [] { return Error(Errc::Timeout, "", ""); });
