@@ -16,6 +16,7 @@
 #include <charconv>
 #include <cstring>
 #include <optional>
+#include <set>
 
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/detail/private_dir.hpp"
@@ -222,13 +223,15 @@ Result<std::unique_ptr<detail::StatsServer>> detail::StatsServer::start(std::fil
   const auto dir = directory.empty() ? runtime_directory() : directory;
   if (auto ok = private_directory(dir, true); !ok) return std::unexpected(ok.error().within(call));
   // Publications whose processes ended without removing them (killed).
+  std::set<std::string> bases;  // each publication once, whichever of its files is left
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename();
     auto parsed = parse_name(name, ".lock");
     if (!parsed) parsed = parse_name(name, ".sock");
-    if (parsed) (void)reclaim_if_stale(dir, base_name(parsed->first, parsed->second));
+    if (parsed) bases.insert(base_name(parsed->first, parsed->second));
   }
+  for (const auto& base : bases) (void)reclaim_if_stale(dir, base);
   std::unique_ptr<StatsServer> s(new StatsServer());
   s->owner_ = ::getpid();
   const std::string base = base_name(s->owner_, label);

@@ -38,6 +38,28 @@ ino_t inode_of(const Export& e) {
   return st.st_ino;
 }
 
+/// Rents a buffer of a random size (a power of two below 2^`max_log2`, plus up to 99), writes its first
+/// and last 64 bytes (disjoint: the tail is empty below 128 bytes), yields, and checks them: a
+/// failed rent, or bytes that changed meanwhile (another thread holding the same memory), counts
+/// in `errors`. Nothing when the rent failed.
+std::optional<PooledBuffer> rent_and_check(MemoryPool& pool, std::mt19937_64& rng, unsigned max_log2,
+                                           std::atomic<int>& errors) {
+  const auto size = std::uint64_t{1} << (rng() % max_log2);
+  auto b = pool.rent(size + rng() % 100);
+  if (!b) {
+    ++errors;
+    return std::nullopt;
+  }
+  const std::uint64_t seed = rng();
+  auto head = b->bytes().subspan(0, std::min<std::uint64_t>(b->size(), 64));
+  auto tail = b->bytes().subspan(b->size() >= 128 ? b->size() - 64 : b->size());
+  lftest::fill(head, seed);
+  lftest::fill(tail, seed + 1);
+  std::this_thread::yield();
+  if (lftest::first_mismatch(head, seed) != -1 || lftest::first_mismatch(tail, seed + 1) != -1) ++errors;
+  return std::move(*b);
+}
+
 }  // namespace
 
 TEST_CASE("pool: rented host buffers have their size, aligned disjoint ranges, and return on drop") {
@@ -366,19 +388,8 @@ TEST_CASE("pool: trim() while other threads rent and return loses nothing and ov
       std::mt19937_64 rng(static_cast<std::uint64_t>(t) + 100);
       std::vector<PooledBuffer> mine;
       for (int i = 0; i < kOps; ++i) {
-        const auto size = std::uint64_t{1} << (rng() % 24);  // 1 B .. 8 MiB: small and large blocks
-        auto b = pool.rent(size + rng() % 100);
-        if (!b) {
-          ++errors;
-          continue;
-        }
-        const std::uint64_t seed = rng();
-        auto head = b->bytes().subspan(0, std::min<std::uint64_t>(b->size(), 64));
-        auto tail = b->bytes().subspan(b->size() >= 128 ? b->size() - 64 : b->size());
-        lftest::fill(head, seed);
-        lftest::fill(tail, seed + 1);
-        std::this_thread::yield();
-        if (lftest::first_mismatch(head, seed) != -1 || lftest::first_mismatch(tail, seed + 1) != -1) ++errors;
+        auto b = rent_and_check(pool, rng, 24, errors);  // 1 B .. 8 MiB: small and large blocks
+        if (!b) continue;
         if (rng() % 2) {
           mine.push_back(std::move(*b));
           if (mine.size() > 6) mine.erase(mine.begin() + static_cast<long>(rng() % mine.size()));
@@ -485,20 +496,8 @@ TEST_CASE("pool: threads rent, write, hand over and return concurrently without 
       std::mt19937_64 rng(static_cast<std::uint64_t>(t));
       std::vector<PooledBuffer> mine;
       for (int i = 0; i < kOps; ++i) {
-        const auto size = std::uint64_t{1} << (rng() % 22);  // 1 B .. 2 MiB
-        auto b = pool.rent(size + rng() % 100);
-        if (!b) {
-          ++errors;
-          continue;
-        }
-        const std::uint64_t seed = rng();
-        // The first and last bytes (disjoint: the tail is empty below 128 bytes).
-        auto head = b->bytes().subspan(0, std::min<std::uint64_t>(b->size(), 64));
-        auto tail = b->bytes().subspan(b->size() >= 128 ? b->size() - 64 : b->size());
-        lftest::fill(head, seed);
-        lftest::fill(tail, seed + 1);
-        std::this_thread::yield();
-        if (lftest::first_mismatch(head, seed) != -1 || lftest::first_mismatch(tail, seed + 1) != -1) ++errors;
+        auto b = rent_and_check(pool, rng, 22, errors);  // 1 B .. 2 MiB
+        if (!b) continue;
         if (rng() % 4 == 0) {
           std::lock_guard lock(handover_mutex);
           handover.push_back(std::move(*b));
