@@ -414,13 +414,21 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
     seg->small = !large;
     seg->free.emplace(0, bytes);
     seg->free_bytes = bytes;
+    // A new memfd's pages hold no memory until they are first touched: they start out as given
+    // back, and count as reserved once a block is carved over them (huge pages are populated).
+    const auto* cpu = dynamic_cast<const CpuBuffer*>(seg->memory.get());
+    const bool untouched = seg->can_release && !(cpu && cpu->strategy() == CpuStrategy::HugePages);
+    if (untouched) {
+      seg->released.emplace(0, bytes);
+      seg->released_bytes = bytes;
+    }
     auto* raw = seg.get();
     auto& arena = s.arenas[large];
     arena.by_size.emplace(bytes, raw->id, 0);
     arena.segments.emplace(raw->id, std::move(seg));
     ++num_device_alloc;
     account(slot, large, &LockedStats::segment, 1);
-    account(slot, large, &LockedStats::reserved_bytes, static_cast<std::int64_t>(bytes));
+    account(slot, large, &LockedStats::reserved_bytes, untouched ? 0 : static_cast<std::int64_t>(bytes));
     return raw;
   }
 
@@ -566,13 +574,38 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
     account(seg->slot, large, &LockedStats::active, -1);
     account(seg->slot, large, &LockedStats::active_bytes, -static_cast<std::int64_t>(bytes));
     const std::uint64_t cap = cache_cap();
-    if (cached_bytes() <= cap) return;
-    // Above the cap: a segment this return left wholly free goes back (its fd too) with the other
-    // wholly free ones; in host memory still in use, this free range's pages go back.
-    if (seg->free_bytes == seg->size || !seg->can_release)
-      release_free_segments(std::max<std::uint64_t>(cap, 1));
-    else
-      release_pages(seg, offset, len);
+    if (cached_bytes() > cap) {
+      // Above the cap: a segment this return left wholly free goes back (its fd too) with the
+      // other wholly free ones; in host memory still in use, this free range's pages go back.
+      if (seg->free_bytes == seg->size || !seg->can_release)
+        release_free_segments(std::max<std::uint64_t>(cap, 1));
+      else
+        release_pages(seg, offset, len);
+      return;
+    }
+    // Host memory beyond its share: a segment this return left wholly free goes (its fd too),
+    // else the free range's pages.
+    if (seg->can_release && host_pages_over()) {
+      if (seg->free_bytes == seg->size)
+        drop_segment(seg);
+      else
+        release_pages(seg, offset, len);
+    }
+  }
+
+  /// Whether the touched free pages of host memory exceed PoolOptions::host_page_share.
+  bool host_pages_over() const {
+    if (options.host_page_share <= 0) return false;
+    std::int64_t reserved = 0, active = 0;
+    for (std::uint32_t i = 0; i < slots.size(); ++i)
+      if (slots[i].kind == BufferKind::CpuShared || slots[i].kind == BufferKind::CpuNuma) {
+        reserved += locked_slot[i].reserved_bytes.current;
+        active += locked_slot[i].active_bytes.current;
+      }
+    const auto cached = static_cast<double>(std::max<std::int64_t>(reserved - active, 0));
+    const double keep = std::max(static_cast<double>(options.segment_bytes / 2),
+                                 static_cast<double>(std::max<std::int64_t>(active, 0)) * options.host_page_share);
+    return cached > keep;
   }
 
   std::int64_t outstanding() const {
@@ -863,6 +896,16 @@ Result<PooledBuffer> PoolState::rent_slow(RentOptions o) {
   }
   if (!found) {
     std::lock_guard lock(mutex);
+    if (!small && !sc.large.empty()) {
+      // The pool would grow while this thread keeps large blocks that did not match: they go
+      // back first, for this block to be carved from (their ranges coalesce with their neighbours).
+      const auto& free_ranges = slots[slot].arenas[1].by_size;
+      if (free_ranges.lower_bound({bytes, 0, 0}) == free_ranges.end()) {
+        for (auto [n, b] : sc.large) release(b, n);
+        sc.large.clear();
+        sc.large_bytes = 0;
+      }
+    }
     LF_TRY(block, carve(slot, !small, bytes, missed, &tc));
     if (small) {
       // Fill part of the thread's cache for this class under the same lock.
@@ -1067,6 +1110,9 @@ Result<MemoryPool> MemoryPool::create(PoolOptions o) {
                            o.segment_bytes, o.small_segment_bytes));
   if (o.segment_bytes > (std::uint64_t{1} << 48) || o.small_segment_bytes > (std::uint64_t{1} << 48))
     return fail(Errc::InvalidArgument, call, "segment size beyond any memory");
+  if (!(o.host_page_share >= 0 && o.host_page_share <= 1e6))  // NaN too
+    return fail(Errc::InvalidArgument, "MemoryPool::create",
+                str_format("host_page_share {} is not a share (0 turns it off)", o.host_page_share));
   if (!(o.max_cached_share >= 0 && o.max_cached_share <= 1e6))  // NaN too
     return fail(Errc::InvalidArgument, call,
                 str_format("max_cached_share {} is not a share (0 turns it off)", o.max_cached_share));

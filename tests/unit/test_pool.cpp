@@ -276,7 +276,7 @@ TEST_CASE("pool: the cap on cached bytes and trim() release free segments") {
   }
   SECTION("cap of one segment: a second free segment is released, the first kept") {
     const std::uint64_t seg = std::uint64_t{64} << 20;
-    auto pool = lftest::ok(MemoryPool::create({.max_cached_bytes = seg}));
+    auto pool = lftest::ok(MemoryPool::create({.max_cached_bytes = seg, .host_page_share = 0}));
     {
       auto a = lftest::ok(pool.rent(seg));
       auto b = lftest::ok(pool.rent(seg));
@@ -288,8 +288,11 @@ TEST_CASE("pool: the cap on cached bytes and trim() release free segments") {
   }
   SECTION("the cap that follows the load: a share of the bytes rented out, never below half a segment") {
     const std::uint64_t seg = std::uint64_t{8} << 20, mib = 1 << 20;
-    auto pool = lftest::ok(MemoryPool::create(
-        {.segment_bytes = seg, .max_cached_share = 0.25, .thread_cache_bytes = 0, .thread_cache_large_bytes = 0}));
+    auto pool = lftest::ok(MemoryPool::create({.segment_bytes = seg,
+                                               .max_cached_share = 0.25,
+                                               .host_page_share = 0,  // this cap alone
+                                               .thread_cache_bytes = 0,
+                                               .thread_cache_large_bytes = 0}));
     std::vector<PooledBuffer> out;
     for (int i = 0; i < 32; ++i) out.push_back(lftest::ok(pool.rent(seg)));  // a segment each
     auto cached = [&] {
@@ -305,7 +308,7 @@ TEST_CASE("pool: the cap on cached bytes and trim() release free segments") {
     CHECK(lftest::err(MemoryPool::create({.max_cached_share = std::nan("")})).code() == Errc::InvalidArgument);
   }
   SECTION("trim() returns this thread's cached blocks and every free segment") {
-    auto pool = lftest::ok(MemoryPool::create());
+    auto pool = lftest::ok(MemoryPool::create({.host_page_share = 0}));  // keeps the big block for trim()
     auto keep = lftest::ok(pool.rent(std::uint64_t{4} << 20));
     for (int i = 0; i < 10; ++i) auto b = lftest::ok(pool.rent(4096 * static_cast<std::uint64_t>(i + 1)));
     { auto big = lftest::ok(pool.rent(std::uint64_t{100} << 20)); }
@@ -439,7 +442,7 @@ TEST_CASE("pool: host memory above the cap gives the pages of free ranges back t
   b.reset();  // a free range in a segment still in use, above the cap: its pages go back
   CHECK(backed(a) <= 32 * mib + 64 * 1024);
   CHECK(pool.stats().all.reserved_bytes.current == before - 16 * mib);
-  CHECK(pool.stats().all.inactive_split_bytes.current == 16 * mib);  // the segment's tail, never rented
+  CHECK(pool.stats().all.inactive_split_bytes.current == 0);  // the segment's tail, never rented, holds nothing
   // Rented again: the same place, fresh pages, counted as reserved again; the neighbours keep
   // their bytes.
   auto d = lftest::ok(pool.rent(16 * mib));
@@ -458,6 +461,53 @@ TEST_CASE("pool: host memory above the cap gives the pages of free ranges back t
   CHECK(s.all.segment.current == 0);
   CHECK(s.all.reserved_bytes.current == 0);
   CHECK(s.open_fds == 0);
+}
+
+TEST_CASE("pool: a pool as created keeps few touched host pages beside what is rented, and large blocks warm") {
+  const std::int64_t mib = 1 << 20;
+  auto pool = lftest::ok(MemoryPool::create());
+  const auto cached = [&] {
+    const auto s = pool.stats();
+    return s.all.reserved_bytes.current - s.all.active_bytes.current;
+  };
+  SECTION("a new segment holds no memory until blocks are carved over it") {
+    auto b = lftest::ok(pool.rent(3 * mib));
+    CHECK(pool.stats().all.reserved_bytes.current == 3 * mib);
+    CHECK(pool.stats().all.segment.current == 1);
+  }
+  SECTION("returned host blocks beyond half a segment and a share of what is out give their pages back") {
+    std::vector<PooledBuffer> out;
+    for (int i = 0; i < 40; ++i) {
+      out.push_back(lftest::ok(pool.rent(static_cast<std::uint64_t>(3 * mib))));
+      std::memset(out.back().host_ptr(), 0x5a, out.back().size());
+    }
+    for (std::size_t i = 0; i < out.size(); i += 2) out[i].reset();  // 60 MiB back, scattered
+    const auto s = pool.stats();
+    const auto keep = std::max<std::int64_t>(
+        32 * mib, static_cast<std::int64_t>(0.05 * static_cast<double>(s.all.active_bytes.current)));
+    // What the thread keeps for itself (large blocks up to 64 MiB) is on top.
+    CHECK(cached() <= keep + 64 * mib);
+    CHECK(s.all.reserved_bytes.current < 120 * mib);
+    // Every byte still rented kept its contents.
+    for (std::size_t i = 1; i < out.size(); i += 2) {
+      CHECK(static_cast<unsigned char>(out[i].host_ptr()[0]) == 0x5a);
+      CHECK(static_cast<unsigned char>(out[i].host_ptr()[out[i].size() - 1]) == 0x5a);
+    }
+  }
+  SECTION("a block of a whole segment rented again and again stays warm") {
+    const std::uint64_t seg = std::uint64_t{64} << 20;
+    const void* first = nullptr;
+    for (int i = 0; i < 5; ++i) {
+      auto b = lftest::ok(pool.rent(seg));
+      std::memset(b.host_ptr(), i, 4096);
+      if (!first) first = b.host_ptr();
+      CHECK(b.host_ptr() == first);
+    }
+    const auto s = pool.stats();
+    CHECK(s.num_misses == 1);
+    CHECK(s.num_device_alloc == 1);
+  }
+  CHECK(lftest::err(MemoryPool::create({.host_page_share = -0.5})).code() == Errc::InvalidArgument);
 }
 
 TEST_CASE("pool: statistics come as JSON with PyTorch-style keys") {

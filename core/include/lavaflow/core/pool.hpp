@@ -53,6 +53,13 @@ struct PoolOptions {
   /// sizes; the price is that a block of a whole segment or more is not kept when little else is
   /// out (its next rent allocates again), which is why it is off by default.
   double max_cached_share = 0;
+  /// Host shared memory (CpuShared, CpuNuma) only: the free pages that the pool keeps touched
+  /// beyond this share of the host bytes rented out, and beyond half a large segment, go back to
+  /// the system as blocks return, as malloc gives large blocks back (the large blocks a thread
+  /// keeps for itself, below, stay warm). The segments and their fds stay: a later
+  /// rent there is a hit that gets fresh zeroed pages. A new segment's pages count as reserved
+  /// only once a block is carved over them. 0: every touched page stays.
+  double host_page_share = 0.05;
   /// Bytes per size class that each thread keeps for itself (the lock-free path); 0: every rent
   /// and return takes the pool's lock.
   std::uint64_t thread_cache_bytes = std::uint64_t{512} << 10;
