@@ -6,6 +6,7 @@
 //   lavaflow-launch -n N mesh_nccl        every rank prints "mesh-nccl rank R: OK"
 //   lavaflow-launch -n N mesh_nccl late   the last rank skips a call: the others' calls end with
 //                                         Timeout naming the group, and later calls fail at once
+//   lavaflow-launch -n N mesh_nccl late-nonblocking   the same with NcclOptions::nonblocking
 // Exit 77 (a visible skip) with fewer CUDA devices than ranks (NCCL takes one device per rank).
 #include <cuda_runtime_api.h>
 #include <unistd.h>
@@ -164,7 +165,9 @@ int main(int argc, char** argv) {
   std::vector<std::uint32_t> everyone(job->size);
   for (std::uint32_t r = 0; r < job->size; ++r) everyone[r] = r;
   Status grouped = mesh ? mesh->add_group({"gpus", everyone, Backend::Nccl}) : Status(std::unexpected(mesh.error()));
-  const auto open = nccl_communicators(launched_communicators(*job), Backend::Native, {.device = device});
+  const bool nonblocking = mode == "late-nonblocking";
+  const auto open =
+      nccl_communicators(launched_communicators(*job), Backend::Native, {.device = device, .nonblocking = nonblocking});
   auto c = grouped ? mesh->communicator("gpus", open) : std::unexpected(grouped.error());
   if (!c) {
     std::printf("mesh-nccl rank %u: FAILED: open: %s\n", me, c.error().message().c_str());
@@ -172,7 +175,7 @@ int main(int argc, char** argv) {
   }
   expect((*c)->backend() == "nccl" && (*c)->rank() == me && (*c)->size() == job->size, "the group's shape");
 
-  if (mode == "late") {
+  if (mode == "late" || mode == "late-nonblocking") {
     DeviceBytes buf(64);
     const CallOptions quick{.timeout = std::chrono::seconds(3)};
     expect(static_cast<bool>((*c)->all_reduce(buf.span(), buf.span(), DType::F32, ReduceOp::Sum, quick).wait()),
@@ -197,7 +200,7 @@ int main(int argc, char** argv) {
     const auto t1 = Clock::now();
     const Status after = (*c)->barrier(quick).wait();
     expect(!after && Clock::now() - t1 < std::chrono::milliseconds(100), "a call after the abort fails at once");
-    if (!checks.failures) std::printf("mesh-nccl rank %u: late OK (%s)\n", me, s.error().message().c_str());
+    if (!checks.failures) std::printf("mesh-nccl rank %u: %s OK (%s)\n", me, mode.c_str(), s.error().message().c_str());
     std::fflush(stdout);
     _exit(checks.failures ? 1 : 0);
   }

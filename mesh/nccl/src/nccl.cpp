@@ -77,6 +77,9 @@ struct Event {
   ~Event() { (void)cudaEventDestroy(event); }
 };
 
+/// Groups up to this size connect every pair of ranks for sends and receives while opening.
+constexpr std::uint32_t kWarmPeers = 8;
+
 /// One call: how to enqueue it, and once it is enqueued the event after it (or why it failed).
 struct Call {
   std::string name;
@@ -94,7 +97,10 @@ struct Call {
 /// made under `mutex`: a Work may be waited for on another thread than the one making calls.
 struct NcclState {
   std::mutex mutex;
+  /// The communicator the calls go to: `opened` itself, or a blocking one split from it.
   ncclComm_t comm = nullptr;
+  /// The non-blocking communicator that opening made (bounded by the open timeout).
+  ncclComm_t opened = nullptr;
   std::string group;
   int device = 0;
   cudaStream_t stream = nullptr;
@@ -105,7 +111,7 @@ struct NcclState {
   CUresult (*address_range)(CUdeviceptr*, std::size_t*, CUdeviceptr) = nullptr;
   /// The failure that ended the communicator: every later call fails with it at once.
   std::optional<Error> broken;
-  /// Device memory for the barrier's element.
+  /// Device memory for the barrier's element and the connections made while opening.
   void* scratch = nullptr;
 
   NcclState() = default;
@@ -116,26 +122,28 @@ struct NcclState {
     // here. Finalizing flushes NCCL's own work; one that does not end in time is aborted rather
     // than waited for.
     const DeviceScope on(device);
-    if (comm) {
-      const ncclResult_t finalized = ncclCommFinalize(comm);
-      if (finalized == ncclSuccess || (finalized == ncclInProgress && settle(Deadline(close_timeout)) == ncclSuccess)) {
-        if (ncclCommDestroy(comm) != ncclSuccess) (void)ncclCommAbort(comm);
+    if (comm && comm != opened && ncclCommDestroy(comm) != ncclSuccess) (void)ncclCommAbort(comm);
+    if (opened) {
+      const ncclResult_t finalized = ncclCommFinalize(opened);
+      if (finalized == ncclSuccess ||
+          (finalized == ncclInProgress && settle(opened, Deadline(close_timeout)) == ncclSuccess)) {
+        if (ncclCommDestroy(opened) != ncclSuccess) (void)ncclCommAbort(opened);
       } else {
-        (void)ncclCommAbort(comm);
+        (void)ncclCommAbort(opened);
       }
     }
     if (scratch) (void)cudaFree(scratch);
     if (own_stream && stream) (void)cudaStreamDestroy(stream);
   }
 
-  /// Waits (under the lock) for a non-blocking NCCL call that answered ncclInProgress to settle:
-  /// its result, or ncclInProgress still when `deadline` passes. An enqueue settles within tens of
-  /// microseconds: the wait spins through that before it naps.
-  ncclResult_t settle(const Deadline& deadline) const {
+  /// Waits (under the lock) for a call on `c` that answered ncclInProgress (only a non-blocking
+  /// communicator does) to settle: its result, or ncclInProgress still when `deadline` passes. An
+  /// enqueue settles within tens of microseconds: the wait spins through that before it naps.
+  static ncclResult_t settle(ncclComm_t c, const Deadline& deadline) {
     ncclResult_t state = ncclInProgress;
     (void)lavaflow::detail::wait_for(
         [&] {
-          if (const ncclResult_t asked = ncclCommGetAsyncError(comm, &state); asked != ncclSuccess) state = asked;
+          if (const ncclResult_t asked = ncclCommGetAsyncError(c, &state); asked != ncclSuccess) state = asked;
           return state != ncclInProgress;
         },
         lavaflow::detail::never_stop, lavaflow::detail::Nap{std::chrono::microseconds(50)}, WaitMode::SpinThenBlock,
@@ -143,6 +151,7 @@ struct NcclState {
         [] { return Error(Errc::Timeout, "ncclCommGetAsyncError", ""); });
     return state;
   }
+  [[nodiscard]] ncclResult_t settle(const Deadline& deadline) const { return settle(comm, deadline); }
 
   /// Ends the communicator after a failure (under the lock): NCCL's kernels stop, and every call
   /// not yet seen to end fails with `why` (an aborted kernel ends early, so its event says nothing
@@ -151,8 +160,9 @@ struct NcclState {
     if (!broken) broken = std::move(why);
     // NCCL's clean-up makes its device current on this thread, which may be the user's.
     const DeviceScope on(device);
-    if (comm) (void)ncclCommAbort(comm);
-    comm = nullptr;
+    if (comm && comm != opened) (void)ncclCommAbort(comm);
+    if (opened) (void)ncclCommAbort(opened);
+    comm = opened = nullptr;
     for (auto& c : pending) c->failed = *broken;
     pending.clear();
     for (auto& weak : in_flight)
@@ -559,25 +569,75 @@ Result<std::unique_ptr<Communicator>> open_nccl(Communicator& bootstrap, NcclOpt
     LF_TRY_STATUS(cuda_ok(cudaStreamCreateWithFlags(&state->stream, cudaStreamNonBlocking), "cudaStreamCreate"));
     state->own_stream = true;
   }
+  // The scratch first: a rank that fails here leaves before NCCL, and the others' set-up times out.
+  LF_TRY_STATUS(cuda_ok(cudaMalloc(&state->scratch, 2 * sizeof(std::int32_t)), "cudaMalloc"));
+  LF_TRY_STATUS(cuda_ok(cudaMemset(state->scratch, 0, 2 * sizeof(std::int32_t)), "cudaMemset"));
+  auto give_up = [&](Error e) -> Result<std::unique_ptr<Communicator>> {
+    std::lock_guard lock(state->mutex);
+    state->abort(e);
+    return std::unexpected(std::move(e));
+  };
+  auto late = [&](std::string_view what) {
+    return Error(Errc::Timeout, call,
+                 str_format("group '{}': {} did not end within the open timeout (a rank is missing, or two ranks "
+                            "share a device)",
+                            state->group, what));
+  };
   // Non-blocking: a rank that never arrives cannot hold this call past its timeout.
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   config.commName = state->group.c_str();  // names the group in NCCL's own logs
-  ncclResult_t r = ncclCommInitRankConfig(&state->comm, static_cast<int>(size), id, static_cast<int>(rank), &config);
+  ncclResult_t r = ncclCommInitRankConfig(&state->opened, static_cast<int>(size), id, static_cast<int>(rank), &config);
+  state->comm = state->opened;
   if (r == ncclInProgress) r = state->settle(deadline);
-  if (r != ncclSuccess) {
-    const bool late = r == ncclInProgress;
-    Error e = late ? Error(Errc::Timeout, call,
-                           str_format("group '{}': NCCL's set-up did not end within the open timeout (a rank is "
-                                      "missing, or two ranks share a device)",
-                                      state->group))
-                   : nccl_error(r, call);
-    std::lock_guard lock(state->mutex);
-    state->abort(e);
-    return std::unexpected(std::move(e));
+  if (r != ncclSuccess) return give_up(r == ncclInProgress ? late("NCCL's set-up") : nccl_error(r, call));
+  if (!options.nonblocking) {
+    // A non-blocking communicator starts a thread for every call it takes; the calls go to a
+    // blocking one split from it instead. Splitting is a call of the non-blocking one, so it is
+    // bounded by the same timeout.
+    ncclConfig_t blocking = NCCL_CONFIG_INITIALIZER;
+    blocking.blocking = 1;
+    blocking.splitShare = 1;
+    blocking.commName = state->group.c_str();
+    ncclComm_t split = nullptr;
+    r = ncclCommSplit(state->opened, 0, static_cast<int>(rank), &split, &blocking);
+    if (split) state->comm = split;
+    if (r == ncclInProgress && split) r = NcclState::settle(split, deadline);
+    if (r != ncclSuccess)
+      return give_up(r == ncclInProgress ? late("splitting NCCL's communicator") : nccl_error(r, call));
   }
-  LF_TRY_STATUS(cuda_ok(cudaMalloc(&state->scratch, sizeof(std::int32_t)), "cudaMalloc"));
-  LF_TRY_STATUS(cuda_ok(cudaMemset(state->scratch, 0, sizeof(std::int32_t)), "cudaMemset"));
+  // NCCL connects ranks at their first call that needs it, which in a blocking communicator waits
+  // for the peer on the calling thread: the collectives' connections, and the point-to-point ones
+  // of a small group, are made here, while every rank is known to be opening.
+  {
+    const DeviceScope here(device);
+    const bool peers = size <= kWarmPeers;
+    auto* ints = static_cast<std::int32_t*>(state->scratch);
+    r = ncclGroupStart();
+    if (r == ncclSuccess) r = ncclAllReduce(ints, ints, 1, ncclInt32, ncclSum, state->comm, state->stream);
+    for (std::uint32_t peer = 0; peers && peer < size && (r == ncclSuccess || r == ncclInProgress); ++peer) {
+      if (peer == rank) continue;
+      r = ncclSend(ints, 1, ncclInt32, static_cast<int>(peer), state->comm, state->stream);
+      if (r == ncclSuccess || r == ncclInProgress)
+        r = ncclRecv(ints + 1, 1, ncclInt32, static_cast<int>(peer), state->comm, state->stream);
+    }
+    const ncclResult_t ended = ncclGroupEnd();
+    if (r == ncclSuccess || r == ncclInProgress) r = ended;
+    if (r == ncclInProgress) r = state->settle(deadline);
+    if (r != ncclSuccess) return give_up(r == ncclInProgress ? late("NCCL's first calls") : nccl_error(r, call));
+    cudaEvent_t done = nullptr;
+    LF_TRY_STATUS(cuda_ok(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreateWithFlags"));
+    const Event owned(done);
+    LF_TRY_STATUS(cuda_ok(cudaEventRecord(done, state->stream), "cudaEventRecord"));
+    cudaError_t q = cudaErrorNotReady;
+    (void)lavaflow::detail::wait_for(
+        [&] { return (q = cudaEventQuery(done)) != cudaErrorNotReady; }, lavaflow::detail::never_stop,
+        lavaflow::detail::Nap{std::chrono::microseconds(100)}, WaitMode::SpinThenBlock, deadline.left(),
+        {.clock_every = 16, .relax = false, .spin_for = std::chrono::microseconds(100)},
+        [] { return Error(Errc::Timeout, "cudaEventQuery", ""); });
+    if (q == cudaErrorNotReady) return give_up(late("NCCL's first calls"));
+    if (q != cudaSuccess) return give_up(cuda_ok(q, call).error());
+  }
   return std::unique_ptr<Communicator>(std::make_unique<NcclCommunicator>(state, rank, size));
 }
 

@@ -24,6 +24,11 @@ struct NcclOptions {
   /// How long opening waits for the group's ranks (the unique id, then NCCL's own set-up), and how
   /// long closing lets NCCL flush before it aborts.
   Duration open_timeout = std::chrono::seconds(60);
+  /// false: the calls go to a blocking NCCL communicator (split from the non-blocking one that
+  /// opening makes), which enqueues a call in NCCL's own time. true: every call stays
+  /// non-blocking, so no host call of the backend waits past its timeout, at the price of a
+  /// thread that NCCL starts for each call (tens of microseconds a call).
+  bool nonblocking = false;
 };
 
 /// Rank `bootstrap.rank()`'s NCCL communicator for the group of `bootstrap` (any backend; used only
@@ -36,12 +41,16 @@ struct NcclOptions {
 /// stream and returns a Work that ends when the stream passes the call.
 ///
 /// Timeouts: the backend has no thread of its own, so a call's timeout is enforced while its Work
-/// is waited for or tested (and opening, and NCCL's first connection to a peer inside a call, may
-/// block the calling thread up to the timeout). Past it the NCCL communicator is aborted (NCCL
-/// cannot tell which rank is missing, and its kernels would wait for ever): the call, every other
-/// call not yet seen to end, and every later call fail, with Timeout naming the group. Any error
-/// NCCL reports ends the communicator the same way (NCCL keeps it in a non-blocking communicator).
-/// A call's time counts from when it is made, also while it waits behind earlier work on the stream.
+/// is waited for or tested. Past it the NCCL communicator is aborted (NCCL cannot tell which rank
+/// is missing, and its kernels would wait for ever): the call, every other call not yet seen to
+/// end, and every later call fail, with Timeout naming the group. Any error NCCL reports ends the
+/// communicator the same way. A call's time counts from when it is made, also while it waits
+/// behind earlier work on the stream. Opening is bounded by `open_timeout`; it also makes the
+/// connections of the collectives (and, in groups of up to 8 ranks, of sends and receives between
+/// every pair). In a blocking communicator (the default), a call that needs a connection NCCL has
+/// not made yet waits on the calling thread for the peer's side, which a peer that is alive but
+/// never makes its call holds for ever (a peer that exits ends the wait with an error); with
+/// `nonblocking` that wait too ends at the call's timeout.
 ///
 /// Sends and receives wait on the host until one of them is waited for or tested, or the next
 /// collective is made, and then go to the stream together as one NCCL group (a send and the
