@@ -601,8 +601,13 @@ Result<std::unique_ptr<Communicator>> open_nccl(Communicator& bootstrap, NcclOpt
     blocking.commName = state->group.c_str();
     ncclComm_t split = nullptr;
     r = ncclCommSplit(state->opened, 0, static_cast<int>(rank), &split, &blocking);
-    if (split) state->comm = split;
-    if (r == ncclInProgress && split) r = NcclState::settle(split, deadline);
+    // The split runs on a thread of NCCL's as the non-blocking communicator's call (which may
+    // answer ncclSuccess at once): it settles there, and NCCL stores the new communicator when it
+    // is made, before that.
+    if (r == ncclSuccess || r == ncclInProgress) r = NcclState::settle(state->opened, deadline);
+    const ncclComm_t child = std::atomic_ref<ncclComm_t>(split).load(std::memory_order_acquire);
+    if (child) state->comm = child;
+    if (r == ncclSuccess) r = child ? NcclState::settle(child, deadline) : ncclInternalError;
     if (r != ncclSuccess)
       return give_up(r == ncclInProgress ? late("splitting NCCL's communicator") : nccl_error(r, call));
   }
