@@ -17,9 +17,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (hs) {
     if (auto* w = std::get_if<lavaflow::detail::Welcome>(&*hs)) {
       // Accepted welcomes are internally consistent.
+      const bool flags = w->flag_block.has_value();
       if (w->ring.size() != w->slots || w->slots == 0 || w->slots > lavaflow::detail::kMaxSlots ||
-          fds != 1 + w->slots + (w->timeline ? 1u : 0u) + (w->release_timeline ? 1u : 0u) ||
-          (w->release_timeline && !w->timeline))
+          fds != 1 + w->slots + (w->timeline ? 1u : 0u) + (w->release_timeline ? 1u : 0u) + (flags ? 2u : 0u) ||
+          (w->release_timeline && !w->timeline) || (flags && w->timeline) || flags != w->release_block.has_value())
+        std::abort();
+      // A flag channel's release counter is an aligned word inside its block.
+      if (flags &&
+          (w->release_offset % lavaflow::detail::kFlagStride != 0 || w->release_offset + 8 > w->release_block->size))
         std::abort();
       for (const auto& d : w->ring)
         if (!d.validate() || d.size < w->slot_size) std::abort();

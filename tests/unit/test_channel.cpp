@@ -827,7 +827,7 @@ TEST_CASE("flag channel: written and release counters in GPU memory order the ha
   auto rel = lftest::ok(r.gpu_release());
   CHECK(rel.kind() == GpuSyncKind::Flag);
   CHECK(rel.value == 1);
-  CHECK(rel.flag_offset != seen.flag_offset);
+  CHECK(rel.flag_buffer != seen.flag_buffer);  // the consumer's own block, not the written counter's
   r.release();
   publish(*p, 6, 16);  // slot 1
   (void)lftest::ok(c->receive(5s));
@@ -848,6 +848,54 @@ TEST_CASE("flag channel: written and release counters in GPU memory order the ha
   CHECK(lftest::err(gpu_sync_value(GpuSync{.flag_buffer = rel.flag_buffer, .flag_offset = 1ull << 40})).code() ==
         Errc::InvalidArgument);
   CHECK(lftest::err(signal_on_host(GpuSync{.value = 1})).code() == Errc::InvalidArgument);  // neither kind
+}
+
+TEST_CASE("flag channel: a consumer's release counter is its own, and a reused index starts on a fresh word") {
+  auto ctx = lftest::context_or_skip();
+  auto dir = lftest::channel_dir();
+  auto o = popts(dir, TransportKind::Vulkan);
+  o.slots = 1;
+  o.slot_size = 4096;
+  o.vulkan = &ctx;
+  o.gpu_sync = GpuSyncKind::Flag;
+  o.max_consumers = 2;
+  auto p = lftest::ok(Producer::create("flagown", o));
+  auto b = lftest::ok(Consumer::open("flagown", copts(dir)));
+  auto d = lftest::ok(Consumer::open("flagown", copts(dir)));
+  lftest::ok(p->wait_for_consumers(2, 5s));
+  publish(*p, 1, 16);
+  auto rb = lftest::ok(b->receive(5s));
+  auto rd = lftest::ok(d->receive(5s));
+  const auto b_rel = lftest::ok(rb.gpu_release());
+  const auto d_rel = lftest::ok(rd.gpu_release());
+  rb.release();
+  rd.release();
+  // Whatever b writes in the memory it was given, the producer still waits for d's read.
+  lftest::ok(
+      signal_on_host(GpuSync{.value = 1u << 30, .flag_buffer = b_rel.flag_buffer, .flag_offset = b_rel.flag_offset}));
+  for (std::uint64_t at = 0; at + 8 <= b_rel.flag_buffer->size(); at += 8)
+    lftest::ok(signal_on_host(GpuSync{.value = 1u << 30, .flag_buffer = b_rel.flag_buffer, .flag_offset = at}));
+  auto blocked = p->loan(100ms);
+  REQUIRE_FALSE(blocked.has_value());
+  CHECK(blocked.error().message().find("GPU did not finish reading") != std::string::npos);
+  lftest::ok(signal_on_host(d_rel));
+  { auto loan = lftest::ok(p->loan(1s)); }
+
+  // d goes; the next consumer takes its index, on a word of its own that starts at 0 (a GPU write
+  // d still had queued would land on d's word, which nobody reads any more).
+  const auto d_offset = d_rel.flag_offset;
+  d.reset();
+  const auto t0 = Clock::now();
+  while (p->consumer_count() > 1 && Clock::now() - t0 < 5s) std::this_thread::sleep_for(5ms);
+  REQUIRE(p->consumer_count() == 1);
+  auto e = lftest::ok(Consumer::open("flagown", copts(dir)));
+  lftest::ok(p->wait_for_consumers(2, 5s));
+  publish(*p, 2, 16);
+  auto re = lftest::ok(e->receive(5s));
+  const auto e_rel = lftest::ok(re.gpu_release());
+  CHECK(e_rel.flag_offset != d_offset);
+  CHECK(lftest::ok(gpu_sync_value(e_rel)) == 0);
+  CHECK(e_rel.value == 2);
 }
 
 TEST_CASE("flag channel: producer-side GPU waits, a dead consumer's owed releases, a dead producer's writes") {

@@ -59,23 +59,39 @@ TEST_CASE("handshake decoder refuses wrong fd counts, bad geometry, truncation a
   CHECK(lftest::err(decode(t, 3)).cause().find("unknown message type") != std::string::npos);
 }
 
-TEST_CASE("handshake: a flag channel's block is one more fd, GPU memory of its size, never beside a timeline") {
+TEST_CASE("handshake: a flag channel's blocks are two more fds, GPU memory of their size, never beside a timeline") {
   auto w = sample();
   ExportDescriptor block;
   block.kind = BufferKind::GpuHostVisible;
   block.allocation_size = block.buffer_size = block.size = kFlagBlockSize;
   w.flag_block = block;
-  auto back = std::get<Welcome>(lftest::ok(decode(encode(w), 4)));
+  ExportDescriptor release = block;
+  release.allocation_size = release.buffer_size = release.size = kReleaseBlockSize;
+  w.release_block = release;
+  w.release_offset = 2 * kFlagStride;
+  auto back = std::get<Welcome>(lftest::ok(decode(encode(w), 5)));
   REQUIRE(back.flag_block.has_value());
+  REQUIRE(back.release_block.has_value());
   CHECK(back.flag_block->size == kFlagBlockSize);
-  CHECK(lftest::err(decode(encode(w), 3)).cause().find("expected 4") != std::string::npos);
+  CHECK(back.release_block->size == kReleaseBlockSize);
+  CHECK(back.release_offset == 2 * kFlagStride);
+  CHECK(lftest::err(decode(encode(w), 4)).cause().find("expected 5") != std::string::npos);
   auto both = w;
   both.timeline = true;
-  CHECK(lftest::err(decode(encode(both), 5)).cause().find("both a timeline and a flag block") != std::string::npos);
+  CHECK(lftest::err(decode(encode(both), 6)).cause().find("both a timeline and a flag block") != std::string::npos);
   auto cpu = w;
   cpu.flag_block->kind = BufferKind::CpuShared;
-  CHECK(lftest::err(decode(encode(cpu), 4)).cause().find("not GPU memory") != std::string::npos);
+  CHECK(lftest::err(decode(encode(cpu), 5)).cause().find("not GPU memory") != std::string::npos);
+  auto cpu_release = w;
+  cpu_release.release_block->kind = BufferKind::CpuShared;
+  CHECK(lftest::err(decode(encode(cpu_release), 5)).cause().find("release block is not GPU memory") !=
+        std::string::npos);
   auto small = w;
-  small.flag_block->size = small.flag_block->buffer_size = small.flag_block->allocation_size = 64;
-  CHECK(lftest::err(decode(encode(small), 4)).cause().find("the flag block has 64 bytes") != std::string::npos);
+  small.flag_block->size = small.flag_block->buffer_size = small.flag_block->allocation_size = 32;
+  CHECK(lftest::err(decode(encode(small), 5)).cause().find("the flag block has 32 bytes") != std::string::npos);
+  for (const std::uint64_t bad : {std::uint64_t{8}, kReleaseBlockSize, ~std::uint64_t{0} - 63}) {
+    auto off = w;
+    off.release_offset = bad;
+    CHECK(lftest::err(decode(encode(off), 5)).cause().find("not an aligned word") != std::string::npos);
+  }
 }

@@ -159,6 +159,18 @@ std::atomic_ref<std::uint64_t> flag_word(const GpuSync& sync) {
       *reinterpret_cast<std::uint64_t*>(sync.flag_buffer->host_ptr() + sync.flag_offset));
 }
 
+/// A block of GPU flag words, zeroed: device-local memory the host maps where there is some, else
+/// host-visible memory.
+Result<std::unique_ptr<GpuBuffer>> allocate_flag_block(const VulkanContext& vulkan, std::uint64_t size) {
+  auto block = GpuBuffer::allocate(vulkan, {.size = size, .memory = GpuMemory::DeviceLocalMapped});
+  if (!block) return std::unexpected(block.error());
+  if (!block->host_ptr())
+    return fail(Errc::Unsupported, "channel flags",
+                "the device has no host-visible memory for the channel's GPU flags");
+  std::memset(block->host_ptr(), 0, size);
+  return std::make_unique<GpuBuffer>(std::move(*block));
+}
+
 Status check_flag(const GpuSync& sync, const char* call) {
   const auto* b = sync.flag_buffer;
   if (b->host_ptr() == nullptr) return fail(Errc::InvalidArgument, call, "the flag's buffer is not mapped on the host");
@@ -285,8 +297,12 @@ struct detail::ProducerState {
   // n + 1 when that consumer's GPU is done reading message n. Set before the index's state turns
   // active and never replaced, so the producer thread reads it without a lock.
   std::array<std::unique_ptr<GpuSemaphore>, kMaxConsumers> release;
-  // Flag channels instead: the written counter and every consumer index's release counter.
+  // Flag channels instead: the written counter, in a block every consumer maps, and by consumer
+  // index a release block of its own (created at the index's first admission and never replaced,
+  // like `release`), whose word at release_offset[index] the index's current consumer raises.
   std::unique_ptr<Buffer> flag_block;
+  std::array<std::unique_ptr<Buffer>, kMaxConsumers> release_blocks;
+  std::array<std::atomic<std::uint64_t>, kMaxConsumers> release_offset{};
   bool loan_out = false;
   bool pooled_ring = false;  // the ring's buffers are PooledBuffers (ProducerOptions::pool)
   std::thread service;
@@ -338,7 +354,10 @@ struct detail::ProducerState {
   }
   /// Value n + 1: consumer `index`'s GPU is done reading message n.
   [[nodiscard]] Counter released_by(std::uint32_t index) const {
-    if (flag_block) return Counter(*flag_block, detail::kFlagStride * (1 + index));
+    if (flag_block)
+      return release_blocks[index]
+                 ? Counter(*release_blocks[index], release_offset[index].load(std::memory_order_acquire))
+                 : Counter();
     return release[index] ? Counter(*release[index]) : Counter();
   }
 
@@ -587,6 +606,25 @@ void detail::ProducerState::admit(UniqueFd sock) {
     w.flag_block = fex->descriptor;
     exports.push_back(std::move(*fex));
     fds.push_back(exports.back().fd.get());
+    // This consumer's release counter: a block only it (and this producer) maps, so it cannot
+    // move another consumer's; at an index used before, the next word of the block, starting
+    // from 0, so GPU writes an earlier consumer there still had queued cannot take it down.
+    if (!release_blocks[index]) {
+      auto block = allocate_flag_block(*env.vulkan, detail::kReleaseBlockSize);
+      if (!block) return (void)send_refuse(sock.get(), block.error().message());
+      release_blocks[index] = std::move(*block);
+    } else {
+      const std::uint64_t next = (release_offset[index].load() + detail::kFlagStride) % detail::kReleaseBlockSize;
+      std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(release_blocks[index]->host_ptr() + next))
+          .store(0, std::memory_order_release);
+      release_offset[index].store(next, std::memory_order_release);
+    }
+    auto rex = release_blocks[index]->export_handle();
+    if (!rex) return (void)send_refuse(sock.get(), rex.error().message());
+    w.release_block = rex->descriptor;
+    w.release_offset = release_offset[index].load();
+    exports.push_back(std::move(*rex));
+    fds.push_back(exports.back().fd.get());
   }
   // Start the consumer at the current head: it sees every message published from now on.
   auto& c = control->consumers[index];
@@ -763,15 +801,11 @@ Result<std::unique_ptr<Producer>> Producer::create(const std::string& name, Prod
 
   const bool gpu_ring = impl->transport->kind() == TransportKind::Vulkan && impl->env.vulkan;
   if (o.gpu_sync == GpuSyncKind::Flag && gpu_ring) {
-    auto block = GpuBuffer::allocate(*impl->env.vulkan,
-                                     {.size = detail::kFlagBlockSize, .memory = GpuMemory::DeviceLocalMapped});
+    auto block = allocate_flag_block(*impl->env.vulkan, detail::kFlagBlockSize);
     if (!block) return std::unexpected(block.error().within(call));
-    if (!block->host_ptr())
-      return fail(Errc::Unsupported, call, "the device has no host-visible memory for the channel's GPU flags");
-    std::memset(block->host_ptr(), 0, detail::kFlagBlockSize);
-    const bool local = static_cast<bool>(vk::MemoryPropertyFlags(block->descriptor().memory_flags) &
+    const bool local = static_cast<bool>(vk::MemoryPropertyFlags((*block)->descriptor().memory_flags) &
                                          vk::MemoryPropertyFlagBits::eDeviceLocal);
-    impl->flag_block = std::make_unique<GpuBuffer>(std::move(*block));
+    impl->flag_block = std::move(*block);
     impl->route.reason +=
         str_format("; GPU work ordered by flags in {} memory (CUDA streams wait on them; other APIs on the host)",
                    local ? "device-local" : "host");
@@ -1009,9 +1043,11 @@ struct detail::ConsumerState {
   bool contended_next = false;                   // DropOldest: the producer may move `next` too, so claim by CAS
   std::optional<GpuSemaphore> timeline;          // imported shared timeline (Vulkan transport)
   std::optional<GpuSemaphore> release_timeline;  // ours, owned by the producer: value n + 1 = read of n done
-  std::unique_ptr<Buffer> flag_block;            // flag channels instead of the two timelines
-  std::uint32_t index = 0;                       // ours among the consumers (our flag in the block)
-  std::uint64_t last_gpu_release = 0;            // the highest value handed out by gpu_release()
+  std::unique_ptr<Buffer> flag_block;            // flag channels instead of the two timelines: written,
+  std::unique_ptr<Buffer> release_block;         // and ours, at release_offset
+  std::uint64_t release_offset = 0;
+  std::uint32_t index = 0;             // ours among the consumers
+  std::uint64_t last_gpu_release = 0;  // the highest value handed out by gpu_release()
   // The highest written-counter value a GPU wait of ours may be blocked on (message n: n + 1). Should
   // the producer die before its GPU signals it, the watcher signals it so no queue of ours hangs;
   // a wait queued after that is signalled for at once. Guarded by gpu_mutex, with lost_at.
@@ -1065,7 +1101,7 @@ struct detail::ConsumerState {
     return timeline ? Counter(*timeline) : Counter();
   }
   [[nodiscard]] Counter released_by_us() const {
-    if (flag_block) return Counter(*flag_block, detail::kFlagStride * (1 + index));
+    if (flag_block) return release_block ? Counter(*release_block, release_offset) : Counter();
     return release_timeline ? Counter(*release_timeline) : Counter();
   }
 
@@ -1273,6 +1309,17 @@ Result<std::unique_ptr<Consumer>> Consumer::open(const std::string& name, Consum
                   str_format("the channel's flag block starts at offset {}, not on a {}-byte boundary",
                              w.flag_block->offset, detail::kFlagStride));
     impl->flag_block = std::move(*block);
+    auto mine = impl->transport->import(impl->env, *w.release_block, std::move(msg->fds[2 + w.slots]));
+    if (!mine) return std::unexpected(mine.error().within(call));
+    if ((*mine)->host_ptr() == nullptr || (*mine)->size() < w.release_offset + 8)
+      return fail(Errc::Malformed, call,
+                  str_format("this consumer's release block is not host-visible GPU memory holding offset {}",
+                             w.release_offset));
+    if (reinterpret_cast<std::uintptr_t>((*mine)->host_ptr() + w.release_offset) % detail::kFlagStride != 0)
+      return fail(Errc::Malformed, call,
+                  str_format("this consumer's release counter is not on a {}-byte boundary", detail::kFlagStride));
+    impl->release_block = std::move(*mine);
+    impl->release_offset = w.release_offset;
     auto v = impl->released_by_us().value();
     if (!v) return std::unexpected(v.error().within(call));
     impl->last_gpu_release = *v;

@@ -59,7 +59,11 @@ std::vector<std::byte> encode(const Welcome& m) {
                                   (m.flag_block ? kHasFlagBlock : 0)));
   put_blob(w, m.control.serialize());
   for (const auto& d : m.ring) put_blob(w, d.serialize());
-  if (m.flag_block) put_blob(w, m.flag_block->serialize());
+  if (m.flag_block) {
+    put_blob(w, m.flag_block->serialize());
+    put_blob(w, m.release_block.value_or(ExportDescriptor{}).serialize());
+    w.put(m.release_offset);
+  }
   return std::move(w).take();
 }
 
@@ -116,7 +120,7 @@ Result<Handshake> decode(std::span<const std::byte> bytes, std::size_t fd_count)
       if (m.release_timeline && !m.timeline)
         return fail(Errc::Malformed, call, "a release timeline without the channel's timeline");
       if (flags && m.timeline) return fail(Errc::Malformed, call, "both a timeline and a flag block");
-      LF_TRY_STATUS(expect_fds(1 + m.slots + (m.timeline ? 1 : 0) + (m.release_timeline ? 1 : 0) + (flags ? 1 : 0)));
+      LF_TRY_STATUS(expect_fds(1 + m.slots + (m.timeline ? 1 : 0) + (m.release_timeline ? 1 : 0) + (flags ? 2 : 0)));
       LF_TRY(auto cblob, get_blob(r, ExportDescriptor::kSerializedSize));
       LF_TRY(m.control, ExportDescriptor::deserialize(cblob));
       if (is_gpu(m.control.kind)) return fail(Errc::Malformed, call, "control block is not CPU shared memory");
@@ -136,6 +140,15 @@ Result<Handshake> decode(std::span<const std::byte> bytes, std::size_t fd_count)
           return fail(Errc::Malformed, call,
                       str_format("the flag block has {} bytes, {} needed", d.size, kFlagBlockSize));
         m.flag_block = d;
+        LF_TRY(auto rblob, get_blob(r, ExportDescriptor::kSerializedSize));
+        LF_TRY(auto rd, ExportDescriptor::deserialize(rblob));
+        if (!is_gpu(rd.kind)) return fail(Errc::Malformed, call, "the release block is not GPU memory");
+        LF_TRY(m.release_offset, r.get<std::uint64_t>());
+        if (m.release_offset % kFlagStride != 0 || m.release_offset >= rd.size || rd.size - m.release_offset < 8)
+          return fail(Errc::Malformed, call,
+                      str_format("release counter at offset {} is not an aligned word of the {}-byte release block",
+                                 m.release_offset, rd.size));
+        m.release_block = rd;
       }
       LF_TRY_STATUS(r.expect_end());
       return m;

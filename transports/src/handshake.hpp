@@ -5,7 +5,7 @@
 //   consumer → producer: Hello   {ProcessLocation}
 //   producer → consumer: Welcome {consumer index, ring geometry, route, descriptors} + fds
 //                        (control block, ring buffers, then the timeline and release timeline
-//                        or the flag block)
+//                        or the flag block and release block)
 //                        Refuse  {reason}
 #include <cstdint>
 #include <optional>
@@ -20,13 +20,17 @@
 namespace lavaflow::detail {
 
 inline constexpr std::uint32_t kHandshakeMagic = 0x48434c46;  // "FLCH"
-inline constexpr std::uint16_t kHandshakeVersion = 3;
-inline constexpr std::uint32_t kMaxSlots = 62;  // + control + two semaphores: one frame of fds
-/// A flag channel's counters, 64-bit words one cache line apart: the written counter, then one
-/// release counter per consumer index.
+inline constexpr std::uint16_t kHandshakeVersion = 4;
+inline constexpr std::uint32_t kMaxSlots = 62;  // + control + two semaphores or blocks: one frame of fds
+/// A flag channel's counters are 64-bit words, each on its own cache line: the written counter in
+/// a block every consumer maps, and each consumer's release counter in a block of its own.
 inline constexpr std::uint64_t kFlagStride = 64;
 inline constexpr std::uint32_t kMaxConsumers = 16;
-inline constexpr std::uint64_t kFlagBlockSize = kFlagStride * (1 + kMaxConsumers);
+inline constexpr std::uint64_t kFlagBlockSize = kFlagStride;
+/// A consumer index's release block holds this many words; each admission at the index takes the
+/// next, so GPU writes still queued by an earlier consumer there land in a word nobody reads.
+inline constexpr std::uint32_t kReleaseWords = 4;
+inline constexpr std::uint64_t kReleaseBlockSize = kFlagStride * kReleaseWords;
 inline constexpr std::uint64_t kMaxSlotSize = std::uint64_t{1} << 40;
 
 enum class MessageType : std::uint8_t { Hello = 1, Welcome = 2, Refuse = 3 };
@@ -48,8 +52,12 @@ struct Welcome {
   /// One more fd (after the timeline): this consumer's release timeline, which its GPU signals when
   /// it is done reading a message and the producer's GPU waits on before reusing the slot.
   bool release_timeline = false;
-  /// Flag channels, instead of the two timelines: one more fd, the GPU memory of the counters.
+  /// Flag channels, instead of the two timelines: two more fds, the GPU memory of the written
+  /// counter (every consumer's) and of this consumer's release counter, the word at
+  /// `release_offset` of its block.
   std::optional<ExportDescriptor> flag_block;
+  std::optional<ExportDescriptor> release_block;
+  std::uint64_t release_offset = 0;
 };
 
 struct Refuse {
