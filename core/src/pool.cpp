@@ -381,9 +381,9 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
   }
 
   /// `self`: the calling thread's cache of this pool, if it has one (given back first on a retry).
-  Result<PoolSegment*> add_segment(std::uint32_t slot, bool large, std::uint64_t bytes, ThreadCache* self) {
+  Result<PoolSegment*> add_segment(std::uint32_t slot, bool large, std::uint64_t asked, ThreadCache* self) {
     auto& s = slots[slot];
-    auto memory = allocate_memory(s.kind, s.node, bytes);
+    auto memory = allocate_memory(s.kind, s.node, asked);
     // A refusal or an allocator's broken promise (Internal) is not a lack of memory: nothing to retry.
     if (!memory && memory.error().code() != Errc::Unsupported && memory.error().code() != Errc::InvalidArgument &&
         memory.error().code() != Errc::Internal) {
@@ -392,10 +392,12 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
       if (self) flush(*self);
       ask_caches_back(self);
       release_free_segments(0);
-      memory = allocate_memory(s.kind, s.node, bytes);
+      memory = allocate_memory(s.kind, s.node, asked);
       if (!memory) ++num_ooms;
     }
     if (!memory) return std::unexpected(memory.error().within("MemoryPool::rent"));
+    // An allocator that rounds up (CUDA granules) gives more than asked: all of it is carved.
+    const std::uint64_t bytes = std::max(asked, (*memory)->size());
     auto seg = std::make_unique<PoolSegment>();
     seg->memory = std::move(*memory);
     seg->base = seg->memory->host_ptr();

@@ -343,7 +343,7 @@ CUmemAllocationProp device_allocation(int ordinal) {
 
 }  // namespace
 
-Result<ExportableAllocation> Interop::allocate_exportable(std::uint64_t size) const {
+Result<ExportableAllocation> Interop::allocate_exportable(std::uint64_t size, bool whole) const {
   constexpr const char* call = "cuda::Interop::allocate_exportable";
   if (!driver_ || !info_.posix_fd_allocations)
     return fail(Errc::Unsupported, call,
@@ -365,7 +365,7 @@ Result<ExportableAllocation> Interop::allocate_exportable(std::uint64_t size) co
     d.release(handle);
     return std::unexpected(ptr.error());
   }
-  return ExportableAllocation(driver_, handle, *ptr, size, alloc, info_.uuid);
+  return ExportableAllocation(driver_, handle, *ptr, whole ? alloc - kGpuTailPadding : size, alloc, info_.uuid);
 }
 
 Result<ExportableAllocation> Interop::import_allocation(int fd, std::uint64_t allocation_size, std::uint64_t size,

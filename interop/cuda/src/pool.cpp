@@ -47,7 +47,7 @@ Result<MemoryPool> make_pool(const Interop& interop, PoolOptions options) {
     // Allocating makes the pool's device current; the renting thread's own stays current after.
     int current = -1;
     if (cudaGetDevice(&current) != cudaSuccess) current = -1;
-    auto memory = interop.allocate_exportable(bytes);
+    auto memory = interop.allocate_exportable(bytes, true);  // the pool carves the granules' tail too
     if (current >= 0) (void)cudaSetDevice(current);
     if (!memory) return std::unexpected(memory.error());
     return std::make_unique<CudaSegment>(std::move(*memory), vulkan);

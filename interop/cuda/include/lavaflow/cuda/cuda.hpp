@@ -209,7 +209,9 @@ class Interop {
   [[nodiscard]] Result<ExternalSemaphore> import_semaphore(const GpuSemaphore& semaphore) const;
 
   /// Allocates `size` bytes with cuMemCreate (POSIX fd handle), mapped read/write on this device.
-  [[nodiscard]] Result<ExportableAllocation> allocate_exportable(std::uint64_t size) const;
+  /// The driver allocates whole granules: `whole` makes size() every byte they hold (at least
+  /// `size`, less lava-flow's tail padding), for a caller that sub-allocates the rest.
+  [[nodiscard]] Result<ExportableAllocation> allocate_exportable(std::uint64_t size, bool whole = false) const;
   /// Maps another process's allocation (ExportableAllocation::export_fd) that lives on this device,
   /// read/write for this device and for each device in `peers` (ordinals; kernels and copies there
   /// reach it over the peer link). `allocation_size` is the length mapped: the driver refuses one
@@ -281,12 +283,12 @@ class ChannelImports {
 };
 
 /// A MemoryPool whose GpuDeviceLocal buffers are exportable CUDA memory of `interop`'s device:
-/// cuMemCreate segments (`options.segment_bytes` and `small_segment_bytes`, rounded up to the
-/// device's granularity), sub-allocated like every pool's, so that renting costs a free-list pop
-/// and a thousand buffers share a few allocations. Rent them with rent(size,
-/// BufferKind::GpuDeviceLocal) and reach them through device_pointer(). Other kinds come from
-/// `options` as in any pool; where `options.vulkan` is the same GPU, a rented CUDA buffer also
-/// exports for Vulkan importers (export_handle()). The pool keeps a copy of `interop`.
+/// cuMemCreate segments (`options.segment_bytes` and `small_segment_bytes`, rounded up to whole
+/// granules of the device, all of which the pool carves), sub-allocated like every pool's, so that renting costs a
+/// free-list pop and a thousand buffers share a few allocations. Rent them with rent(size, BufferKind::GpuDeviceLocal)
+/// and reach them through device_pointer(). Other kinds come from `options` as in any pool; where `options.vulkan` is
+/// the same GPU, a rented CUDA buffer also exports for Vulkan importers (export_handle()). The pool keeps a copy of
+/// `interop`.
 [[nodiscard]] Result<MemoryPool> make_pool(const Interop& interop, PoolOptions options = {});
 
 /// The device address of a buffer rented as GpuDeviceLocal from a make_pool() pool; null for any
