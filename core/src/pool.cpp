@@ -417,9 +417,8 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
     seg->free.emplace(0, bytes);
     seg->free_bytes = bytes;
     // A new memfd's pages hold no memory until they are first touched: they start out as given
-    // back, and count as reserved once a block is carved over them (huge pages are populated).
-    const auto* cpu = dynamic_cast<const CpuBuffer*>(seg->memory.get());
-    const bool untouched = seg->can_release && !(cpu && cpu->strategy() == CpuStrategy::HugePages);
+    // back, and count as reserved once a block is carved over them.
+    const bool untouched = seg->can_release;  // memfd kinds only: huge pages are populated
     if (untouched) {
       seg->released.emplace(0, bytes);
       seg->released_bytes = bytes;
@@ -549,7 +548,9 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
     return Block{seg, offset};
   }
 
-  void release(Block b, std::uint64_t bytes) {
+  /// A block goes back to its segment's free ranges; `host_policy` false: host pages stay (a
+  /// block handed back to be carved again at once).
+  void release(Block b, std::uint64_t bytes, bool host_policy = true) {
     auto* seg = b.segment;
     const bool large = !seg->small;
     auto& arena = slots[seg->slot].arenas[large];
@@ -587,7 +588,7 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
     }
     // Host memory beyond its share: a segment this return left wholly free goes (its fd too),
     // else the free range's pages.
-    if (seg->can_release && host_pages_over()) {
+    if (host_policy && seg->can_release && host_pages_over()) {
       if (seg->free_bytes == seg->size)
         drop_segment(seg);
       else
@@ -903,7 +904,7 @@ Result<PooledBuffer> PoolState::rent_slow(RentOptions o) {
       // back first, for this block to be carved from (their ranges coalesce with their neighbours).
       const auto& free_ranges = slots[slot].arenas[1].by_size;
       if (free_ranges.lower_bound({bytes, 0, 0}) == free_ranges.end()) {
-        for (auto [n, b] : sc.large) release(b, n);
+        for (auto [n, b] : sc.large) release(b, n, false);
         sc.large.clear();
         sc.large_bytes = 0;
       }
@@ -1113,7 +1114,7 @@ Result<MemoryPool> MemoryPool::create(PoolOptions o) {
   if (o.segment_bytes > (std::uint64_t{1} << 48) || o.small_segment_bytes > (std::uint64_t{1} << 48))
     return fail(Errc::InvalidArgument, call, "segment size beyond any memory");
   if (!(o.host_page_share >= 0 && o.host_page_share <= 1e6))  // NaN too
-    return fail(Errc::InvalidArgument, "MemoryPool::create",
+    return fail(Errc::InvalidArgument, call,
                 str_format("host_page_share {} is not a share (0 turns it off)", o.host_page_share));
   if (!(o.max_cached_share >= 0 && o.max_cached_share <= 1e6))  // NaN too
     return fail(Errc::InvalidArgument, call,

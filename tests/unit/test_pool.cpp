@@ -507,6 +507,18 @@ TEST_CASE("pool: a pool as created keeps few touched host pages beside what is r
     CHECK(s.num_misses == 1);
     CHECK(s.num_device_alloc == 1);
   }
+  SECTION("a large block the thread keeps serves a smaller large rent, pages and segment kept") {
+    const void* first = nullptr;
+    {
+      auto b = lftest::ok(pool.rent(std::uint64_t{64} << 20));
+      std::memset(b.host_ptr(), 0x5a, b.size());
+      first = b.host_ptr();
+    }
+    auto c = lftest::ok(pool.rent(std::uint64_t{32} << 20));
+    CHECK(c.host_ptr() == first);
+    CHECK(static_cast<unsigned char>(c.host_ptr()[c.size() - 1]) == 0x5a);  // warm: the same pages
+    CHECK(pool.stats().num_device_alloc == 1);
+  }
   CHECK(lftest::err(MemoryPool::create({.host_page_share = -0.5})).code() == Errc::InvalidArgument);
 }
 

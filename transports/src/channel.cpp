@@ -492,8 +492,10 @@ struct detail::ProducerState {
     const std::uint64_t expect = seq - options.slots + 1;
     for (std::uint32_t i = 0; i < slots_used; ++i) {
       const auto& c = control->consumers[i];
+      // The state first: an admission sets the index's counter (flags: its word) before it.
+      if (c.state.load(std::memory_order_acquire) != 1) continue;
       const auto counter = released_by(i);
-      if (c.state.load(std::memory_order_acquire) != 1 || !counter) continue;
+      if (!counter) continue;
       if (c.gpu_release[slot].load(std::memory_order_acquire) != expect) continue;
       if (auto now = counter.value(); now && *now >= expect) continue;  // read long done: nothing to wait on
       waits.push_back(counter.at(expect));

@@ -122,7 +122,9 @@ struct NcclState {
     // here. Finalizing flushes NCCL's own work; one that does not end in time is aborted rather
     // than waited for.
     const DeviceScope on(device);
-    if (comm && comm != opened && ncclCommDestroy(comm) != ncclSuccess) (void)ncclCommAbort(comm);
+    // A blocking communicator's destruction waits for NCCL without a bound: with nothing in
+    // flight, aborting it frees the same.
+    if (comm && comm != opened) (void)ncclCommAbort(comm);
     if (opened) {
       const ncclResult_t finalized = ncclCommFinalize(opened);
       if (finalized == ncclSuccess ||
@@ -583,21 +585,59 @@ Result<std::unique_ptr<Communicator>> open_nccl(Communicator& bootstrap, NcclOpt
                             "share a device)",
                             state->group, what));
   };
-  // Non-blocking: a rank that never arrives cannot hold this call past its timeout.
+  // NCCL connects ranks at their first call that needs it, which on a blocking communicator waits
+  // for the peer on the calling thread. Opening makes the connections its small calls need (an
+  // all_reduce, and in a small group sends and receives between every pair) while every rank is
+  // known to be opening: on the non-blocking communicator first, bounded, then on the blocking one,
+  // which shares its resources. Runs them on `c` and waits for them within the open timeout.
+  auto warm = [&](ncclComm_t c) -> std::optional<Error> {
+    const DeviceScope here(device);
+    const bool peers = size <= kWarmPeers;
+    auto* ints = static_cast<std::int32_t*>(state->scratch);
+    ncclResult_t r = ncclGroupStart();
+    if (r == ncclSuccess) r = ncclAllReduce(ints, ints, 1, ncclInt32, ncclSum, c, state->stream);
+    for (std::uint32_t peer = 0; peers && peer < size && (r == ncclSuccess || r == ncclInProgress); ++peer) {
+      if (peer == rank) continue;
+      r = ncclSend(ints, 1, ncclInt32, static_cast<int>(peer), c, state->stream);
+      if (r == ncclSuccess || r == ncclInProgress)
+        r = ncclRecv(ints + 1, 1, ncclInt32, static_cast<int>(peer), c, state->stream);
+    }
+    const ncclResult_t ended = ncclGroupEnd();
+    if (r == ncclSuccess || r == ncclInProgress) r = ended;
+    if (r == ncclInProgress) r = NcclState::settle(c, deadline);
+    if (r != ncclSuccess) return r == ncclInProgress ? late("NCCL's first calls") : nccl_error(r, call);
+    cudaEvent_t done = nullptr;
+    if (auto ok = cuda_ok(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreateWithFlags"); !ok)
+      return ok.error();
+    const Event owned(done);
+    if (auto ok = cuda_ok(cudaEventRecord(done, state->stream), "cudaEventRecord"); !ok) return ok.error();
+    cudaError_t q = cudaErrorNotReady;
+    (void)lavaflow::detail::wait_for(
+        [&] { return (q = cudaEventQuery(done)) != cudaErrorNotReady; }, lavaflow::detail::never_stop,
+        lavaflow::detail::Nap{std::chrono::microseconds(100)}, WaitMode::SpinThenBlock, deadline.left(),
+        {.clock_every = 16, .relax = false, .spin_for = std::chrono::microseconds(100)},
+        [] { return Error(Errc::Timeout, "cudaEventQuery", ""); });
+    if (q == cudaErrorNotReady) return late("NCCL's first calls");
+    if (q != cudaSuccess) return cuda_ok(q, call).error();
+    return std::nullopt;
+  };
+  // Non-blocking: a rank that never arrives cannot hold this call past its timeout. Its resources
+  // (connections among them) are shared with the communicator split from it.
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
+  config.splitShare = options.nonblocking ? 0 : 1;
   config.commName = state->group.c_str();  // names the group in NCCL's own logs
   ncclResult_t r = ncclCommInitRankConfig(&state->opened, static_cast<int>(size), id, static_cast<int>(rank), &config);
   state->comm = state->opened;
   if (r == ncclInProgress) r = state->settle(deadline);
   if (r != ncclSuccess) return give_up(r == ncclInProgress ? late("NCCL's set-up") : nccl_error(r, call));
+  if (auto e = warm(state->opened)) return give_up(std::move(*e));
   if (!options.nonblocking) {
     // A non-blocking communicator starts a thread for every call it takes; the calls go to a
     // blocking one split from it instead. Splitting is a call of the non-blocking one, so it is
     // bounded by the same timeout.
     ncclConfig_t blocking = NCCL_CONFIG_INITIALIZER;
     blocking.blocking = 1;
-    blocking.splitShare = 1;
     blocking.commName = state->group.c_str();
     ncclComm_t split = nullptr;
     r = ncclCommSplit(state->opened, 0, static_cast<int>(rank), &split, &blocking);
@@ -608,40 +648,15 @@ Result<std::unique_ptr<Communicator>> open_nccl(Communicator& bootstrap, NcclOpt
     const ncclComm_t child = std::atomic_ref<ncclComm_t>(split).load(std::memory_order_acquire);
     if (child) state->comm = child;
     if (r == ncclSuccess) r = child ? NcclState::settle(child, deadline) : ncclInternalError;
-    if (r != ncclSuccess)
-      return give_up(r == ncclInProgress ? late("splitting NCCL's communicator") : nccl_error(r, call));
-  }
-  // NCCL connects ranks at their first call that needs it, which in a blocking communicator waits
-  // for the peer on the calling thread: the collectives' connections, and the point-to-point ones
-  // of a small group, are made here, while every rank is known to be opening.
-  {
-    const DeviceScope here(device);
-    const bool peers = size <= kWarmPeers;
-    auto* ints = static_cast<std::int32_t*>(state->scratch);
-    r = ncclGroupStart();
-    if (r == ncclSuccess) r = ncclAllReduce(ints, ints, 1, ncclInt32, ncclSum, state->comm, state->stream);
-    for (std::uint32_t peer = 0; peers && peer < size && (r == ncclSuccess || r == ncclInProgress); ++peer) {
-      if (peer == rank) continue;
-      r = ncclSend(ints, 1, ncclInt32, static_cast<int>(peer), state->comm, state->stream);
-      if (r == ncclSuccess || r == ncclInProgress)
-        r = ncclRecv(ints + 1, 1, ncclInt32, static_cast<int>(peer), state->comm, state->stream);
+    if (r != ncclSuccess) {
+      auto failed = give_up(r == ncclInProgress ? late("splitting NCCL's communicator") : nccl_error(r, call));
+      // Aborting the parent ends the split's thread, which may store the child only then.
+      if (const ncclComm_t stored = std::atomic_ref<ncclComm_t>(split).load(std::memory_order_acquire);
+          stored && stored != child)
+        (void)ncclCommAbort(stored);
+      return failed;
     }
-    const ncclResult_t ended = ncclGroupEnd();
-    if (r == ncclSuccess || r == ncclInProgress) r = ended;
-    if (r == ncclInProgress) r = state->settle(deadline);
-    if (r != ncclSuccess) return give_up(r == ncclInProgress ? late("NCCL's first calls") : nccl_error(r, call));
-    cudaEvent_t done = nullptr;
-    LF_TRY_STATUS(cuda_ok(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreateWithFlags"));
-    const Event owned(done);
-    LF_TRY_STATUS(cuda_ok(cudaEventRecord(done, state->stream), "cudaEventRecord"));
-    cudaError_t q = cudaErrorNotReady;
-    (void)lavaflow::detail::wait_for(
-        [&] { return (q = cudaEventQuery(done)) != cudaErrorNotReady; }, lavaflow::detail::never_stop,
-        lavaflow::detail::Nap{std::chrono::microseconds(100)}, WaitMode::SpinThenBlock, deadline.left(),
-        {.clock_every = 16, .relax = false, .spin_for = std::chrono::microseconds(100)},
-        [] { return Error(Errc::Timeout, "cudaEventQuery", ""); });
-    if (q == cudaErrorNotReady) return give_up(late("NCCL's first calls"));
-    if (q != cudaSuccess) return give_up(cuda_ok(q, call).error());
+    if (auto e = warm(state->comm)) return give_up(std::move(*e));
   }
   return std::unique_ptr<Communicator>(std::make_unique<NcclCommunicator>(state, rank, size));
 }

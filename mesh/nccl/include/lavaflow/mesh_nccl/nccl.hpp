@@ -45,12 +45,14 @@ struct NcclOptions {
 /// is missing, and its kernels would wait for ever): the call, every other call not yet seen to
 /// end, and every later call fail, with Timeout naming the group. Any error NCCL reports ends the
 /// communicator the same way. A call's time counts from when it is made, also while it waits
-/// behind earlier work on the stream. Opening is bounded by `open_timeout`; it also makes the
-/// connections of the collectives (and, in groups of up to 8 ranks, of sends and receives between
-/// every pair). In a blocking communicator (the default), a call that needs a connection NCCL has
-/// not made yet waits on the calling thread for the peer's side, which a peer that is alive but
-/// never makes its call holds for ever (a peer that exits ends the wait with an error); with
-/// `nonblocking` that wait too ends at the call's timeout.
+/// behind earlier work on the stream. Opening is bounded by `open_timeout`. NCCL connects ranks at
+/// the first call that needs a connection, and a blocking communicator (the default) waits for the
+/// peer's side on the calling thread there: opening makes the connections of a small all_reduce
+/// (and, in groups of up to 8 ranks, of sends and receives between every pair) while every rank is
+/// opening, on the bounded communicator first. A later call that needs a connection not made yet
+/// (an algorithm NCCL picks only for larger calls, a send to a peer of a larger group) waits for
+/// that peer without a bound if the peer is alive but never makes its call (a peer that exits
+/// ends the wait with an error); with `nonblocking` that wait too ends at the call's timeout.
 ///
 /// Sends and receives wait on the host until one of them is waited for or tested, or the next
 /// collective is made, and then go to the stream together as one NCCL group (a send and the
