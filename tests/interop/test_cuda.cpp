@@ -330,8 +330,9 @@ TEST_CASE("CUDA writes and reads every message ordered on the GPU both ways: a s
   // reads in flight.
   CHECK(loans_with_waits > 0);
   CHECK(loans_with_waits <= kCount - kSlots);
-  // The ring buffers, and on a flag channel the flag block.
-  const std::size_t flags = kind == GpuSyncKind::Flag ? 1 : 0;
+  // The ring buffers, and on a flag channel the flag block (written counter) and the consumer's
+  // release block.
+  const std::size_t flags = kind == GpuSyncKind::Flag ? 2 : 0;
   CHECK(in.imported() == kSlots + flags);
   CHECK(out.imported() == kSlots + flags);
   CU_OK(cudaFree(errors));

@@ -1205,6 +1205,9 @@ Result<std::unique_ptr<Consumer>> Consumer::open(const std::string& name, Consum
   const auto path = dir / (name + ".sock");
   LF_TRY(auto addr, address(path));
   const Deadline dl(o.connect_timeout);
+  // Where this process is, before it connects: finding the devices can take long (every Vulkan
+  // driver loads), and a producer drops a connection that says nothing for a while.
+  LF_TRY(auto me, my_location(o.host, o.vulkan, true));
 
   // Connect, in any start order: wait for the producer to appear (nothing wakes us when it does).
   LF_TRY_STATUS(detail::wait_for(
@@ -1230,7 +1233,6 @@ Result<std::unique_ptr<Consumer>> Consumer::open(const std::string& name, Consum
                 str_format("the producer of \"{}\" runs as uid {}, this process as uid {}: refused", name, cred.uid,
                            ::getuid()));
 
-  LF_TRY(auto me, my_location(o.host, o.vulkan, true));
   if (auto s = send_message(impl->sock.get(), detail::encode(detail::Hello{me})); !s)
     return std::unexpected(s.error().within(call));
   auto msg = recv_message(impl->sock.get(),
