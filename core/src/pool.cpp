@@ -596,6 +596,13 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
     }
   }
 
+  /// While host memory is above its share: `seg` goes when wholly free, else its free ranges' pages.
+  void trim_host_pages(PoolSegment* seg) {
+    if (!seg->can_release || !host_pages_over()) return;
+    if (seg->free_bytes == seg->size) return drop_segment(seg);
+    for (const auto& [offset, len] : seg->free) release_pages(seg, offset, len);
+  }
+
   /// Whether the touched free pages of host memory exceed PoolOptions::host_page_share.
   bool host_pages_over() const {
     if (options.host_page_share <= 0) return false;
@@ -899,17 +906,31 @@ Result<PooledBuffer> PoolState::rent_slow(RentOptions o) {
   }
   if (!found) {
     std::lock_guard lock(mutex);
+    bool carved = false;
     if (!small && !sc.large.empty()) {
       // The pool would grow while this thread keeps large blocks that did not match: they go
       // back first, for this block to be carved from (their ranges coalesce with their neighbours).
-      const auto& free_ranges = slots[slot].arenas[1].by_size;
-      if (free_ranges.lower_bound({bytes, 0, 0}) == free_ranges.end()) {
-        for (auto [n, b] : sc.large) release(b, n, false);
+      auto& arena = slots[slot].arenas[1];
+      if (arena.by_size.lower_bound({bytes, 0, 0}) == arena.by_size.end()) {
+        // Their pages stay until the block is carved (it may take them, warm); then what is left
+        // free of their segments follows the host page share. Segments by id: one may go meanwhile.
+        std::array<std::uint64_t, kLargeCacheEntries> handed{};
+        std::size_t n_handed = 0;
+        for (auto [n, b] : sc.large) {
+          release(b, n, false);
+          if (n_handed < handed.size()) handed[n_handed++] = b.segment->id;
+        }
         sc.large.clear();
         sc.large_bytes = 0;
+        LF_TRY(block, carve(slot, !small, bytes, missed, &tc));
+        for (std::size_t i = 0; i < n_handed; ++i)
+          if (auto it = arena.segments.find(handed[i]); it != arena.segments.end()) trim_host_pages(it->second.get());
+        carved = true;
       }
     }
-    LF_TRY(block, carve(slot, !small, bytes, missed, &tc));
+    if (!carved) {
+      LF_TRY(block, carve(slot, !small, bytes, missed, &tc));
+    }
     if (small) {
       // Fill part of the thread's cache for this class under the same lock.
       const std::size_t fill = std::min<std::uint64_t>(cache_limit(cls) / 2, kRefillBytes / bytes);  // may be 0
