@@ -22,9 +22,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           fds != 1 + w->slots + (w->timeline ? 1u : 0u) + (w->release_timeline ? 1u : 0u) + (flags ? 2u : 0u) ||
           (w->release_timeline && !w->timeline) || (flags && w->timeline) || flags != w->release_block.has_value())
         std::abort();
-      // A flag channel's release counter is an aligned word inside its block.
+      // A flag channel's blocks are valid descriptors, and its release counter an aligned word
+      // inside its block.
       if (flags &&
-          (w->release_offset % lavaflow::detail::kFlagStride != 0 || w->release_offset + 8 > w->release_block->size))
+          (!w->flag_block->validate() || !w->release_block->validate() ||
+           w->release_offset % lavaflow::detail::kFlagStride != 0 || w->release_offset + 8 > w->release_block->size))
         std::abort();
       for (const auto& d : w->ring)
         if (!d.validate() || d.size < w->slot_size) std::abort();
