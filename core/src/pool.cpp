@@ -917,8 +917,8 @@ Result<PooledBuffer> PoolState::rent_slow(RentOptions o) {
         std::array<std::uint64_t, kLargeCacheEntries> handed{};
         std::size_t n_handed = 0;
         for (auto [n, b] : sc.large) {
+          if (n_handed < handed.size()) handed[n_handed++] = b.segment->id;  // before: a cap may drop it
           release(b, n, false);
-          if (n_handed < handed.size()) handed[n_handed++] = b.segment->id;
         }
         sc.large.clear();
         sc.large_bytes = 0;
