@@ -24,6 +24,15 @@ ProducerOptions popts(const std::filesystem::path& dir, TransportKind transport 
   return {.slots = 4, .slot_size = 256, .transport = transport, .directory = dir};
 }
 ConsumerOptions copts(const std::filesystem::path& dir) { return {.connect_timeout = 5s, .directory = dir}; }
+/// A flag channel over Vulkan of `slots` 4 KiB slots.
+ProducerOptions flag_popts(const std::filesystem::path& dir, const VulkanContext& ctx, std::uint32_t slots) {
+  auto o = popts(dir, TransportKind::Vulkan);
+  o.slots = slots;
+  o.slot_size = 4096;
+  o.vulkan = &ctx;
+  o.gpu_sync = GpuSyncKind::Flag;
+  return o;
+}
 
 void publish(Producer& p, std::uint64_t tag, std::uint64_t size = 16) {
   auto loan = lftest::ok(p.loan(5s));
@@ -778,11 +787,7 @@ TEST_CASE("await_consumers: loans wait for the consumer, and once it has gone th
 TEST_CASE("flag channel: written and release counters in GPU memory order the hand-off and slot reuse") {
   auto ctx = lftest::context_or_skip();
   auto dir = lftest::channel_dir();
-  auto o = popts(dir, TransportKind::Vulkan);
-  o.slots = 2;
-  o.slot_size = 4096;
-  o.vulkan = &ctx;
-  o.gpu_sync = GpuSyncKind::Flag;
+  auto o = flag_popts(dir, ctx, 2);
   auto p = lftest::ok(Producer::create("flags", o));
   REQUIRE(p->gpu_sync() == GpuSyncKind::Flag);
   CHECK_FALSE(p->has_gpu_timeline());
@@ -853,11 +858,7 @@ TEST_CASE("flag channel: written and release counters in GPU memory order the ha
 TEST_CASE("flag channel: a consumer's release counter is its own, and a reused index starts on a fresh word") {
   auto ctx = lftest::context_or_skip();
   auto dir = lftest::channel_dir();
-  auto o = popts(dir, TransportKind::Vulkan);
-  o.slots = 1;
-  o.slot_size = 4096;
-  o.vulkan = &ctx;
-  o.gpu_sync = GpuSyncKind::Flag;
+  auto o = flag_popts(dir, ctx, 1);
   o.max_consumers = 2;
   auto p = lftest::ok(Producer::create("flagown", o));
   auto b = lftest::ok(Consumer::open("flagown", copts(dir)));
@@ -901,11 +902,7 @@ TEST_CASE("flag channel: a consumer's release counter is its own, and a reused i
 TEST_CASE("flag channel: producer-side GPU waits, a dead consumer's owed releases, a dead producer's writes") {
   auto ctx = lftest::context_or_skip();
   auto dir = lftest::channel_dir();
-  auto o = popts(dir, TransportKind::Vulkan);
-  o.slots = 1;
-  o.slot_size = 4096;
-  o.vulkan = &ctx;
-  o.gpu_sync = GpuSyncKind::Flag;
+  auto o = flag_popts(dir, ctx, 1);
   o.host_wait_for_gpu_release = false;
   auto p = lftest::ok(Producer::create("flagwait", o));
   auto c = lftest::ok(Consumer::open("flagwait", copts(dir)));

@@ -1302,27 +1302,25 @@ Result<std::unique_ptr<Consumer>> Consumer::open(const std::string& name, Consum
       return fail(
           Errc::Malformed, call,
           str_format("the producer announced GPU flags on a {} channel, which has no GPU device", to_string(*kind)));
-    auto block = impl->transport->import(impl->env, *w.flag_block, std::move(msg->fds[1 + w.slots]));
-    if (!block) return std::unexpected(block.error().within(call));
-    if ((*block)->host_ptr() == nullptr || (*block)->size() < detail::kFlagBlockSize)
-      return fail(Errc::Malformed, call, "the channel's flag block is not host-visible GPU memory of its size");
-    // Each counter is a 64-bit word on its own cache line: a block that starts off that grid
-    // would put them across lines (or split an atomic access).
-    if (reinterpret_cast<std::uintptr_t>((*block)->host_ptr()) % detail::kFlagStride != 0)
-      return fail(Errc::Malformed, call,
-                  str_format("the channel's flag block starts at offset {}, not on a {}-byte boundary",
-                             w.flag_block->offset, detail::kFlagStride));
-    impl->flag_block = std::move(*block);
-    auto mine = impl->transport->import(impl->env, *w.release_block, std::move(msg->fds[2 + w.slots]));
-    if (!mine) return std::unexpected(mine.error().within(call));
-    if ((*mine)->host_ptr() == nullptr || (*mine)->size() < w.release_offset + 8)
-      return fail(Errc::Malformed, call,
-                  str_format("this consumer's release block is not host-visible GPU memory holding offset {}",
-                             w.release_offset));
-    if (reinterpret_cast<std::uintptr_t>((*mine)->host_ptr() + w.release_offset) % detail::kFlagStride != 0)
-      return fail(Errc::Malformed, call,
-                  str_format("this consumer's release counter is not on a {}-byte boundary", detail::kFlagStride));
-    impl->release_block = std::move(*mine);
+    // A block of flag words from the producer: host-visible, `need` bytes at `offset`, and each
+    // word on its own cache line (off that grid a word would cross lines, or split an atomic access).
+    auto flag_words = [&](const ExportDescriptor& d, UniqueFd&& fd, std::uint64_t offset, std::uint64_t need,
+                          std::string_view what) -> Result<std::unique_ptr<Buffer>> {
+      auto b = impl->transport->import(impl->env, d, std::move(fd));
+      if (!b) return std::unexpected(b.error().within(call));
+      if ((*b)->host_ptr() == nullptr || (*b)->size() < offset + need)
+        return fail(Errc::Malformed, call,
+                    str_format("{} is not host-visible GPU memory holding {} bytes at offset {}", what, need, offset));
+      if (reinterpret_cast<std::uintptr_t>((*b)->host_ptr() + offset) % detail::kFlagStride != 0)
+        return fail(Errc::Malformed, call,
+                    str_format("{} starts at offset {}, not on a {}-byte boundary", what, d.offset + offset,
+                               detail::kFlagStride));
+      return b;
+    };
+    LF_TRY(impl->flag_block, flag_words(*w.flag_block, std::move(msg->fds[1 + w.slots]), 0, detail::kFlagBlockSize,
+                                        "the channel's flag block"));
+    LF_TRY(impl->release_block, flag_words(*w.release_block, std::move(msg->fds[2 + w.slots]), w.release_offset, 8,
+                                           "this consumer's release counter"));
     impl->release_offset = w.release_offset;
     auto v = impl->released_by_us().value();
     if (!v) return std::unexpected(v.error().within(call));
