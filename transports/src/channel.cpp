@@ -138,7 +138,7 @@ struct FutexSleep {
 /// every few thousand tests.
 template <class Ready, class Aborted>
 Status wait_until(Ready ready, Aborted aborted, std::atomic<std::uint32_t>& word, std::atomic<std::uint32_t>& waiters,
-                  WaitMode mode, Duration timeout, const char* call) {
+                  WaitMode mode, LazyDeadline& deadline, const char* call) {
   const detail::SpinPlan plan{.clock_every = mode == WaitMode::BusyPoll ? detail::kSpinsWithoutPause : 64};
   return detail::wait_for(
       ready,
@@ -146,7 +146,7 @@ Status wait_until(Ready ready, Aborted aborted, std::atomic<std::uint32_t>& word
         if (auto e = aborted()) return std::unexpected(std::move(*e));
         return false;
       },
-      FutexSleep{word, waiters}, mode, timeout, plan, [&] { return Error(Errc::Timeout, call, "timed out"); });
+      FutexSleep{word, waiters}, mode, deadline, plan, [&] { return Error(Errc::Timeout, call, "timed out"); });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -304,6 +304,9 @@ struct detail::ProducerState {
   std::array<std::unique_ptr<Buffer>, kMaxConsumers> release_blocks;
   std::array<std::atomic<std::uint64_t>, kMaxConsumers> release_offset{};
   bool loan_out = false;
+  // What the loaned slot's GPU writes must wait for (Loan::gpu_waits); kept here, not in the
+  // Loan, so that a loan is a few words to move. A link's loans never have any.
+  std::vector<GpuSync> loan_waits;
   bool pooled_ring = false;  // the ring's buffers are PooledBuffers (ProducerOptions::pool)
   std::thread service;
 
@@ -486,9 +489,11 @@ struct detail::ProducerState {
 
   /// The GPU releases that writing message `seq` into slot `slot` must wait for: those of active
   /// consumers that released the slot's previous message on their GPU.
-  [[nodiscard]] std::vector<GpuSync> release_waits(std::uint64_t seq, std::uint32_t slot) {
-    std::vector<GpuSync> waits;
-    if (!written() || seq < options.slots) return waits;
+  /// Into loan_waits: the release signals of consumers whose GPU may still read message
+  /// seq - slots in `slot`.
+  void collect_release_waits(std::uint64_t seq, std::uint32_t slot) {
+    auto& waits = loan_waits;
+    if (!written() || seq < options.slots) return;
     const std::uint64_t expect = seq - options.slots + 1;
     for (std::uint32_t i = 0; i < slots_used; ++i) {
       const auto& c = control->consumers[i];
@@ -500,7 +505,6 @@ struct detail::ProducerState {
       if (auto now = counter.value(); now && *now >= expect) continue;  // read long done: nothing to wait on
       waits.push_back(counter.at(expect));
     }
-    return waits;
   }
 
   void service_loop();
@@ -851,12 +855,24 @@ bool Producer::closed() const { return impl_->user_closed; }
 
 Result<Loan> Producer::loan(Duration timeout) {
   auto& m = *impl_;
+  // The common case, kept small because it is on every message's path: a shared-memory ring with
+  // a free slot, nothing to await and no GPU counters.
+  if (!m.user_closed && !m.link && !m.loan_out && m.options.await_consumers == 0 && !m.written() &&
+      m.write_seq - m.min_released < m.options.slots) [[likely]] {
+    m.loan_out = true;
+    return Result<Loan>(std::in_place, Loan(&m, m.write_seq, m.write_slot));
+  }
+  return loan_general(timeout);
+}
+
+Result<Loan> Producer::loan_general(Duration timeout) {
+  auto& m = *impl_;
   constexpr const char* call = "Producer::loan";
   if (m.user_closed) return fail(Errc::InvalidArgument, call, "the producer is closed");
   if (m.link) {
     LF_TRY(auto slot, m.link->loan(timeout));
     ++m.link_loans;
-    return Result<Loan>(std::in_place, Loan(&m, m.link->next_sequence(), slot, {}));
+    return Result<Loan>(std::in_place, Loan(&m, m.link->next_sequence(), slot));
   }
   if (m.loan_out) return fail(Errc::InvalidArgument, call, "the previous loan is not published or dropped yet");
   const std::uint64_t seq = m.write_seq;
@@ -869,15 +885,17 @@ Result<Loan> Producer::loan(Duration timeout) {
   if (!ready()) {
     if (fail_fast) return fail(Errc::WouldBlock, call, "ring full: a consumer has not released its oldest message");
     auto never = [] { return std::optional<Error>(); };
-    auto ok = wait_until(ready, never, m.control->space_futex, m.control->producer_waiting, m.options.wait,
-                         deadline.left(), call);
+    auto ok =
+        wait_until(ready, never, m.control->space_futex, m.control->producer_waiting, m.options.wait, deadline, call);
     if (!ok) {
       if (ok.error().code() == Errc::Timeout)
         return fail(Errc::Timeout, call, "ring full: no consumer released a slot in time");
       return std::unexpected(ok.error());
     }
   }
-  auto waits = m.release_waits(seq, m.write_slot);
+  auto& waits = m.loan_waits;
+  waits.clear();
+  if (m.written()) m.collect_release_waits(seq, m.write_slot);
   if (!waits.empty() && m.options.host_wait_for_gpu_release) {
     for (const auto& w : waits)
       if (auto ok = wait_on_host(w, fail_fast ? Duration::zero() : deadline.left()); !ok) {
@@ -889,7 +907,7 @@ Result<Loan> Producer::loan(Duration timeout) {
     waits.clear();
   }
   m.loan_out = true;
-  return Result<Loan>(std::in_place, Loan(&m, seq, m.write_slot, std::move(waits)));
+  return Result<Loan>(std::in_place, Loan(&m, seq, m.write_slot));
 }
 
 Result<Loan> Producer::try_loan() {
@@ -914,25 +932,32 @@ Result<MessageInfo> Producer::publish(Loan&& loan, MessageInfo info) {
     });
   if (loan.impl_ != &m || loan.seq_ != m.write_seq)
     return fail(Errc::InvalidArgument, call, "loan does not belong to this producer's current slot");
-  info.sequence = loan.seq_;
-  info.timestamp_ns = m.options.timestamps ? now_ns() : 0;
+  // The answer is assembled from scalars rather than by updating `info` in place: a copy of a
+  // struct just partly rewritten stalls on store forwarding, on every message.
+  const std::uint64_t size = info.size, tag = info.user_tag, seq = loan.seq_;
+  const std::uint64_t stamp = m.options.timestamps ? now_ns() : 0;
   auto& slot = m.control->ring[loan.slot_];
-  slot.size.store(info.size, std::memory_order_relaxed);
-  slot.tag.store(info.user_tag, std::memory_order_relaxed);
-  slot.timestamp_ns.store(info.timestamp_ns, std::memory_order_relaxed);
+  slot.size.store(size, std::memory_order_relaxed);
+  slot.tag.store(tag, std::memory_order_relaxed);
+  slot.timestamp_ns.store(stamp, std::memory_order_relaxed);
   slot.flags.store(loan.gpu_signaled_ ? kGpuOrdered : 0, std::memory_order_relaxed);
   // The hand-off: one store makes the message (written before it) visible to every consumer.
   // A consumer that may sleep needs the store ordered before the check of its waiting flag
-  // (seq_cst on both sides); with only busy-polling consumers a release store is enough.
+  // (seq_cst on both sides); with only busy-polling consumers a release store is enough. The two
+  // stores are spelled out: compilers treat an order chosen at run time as seq_cst (a locked
+  // exchange on x86).
   const bool wake = m.control->blocking_consumers.load(std::memory_order_relaxed) != 0;
-  slot.seq.store(loan.seq_ + 1, wake ? std::memory_order_seq_cst : std::memory_order_release);
-  m.control->write_seq.store(loan.seq_ + 1, std::memory_order_release);
+  if (wake)
+    slot.seq.store(seq + 1, std::memory_order_seq_cst);
+  else
+    slot.seq.store(seq + 1, std::memory_order_release);
+  m.control->write_seq.store(seq + 1, std::memory_order_release);
   ++m.write_seq;
   if (++m.write_slot == m.options.slots) m.write_slot = 0;
   m.loan_out = false;
   loan.impl_ = nullptr;
   if (wake && m.control->consumers_waiting.load(std::memory_order_seq_cst) != 0) futex_wake_all(m.control->data_futex);
-  return info;
+  return MessageInfo{.size = size, .user_tag = tag, .timestamp_ns = stamp, .sequence = seq};
 }
 
 Result<MessageInfo> Producer::publish(Loan&& loan, vk::Fence gpu_done, MessageInfo info, Duration timeout) {
@@ -991,8 +1016,9 @@ Status Producer::flush(Duration timeout) {
   };
   auto never = [] { return std::optional<Error>(); };
   // A busy-polling producer never sleeps (its consumers do not wake it): it polls here too.
+  LazyDeadline deadline(timeout);
   return wait_until(drained, never, m.control->space_futex, m.control->producer_waiting,
-                    m.options.wait == WaitMode::BusyPoll ? WaitMode::BusyPoll : WaitMode::Block, timeout,
+                    m.options.wait == WaitMode::BusyPoll ? WaitMode::BusyPoll : WaitMode::Block, deadline,
                     "Producer::flush");
 }
 
@@ -1003,25 +1029,20 @@ Status Producer::wait_for_consumers(std::uint32_t n, Duration timeout) {
   });
 }
 
-Loan::Loan(Loan&& o) noexcept
-    : impl_(std::exchange(o.impl_, nullptr)),
-      seq_(o.seq_),
-      slot_(o.slot_),
-      gpu_signaled_(o.gpu_signaled_),
-      waits_(std::move(o.waits_)) {}
 Loan& Loan::operator=(Loan&& o) noexcept {
   if (this != &o) {
-    if (impl_) impl_->abandon(seq_, slot_);
+    if (impl_) abandon();
     impl_ = std::exchange(o.impl_, nullptr);
     seq_ = o.seq_;
     slot_ = o.slot_;
     gpu_signaled_ = o.gpu_signaled_;
-    waits_ = std::move(o.waits_);
   }
   return *this;
 }
-Loan::~Loan() {
-  if (impl_) impl_->abandon(seq_, slot_);
+void Loan::abandon() { std::exchange(impl_, nullptr)->abandon(seq_, slot_); }
+std::span<const GpuSync> Loan::gpu_waits() const {
+  if (!impl_ || impl_->link) return {};
+  return impl_->loan_waits;
 }
 std::span<std::byte> Loan::bytes() const { return impl_ ? impl_->ring[slot_]->bytes() : std::span<std::byte>(); }
 Buffer& Loan::buffer() const { return *impl_->ring[slot_]; }
@@ -1170,11 +1191,33 @@ struct detail::ConsumerState {
     return lost.load(std::memory_order_seq_cst) && v > lost_at;
   }
 
+  /// Books message n (in slot k) as held; returns how many messages were skipped before it.
+  std::uint64_t take(std::uint64_t n, std::uint32_t k) {
+    if (held == 0) {  // everything before n was released by us or dropped for us
+      released = n;
+      released_slot = k;
+    }
+    const std::uint64_t missed = n - expected;
+    expected = n + 1;
+    cursor = n + 1;
+    cursor_slot = k + 1 == slots ? 0 : k + 1;
+    ++held;
+    return missed;
+  }
+
   /// Whether this consumer's next message is published; sets `n` (its sequence) and `k` (its slot).
   [[nodiscard]] bool message_ready(std::uint64_t& n, std::uint32_t& k) {
     n = self->next.load(std::memory_order_acquire);
     k = slot_of(n);
     return control->ring[k].seq.load(std::memory_order_seq_cst) == n + 1;
+  }
+
+  /// Waits until this consumer's next message is published (see message_ready).
+  [[gnu::noinline]] Status await_message(LazyDeadline& deadline, std::uint64_t& n, std::uint32_t& k) {
+    auto ready = [&] { return message_ready(n, k); };
+    auto stop = [&] { return gone(); };
+    return wait_until(ready, stop, control->data_futex, control->consumers_waiting, options.wait, deadline,
+                      "Consumer::receive");
   }
 
   std::optional<Error> gone() const {
@@ -1365,6 +1408,29 @@ bool Consumer::closed() const { return impl_->user_closed; }
 
 Result<Received> Consumer::receive(Duration timeout) {
   auto& m = *impl_;
+  // The common case, kept small because it is on every message's path: a shared-memory ring whose
+  // next message is published, CPU-written and of a valid size, and a `next` only we move.
+  // Waiting for the message happens here too (out of line), so that a receive that arrives first,
+  // as in a ping-pong, still takes the message on the short path.
+  if (m.link || m.user_closed || m.held >= m.slots || m.contended_next) return receive_general(timeout);
+  std::uint64_t n = 0;
+  std::uint32_t k = 0;
+  LazyDeadline deadline(timeout);
+  if (!m.message_ready(n, k)) LF_TRY_STATUS(m.await_message(deadline, n, k));
+  const auto& slot = m.control->ring[k];
+  const std::uint64_t size = slot.size.load(std::memory_order_relaxed);
+  if (slot.flags.load(std::memory_order_relaxed) == 0 && size <= m.slot_size) [[likely]] {
+    MessageInfo info{size, slot.tag.load(std::memory_order_relaxed), slot.timestamp_ns.load(std::memory_order_relaxed),
+                     n};
+    m.self->next.store(n + 1, std::memory_order_release);
+    const std::uint64_t missed = m.take(n, k);
+    return Result<Received>(std::in_place, Received(&m, info, missed, k, false));
+  }
+  return receive_general(deadline.left());
+}
+
+Result<Received> Consumer::receive_general(Duration timeout) {
+  auto& m = *impl_;
   constexpr const char* call = "Consumer::receive";
   if (m.user_closed) return fail(Errc::InvalidArgument, call, "the consumer is closed");
   if (m.held >= m.slots)
@@ -1385,8 +1451,7 @@ Result<Received> Consumer::receive(Duration timeout) {
     auto ready = [&] { return m.message_ready(n, k); };
     if (!ready()) {
       auto gone = [&] { return m.gone(); };
-      LF_TRY_STATUS(
-          wait_until(ready, gone, cb.data_futex, cb.consumers_waiting, m.options.wait, deadline.left(), call));
+      LF_TRY_STATUS(wait_until(ready, gone, cb.data_futex, cb.consumers_waiting, m.options.wait, deadline, call));
     }
     // A message whose producer's GPU is still writing it stays in the ring until the write is
     // done: a receive that times out waiting for it loses nothing.
@@ -1411,15 +1476,7 @@ Result<Received> Consumer::receive(Duration timeout) {
       return fail(Errc::Malformed, call, str_format("ring slot holds message {}, expected {}", marker - 1, n));
     if (size > m.slot_size)
       return fail(Errc::Malformed, call, str_format("message size {} exceeds the slot size {}", size, m.slot_size));
-    if (m.held == 0) {  // everything before n was released by us or dropped for us
-      m.released = n;
-      m.released_slot = k;
-    }
-    const std::uint64_t missed = n - m.expected;
-    m.expected = n + 1;
-    m.cursor = n + 1;
-    m.cursor_slot = k + 1 == m.slots ? 0 : k + 1;
-    ++m.held;
+    const std::uint64_t missed = m.take(n, k);
     MessageInfo info{size, slot.tag.load(std::memory_order_relaxed), slot.timestamp_ns.load(std::memory_order_relaxed),
                      n};
     const bool gpu_ordered = (slot.flags.load(std::memory_order_relaxed) & kGpuOrdered) && m.written();
@@ -1551,13 +1608,6 @@ Result<GpuSync> Received::gpu_release() {
   return point;
 }
 
-Received::Received(Received&& o) noexcept
-    : impl_(std::exchange(o.impl_, nullptr)),
-      info_(o.info_),
-      missed_(o.missed_),
-      slot_(o.slot_),
-      gpu_ordered_(o.gpu_ordered_),
-      gpu_released_(o.gpu_released_) {}
 Received& Received::operator=(Received&& o) noexcept {
   if (this != &o) {
     release();
@@ -1570,7 +1620,6 @@ Received& Received::operator=(Received&& o) noexcept {
   }
   return *this;
 }
-Received::~Received() { release(); }
 void Received::release() {
   if (impl_) std::exchange(impl_, nullptr)->release(slot_, gpu_released_ ? info_.sequence + 1 : 0);
 }

@@ -69,6 +69,9 @@ class LazyDeadline {
   [[nodiscard]] const Deadline& get() { return started_ ? at_ : get(Clock::now()); }
   [[nodiscard]] Duration left() { return get().left(); }
   [[nodiscard]] bool passed() { return get().passed(); }
+  /// A zero (or negative) timeout, or a started deadline that has passed; reads no clock when
+  /// not started.
+  [[nodiscard]] bool none_left() { return started_ ? get().passed() : timeout_ <= Duration::zero(); }
 
  private:
   Duration timeout_;

@@ -24,6 +24,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 #include <vulkan/vulkan.hpp>
 
@@ -167,9 +168,13 @@ struct LinkAccess;  // transports that move messages themselves (detail/link.hpp
 /// A Producer and its Loan are used by one thread at a time (they may move between threads).
 class Loan {
  public:
-  Loan(Loan&&) noexcept;
+  // Moves and the destructor are inline: a loan is made and moved on every message.
+  Loan(Loan&& o) noexcept
+      : impl_(std::exchange(o.impl_, nullptr)), seq_(o.seq_), slot_(o.slot_), gpu_signaled_(o.gpu_signaled_) {}
   Loan& operator=(Loan&&) noexcept;
-  ~Loan();
+  ~Loan() {
+    if (impl_) abandon();
+  }
   [[nodiscard]] std::span<std::byte> bytes() const;  ///< empty when the buffer is not host-visible
   [[nodiscard]] Buffer& buffer() const;              ///< the ring buffer itself (e.g. a GpuBuffer)
   [[nodiscard]] std::uint64_t sequence() const { return seq_; }
@@ -188,18 +193,17 @@ class Loan {
   /// whose GPU was still reading the slot's previous message when it was loaned. Empty when the
   /// producer waits for them on the host (ProducerOptions::host_wait_for_gpu_release, the default)
   /// or no consumer released that message on its GPU.
-  [[nodiscard]] const std::vector<GpuSync>& gpu_waits() const { return waits_; }
+  [[nodiscard]] std::span<const GpuSync> gpu_waits() const;
 
  private:
   friend class Producer;
   friend struct detail::LinkAccess;
-  Loan(detail::ProducerState* state, std::uint64_t seq, std::uint32_t slot, std::vector<GpuSync> waits)
-      : impl_(state), seq_(seq), slot_(slot), waits_(std::move(waits)) {}
+  Loan(detail::ProducerState* state, std::uint64_t seq, std::uint32_t slot) : impl_(state), seq_(seq), slot_(slot) {}
+  void abandon();  ///< gives the unpublished slot back
   detail::ProducerState* impl_ = nullptr;
   std::uint64_t seq_ = 0;
   std::uint32_t slot_ = 0;
   bool gpu_signaled_ = false;
-  std::vector<GpuSync> waits_;
 };
 
 /// A received message; released (slot returned) when destroyed.
@@ -210,9 +214,18 @@ class Loan {
 /// bytes() is empty. A Consumer and its Received are used by one thread at a time.
 class Received {
  public:
-  Received(Received&&) noexcept;
+  // Moves and the destructor are inline: a message is received and moved on every hand-off.
+  Received(Received&& o) noexcept
+      : impl_(std::exchange(o.impl_, nullptr)),
+        info_(o.info_),
+        missed_(o.missed_),
+        slot_(o.slot_),
+        gpu_ordered_(o.gpu_ordered_),
+        gpu_released_(o.gpu_released_) {}
   Received& operator=(Received&&) noexcept;
-  ~Received();
+  ~Received() {
+    if (impl_) release();
+  }
   [[nodiscard]] std::span<const std::byte> bytes() const;  ///< the used bytes (info().size)
   [[nodiscard]] Buffer& buffer() const;
   [[nodiscard]] const MessageInfo& info() const { return info_; }
@@ -296,6 +309,7 @@ class Producer {
  private:
   friend struct detail::LinkAccess;
   explicit Producer(std::unique_ptr<detail::ProducerState> state);
+  Result<Loan> loan_general(Duration timeout);  ///< loan() when it may wait or check GPU work
   std::unique_ptr<detail::ProducerState> impl_;
 };
 
@@ -355,6 +369,7 @@ class Consumer {
  private:
   friend struct detail::LinkAccess;
   explicit Consumer(std::unique_ptr<detail::ConsumerState> state);
+  Result<Received> receive_general(Duration timeout);  ///< receive() when it may wait or check GPU work
   std::unique_ptr<detail::ConsumerState> impl_;
 };
 

@@ -91,9 +91,10 @@ inline Result<bool> never_stop() { return false; }
 /// - on_timeout(): the Error to return when the deadline passes.
 /// The deadline starts at the first clock read (a LazyDeadline): a wait whose condition holds at
 /// once, or within a few tests, reads no clock.
+/// The deadline may be one the caller started already, or will go on using afterwards.
 template <class Ready, class Stop, class Sleeper, class OnTimeout>
-Status wait_for(Ready&& ready, Stop&& stop, Sleeper&& sleeper, WaitMode mode, Duration timeout, const SpinPlan& plan,
-                OnTimeout&& on_timeout) {
+Status wait_for(Ready&& ready, Stop&& stop, Sleeper&& sleeper, WaitMode mode, LazyDeadline& deadline,
+                const SpinPlan& plan, OnTimeout&& on_timeout) {
   std::optional<Error> failed;
   auto test = [&]() -> bool {
     if constexpr (std::is_same_v<std::decay_t<decltype(ready())>, bool>) {
@@ -121,12 +122,11 @@ Status wait_for(Ready&& ready, Stop&& stop, Sleeper&& sleeper, WaitMode mode, Du
   auto timed_out = [&]() -> Status { return std::unexpected(Error(on_timeout())); };
 
   if (test()) return done();
-  if (timeout <= Duration::zero()) {
+  if (deadline.none_left()) {
     if (plan.check_every == Duration::zero())
       if (auto s = stopped()) return *s;
     return timed_out();
   }
-  LazyDeadline deadline(timeout);
   Clock::time_point start{}, checked{};
   const std::uint64_t every = std::bit_ceil(std::max<std::uint64_t>(plan.clock_every, 1));
   if (mode != WaitMode::Block) {
@@ -165,6 +165,14 @@ Status wait_for(Ready&& ready, Stop&& stop, Sleeper&& sleeper, WaitMode mode, Du
     }
     sleeper.sleep(token, dl.left(now));
   }
+}
+
+template <class Ready, class Stop, class Sleeper, class OnTimeout>
+Status wait_for(Ready&& ready, Stop&& stop, Sleeper&& sleeper, WaitMode mode, Duration timeout, const SpinPlan& plan,
+                OnTimeout&& on_timeout) {
+  LazyDeadline deadline(timeout);
+  return wait_for(std::forward<Ready>(ready), std::forward<Stop>(stop), std::forward<Sleeper>(sleeper), mode, deadline,
+                  plan, std::forward<OnTimeout>(on_timeout));
 }
 
 }  // namespace lavaflow::detail
