@@ -87,6 +87,9 @@ struct Op {
   // clock).
   LazyDeadline deadline;
   bool expired() { return deadline.passed(); }
+  Op() = default;
+  Op(Op&&) = default;
+  Op& operator=(Op&&) = default;
   virtual ~Op() = default;
 };
 
@@ -319,6 +322,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
     auto t = link->test();
     if (!t) return std::unexpected(break_with(t.error()));
     if (*t) return true;
+    if ((++polls & 63) != 0) return false;  // the clock now and then: a read costs as much as a test
     if (c.expired())
       return std::unexpected(
           break_with(Error(Errc::Timeout, str_format("mesh::{}", to_string(c.kind)),
@@ -350,11 +354,14 @@ class Engine : public std::enable_shared_from_this<Engine> {
       };
       // One rank on every host: nothing to share in memory, so the leaders' exchange runs on the
       // caller's buffers, the whole call at once (every host takes this path, or none does).
-      if (nhosts == n && nhosts > 1 && c.kind != Kind::Barrier && c.kind != Kind::ReduceScatter) {
+      if (nhosts == n && nhosts > 1 && c.kind != Kind::Barrier) {
         if (c.phase == 0) {
           switch (c.kind) {
             case Kind::AllReduce:
               LF_TRY_STATUS(link->start_direct_all_reduce(c.send, c.recv, c.type, local_op));
+              break;
+            case Kind::ReduceScatter:
+              LF_TRY_STATUS(link->start_direct_reduce_scatter(c.send, c.recv, c.type, local_op));
               break;
             case Kind::AllGather:
               LF_TRY_STATUS(link->start_direct_all_gather(c.send, c.recv));
@@ -367,7 +374,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
         }
         auto r = link_done(c);
         if (!r || !*r) return r;
-        if (c.kind == Kind::AllReduce && c.op == ReduceOp::Average) LF_TRY_STATUS(divide(c.recv, c.type, n));
+        if ((c.kind == Kind::AllReduce || c.kind == Kind::ReduceScatter) && c.op == ReduceOp::Average)
+          LF_TRY_STATUS(divide(c.recv, c.type, n));
         return true;
       }
       switch (c.phase) {
@@ -658,13 +666,13 @@ class Engine : public std::enable_shared_from_this<Engine> {
                      str_format("group '{}' was closed with this call in flight", group)));
   }
 
-  Work start(std::unique_ptr<Op> op, bool collective) {
-    if (collective) {
-      // Nothing else in flight: the call runs here for a few microseconds (a small collective of
-      // ranks that are all present ends in that time), and only then becomes a Work to wait on.
+  /// A collective: with nothing else in flight it runs here for a few microseconds (a small
+  /// collective of ranks that are all present ends in that time) on the caller's stack, and only
+  /// then becomes a Work to wait on.
+  Work start(Collective&& c) {
+    {
       std::unique_lock lock(mutex);
       if (queue.empty() && p2p.empty()) {
-        auto& c = static_cast<Collective&>(*op);
         std::optional<Deadline> spin;
         for (std::uint32_t i = 1;; ++i) {
           Result<bool> r = broken ? Result<bool>(std::unexpected(*broken)) : advance(c);
@@ -679,6 +687,11 @@ class Engine : public std::enable_shared_from_this<Engine> {
         }
       }
     }
+    // Nothing holds the call's address (only its buffers'), so it may move.
+    return enqueue(std::make_unique<Collective>(std::move(c)), true);
+  }
+
+  Work enqueue(std::unique_ptr<Op> op, bool collective) {
     auto state = std::make_shared<Work::State>();
     op->state = state;
     state->progress = [weak = weak_from_this()] {
@@ -835,8 +848,8 @@ class NativeCommunicator final : public Communicator {
     const bool in_arena = send.data() >= mine && send.data() + send.size() <= mine + e_->arena_bytes;
     const bool flat = e_->nhosts == 1 && send.size() <= kFlatLimit;
     const bool overlaps = send.data() < recv.data() + recv.size() && recv.data() < send.data() + send.size();
-    if (in_arena && !(flat && overlaps)) (*c)->arena_src = 1 + static_cast<std::uint64_t>(send.data() - mine);
-    return e_->start(std::move(*c), true);
+    if (in_arena && !(flat && overlaps)) c->arena_src = 1 + static_cast<std::uint64_t>(send.data() - mine);
+    return e_->start(std::move(*c));
   }
   Work all_gather(std::span<const std::byte> send, std::span<std::byte> recv, DType type, CallOptions o) override {
     if (recv.size() != send.size() * e_->n)
@@ -852,15 +865,18 @@ class NativeCommunicator final : public Communicator {
     if (send.size() != recv.size() * e_->n)
       return bad("reduce_scatter",
                  str_format("send must hold {} × recv's {} bytes, holds {}", e_->n, recv.size(), send.size()));
-    if (e_->nhosts == 1) return collective(Kind::ReduceScatter, send, recv, recv.size(), type, op, 0, o);
-    // Across hosts: the whole all_reduce, of which this rank keeps its block.
+    // On one host through the shared segment; with one rank per host, pairwise between the hosts.
+    if (e_->nhosts == 1 || e_->nhosts == e_->n)
+      return collective(Kind::ReduceScatter, send, recv, recv.size(), type, op, 0, o);
+    // Across hosts with several ranks on some: the whole all_reduce, of which this rank keeps its
+    // block.
     auto c = make(Kind::AllReduce, send, {}, send.size(), type, op, 0, o);
     if (!c) return Work::done(std::unexpected(c.error()));
-    (*c)->temp.resize(send.size());
-    (*c)->recv = (*c)->temp;
-    (*c)->keep = recv;
-    (*c)->keep_from = std::uint64_t{e_->rank} * recv.size();
-    return e_->start(std::move(*c), true);
+    c->temp.resize(send.size());
+    c->recv = c->temp;  // the vector's bytes stay where they are when the call moves
+    c->keep = recv;
+    c->keep_from = std::uint64_t{e_->rank} * recv.size();
+    return e_->start(std::move(*c));
   }
   Work barrier(CallOptions o) override { return collective(Kind::Barrier, {}, {}, 0, DType::U8, ReduceOp::Sum, 0, o); }
 
@@ -886,7 +902,7 @@ class NativeCommunicator final : public Communicator {
     x->tag = tag;
     x->out = buffer;
     x->deadline = LazyDeadline(o.timeout);
-    return e_->start(std::move(x), false);
+    return e_->enqueue(std::move(x), false);
   }
   Work recv(std::span<std::byte> buffer, std::uint32_t peer, std::uint32_t tag, CallOptions o) override {
     if (peer >= e_->n) return bad("recv", str_format("peer {} is not a rank of a group of {}", peer, e_->n));
@@ -897,7 +913,7 @@ class NativeCommunicator final : public Communicator {
     x->tag = tag;
     x->in = buffer;
     x->deadline = LazyDeadline(o.timeout);
-    return e_->start(std::move(x), false);
+    return e_->enqueue(std::move(x), false);
   }
 
  private:
@@ -911,15 +927,14 @@ class NativeCommunicator final : public Communicator {
     return Work::done(fail(Errc::InvalidArgument, str_format("mesh::{}", what), std::move(why)));
   }
 
-  Result<std::unique_ptr<Collective>> make(Kind kind, std::span<const std::byte> send, std::span<std::byte> recv,
-                                           std::uint64_t unit, DType type, ReduceOp op, std::uint32_t root,
-                                           const CallOptions& o) {
+  Result<Collective> make(Kind kind, std::span<const std::byte> send, std::span<std::byte> recv, std::uint64_t unit,
+                          DType type, ReduceOp op, std::uint32_t root, const CallOptions& o) {
     if (type > DType::U8 || op > ReduceOp::Average)
       return fail(Errc::InvalidArgument, str_format("mesh::{}", to_string(kind)), "unknown element type or reduce op");
     if (unit % size_of(type) != 0)
       return fail(Errc::InvalidArgument, str_format("mesh::{}", to_string(kind)),
                   str_format("{} bytes are not a whole number of {} elements", unit, to_string(type)));
-    auto c = std::make_unique<Collective>();
+    Result<Collective> c(std::in_place);
     c->kind = kind;
     c->type = type;
     c->op = op;
@@ -937,7 +952,7 @@ class NativeCommunicator final : public Communicator {
     auto c = make(kind, send, recv, unit, type, op, root, o);
     if (!c) return Work::done(std::unexpected(c.error()));
     if (unit == 0 && kind != Kind::Barrier) return Work::done({});  // nothing to move, on every rank alike
-    return e_->start(std::move(*c), true);
+    return e_->start(std::move(*c));
   }
 
   std::shared_ptr<Engine> e_;

@@ -93,7 +93,8 @@ class MpiHostLink final : public HostLink {
   ~MpiHostLink() override {
     for (auto& op : ops_)
       if (op != MPI_OP_NULL) MPI_Op_free(&op);
-    doubling_.abandon();                                      // its receive writes into memory that goes with it
+    doubling_.abandon();  // their receives write into memory that goes with them
+    direct_.abandon();
     if (request_ == MPI_REQUEST_NULL) MPI_Comm_free(&comm_);  // else in flight: left to MPI
   }
   std::uint32_t hosts() const override { return hosts_; }
@@ -110,6 +111,14 @@ class MpiHostLink final : public HostLink {
   }
   Status start_all_gather(std::span<std::byte> all, std::span<const std::uint64_t> counts,
                           std::span<const std::uint64_t> offsets) override {
+    if (direct(all.size())) {
+      direct_.begin(comm_);
+      for (std::uint32_t h = 0; h < hosts_; ++h)
+        if (h != host_) LF_TRY_STATUS(direct_.receive(all.data() + offsets[h], counts[h], h));
+      for (std::uint32_t h = 0; h < hosts_; ++h)
+        if (h != host_) LF_TRY_STATUS(direct_.send(all.data() + offsets[host_], counts[host_], h));
+      return {};
+    }
     counts_.assign(counts.size(), 0);
     offsets_.assign(offsets.size(), 0);
     for (std::size_t h = 0; h < counts.size(); ++h) {
@@ -123,12 +132,29 @@ class MpiHostLink final : public HostLink {
                  "MPI_Iallgatherv");
   }
   Status start_broadcast(std::span<std::byte> data, std::uint32_t root_host) override {
+    if (direct(data.size())) {
+      direct_.begin(comm_);
+      if (host_ != root_host) return direct_.receive(data.data(), data.size(), root_host);
+      for (std::uint32_t h = 0; h < hosts_; ++h)
+        if (h != host_) LF_TRY_STATUS(direct_.send(data.data(), data.size(), h));
+      return {};
+    }
     if (data.size() > INT_MAX) return fail(Errc::InvalidArgument, "MPI_Ibcast", "more than INT_MAX bytes");
     return check(
         MPI_Ibcast(data.data(), static_cast<int>(data.size()), MPI_BYTE, static_cast<int>(root_host), comm_, &request_),
         "MPI_Ibcast");
   }
-  Status start_barrier() override { return check(MPI_Ibarrier(comm_, &request_), "MPI_Ibarrier"); }
+  Status start_barrier() override {
+    if (direct(0)) {  // an empty message from every host to every other
+      direct_.begin(comm_);
+      for (std::uint32_t h = 0; h < hosts_; ++h)
+        if (h != host_) LF_TRY_STATUS(direct_.receive(nullptr, 0, h));
+      for (std::uint32_t h = 0; h < hosts_; ++h)
+        if (h != host_) LF_TRY_STATUS(direct_.send(nullptr, 0, h));
+      return {};
+    }
+    return check(MPI_Ibarrier(comm_, &request_), "MPI_Ibarrier");
+  }
   Status start_direct_all_reduce(std::span<const std::byte> send, std::span<std::byte> recv, DType type,
                                  ReduceOp op) override {
     const auto count = recv.size() / size_of(type);
@@ -140,16 +166,48 @@ class MpiHostLink final : public HostLink {
                  "MPI_Iallreduce");
   }
   Status start_direct_all_gather(std::span<const std::byte> send, std::span<std::byte> recv) override {
+    if (direct(recv.size())) {
+      std::byte* mine = recv.data() + std::uint64_t{host_} * send.size();
+      if (mine != send.data()) std::memmove(mine, send.data(), send.size());
+      direct_.begin(comm_);
+      for (std::uint32_t h = 0; h < hosts_; ++h)
+        if (h != host_) LF_TRY_STATUS(direct_.receive(recv.data() + std::uint64_t{h} * send.size(), send.size(), h));
+      for (std::uint32_t h = 0; h < hosts_; ++h)
+        if (h != host_) LF_TRY_STATUS(direct_.send(mine, send.size(), h));
+      return {};
+    }
     if (recv.size() > INT_MAX) return fail(Errc::InvalidArgument, "MPI_Iallgather", "more than INT_MAX bytes");
     const void* s = send.data() == recv.data() + host_ * send.size() ? MPI_IN_PLACE : send.data();
     return check(MPI_Iallgather(s, static_cast<int>(send.size()), MPI_BYTE, recv.data(), static_cast<int>(send.size()),
                                 MPI_BYTE, comm_, &request_),
                  "MPI_Iallgather");
   }
+  Status start_direct_reduce_scatter(std::span<const std::byte> send, std::span<std::byte> recv, DType type,
+                                     ReduceOp op) override {
+    const std::uint64_t block = recv.size();
+    if (block / size_of(type) > INT_MAX || block > INT_MAX)
+      return fail(Errc::InvalidArgument, "mesh::reduce_scatter", "a block of more than INT_MAX bytes");
+    LF_TRY(MPI_Op o, op_for(type, op));
+    // Pairwise: host h's block goes to h, which combines what it receives with its own. Each
+    // host sends and receives (hosts − 1) blocks, as a ring would, in one step.
+    direct_.begin(comm_);
+    direct_.reduce_into(send.subspan(std::uint64_t{host_} * block, block), recv, hosts_ - 1,
+                        static_cast<int>(block / size_of(type)), mpi_type(type), o);
+    for (std::uint32_t h = 0, i = 0; h < hosts_; ++h)
+      if (h != host_) LF_TRY_STATUS(direct_.receive(direct_.incoming(i++), block, h));
+    for (std::uint32_t h = 0; h < hosts_; ++h)
+      if (h != host_) LF_TRY_STATUS(direct_.send(send.data() + std::uint64_t{h} * block, block, h));
+    return {};
+  }
   Result<bool> test() override {
     if (doubling_.active()) {
       auto r = doubling_.advance();
       if (!r) doubling_.abandon();
+      return r;
+    }
+    if (direct_.active()) {
+      auto r = direct_.test();
+      if (!r) direct_.abandon();
       return r;
     }
     int flag = 0;
@@ -341,6 +399,96 @@ class MpiHostLink final : public HostLink {
     bool combine_ = false, mine_lower_ = false, active_ = false;
   };
 
+  /// Exchanges posted all at once, point to point: every message of the call in one step,
+  /// whatever the host count (all_gather, broadcast, barrier, reduce_scatter). MPI's non-blocking
+  /// collectives cost several times a small message's latency per call; past a few hosts or a
+  /// few tens of KiB their algorithms are worth that.
+  class Direct {
+   public:
+    void begin(MPI_Comm comm) {
+      comm_ = comm;
+      requests_.clear();
+      receives_ = 0;
+      reduce_ = false;
+      active_ = true;
+    }
+    [[nodiscard]] bool active() const { return active_; }
+    /// Receives are posted before sends.
+    Status receive(std::byte* into, std::uint64_t bytes, std::uint32_t peer) {
+      requests_.push_back(MPI_REQUEST_NULL);
+      ++receives_;
+      return check(
+          MPI_Irecv(into, static_cast<int>(bytes), MPI_BYTE, static_cast<int>(peer), kTag, comm_, &requests_.back()),
+          "MPI_Irecv");
+    }
+    Status send(const std::byte* from, std::uint64_t bytes, std::uint32_t peer) {
+      requests_.push_back(MPI_REQUEST_NULL);
+      return check(
+          MPI_Isend(from, static_cast<int>(bytes), MPI_BYTE, static_cast<int>(peer), kTag, comm_, &requests_.back()),
+          "MPI_Isend");
+    }
+    /// Once every message is in: `out` = `mine` op each of the `blocks` received blocks.
+    void reduce_into(std::span<const std::byte> mine, std::span<std::byte> out, std::uint32_t blocks, int count,
+                     MPI_Datatype type, MPI_Op op) {
+      mine_ = mine;
+      out_ = out;
+      count_ = count;
+      type_ = type;
+      op_ = op;
+      blocks_ = blocks;
+      incoming_.resize(out.size() * blocks);
+      reduce_ = true;
+    }
+    [[nodiscard]] std::byte* incoming(std::uint32_t i) { return incoming_.data() + i * out_.size(); }
+
+    Result<bool> test() {
+      int done = 0;
+      LF_TRY_STATUS(check(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &done, MPI_STATUSES_IGNORE),
+                          "MPI_Testall"));
+      if (!done) return false;
+      active_ = false;
+      if (reduce_) {
+        // Our block is read only now: until the sends are done it may be what a send reads.
+        if (out_.data() != mine_.data()) std::memmove(out_.data(), mine_.data(), out_.size());
+        for (std::uint32_t i = 0; i < blocks_; ++i)
+          LF_TRY_STATUS(check(MPI_Reduce_local(incoming(i), out_.data(), count_, type_, op_), "MPI_Reduce_local"));
+      }
+      return true;
+    }
+    /// Ends an exchange that will not finish: receives cancelled, sends let go.
+    void abandon() {
+      for (std::size_t i = 0; i < requests_.size(); ++i) {
+        if (requests_[i] == MPI_REQUEST_NULL) continue;
+        if (i < receives_) {
+          MPI_Cancel(&requests_[i]);
+          MPI_Wait(&requests_[i], MPI_STATUS_IGNORE);
+        } else {
+          MPI_Request_free(&requests_[i]);
+        }
+      }
+      requests_.clear();
+      active_ = false;
+    }
+
+   private:
+    static constexpr int kTag = 8;
+    MPI_Comm comm_ = MPI_COMM_NULL;
+    std::vector<MPI_Request> requests_;
+    std::size_t receives_ = 0;
+    bool active_ = false, reduce_ = false;
+    std::span<const std::byte> mine_;
+    std::span<std::byte> out_;
+    std::vector<std::byte> incoming_;
+    std::uint32_t blocks_ = 0;
+    int count_ = 0;
+    MPI_Datatype type_ = MPI_BYTE;
+    MPI_Op op_ = MPI_OP_NULL;
+  };
+
+  /// Whether an exchange of `bytes` in all goes point to point (Direct).
+  [[nodiscard]] bool direct(std::uint64_t bytes) const { return hosts_ <= kDirectHosts && bytes <= kPointToPointMax; }
+  static constexpr std::uint32_t kDirectHosts = 16;
+
   /// MPI's op, or one of ours for f16 and bf16 (made once).
   Result<MPI_Op> op_for(DType type, ReduceOp op) {
     if (type != DType::F16 && type != DType::BF16) return mpi_op(op);
@@ -355,6 +503,7 @@ class MpiHostLink final : public HostLink {
   std::uint32_t hosts_, host_;
   MPI_Request request_ = MPI_REQUEST_NULL;
   Doubling doubling_;
+  Direct direct_;
   std::vector<int> counts_, offsets_;
   MPI_Op ops_[8] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL,
                     MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};

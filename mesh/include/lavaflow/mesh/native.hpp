@@ -36,6 +36,9 @@ class HostLink {
   [[nodiscard]] virtual Status start_direct_all_reduce(std::span<const std::byte> send, std::span<std::byte> recv,
                                                        DType type, ReduceOp op) = 0;
   [[nodiscard]] virtual Status start_direct_all_gather(std::span<const std::byte> send, std::span<std::byte> recv) = 0;
+  /// recv = op over every host's block number host() of `send` (hosts() blocks of recv's size).
+  [[nodiscard]] virtual Status start_direct_reduce_scatter(std::span<const std::byte> send, std::span<std::byte> recv,
+                                                           DType type, ReduceOp op) = 0;
   [[nodiscard]] virtual Status start_barrier() = 0;
   /// true once the exchange has ended; its error if it failed.
   [[nodiscard]] virtual Result<bool> test() = 0;
