@@ -673,17 +673,19 @@ class Engine : public std::enable_shared_from_this<Engine> {
     {
       std::unique_lock lock(mutex);
       if (queue.empty() && p2p.empty()) {
-        std::optional<Deadline> spin;
+        // Spinning, the clock is read every 64 tests. Past a few microseconds (longer than a
+        // small exchange with peers that are all there) the core goes to whoever else waits for
+        // it between tests: a peer on the same core would otherwise wait out the whole spin. A
+        // yield is a system call, so yielding sooner would delay most small calls.
+        std::optional<Clock::time_point> began;
         for (std::uint32_t i = 1;; ++i) {
           Result<bool> r = broken ? Result<bool>(std::unexpected(*broken)) : advance(c);
           if (!r || *r) return Work::done(conclude(c, r));
-          if (i >= 64) {
-            // Past a short spin, the core goes to whoever else is waiting for it (a peer on the
-            // same core would otherwise wait out the whole spin).
-            std::this_thread::yield();
-            if (!spin) spin.emplace(std::chrono::microseconds(20));
-            if ((i & 7) == 0 && spin->passed()) break;
-          }
+          if ((i & 63) != 0) continue;
+          const auto now = Clock::now();
+          if (!began) began = now;
+          if (now - *began >= std::chrono::microseconds(20)) break;
+          if (now - *began >= std::chrono::microseconds(5)) std::this_thread::yield();
         }
       }
     }

@@ -267,6 +267,13 @@ class MpiHostLink final : public HostLink {
       data_ = data;
       type_ = type;
       op_ = op;
+      int size = 1;
+      if (type != type_of_count_) {  // asked of MPI once per type, not per call
+        MPI_Type_size(type, &size);
+        element_ = static_cast<std::size_t>(std::max(size, 1));
+        type_of_count_ = type;
+      }
+      count_ = static_cast<int>(data.size() / element_);
       incoming_.resize(data.size());
       std::uint32_t pow2 = 1;
       while (pow2 * 2 <= hosts) pow2 *= 2;
@@ -340,11 +347,7 @@ class MpiHostLink final : public HostLink {
     enum class Stage { Pair, Doubling, Result };
     static constexpr int kTag = 7;
 
-    [[nodiscard]] int count() const {
-      int size = 1;
-      MPI_Type_size(type_, &size);
-      return static_cast<int>(data_.size() / static_cast<std::size_t>(std::max(size, 1)));
-    }
+    [[nodiscard]] int count() const { return count_; }
     Result<bool> finished() {
       if (stage_ == Stage::Doubling) return false;
       active_ = false;
@@ -391,6 +394,9 @@ class MpiHostLink final : public HostLink {
     std::span<std::byte> data_;
     std::vector<std::byte> incoming_;
     MPI_Datatype type_ = MPI_BYTE;
+    MPI_Datatype type_of_count_ = MPI_DATATYPE_NULL;
+    std::size_t element_ = 1;
+    int count_ = 0;
     MPI_Op op_ = MPI_OP_NULL;
     std::uint32_t pow2_ = 1, extra_ = 0, host_ = 0, mask_ = 1;
     int vrank_ = 0;
