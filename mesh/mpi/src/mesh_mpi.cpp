@@ -103,8 +103,8 @@ class MpiHostLink final : public HostLink {
   Status start_all_reduce(std::span<std::byte> data, DType type, ReduceOp op) override {
     const auto count = data.size() / size_of(type);
     if (count > INT_MAX) return fail(Errc::InvalidArgument, "MPI_Iallreduce", "more than INT_MAX elements");
+    if (data.size() <= kPointToPointMax) return doubling_.start(comm_, hosts_, host_, data, data, type, op);
     LF_TRY(MPI_Op o, op_for(type, op));
-    if (data.size() <= kPointToPointMax) return doubling_.start(comm_, hosts_, host_, data, data, mpi_type(type), o);
     return check(
         MPI_Iallreduce(MPI_IN_PLACE, data.data(), static_cast<int>(count), mpi_type(type), o, comm_, &request_),
         "MPI_Iallreduce");
@@ -159,8 +159,8 @@ class MpiHostLink final : public HostLink {
                                  ReduceOp op) override {
     const auto count = recv.size() / size_of(type);
     if (count > INT_MAX) return fail(Errc::InvalidArgument, "MPI_Iallreduce", "more than INT_MAX elements");
+    if (recv.size() <= kPointToPointMax) return doubling_.start(comm_, hosts_, host_, send, recv, type, op);
     LF_TRY(MPI_Op o, op_for(type, op));
-    if (recv.size() <= kPointToPointMax) return doubling_.start(comm_, hosts_, host_, send, recv, mpi_type(type), o);
     const void* s = send.data() == recv.data() ? MPI_IN_PLACE : send.data();
     return check(MPI_Iallreduce(s, recv.data(), static_cast<int>(count), mpi_type(type), o, comm_, &request_),
                  "MPI_Iallreduce");
@@ -185,14 +185,12 @@ class MpiHostLink final : public HostLink {
   Status start_direct_reduce_scatter(std::span<const std::byte> send, std::span<std::byte> recv, DType type,
                                      ReduceOp op) override {
     const std::uint64_t block = recv.size();
-    if (block / size_of(type) > INT_MAX || block > INT_MAX)
+    if (block > INT_MAX)
       return fail(Errc::InvalidArgument, "mesh::reduce_scatter", "a block of more than INT_MAX bytes");
-    LF_TRY(MPI_Op o, op_for(type, op));
     // Pairwise: host h's block goes to h, which combines what it receives with its own. Each
     // host sends and receives (hosts − 1) blocks, as a ring would, in one step.
     direct_.begin(comm_);
-    direct_.reduce_into(send.subspan(std::uint64_t{host_} * block, block), recv, hosts_ - 1,
-                        static_cast<int>(block / size_of(type)), mpi_type(type), o);
+    direct_.reduce_into(send.subspan(std::uint64_t{host_} * block, block), recv, hosts_, host_, type, op);
     for (std::uint32_t h = 0, i = 0; h < hosts_; ++h)
       if (h != host_) LF_TRY_STATUS(direct_.receive(direct_.incoming(i++), block, h));
     for (std::uint32_t h = 0; h < hosts_; ++h)
@@ -230,7 +228,7 @@ class MpiHostLink final : public HostLink {
   class Doubling {
    public:
     Status start(MPI_Comm comm, std::uint32_t hosts, std::uint32_t host, std::span<const std::byte> send,
-                 std::span<std::byte> data, MPI_Datatype type, MPI_Op op) {
+                 std::span<std::byte> data, DType type, ReduceOp op) {
       auto ok = begin(comm, hosts, host, send, data, type, op);
       if (!ok) abandon();
       return ok;
@@ -261,19 +259,12 @@ class MpiHostLink final : public HostLink {
 
    private:
     Status begin(MPI_Comm comm, std::uint32_t hosts, std::uint32_t host, std::span<const std::byte> send,
-                 std::span<std::byte> data, MPI_Datatype type, MPI_Op op) {
+                 std::span<std::byte> data, DType type, ReduceOp op) {
       comm_ = comm;
       first_ = send.data();
       data_ = data;
       type_ = type;
-      op_ = op;
-      int size = 1;
-      if (type != type_of_count_) {  // asked of MPI once per type, not per call
-        MPI_Type_size(type, &size);
-        element_ = static_cast<std::size_t>(std::max(size, 1));
-        type_of_count_ = type;
-      }
-      count_ = static_cast<int>(data.size() / element_);
+      op_ = op == ReduceOp::Average ? ReduceOp::Sum : op;  // the caller divides
       incoming_.resize(data.size());
       std::uint32_t pow2 = 1;
       while (pow2 * 2 <= hosts) pow2 *= 2;
@@ -291,23 +282,15 @@ class MpiHostLink final : public HostLink {
       return begin_doubling();
     }
 
-    /// This step's result into data_: lower op higher (MPI_Reduce_local: inout = in op inout).
-    /// Ours is first_ (the caller's input on the first step); theirs came into data_ on the first
-    /// step of a caller with separate buffers, else into incoming_.
+    /// This step's result into data_: lower op higher, by the mesh's own reduction (a call of
+    /// MPI_Reduce_local costs more than combining a few elements). Ours is first_ (the caller's
+    /// input on the first step, which is only read); theirs came into data_ on the first step of a
+    /// caller with separate buffers, else into incoming_.
     Status combine() {
-      std::byte* theirs = first_ != data_.data() ? data_.data() : incoming_.data();
-      const int n = count();
-      if (mine_lower_) {
-        LF_TRY_STATUS(check(MPI_Reduce_local(first_, theirs, n, type_, op_), "MPI_Reduce_local"));
-        if (theirs != data_.data()) std::memcpy(data_.data(), theirs, data_.size());
-        return {};
-      }
-      if (first_ == data_.data())
-        return check(MPI_Reduce_local(theirs, data_.data(), n, type_, op_), "MPI_Reduce_local");
-      std::memcpy(incoming_.data(), first_, data_.size());  // the caller's input stays as it is
-      LF_TRY_STATUS(check(MPI_Reduce_local(theirs, incoming_.data(), n, type_, op_), "MPI_Reduce_local"));
-      std::memcpy(data_.data(), incoming_.data(), data_.size());
-      return {};
+      const std::span<const std::byte> mine(first_, data_.size());
+      const std::span<const std::byte> theirs(first_ != data_.data() ? data_.data() : incoming_.data(), data_.size());
+      const std::span<const std::byte> ins[] = {mine_lower_ ? mine : theirs, mine_lower_ ? theirs : mine};
+      return reduce(ins, data_, type_, op_);
     }
 
     Result<bool> next() {
@@ -347,7 +330,6 @@ class MpiHostLink final : public HostLink {
     enum class Stage { Pair, Doubling, Result };
     static constexpr int kTag = 7;
 
-    [[nodiscard]] int count() const { return count_; }
     Result<bool> finished() {
       if (stage_ == Stage::Doubling) return false;
       active_ = false;
@@ -393,11 +375,8 @@ class MpiHostLink final : public HostLink {
     const std::byte* first_ = nullptr;  // what the next send sends: the caller's input, then data_
     std::span<std::byte> data_;
     std::vector<std::byte> incoming_;
-    MPI_Datatype type_ = MPI_BYTE;
-    MPI_Datatype type_of_count_ = MPI_DATATYPE_NULL;
-    std::size_t element_ = 1;
-    int count_ = 0;
-    MPI_Op op_ = MPI_OP_NULL;
+    DType type_ = DType::U8;
+    ReduceOp op_ = ReduceOp::Sum;
     std::uint32_t pow2_ = 1, extra_ = 0, host_ = 0, mask_ = 1;
     int vrank_ = 0;
     Stage stage_ = Stage::Doubling;
@@ -433,16 +412,17 @@ class MpiHostLink final : public HostLink {
           MPI_Isend(from, static_cast<int>(bytes), MPI_BYTE, static_cast<int>(peer), kTag, comm_, &requests_.back()),
           "MPI_Isend");
     }
-    /// Once every message is in: `out` = `mine` op each of the `blocks` received blocks.
-    void reduce_into(std::span<const std::byte> mine, std::span<std::byte> out, std::uint32_t blocks, int count,
-                     MPI_Datatype type, MPI_Op op) {
+    /// Once every message is in: `out` = the reduction of every host's block in host order, ours
+    /// (`mine`, host `self`) among the `hosts − 1` received ones.
+    void reduce_into(std::span<const std::byte> mine, std::span<std::byte> out, std::uint32_t hosts, std::uint32_t self,
+                     DType type, ReduceOp op) {
       mine_ = mine;
       out_ = out;
-      count_ = count;
       type_ = type;
-      op_ = op;
-      blocks_ = blocks;
-      incoming_.resize(out.size() * blocks);
+      op_ = op == ReduceOp::Average ? ReduceOp::Sum : op;  // the caller divides
+      hosts_ = hosts;
+      self_ = self;
+      incoming_.resize(out.size() * (hosts - 1));
       reduce_ = true;
     }
     [[nodiscard]] std::byte* incoming(std::uint32_t i) { return incoming_.data() + i * out_.size(); }
@@ -454,10 +434,18 @@ class MpiHostLink final : public HostLink {
       if (!done) return false;
       active_ = false;
       if (reduce_) {
-        // Our block is read only now: until the sends are done it may be what a send reads.
-        if (out_.data() != mine_.data()) std::memmove(out_.data(), mine_.data(), out_.size());
-        for (std::uint32_t i = 0; i < blocks_; ++i)
-          LF_TRY_STATUS(check(MPI_Reduce_local(incoming(i), out_.data(), count_, type_, op_), "MPI_Reduce_local"));
+        // Written only now: until the sends are done, `out` may be what one of them reads. Our
+        // block is read where it is unless `out` overlaps it without being it.
+        std::span<const std::byte> mine = mine_;
+        if (out_.data() != mine_.data() && out_.data() < mine_.data() + mine_.size() &&
+            mine_.data() < out_.data() + out_.size()) {
+          std::memmove(out_.data(), mine_.data(), out_.size());
+          mine = out_;
+        }
+        ins_.clear();
+        for (std::uint32_t h = 0, i = 0; h < hosts_; ++h)
+          ins_.push_back(h == self_ ? mine : std::span<const std::byte>(incoming(i++), out_.size()));
+        LF_TRY_STATUS(reduce(ins_, out_, type_, op_));
       }
       return true;
     }
@@ -485,10 +473,10 @@ class MpiHostLink final : public HostLink {
     std::span<const std::byte> mine_;
     std::span<std::byte> out_;
     std::vector<std::byte> incoming_;
-    std::uint32_t blocks_ = 0;
-    int count_ = 0;
-    MPI_Datatype type_ = MPI_BYTE;
-    MPI_Op op_ = MPI_OP_NULL;
+    std::vector<std::span<const std::byte>> ins_;
+    std::uint32_t hosts_ = 0, self_ = 0;
+    DType type_ = DType::U8;
+    ReduceOp op_ = ReduceOp::Sum;
   };
 
   /// Whether an exchange of `bytes` in all goes point to point (Direct).
