@@ -167,13 +167,18 @@ class MpiHostLink final : public HostLink {
   }
   Status start_direct_all_gather(std::span<const std::byte> send, std::span<std::byte> recv) override {
     if (direct(recv.size())) {
+      // Our own block is copied while the messages are under way (no receive writes there) —
+      // unless it overlaps the input, which the sends read.
       std::byte* mine = recv.data() + std::uint64_t{host_} * send.size();
-      if (mine != send.data()) std::memmove(mine, send.data(), send.size());
+      const bool overlaps = mine != send.data() && mine < send.data() + send.size() && send.data() < mine + send.size();
+      if (overlaps) std::memmove(mine, send.data(), send.size());
+      const std::byte* from = overlaps ? mine : send.data();
       direct_.begin(comm_);
       for (std::uint32_t h = 0; h < hosts_; ++h)
         if (h != host_) LF_TRY_STATUS(direct_.receive(recv.data() + std::uint64_t{h} * send.size(), send.size(), h));
       for (std::uint32_t h = 0; h < hosts_; ++h)
-        if (h != host_) LF_TRY_STATUS(direct_.send(mine, send.size(), h));
+        if (h != host_) LF_TRY_STATUS(direct_.send(from, send.size(), h));
+      if (mine != from) std::memcpy(mine, send.data(), send.size());
       return {};
     }
     if (recv.size() > INT_MAX) return fail(Errc::InvalidArgument, "MPI_Iallgather", "more than INT_MAX bytes");
