@@ -323,11 +323,13 @@ class Engine : public std::enable_shared_from_this<Engine> {
     if (!t) return std::unexpected(break_with(t.error()));
     if (*t) return true;
     if ((++polls & 63) != 0) return false;  // the clock now and then: a read costs as much as a test
-    if (c.expired())
+    if (c.expired()) {
+      link->abandon();  // no late peer's message lands in the caller's buffers after this
       return std::unexpected(
           break_with(Error(Errc::Timeout, str_format("mesh::{}", to_string(c.kind)),
                            str_format("the exchange between the {} hosts of group '{}' did not end in time (call #{})",
                                       nhosts, group, c.call_no))));
+    }
     return false;
   }
 
@@ -361,7 +363,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
               LF_TRY_STATUS(link->start_direct_all_reduce(c.send, c.recv, c.type, local_op));
               break;
             case Kind::ReduceScatter:
-              LF_TRY_STATUS(link->start_direct_reduce_scatter(c.send, c.recv, c.type, local_op));
+              LF_TRY_STATUS(link->start_direct_reduce_scatter(c.send, c.recv, c.type, c.op));  // it averages
               break;
             case Kind::AllGather:
               LF_TRY_STATUS(link->start_direct_all_gather(c.send, c.recv));
@@ -374,8 +376,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
         }
         auto r = link_done(c);
         if (!r || !*r) return r;
-        if ((c.kind == Kind::AllReduce || c.kind == Kind::ReduceScatter) && c.op == ReduceOp::Average)
-          LF_TRY_STATUS(divide(c.recv, c.type, n));
+        if (c.kind == Kind::AllReduce && c.op == ReduceOp::Average) LF_TRY_STATUS(divide(c.recv, c.type, n));
         return true;
       }
       switch (c.phase) {

@@ -111,14 +111,14 @@ class MpiHostLink final : public HostLink {
   }
   Status start_all_gather(std::span<std::byte> all, std::span<const std::uint64_t> counts,
                           std::span<const std::uint64_t> offsets) override {
-    if (direct(all.size())) {
-      direct_.begin(comm_);
-      for (std::uint32_t h = 0; h < hosts_; ++h)
-        if (h != host_) LF_TRY_STATUS(direct_.receive(all.data() + offsets[h], counts[h], h));
-      for (std::uint32_t h = 0; h < hosts_; ++h)
-        if (h != host_) LF_TRY_STATUS(direct_.send(all.data() + offsets[host_], counts[host_], h));
-      return {};
-    }
+    if (direct(all.size()))
+      return start_direct([&]() -> Status {
+        for (std::uint32_t h = 0; h < hosts_; ++h)
+          if (h != host_) LF_TRY_STATUS(direct_.receive(all.data() + offsets[h], counts[h], h));
+        for (std::uint32_t h = 0; h < hosts_; ++h)
+          if (h != host_) LF_TRY_STATUS(direct_.send(all.data() + offsets[host_], counts[host_], h));
+        return {};
+      });
     counts_.assign(counts.size(), 0);
     offsets_.assign(offsets.size(), 0);
     for (std::size_t h = 0; h < counts.size(); ++h) {
@@ -132,27 +132,27 @@ class MpiHostLink final : public HostLink {
                  "MPI_Iallgatherv");
   }
   Status start_broadcast(std::span<std::byte> data, std::uint32_t root_host) override {
-    if (direct(data.size())) {
-      direct_.begin(comm_);
-      if (host_ != root_host) return direct_.receive(data.data(), data.size(), root_host);
-      for (std::uint32_t h = 0; h < hosts_; ++h)
-        if (h != host_) LF_TRY_STATUS(direct_.send(data.data(), data.size(), h));
-      return {};
-    }
+    if (direct(data.size()))
+      return start_direct([&]() -> Status {
+        if (host_ != root_host) return direct_.receive(data.data(), data.size(), root_host);
+        for (std::uint32_t h = 0; h < hosts_; ++h)
+          if (h != host_) LF_TRY_STATUS(direct_.send(data.data(), data.size(), h));
+        return {};
+      });
     if (data.size() > INT_MAX) return fail(Errc::InvalidArgument, "MPI_Ibcast", "more than INT_MAX bytes");
     return check(
         MPI_Ibcast(data.data(), static_cast<int>(data.size()), MPI_BYTE, static_cast<int>(root_host), comm_, &request_),
         "MPI_Ibcast");
   }
   Status start_barrier() override {
-    if (direct(0)) {  // an empty message from every host to every other
-      direct_.begin(comm_);
-      for (std::uint32_t h = 0; h < hosts_; ++h)
-        if (h != host_) LF_TRY_STATUS(direct_.receive(nullptr, 0, h));
-      for (std::uint32_t h = 0; h < hosts_; ++h)
-        if (h != host_) LF_TRY_STATUS(direct_.send(nullptr, 0, h));
-      return {};
-    }
+    if (direct(0))  // an empty message from every host to every other
+      return start_direct([&]() -> Status {
+        for (std::uint32_t h = 0; h < hosts_; ++h)
+          if (h != host_) LF_TRY_STATUS(direct_.receive(nullptr, 0, h));
+        for (std::uint32_t h = 0; h < hosts_; ++h)
+          if (h != host_) LF_TRY_STATUS(direct_.send(nullptr, 0, h));
+        return {};
+      });
     return check(MPI_Ibarrier(comm_, &request_), "MPI_Ibarrier");
   }
   Status start_direct_all_reduce(std::span<const std::byte> send, std::span<std::byte> recv, DType type,
@@ -168,18 +168,22 @@ class MpiHostLink final : public HostLink {
   Status start_direct_all_gather(std::span<const std::byte> send, std::span<std::byte> recv) override {
     if (direct(recv.size())) {
       // Our own block is copied while the messages are under way (no receive writes there) —
-      // unless it overlaps the input, which the sends read.
+      // unless the input overlaps the output, which receives and that copy write: then it is
+      // copied first and the sends read it there.
       std::byte* mine = recv.data() + std::uint64_t{host_} * send.size();
-      const bool overlaps = mine != send.data() && mine < send.data() + send.size() && send.data() < mine + send.size();
+      const bool overlaps =
+          mine != send.data() && send.data() < recv.data() + recv.size() && recv.data() < send.data() + send.size();
       if (overlaps) std::memmove(mine, send.data(), send.size());
       const std::byte* from = overlaps ? mine : send.data();
-      direct_.begin(comm_);
-      for (std::uint32_t h = 0; h < hosts_; ++h)
-        if (h != host_) LF_TRY_STATUS(direct_.receive(recv.data() + std::uint64_t{h} * send.size(), send.size(), h));
-      for (std::uint32_t h = 0; h < hosts_; ++h)
-        if (h != host_) LF_TRY_STATUS(direct_.send(from, send.size(), h));
-      if (mine != from) std::memcpy(mine, send.data(), send.size());
-      return {};
+      Status posted = start_direct([&]() -> Status {
+        for (std::uint32_t h = 0; h < hosts_; ++h)
+          if (h != host_) LF_TRY_STATUS(direct_.receive(recv.data() + std::uint64_t{h} * send.size(), send.size(), h));
+        for (std::uint32_t h = 0; h < hosts_; ++h)
+          if (h != host_) LF_TRY_STATUS(direct_.send(from, send.size(), h));
+        return {};
+      });
+      if (posted && mine != from) std::memcpy(mine, send.data(), send.size());
+      return posted;
     }
     if (recv.size() > INT_MAX) return fail(Errc::InvalidArgument, "MPI_Iallgather", "more than INT_MAX bytes");
     const void* s = send.data() == recv.data() + host_ * send.size() ? MPI_IN_PLACE : send.data();
@@ -194,13 +198,19 @@ class MpiHostLink final : public HostLink {
       return fail(Errc::InvalidArgument, "mesh::reduce_scatter", "a block of more than INT_MAX bytes");
     // Pairwise: host h's block goes to h, which combines what it receives with its own. Each
     // host sends and receives (hosts − 1) blocks, as a ring would, in one step.
-    direct_.begin(comm_);
-    direct_.reduce_into(send.subspan(std::uint64_t{host_} * block, block), recv, hosts_, host_, type, op);
-    for (std::uint32_t h = 0, i = 0; h < hosts_; ++h)
-      if (h != host_) LF_TRY_STATUS(direct_.receive(direct_.incoming(i++), block, h));
-    for (std::uint32_t h = 0; h < hosts_; ++h)
-      if (h != host_) LF_TRY_STATUS(direct_.send(send.data() + std::uint64_t{h} * block, block, h));
-    return {};
+    return start_direct([&]() -> Status {
+      direct_.reduce_into(send.subspan(std::uint64_t{host_} * block, block), recv, hosts_, host_, type, op);
+      for (std::uint32_t h = 0, i = 0; h < hosts_; ++h)
+        if (h != host_) LF_TRY_STATUS(direct_.receive(direct_.incoming(i++), block, h));
+      for (std::uint32_t h = 0; h < hosts_; ++h)
+        if (h != host_) LF_TRY_STATUS(direct_.send(send.data() + std::uint64_t{h} * block, block, h));
+      return {};
+    });
+  }
+  void abandon() override {
+    doubling_.abandon();
+    direct_.abandon();
+    // A non-blocking collective cannot be cancelled: MPI frees it with the communicator.
   }
   Result<bool> test() override {
     if (doubling_.active()) {
@@ -418,13 +428,14 @@ class MpiHostLink final : public HostLink {
           "MPI_Isend");
     }
     /// Once every message is in: `out` = the reduction of every host's block in host order, ours
-    /// (`mine`, host `self`) among the `hosts − 1` received ones.
+    /// (`mine`, host `self`) among the `hosts − 1` received ones. Average divides here, by the
+    /// host count, with f16 and bf16 still in f32 (with one rank per host, hosts are the ranks).
     void reduce_into(std::span<const std::byte> mine, std::span<std::byte> out, std::uint32_t hosts, std::uint32_t self,
                      DType type, ReduceOp op) {
       mine_ = mine;
       out_ = out;
       type_ = type;
-      op_ = op == ReduceOp::Average ? ReduceOp::Sum : op;  // the caller divides
+      op_ = op;
       hosts_ = hosts;
       self_ = self;
       incoming_.resize(out.size() * (hosts - 1));
@@ -483,6 +494,15 @@ class MpiHostLink final : public HostLink {
     DType type_ = DType::U8;
     ReduceOp op_ = ReduceOp::Sum;
   };
+
+  /// Begins a Direct exchange whose messages `post` posts; one that fails leaves none posted.
+  template <class Post>
+  Status start_direct(Post&& post) {
+    direct_.begin(comm_);
+    Status ok = post();
+    if (!ok) direct_.abandon();
+    return ok;
+  }
 
   /// Whether an exchange of `bytes` in all goes point to point (Direct).
   [[nodiscard]] bool direct(std::uint64_t bytes) const { return hosts_ <= kDirectHosts && bytes <= kPointToPointMax; }

@@ -36,12 +36,16 @@ class HostLink {
   [[nodiscard]] virtual Status start_direct_all_reduce(std::span<const std::byte> send, std::span<std::byte> recv,
                                                        DType type, ReduceOp op) = 0;
   [[nodiscard]] virtual Status start_direct_all_gather(std::span<const std::byte> send, std::span<std::byte> recv) = 0;
-  /// recv = op over every host's block number host() of `send` (hosts() blocks of recv's size).
+  /// recv = op over every host's block number host() of `send` (hosts() blocks of recv's size);
+  /// Average included (one rank per host: the hosts are the ranks).
   [[nodiscard]] virtual Status start_direct_reduce_scatter(std::span<const std::byte> send, std::span<std::byte> recv,
                                                            DType type, ReduceOp op) = 0;
   [[nodiscard]] virtual Status start_barrier() = 0;
   /// true once the exchange has ended; its error if it failed.
   [[nodiscard]] virtual Result<bool> test() = 0;
+  /// Gives up the exchange in flight (its deadline passed): receives that can be cancelled are,
+  /// so that they write nothing later; the rest is left to the transport.
+  virtual void abandon() = 0;
 };
 
 struct NativeOptions {

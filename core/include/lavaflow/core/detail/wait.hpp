@@ -127,7 +127,9 @@ Status wait_for(Ready&& ready, Stop&& stop, Sleeper&& sleeper, WaitMode mode, La
       if (auto s = stopped()) return *s;
     return timed_out();
   }
+  // The spin's own start: the deadline may have been started by the caller before this wait.
   Clock::time_point start{}, checked{};
+  bool clock_read = false;
   const std::uint64_t every = std::bit_ceil(std::max<std::uint64_t>(plan.clock_every, 1));
   if (mode != WaitMode::Block) {
     for (std::uint64_t i = 1;; ++i) {
@@ -135,7 +137,10 @@ Status wait_for(Ready&& ready, Stop&& stop, Sleeper&& sleeper, WaitMode mode, La
       if (plan.relax && (mode != WaitMode::BusyPoll || i >= kSpinsWithoutPause)) cpu_relax();
       if ((i & (every - 1)) != 0) continue;
       const auto now = Clock::now();
-      if (!deadline.started()) start = checked = now;
+      if (!clock_read) {
+        start = checked = now;
+        clock_read = true;
+      }
       if (now - checked >= plan.check_every) {
         checked = now;
         if (auto s = stopped()) return *s;
