@@ -11,6 +11,7 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <thread>
@@ -70,6 +71,21 @@ void check_reductions(Communicator& c, Checker& k, std::size_t count, DType t, R
   k.status(c.reduce_scatter(big, block, t, op).wait(), label(c, "reduce_scatter", t, op, count));
   k.expect(std::equal(block.begin(), block.end(), big_want.begin() + static_cast<std::ptrdiff_t>(r * count * es)),
            label(c, "reduce_scatter result", t, op, count));
+}
+
+// An f16 average whose sum does not fit in f16 (40000 on every rank; f16 ends at 65504): the
+// division happens before the result is rounded to f16 — on one host, and between hosts with one
+// rank each (the hosts' leaders of a host with several ranks exchange partial sums in f16).
+void check_f16_average_range(Communicator& c, Checker& k) {
+  constexpr std::size_t kCount = 5;
+  const std::uint16_t v = to_f16(40000.0f);
+  std::vector<std::uint16_t> send(kCount * c.size(), v), recv(kCount, 0);
+  k.status(c.reduce_scatter(std::as_bytes(std::span(send)), std::as_writable_bytes(std::span(recv)), DType::F16,
+                            ReduceOp::Average)
+               .wait(),
+           label(c, "reduce_scatter of large values", DType::F16, ReduceOp::Average, kCount));
+  k.expect(recv == std::vector<std::uint16_t>(kCount, v),
+           label(c, "reduce_scatter of large values: the average, not inf", DType::F16, ReduceOp::Average, kCount));
 }
 
 void check_moves(Communicator& c, Checker& k, std::size_t count, DType t) {
@@ -147,9 +163,23 @@ void check_overlap(Communicator& c, Checker& k) {
   }
 }
 
+/// Whether the job's ranks are all on one host or each on a host of its own (by hostname).
+bool layout_is_flat(const mpi::Communicator& job) {
+  char name[64] = {};
+  ::gethostname(name, sizeof name - 1);
+  std::vector<char> all(sizeof name * static_cast<std::size_t>(job.size()));
+  MPI_Allgather(name, sizeof name, MPI_CHAR, all.data(), sizeof name, MPI_CHAR, MPI_COMM_WORLD);
+  std::vector<std::string> hosts;
+  for (int r = 0; r < job.size(); ++r) hosts.emplace_back(all.data() + r * sizeof name);
+  std::sort(hosts.begin(), hosts.end());
+  const auto distinct = static_cast<std::size_t>(std::unique(hosts.begin(), hosts.end()) - hosts.begin());
+  return distinct == 1 || distinct == hosts.size();
+}
+
 void run_all(const mpi::Communicator& job, Checker& k) {
   const auto n = static_cast<std::uint32_t>(job.size()), me = static_cast<std::uint32_t>(job.rank());
   auto open = mpi_communicators(job, {.chunk_bytes = 64 << 10, .arena_bytes = 8 << 20});
+  const bool flat = layout_is_flat(job);  // every rank asks, at the same point
   for (Backend b : mpi_backends()) {
     std::vector<std::unique_ptr<Communicator>> comms;
     std::vector<std::uint32_t> all, part;
@@ -170,6 +200,7 @@ void run_all(const mpi::Communicator& job, Checker& k) {
       // Several staging chunks (64 KiB here), and a size that is not a multiple of the ranks.
       check_reductions(*c, k, 100'003, DType::F32, ReduceOp::Sum);
       check_reductions(*c, k, 70'001, DType::BF16, ReduceOp::Average);
+      if (b == Backend::Native && flat && c->size() == n) check_f16_average_range(*c, k);  // subsets: not worked out
       for (DType t : kTypes)
         for (std::size_t count : {std::size_t{1}, std::size_t{9}, std::size_t{50'001}}) check_moves(*c, k, count, t);
       k.status(c->barrier().wait(), str_format("{} barrier on '{}'", c->backend(), c->group()));
