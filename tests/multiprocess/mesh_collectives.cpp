@@ -163,23 +163,22 @@ void check_overlap(Communicator& c, Checker& k) {
   }
 }
 
-/// Whether the job's ranks are all on one host or each on a host of its own (by hostname).
+/// Whether the job's ranks are all on one host or each on a host of its own (as the mesh tells
+/// hosts apart: by the locations the job exchanged).
 bool layout_is_flat(const mpi::Communicator& job) {
-  char name[64] = {};
-  ::gethostname(name, sizeof name - 1);
-  std::vector<char> all(sizeof name * static_cast<std::size_t>(job.size()));
-  MPI_Allgather(name, sizeof name, MPI_CHAR, all.data(), sizeof name, MPI_CHAR, MPI_COMM_WORLD);
-  std::vector<std::string> hosts;
-  for (int r = 0; r < job.size(); ++r) hosts.emplace_back(all.data() + r * sizeof name);
-  std::sort(hosts.begin(), hosts.end());
-  const auto distinct = static_cast<std::size_t>(std::unique(hosts.begin(), hosts.end()) - hosts.begin());
-  return distinct == 1 || distinct == hosts.size();
+  std::vector<const HostIdentity*> hosts;
+  for (int r = 0; r < job.size(); ++r) {
+    const HostIdentity& h = job.location(r).host;
+    if (std::none_of(hosts.begin(), hosts.end(), [&](const HostIdentity* seen) { return *seen == h; }))
+      hosts.push_back(&h);
+  }
+  return hosts.size() == 1 || hosts.size() == static_cast<std::size_t>(job.size());
 }
 
 void run_all(const mpi::Communicator& job, Checker& k) {
   const auto n = static_cast<std::uint32_t>(job.size()), me = static_cast<std::uint32_t>(job.rank());
   auto open = mpi_communicators(job, {.chunk_bytes = 64 << 10, .arena_bytes = 8 << 20});
-  const bool flat = layout_is_flat(job);  // every rank asks, at the same point
+  const bool flat = layout_is_flat(job);
   for (Backend b : mpi_backends()) {
     std::vector<std::unique_ptr<Communicator>> comms;
     std::vector<std::uint32_t> all, part;

@@ -895,7 +895,7 @@ Result<Loan> Producer::loan_general(Duration timeout) {
   }
   auto& waits = m.loan_waits;
   waits.clear();
-  if (m.written()) m.collect_release_waits(seq, m.write_slot);
+  m.collect_release_waits(seq, m.write_slot);
   if (!waits.empty() && m.options.host_wait_for_gpu_release) {
     for (const auto& w : waits)
       if (auto ok = wait_on_host(w, fail_fast ? Duration::zero() : deadline.left()); !ok) {
@@ -1446,13 +1446,8 @@ Result<Received> Consumer::receive_general(Duration timeout) {
   LazyDeadline deadline(timeout);
   for (;;) {
     std::uint64_t n = 0;
-    // Ready when the slot of message n carries n's publication marker.
     std::uint32_t k = 0;
-    auto ready = [&] { return m.message_ready(n, k); };
-    if (!ready()) {
-      auto gone = [&] { return m.gone(); };
-      LF_TRY_STATUS(wait_until(ready, gone, cb.data_futex, cb.consumers_waiting, m.options.wait, deadline, call));
-    }
+    if (!m.message_ready(n, k)) LF_TRY_STATUS(m.await_message(deadline, n, k));
     // A message whose producer's GPU is still writing it stays in the ring until the write is
     // done: a receive that times out waiting for it loses nothing.
     if (m.options.host_wait_for_gpu && m.written() &&
