@@ -2,9 +2,11 @@
 // lavaflow-bench-device-collectives — run by `lavaflow-bench device-collectives` under
 // lavaflow-launch: collectives on GPU buffers, every size from 8 B to --max-size (bytes per rank),
 // all_reduce / all_gather / reduce_scatter / broadcast, f32 and bf16 (reductions in sum).
-//   --backend vulkan  VulkanCollectives (reduction in a compute shader over the shared segment)
-//                     against the same calls staged through host memory and the native host
-//                     collective ("staged": what a program without GPU collectives does).
+//   --backend vulkan  VulkanCollectives (reduction in a compute shader over the shared segment:
+//                     "lavaflow-vulkan" on what open() chose, and "lavaflow-vulkan-host" on host
+//                     memory when it chose the device's own) against the same calls staged
+//                     through host memory and the native host collective ("staged": what a
+//                     program without GPU collectives does).
 //   --backend cuda    CudaCollectives (kernels over the peers' mapped staging), with and without
 //                     CUDA graphs, against NCCL where built ("nccl", "nccl-graph") and against
 //                     the staged path (cudaMemcpy, native host collective, cudaMemcpy).
@@ -117,6 +119,18 @@ int run_vulkan(Communicator& host, const LaunchedJob& job, std::uint64_t max_siz
                  (shared ? staged.error() : shared.error()).message().c_str());
     return 1;
   }
+  if (host.rank() == 0)
+    std::fprintf(stderr, "lavaflow-bench device-collectives: vulkan segment: %s (%s)\n",
+                 std::string(to_string((*shared)->segment())).c_str(), (*shared)->segment_reason().c_str());
+  // Ranks on one device share its memory; the host-memory segment that any mix of devices uses
+  // is measured beside it.
+  std::unique_ptr<VulkanCollectives> hosted;
+  if ((*shared)->segment() == VulkanSegment::DeviceMemory) {
+    auto h =
+        VulkanCollectives::open(*ctx, host, {.key = job.key + "-bench-vk-host", .segment = VulkanSegment::HostMemory});
+    if (!h) return std::fprintf(stderr, "lavaflow-bench device-collectives: %s\n", h.error().message().c_str()), 1;
+    hosted = std::move(*h);
+  }
   const std::uint32_t n = host.size();
   for (std::uint64_t size = 8; size <= max_size; size = size * 4 > max_size && size < max_size ? max_size : size * 4) {
     auto send = GpuBuffer::allocate(*ctx, {.size = size * n});
@@ -142,9 +156,11 @@ int run_vulkan(Communicator& host, const LaunchedJob& job, std::uint64_t max_siz
         const int calls = std::max(1, calls_for(size) / 5);
         auto ours = time_sync(host, calls, [&] { return one(**shared); });
         auto base = time_sync(host, calls, [&] { return one(**staged); });
-        if (ours.empty() || base.empty())
+        auto in_host = hosted ? time_sync(host, calls, [&] { return one(*hosted); }) : std::vector<double>{};
+        if (ours.empty() || base.empty() || (hosted && in_host.empty()))
           return std::fprintf(stderr, "lavaflow-bench device-collectives: %s failed\n", op_name(op)), 1;
         rows.push_back(summarize("lavaflow-vulkan", op, t, size, n, ours));
+        if (hosted) rows.push_back(summarize("lavaflow-vulkan-host", op, t, size, n, in_host));
         rows.push_back(summarize("staged", op, t, size, n, base));
       }
     if (size == max_size) break;
@@ -369,7 +385,9 @@ int main(int argc, char** argv) {
   // Ratios against the baselines of the same run: NCCL where it ran, else the staged path.
   nlohmann::json targets = nlohmann::json::array();
   for (const auto& r : rows) {
-    if (r.name != "lavaflow" && r.name != "lavaflow-vulkan" && r.name != "lavaflow-graph") continue;
+    if (r.name != "lavaflow" && r.name != "lavaflow-vulkan" && r.name != "lavaflow-vulkan-host" &&
+        r.name != "lavaflow-graph")
+      continue;
     const std::string base = r.name == "lavaflow-graph" ? "nccl-graph" : (find(rows, "nccl", r) ? "nccl" : "staged");
     const Row* b = find(rows, base, r);
     if (!b) continue;

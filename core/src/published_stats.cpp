@@ -20,6 +20,7 @@
 
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/detail/private_dir.hpp"
+#include "lavaflow/core/unix_socket.hpp"
 #include "stats_server.hpp"
 
 namespace lavaflow {
@@ -300,9 +301,7 @@ void detail::StatsServer::serve() {
 }
 
 void detail::StatsServer::answer(int client) {
-  ucred who{};
-  socklen_t len = sizeof who;
-  if (::getsockopt(client, SOL_SOCKET, SO_PEERCRED, &who, &len) != 0 || who.uid != ::getuid()) return;
+  if (auto who = peer_credentials(client); !who || who->uid != ::getuid()) return;
   // Reports are made at most every kReportEvery: each one takes the pool's lock, and clients
   // that come in numbers must not slow the pool's own work.
   const auto now = Clock::now();

@@ -4,9 +4,12 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
+#include <thread>
 
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/detail/wire.hpp"
@@ -17,7 +20,57 @@ namespace {
 constexpr std::uint32_t kFrameMagic = 0x4d464c46;  // "FLFM"
 constexpr std::size_t kHeader = 12;                // magic, payload length, fd count
 
+Result<sockaddr_un> abstract_address(std::string_view name, socklen_t& len) {
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  // sun_path[0] stays NUL: the abstract namespace.
+  if (name.empty() || name.size() >= sizeof a.sun_path - 1)
+    return fail(Errc::InvalidArgument, "abstract socket",
+                str_format("name of {} bytes: not 1 … {}", name.size(), sizeof a.sun_path - 2));
+  std::memcpy(a.sun_path + 1, name.data(), name.size());
+  len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  return a;
+}
+
 }  // namespace
+
+Result<PeerCredentials> peer_credentials(int sock) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (::getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0)
+    return std::unexpected(from_errno(errno, "getsockopt(SO_PEERCRED)"));
+  return PeerCredentials{cred.pid, cred.uid, cred.gid};
+}
+
+Result<UniqueFd> listen_abstract(std::string_view name, int backlog) {
+  socklen_t len = 0;
+  LF_TRY(const auto addr, abstract_address(name, len));
+  UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd) return std::unexpected(from_errno(errno, "socket(AF_UNIX)"));
+  if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&addr), len) != 0)
+    return std::unexpected(from_errno(errno, "bind", str_format("abstract socket @{}", name)));
+  if (::listen(fd.get(), backlog) != 0)
+    return std::unexpected(from_errno(errno, "listen", str_format("abstract socket @{}", name)));
+  return fd;
+}
+
+Result<UniqueFd> connect_abstract(std::string_view name, std::chrono::nanoseconds timeout) {
+  socklen_t len = 0;
+  LF_TRY(const auto addr, abstract_address(name, len));
+  UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd) return std::unexpected(from_errno(errno, "socket(AF_UNIX)"));
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), len) == 0) return fd;
+    if (errno == EINTR) continue;
+    if (errno == ECONNREFUSED)
+      return fail(Errc::PeerLost, "connect", str_format("nothing listens at abstract socket @{}", name));
+    // A full backlog answers EAGAIN to a non-blocking connect: the listener has not caught up.
+    if (errno != EAGAIN || std::chrono::steady_clock::now() >= until)
+      return std::unexpected(from_errno(errno, "connect", str_format("abstract socket @{}", name)));
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
 
 Result<std::pair<UniqueFd, UniqueFd>> socket_pair() {
   int sv[2];

@@ -2,7 +2,9 @@
 #include "lavaflow/mesh/vulkan.hpp"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,7 +12,9 @@
 #include <array>
 #include <bit>
 #include <cstring>
+#include <functional>
 #include <optional>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -18,6 +22,7 @@
 #include "lavaflow/core/detail/vk_call.hpp"
 #include "lavaflow/core/location.hpp"
 #include "lavaflow/core/unique_fd.hpp"
+#include "lavaflow/core/unix_socket.hpp"
 #include "lavaflow/mesh/native.hpp"
 
 namespace lavaflow::mesh {
@@ -26,6 +31,18 @@ DeviceSpan device_span(const GpuBuffer& buffer) { return {buffer.buffer(), buffe
 
 DeviceSpan device_span(const GpuBuffer& buffer, std::uint64_t bytes) {
   return {buffer.buffer(), buffer.offset(), std::min(bytes, buffer.size())};
+}
+
+std::string_view to_string(VulkanSegment s) noexcept {
+  switch (s) {
+    case VulkanSegment::Auto:
+      return "auto";
+    case VulkanSegment::DeviceMemory:
+      return "device memory";
+    case VulkanSegment::HostMemory:
+      return "host memory";
+  }
+  return "unknown segment";
 }
 
 #if LAVAFLOW_MESH_VULKAN
@@ -76,6 +93,18 @@ struct Record {
   friend bool operator==(const Record&, const Record&) = default;
 };
 static_assert(sizeof(Record) == 32);
+
+/// What each rank says of itself at open: where it runs and whether its device can share memory
+/// by fd.
+struct Peer {
+  std::uint64_t host = 0;  ///< hash of hostname and boot id
+  Uuid device{};
+  Uuid driver{};
+  std::int32_t pid = 0;
+  std::uint32_t shares_fds = 0;  ///< opaque-fd export and import of memory
+  friend bool operator==(const Peer&, const Peer&) = default;
+};
+static_assert(sizeof(Peer) == 48);
 
 std::string describe(const Record& r) {
   const auto k = static_cast<Kind>(r.kind);
@@ -162,22 +191,25 @@ class Collectives final : public VulkanCollectives {
       return fail(Errc::InvalidArgument, call,
                   str_format("chunk_bytes {} is not a power of two in 4 KiB … 64 MiB", o.chunk_bytes));
     if (o.key.empty()) return fail(Errc::InvalidArgument, call, "an empty key names no segment");
+    if (o.segment != VulkanSegment::Auto && o.segment != VulkanSegment::DeviceMemory &&
+        o.segment != VulkanSegment::HostMemory)
+      return fail(Errc::InvalidArgument, call, "unknown VulkanSegment");
     const auto& caps = ctx_.capabilities();
-    if (!caps.memory_host_import || !ctx_.has_extension(VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME))
-      return fail(Errc::Unsupported, call,
-                  str_format("device {} lacks VK_EXT_external_memory_host", caps.identity.name));
-    // One host or several: the ranks compare where they run.
+    // One host or several, one device or several: the ranks compare where they run.
     auto here = HostIdentity::detect();
     // A host that cannot say who it is stages: sharing a segment with a rank elsewhere would fail.
-    const std::uint64_t mine = here ? name_hash(here->hostname + "/" + here->boot_id)
-                                    : name_hash(str_format("unknown host, pid {}", ::getpid()));
-    std::vector<std::uint64_t> hosts(n_);
+    const Peer mine{here ? name_hash(here->hostname + "/" + here->boot_id)
+                         : name_hash(str_format("unknown host, pid {}", ::getpid())),
+                    caps.identity.device_uuid, caps.identity.driver_uuid, static_cast<std::int32_t>(::getpid()),
+                    caps.memory_fd_export && caps.memory_fd_import ? 1u : 0u};
+    std::vector<Peer> peers(n_);
     LF_TRY_STATUS(
         within(call, host_
-                         .all_gather(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(hosts)),
+                         .all_gather(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(peers)),
                                      DType::U8, {.timeout = o.attach_timeout})
                          .wait()));
-    shared_ = std::ranges::all_of(hosts, [&](std::uint64_t h) { return h == mine; }) && !o.stage_through_host;
+    shared_ = std::ranges::all_of(peers, [&](const Peer& p) { return p.host == mine.host; }) && !o.stage_through_host;
+    LF_TRY(const bool device, choose_segment(o, peers));
 
     // The storage-buffer binding covers every rank's region (two staging buffers and a scratch)
     // when shared, this rank's own when staged; each reduce-scatter piece is at least one part.
@@ -193,6 +225,22 @@ class Collectives final : public VulkanCollectives {
     stride_ = 3 * chunk_;
     range_ = stride_ * regions;
 
+    if (device) {
+      auto attached = attach_device(o, peers);
+      if (attached) {
+        seg_buffer_ = dev_seg_->buffer();
+        return detail::vk_call("VulkanCollectives: pipeline", [&] { make_pipeline(); });
+      }
+      if (o.segment == VulkanSegment::DeviceMemory) return attached;
+      // Every rank learnt of the failure in the same agreement, so every rank falls back.
+      dev_seg_.reset();
+      segment_ = VulkanSegment::HostMemory;
+      reason_ = str_format("the device's exported memory could not be shared ({}): host memory instead",
+                           attached.error().message());
+    }
+    if (!caps.memory_host_import || !ctx_.has_extension(VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME))
+      return fail(Errc::Unsupported, call,
+                  str_format("device {} lacks VK_EXT_external_memory_host", caps.identity.name));
     const auto align =
         std::max<std::uint64_t>(static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE)), caps.host_import_alignment);
     if (shared_) {
@@ -206,13 +254,51 @@ class Collectives final : public VulkanCollectives {
     }
     auto imported = import_host(ctx_, map_.data(), bytes_);
     LF_TRY_STATUS(agree(imported ? Status{} : Status(std::unexpected(imported.error())), o.attach_timeout, call));
-    seg_ = std::move(*imported);
+    host_seg_ = std::move(*imported);
+    seg_buffer_ = *host_seg_.buffer;
     return detail::vk_call("VulkanCollectives: pipeline", [&] { make_pipeline(); });
+  }
+
+  /// Whether the ranks of this host share the device's own memory; sets segment_ and reason_.
+  /// Every rank decides alike from the same records.
+  Result<bool> choose_segment(const VulkanCollectiveOptions& o, const std::vector<Peer>& peers) {
+    constexpr const char* call = "VulkanCollectives::open";
+    segment_ = VulkanSegment::HostMemory;
+    if (!shared_) {
+      if (o.segment == VulkanSegment::DeviceMemory)
+        return fail(Errc::InvalidArgument, call, "device memory asked for, but the ranks stage through the host");
+      reason_ = o.stage_through_host ? "asked to stage through the host: each rank's own pinned host memory"
+                                     : "the group spans hosts: each rank stages through its own pinned host memory";
+      return false;
+    }
+    if (o.segment == VulkanSegment::HostMemory) {
+      reason_ = "host memory asked for";
+      return false;
+    }
+    const Peer& me = peers[me_];
+    for (std::uint32_t r = 0; r < n_; ++r) {
+      std::string why;
+      if (peers[r].device != me.device || peers[r].driver != me.driver)
+        why = str_format("rank {} runs on another device", r);
+      else if (!peers[r].shares_fds)
+        why = str_format("rank {}'s device cannot export and import memory fds", r);
+      if (why.empty()) continue;
+      if (o.segment == VulkanSegment::DeviceMemory)
+        return fail(Errc::InvalidArgument, call, str_format("device memory asked for, but {}", why));
+      reason_ = why + ": host memory that every device imports";
+      return false;
+    }
+    segment_ = VulkanSegment::DeviceMemory;
+    reason_ = str_format("every rank runs on {}: its own memory, exported once and imported by every rank",
+                         ctx_.capabilities().identity.name);
+    return true;
   }
 
   std::uint32_t rank() const override { return me_; }
   std::uint32_t size() const override { return n_; }
   bool shared_segment() const override { return shared_; }
+  VulkanSegment segment() const override { return segment_; }
+  const std::string& segment_reason() const override { return reason_; }
 
   Status all_reduce(DeviceSpan send, DeviceSpan recv, DType type, ReduceOp op, CallOptions options) override {
     LF_TRY_STATUS(check_args(Kind::AllReduce, send, recv, type, op, send.size == recv.size, "send and recv differ"));
@@ -294,15 +380,102 @@ class Collectives final : public VulkanCollectives {
     return agree(opened, o.attach_timeout, call);
   }
 
+  /// The device path: rank 0 allocates the whole segment on the device and exports it; every
+  /// other rank takes the fd from rank 0 over an abstract Unix socket and imports it. The socket's
+  /// name is public to the host's network namespace, so each end checks the other's pid against
+  /// the group's records (the host communicator's, which a stranger cannot write) and the
+  /// importer checks the descriptor against the segment it expects.
+  Status attach_device(const VulkanCollectiveOptions& o, const std::vector<Peer>& peers) {
+    constexpr const char* call = "VulkanCollectives::open (device memory)";
+    bytes_ = stride_ * n_;
+    const Deadline deadline(o.attach_timeout);
+    const std::string name = str_format("lavaflow-vkc-{:016x}-{}", name_hash(o.key), peers[0].pid);
+    UniqueFd listener;
+    std::optional<Export> exported;
+    Status made;
+    if (me_ == 0) {
+      made = [&]() -> Status {
+        LF_TRY(auto b, GpuBuffer::allocate(ctx_, {.size = bytes_, .memory = GpuMemory::DeviceLocal}));
+        LF_TRY(auto e, b.export_handle());
+        LF_TRY(listener, listen_abstract(name, static_cast<int>(n_)));
+        dev_seg_.emplace(std::move(b));
+        exported.emplace(std::move(e));
+        return {};
+      }();
+    }
+    LF_TRY_STATUS(agree(made, deadline.left(), call));
+
+    if (me_ != 0) {
+      auto imported = take_segment(name, peers[0].pid, deadline);
+      if (imported) dev_seg_.emplace(std::move(*imported));
+      return agree(imported ? Status{} : Status(std::unexpected(imported.error())), deadline.left(), call);
+    }
+    // Rank 0 hands the fd to each rank of the group that connects, once, until every rank has
+    // said how its import went; anything else that connects is closed unanswered. One rank
+    // imports at a time: every fd exported from one allocation may share one file offset (Mesa's
+    // lavapipe reads a header through it on import), so imports at once can read each other's.
+    std::vector<bool> served(n_, false);
+    served[0] = true;
+    auto serve = [&] {
+      pollfd p{listener.get(), POLLIN, 0};
+      if (std::ranges::all_of(served, [](bool b) { return b; })) {
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+        return;
+      }
+      if (::poll(&p, 1, 1) <= 0) return;
+      for (;;) {
+        UniqueFd conn(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+        if (!conn) return;
+        const auto who = peer_credentials(conn.get());
+        if (!who) continue;
+        for (std::uint32_t r = 1; r < n_; ++r)
+          if (!served[r] && peers[r].pid == who->pid) {
+            const auto bytes = exported->descriptor.serialize();
+            const int fd = exported->fd.get();
+            served[r] = send_message(conn.get(), bytes, std::span(&fd, 1)).has_value();
+            // Its word that the import is done (or a hang-up, or the deadline) frees the offset.
+            if (served[r])
+              (void)recv_message(conn.get(), std::chrono::duration_cast<std::chrono::milliseconds>(deadline.left()), 1);
+            break;
+          }
+      }
+    };
+    return agree({}, deadline.left(), call, serve);
+  }
+
+  /// A rank other than 0: the segment from rank 0 (`pid`), imported into this device.
+  Result<GpuBuffer> take_segment(const std::string& name, std::int32_t pid, const Deadline& deadline) {
+    constexpr const char* call = "VulkanCollectives::open (device memory)";
+    LF_TRY(auto sock, connect_abstract(name, deadline.left()));
+    LF_TRY(const auto who, peer_credentials(sock.get()));
+    if (who.pid != pid)
+      return fail(
+          Errc::PermissionDenied, call,
+          str_format("process {} answers at @{}, not the group's rank 0 (pid {}): refused", who.pid, name, pid));
+    LF_TRY(auto msg, recv_message(sock.get(), std::chrono::duration_cast<std::chrono::milliseconds>(deadline.left()),
+                                  ExportDescriptor::kSerializedSize, 1));
+    LF_TRY(auto desc, ExportDescriptor::deserialize(msg.payload));
+    if (msg.fds.size() != 1) return fail(Errc::Malformed, call, "rank 0's answer carries no fd");
+    if (desc.offset != 0 || desc.size < bytes_ || !is_gpu(desc.kind))
+      return fail(Errc::Malformed, call,
+                  str_format("rank 0 sent {} bytes of {} at offset {}, not the {}-byte device segment", desc.size,
+                             to_string(desc.kind), desc.offset, bytes_));
+    auto imported = GpuBuffer::import(ctx_, desc, std::move(msg.fds.front()));
+    const std::byte done{imported ? std::uint8_t{1} : std::uint8_t{0}};
+    (void)send_message(sock.get(), std::span(&done, 1));
+    return imported;
+  }
+
   /// Every rank learns whether every rank's `mine` succeeded; a rank that failed returns its own
-  /// error, the others one naming it.
-  Status agree(const Status& mine, Duration timeout, const char* call) {
+  /// error, the others one naming it. `meanwhile` runs until the exchange has ended.
+  Status agree(const Status& mine, Duration timeout, const char* call, const std::function<void()>& meanwhile = {}) {
     const std::int32_t ok = mine ? 1 : 0;
     std::vector<std::int32_t> all(n_);
-    LF_TRY_STATUS(within(call, host_
-                                   .all_gather(std::as_bytes(std::span(&ok, 1)), std::as_writable_bytes(std::span(all)),
-                                               DType::I32, {.timeout = timeout})
-                                   .wait()));
+    auto work = host_.all_gather(std::as_bytes(std::span(&ok, 1)), std::as_writable_bytes(std::span(all)), DType::I32,
+                                 {.timeout = timeout});
+    if (meanwhile)
+      while (!work.test()) meanwhile();
+    LF_TRY_STATUS(within(call, work.wait()));
     if (!mine) return std::unexpected(mine.error().within(call));
     for (std::uint32_t r = 0; r < n_; ++r)
       if (!all[r])
@@ -321,7 +494,7 @@ class Collectives final : public VulkanCollectives {
     pool_ = vk::raii::DescriptorPool(
         dev, vk::DescriptorPoolCreateInfo(vk::DescriptorPoolCreateFlagBits::eFreeDescriptorSet, 1, size));
     set_ = std::move(vk::raii::DescriptorSets(dev, vk::DescriptorSetAllocateInfo(*pool_, *set_layout_)).front());
-    vk::DescriptorBufferInfo whole(*seg_.buffer, 0, range_);
+    vk::DescriptorBufferInfo whole(seg_buffer_, 0, range_);
     dev.updateDescriptorSets(vk::WriteDescriptorSet(*set_, 0, 0, vk::DescriptorType::eStorageBuffer, {}, whole), {});
     commands_ = vk::raii::CommandPool(
         dev, vk::CommandPoolCreateInfo(vk::CommandPoolCreateFlagBits::eResetCommandBuffer, ctx_.queue_family()));
@@ -475,7 +648,7 @@ class Collectives final : public VulkanCollectives {
   [[nodiscard]] std::uint64_t stage(std::uint32_t r, std::uint32_t b) const { return r * stride_ + b * chunk_; }
   [[nodiscard]] std::uint64_t scratch(std::uint32_t r) const { return r * stride_ + 2 * chunk_; }
   std::uint32_t flip() { return static_cast<std::uint32_t>(step_++ & 1); }
-  [[nodiscard]] vk::Buffer seg() const { return *seg_.buffer; }
+  [[nodiscard]] vk::Buffer seg() const { return seg_buffer_; }
 
   Status shared_all_reduce(DeviceSpan send, DeviceSpan recv, DType type, ReduceOp op, const Deadline& d) {
     for (std::uint64_t at = 0; at < send.size; at += chunk_) {
@@ -634,8 +807,12 @@ class Collectives final : public VulkanCollectives {
   std::uint64_t chunk_ = 0, stride_ = 0, bytes_ = 0, range_ = 0;
   std::uint32_t max_groups_ = 1;
   bool shared_ = false;
+  VulkanSegment segment_ = VulkanSegment::HostMemory;
+  std::string reason_;
   Mapping map_;
-  HostImport seg_;
+  HostImport host_seg_;
+  std::optional<GpuBuffer> dev_seg_;
+  vk::Buffer seg_buffer_;  ///< the segment as one buffer, from offset 0: host_seg_'s or dev_seg_'s
   vk::raii::DescriptorSetLayout set_layout_ = nullptr;
   vk::raii::PipelineLayout layout_ = nullptr;
   vk::raii::ShaderModule module_ = nullptr;

@@ -10,15 +10,24 @@
 //                                               get PeerLost naming it
 //   lavaflow-launch -n N mesh_vulkan late       the last rank never calls: the others get Timeout
 //                                               naming it within the call's timeout
+//   lavaflow-launch -n N mesh_vulkan squat      rank 0's socket name is taken before open: device
+//                                               memory, asked for, fails naming it; Auto falls
+//                                               back to host memory on every rank and works
+//   lavaflow-launch -n N mesh_vulkan stranger   a thread of rank 0 (not a rank that needs the fd)
+//                                               connects to the socket again and again during open:
+//                                               it gets nothing, and every rank still attaches
 // Exit 77 when no device can import host memory (the test is then a visible skip).
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/transfer.hpp"
+#include "lavaflow/core/unix_socket.hpp"
 #include "lavaflow/mesh/launch.hpp"
 #include "lavaflow/mesh/native.hpp"
 #include "lavaflow/mesh/vulkan.hpp"
@@ -135,12 +144,74 @@ int main(int argc, char** argv) {
   }
   Communicator& comm = **host;
   const std::uint32_t n = comm.size();
+  const auto& caps = ctx->capabilities();
+  const bool shares_fds = caps.memory_fd_export && caps.memory_fd_import;
+  if (mode == "squat" || mode == "stranger") {
+    if (!shares_fds) {
+      std::printf("LAVAFLOW-SKIP: mesh-vulkan rank %u: SKIP: %s cannot share memory fds\n", me,
+                  caps.identity.name.c_str());
+      return 77;
+    }
+    // Every rank learns rank 0's pid, which names its socket.
+    const std::int32_t pid = ::getpid();
+    std::vector<std::int32_t> pids(n);
+    if (!comm.all_gather(std::as_bytes(std::span(&pid, 1)), std::as_writable_bytes(std::span(pids)), DType::I32).wait())
+      return 1;
+    const std::string key = job->key + "-vk-" + mode;
+    const std::string name = str_format("lavaflow-vkc-{:016x}-{}", name_hash(key), pids[0]);
+    const std::vector<std::byte> data = encode(inputs(me, 1000, DType::F32), DType::F32);
+    auto works = [&](VulkanCollectives& c, const char* what) {
+      auto b = buffer_with(*ctx, data);
+      if (!b) return expect(false, "allocate");
+      const auto s = c.all_reduce(device_span(*b), device_span(*b), DType::F32, ReduceOp::Sum);
+      expect(s && read(*ctx, *b, data.size()) == expected(n, 1000, DType::F32, ReduceOp::Sum),
+             str_format("all_reduce over {}", what));
+    };
+    if (mode == "squat") {
+      Result<UniqueFd> squatter = me == 0 ? listen_abstract(name, 1) : Result<UniqueFd>(UniqueFd());
+      expect(squatter.has_value(), "the squatter binds the name first");
+      auto asked = VulkanCollectives::open(*ctx, comm, {.key = key, .segment = VulkanSegment::DeviceMemory});
+      expect(
+          !asked && asked.error().message().find(me == 0 ? "@" + name : "rank 0") != std::string::npos,
+          asked ? "device memory with its name taken succeeded" : "not naming the cause: " + asked.error().message());
+      auto fell = VulkanCollectives::open(*ctx, comm, {.key = key});
+      expect(fell && (*fell)->segment() == VulkanSegment::HostMemory &&
+                 (*fell)->segment_reason().find("host memory instead") != std::string::npos,
+             fell ? "Auto did not fall back: " + (*fell)->segment_reason() : "open: " + fell.error().message());
+      if (fell) works(**fell, "the fallback's host memory");
+    } else {
+      std::atomic<bool> done{false};
+      std::atomic<int> answered{0}, tries{0};
+      std::thread stranger;
+      if (me == 0)
+        stranger = std::thread([&] {
+          std::vector<UniqueFd> held;
+          while (!done) {
+            ++tries;
+            auto c = connect_abstract(name, std::chrono::milliseconds(5));
+            if (!c) continue;
+            if (recv_message(c->get(), std::chrono::milliseconds(1)).has_value()) ++answered;
+            if (held.size() < 64) held.push_back(std::move(*c));  // connections that never speak
+          }
+        });
+      auto vc = VulkanCollectives::open(*ctx, comm, {.key = key, .segment = VulkanSegment::DeviceMemory});
+      done = true;
+      if (stranger.joinable()) stranger.join();
+      expect(vc.has_value(), vc ? "" : "open beside a stranger: " + vc.error().message());
+      expect(answered == 0, "the stranger got an answer");
+      if (vc) works(**vc, "device memory opened beside a stranger");
+    }
+    if (!checks.failures) std::printf("mesh-vulkan rank %u: %s OK (%u ranks)\n", me, mode.c_str(), n);
+    return checks.failures ? 1 : 0;
+  }
   auto vc = VulkanCollectives::open(*ctx, comm, {.key = job->key + "-vk", .chunk_bytes = 256 << 10});
   if (!vc) {
     std::printf("mesh-vulkan rank %u: FAILED: open: %s\n", me, vc.error().message().c_str());
     return 1;
   }
   expect((*vc)->shared_segment(), "ranks of one host share the segment");
+  expect((*vc)->segment() == (shares_fds ? VulkanSegment::DeviceMemory : VulkanSegment::HostMemory),
+         "ranks on one device share its memory where it can export: " + (*vc)->segment_reason());
   auto buf = buffer_with(*ctx, encode(inputs(me, 16, DType::F32), DType::F32));
   if (!buf) return 1;
   const auto span = device_span(*buf, 64);
@@ -177,7 +248,17 @@ int main(int argc, char** argv) {
     return checks.failures ? 1 : 0;
   }
 
-  every_op(*ctx, **vc, "shared");
+  every_op(*ctx, **vc, (*vc)->segment() == VulkanSegment::DeviceMemory ? "device memory" : "host memory");
+  if ((*vc)->segment() == VulkanSegment::DeviceMemory) {
+    auto hosted = VulkanCollectives::open(
+        *ctx, comm, {.key = job->key + "-vk-host", .chunk_bytes = 128 << 10, .segment = VulkanSegment::HostMemory});
+    expect(hosted && (*hosted)->segment() == VulkanSegment::HostMemory, "host memory when asked for");
+    if (hosted) every_op(*ctx, **hosted, "host memory");
+  }
+  auto refused = VulkanCollectives::open(
+      *ctx, comm,
+      {.key = job->key + "-vk-refused", .stage_through_host = true, .segment = VulkanSegment::DeviceMemory});
+  expect(!refused && refused.error().code() == Errc::InvalidArgument, "device memory while staging is refused");
   auto staged = VulkanCollectives::open(
       *ctx, comm, {.key = job->key + "-vk-staged", .chunk_bytes = 64 << 10, .stage_through_host = true});
   expect(staged.has_value(), staged ? "" : "open staged: " + staged.error().message());

@@ -89,3 +89,36 @@ TEST_CASE("a receiver out of file descriptors is told so, not that the peer misb
   REQUIRE(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
 }
+
+TEST_CASE("abstract sockets: a listener, its connections and who made them") {
+  const std::string name = "lavaflow-test-abstract-" + std::to_string(::getpid());
+  auto listener = listen_abstract(name, 4);
+  REQUIRE(listener);
+  // The name is taken while the listener lives.
+  auto second = listen_abstract(name, 4);
+  REQUIRE_FALSE(second);
+  CHECK(second.error().message().find("@" + name) != std::string::npos);
+
+  auto client = connect_abstract(name, std::chrono::milliseconds(100));
+  REQUIRE(client);
+  UniqueFd server(::accept4(listener->get(), nullptr, nullptr, SOCK_CLOEXEC));
+  REQUIRE(server);
+  auto who = peer_credentials(server.get());
+  REQUIRE(who);
+  CHECK(who->pid == ::getpid());
+  CHECK(who->uid == ::getuid());
+  auto back = peer_credentials(client->get());
+  REQUIRE(back);
+  CHECK(back->pid == ::getpid());
+
+  // Gone with its socket: nothing is left to remove, and a connection is refused at once.
+  *listener = UniqueFd();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto refused = connect_abstract(name, std::chrono::seconds(5));
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().code() == Errc::PeerLost);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1));
+
+  CHECK_FALSE(listen_abstract("", 1));
+  CHECK_FALSE(listen_abstract(std::string(200, 'x'), 1));
+}

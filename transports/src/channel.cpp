@@ -244,14 +244,6 @@ Result<sockaddr_un> address(const std::filesystem::path& p) {
   return a;
 }
 
-Result<ucred> peer_credentials(int sock) {
-  ucred cred{};
-  socklen_t len = sizeof cred;
-  if (::getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0)
-    return std::unexpected(from_errno(errno, "getsockopt(SO_PEERCRED)"));
-  return cred;
-}
-
 Status send_refuse(int sock, const std::string& reason) {
   return send_message(sock, detail::encode(detail::Refuse{reason}));
 }

@@ -1,15 +1,18 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 // Collectives on Vulkan buffers, with the reduction in a Vulkan compute shader: any vendor's GPU,
-// and lavapipe. The ranks of a group that share a host meet in one shared host-memory segment
-// that every rank's device imports (VK_EXT_external_memory_host), so each rank's GPU reads its
-// peers' staging directly; a host Communicator of the same group (the native backend) orders the
-// steps and brings timeouts, lost-rank detection and call matching. When the group spans hosts,
-// each rank's GPU stages through its own pinned host memory and the host communicator carries the
+// and lavapipe. The ranks of a group that share a host meet in one segment that every rank's
+// device binds, so each rank's GPU reads its peers' staging directly: the device's own exported
+// memory when every rank runs on that one device (several processes on one GPU), else host shared
+// memory that each device imports (VK_EXT_external_memory_host; any mix of vendors). A host
+// Communicator of the same group (the native backend) orders the steps and brings timeouts,
+// lost-rank detection and call matching. When the group spans hosts, each rank's GPU stages
+// through its own pinned host memory, in pipelined pieces, and the host communicator carries the
 // exchange (the native backend's hierarchical scheme). Design note 0019 gives the algorithms.
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vulkan/vulkan.hpp>
 
 #include "lavaflow/core/gpu_buffer.hpp"
@@ -30,6 +33,19 @@ struct DeviceSpan {
 [[nodiscard]] DeviceSpan device_span(const GpuBuffer& buffer);
 [[nodiscard]] DeviceSpan device_span(const GpuBuffer& buffer, std::uint64_t bytes);
 
+/// The memory the ranks of one host share.
+enum class VulkanSegment : std::uint8_t {
+  /// DeviceMemory when every rank of the group runs on this very device and it exports and imports
+  /// memory fds, else HostMemory; the reason is in VulkanCollectives::segment_reason().
+  Auto,
+  /// One exportable allocation on the shared device (opaque fd), imported by every rank: staging
+  /// stays in the GPU's own memory. open() fails when the ranks do not share one device.
+  DeviceMemory,
+  /// Host shared memory imported by each rank's device: works for any mix of devices.
+  HostMemory,
+};
+[[nodiscard]] std::string_view to_string(VulkanSegment s) noexcept;
+
 struct VulkanCollectiveOptions {
   /// Names the host's shared segment: the same on every rank of the group, different for every
   /// group and every job that may run at the same time on the host.
@@ -41,6 +57,8 @@ struct VulkanCollectiveOptions {
   /// Stage through the host communicator even when every rank shares this host (what a group
   /// spanning hosts does; for tests and comparisons).
   bool stage_through_host = false;
+  /// What the ranks of a host share (when they do not stage).
+  VulkanSegment segment = VulkanSegment::Auto;
 };
 
 /// One rank's Vulkan collectives over `host`'s group. Calls are collective and in the same order
@@ -62,6 +80,10 @@ class VulkanCollectives {
   /// Whether the ranks share one host's segment (reduction on the GPU) or stage through the host
   /// communicator (the group spans hosts).
   [[nodiscard]] virtual bool shared_segment() const = 0;
+  /// The shared segment's memory (HostMemory when staging: the rank's own pinned host memory).
+  [[nodiscard]] virtual VulkanSegment segment() const = 0;
+  /// Why open() chose that segment, in words.
+  [[nodiscard]] virtual const std::string& segment_reason() const = 0;
 
   /// recv = op over every rank's send (the same length everywhere; send may be recv).
   [[nodiscard]] virtual Status all_reduce(DeviceSpan send, DeviceSpan recv, DType type, ReduceOp op,
