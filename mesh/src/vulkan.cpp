@@ -62,6 +62,10 @@ constexpr std::uint64_t kPartAlign = 256;
 /// reduced once). On a GPU a second synchronisation costs a host round trip and a submission,
 /// which the flat form saves until reading every peer's data costs more.
 constexpr std::uint64_t kFlatBytes = 64 << 10;
+/// A staged call goes in at least this many pieces where each stays above kMinPiece, so that the
+/// GPU's copies of the pieces before and after run while the host carries one.
+constexpr std::uint64_t kStagedPieces = 4;
+constexpr std::uint64_t kMinPiece = 64 << 10;
 
 enum class Kind : std::uint32_t { AllReduce = 1, AllGather, ReduceScatter, Broadcast, Failed };
 
@@ -224,6 +228,7 @@ class Collectives final : public VulkanCollectives {
     max_groups_ = std::max<std::uint32_t>(1, std::min<std::uint32_t>(limits.maxComputeWorkGroupCount[0], 1u << 16));
     stride_ = 3 * chunk_;
     range_ = stride_ * regions;
+    half_ = (stride_ / 2) & ~(kPartAlign - 1);
 
     if (device) {
       auto attached = attach_device(o, peers);
@@ -584,6 +589,7 @@ class Collectives final : public VulkanCollectives {
   void begin() {
     cb_.reset();
     cb_.begin({vk::CommandBufferUsageFlagBits::eOneTimeSubmit});
+    recorded_ = false;
   }
 
   /// Orders everything before against everything after, the host (other ranks' reads) included.
@@ -597,6 +603,7 @@ class Collectives final : public VulkanCollectives {
 
   void copy(vk::Buffer src, std::uint64_t src_off, vk::Buffer dst, std::uint64_t dst_off, std::uint64_t n) {
     if (n) cb_.copyBuffer(src, dst, vk::BufferCopy(src_off, dst_off, n));
+    recorded_ = recorded_ || n;
   }
 
   /// The reduction's pipeline for `type` and `op` (specialisation constants), made on first use.
@@ -626,13 +633,18 @@ class Collectives final : public VulkanCollectives {
     cb_.dispatch(std::min<std::uint32_t>(max_groups_, (p.units + kLocalSize - 1) / kLocalSize), 1, 1);
   }
 
-  Status submit(const Deadline& deadline) {
+  Status submit(const Deadline& deadline, Work* alongside = nullptr) {
     return detail::vk_call("VulkanCollectives: GPU step", [&]() -> Status {
       barrier();
       cb_.end();
       ctx_.device().resetFences(*fence_);
       vk::CommandBuffer raw = *cb_;
       ctx_.queue().submit(vk::SubmitInfo({}, {}, raw), *fence_);
+      // A host collective of the staged path advances in this thread (MPI, shared-memory steps):
+      // it is driven while the GPU copies, until one of them is done.
+      if (alongside)
+        while (!alongside->test() && fence_.getStatus() == vk::Result::eNotReady && !deadline.passed())
+          std::this_thread::yield();
       const auto left = deadline.left();
       const auto ns = left == kForever ? UINT64_MAX : static_cast<std::uint64_t>(left.count());
       if (ctx_.device().waitForFences(*fence_, VK_TRUE, ns) == vk::Result::eTimeout) {
@@ -691,21 +703,22 @@ class Collectives final : public VulkanCollectives {
 
   Status gather(DeviceSpan send, DeviceSpan recv, const Deadline& d) {
     if (!shared_) {
-      // Each step: this rank's piece, then every rank's piece side by side after it.
-      const std::uint64_t piece = std::max<std::uint64_t>(kPartAlign, (chunk_ * 2 / (n_ + 1)) & ~(kPartAlign - 1));
-      for (std::uint64_t at = 0; at < send.size; at += piece) {
-        const std::uint64_t len = std::min(piece, send.size - at);
-        begin();
-        copy(send.buffer, send.offset + at, seg(), 0, len);
-        LF_TRY_STATUS(submit(d));
-        LF_TRY_STATUS(
-            host(d, host_.all_gather(host_span(0, len), host_span(piece, len * n_), DType::U8, {.timeout = d.left()})));
-        begin();
-        for (std::uint32_t r = 0; r < n_; ++r)
-          copy(seg(), piece + r * len, recv.buffer, recv.offset + r * send.size + at, len);
-        LF_TRY_STATUS(submit(d));
-      }
-      return {};
+      // A slot holds this rank's piece, then every rank's piece side by side after it.
+      const std::uint64_t len = piece(send.size, half_ / (n_ + 1));
+      return staged(
+          send.size, len,
+          [&](std::uint64_t at, std::uint64_t k, std::uint64_t slot) {
+            copy(send.buffer, send.offset + at, seg(), slot, k);
+          },
+          [&](std::uint64_t, std::uint64_t k, std::uint64_t slot) {
+            return host_.all_gather(host_span(slot, k), host_span(slot + len, k * n_), DType::U8,
+                                    {.timeout = d.left()});
+          },
+          [&](std::uint64_t at, std::uint64_t k, std::uint64_t slot) {
+            for (std::uint32_t r = 0; r < n_; ++r)
+              copy(seg(), slot + len + r * k, recv.buffer, recv.offset + r * send.size + at, k);
+          },
+          d);
     }
     for (std::uint64_t at = 0; at < send.size; at += chunk_) {
       const std::uint64_t len = std::min(chunk_, send.size - at);
@@ -723,52 +736,71 @@ class Collectives final : public VulkanCollectives {
   }
 
   Status scatter(DeviceSpan send, DeviceSpan recv, DType type, ReduceOp op, const Deadline& d) {
-    // Each step takes the same piece of every rank's block: n pieces side by side in the staging.
-    const std::uint64_t piece = std::max<std::uint64_t>(kPartAlign, (chunk_ / n_) & ~(kPartAlign - 1));
-    for (std::uint64_t at = 0; at < recv.size; at += piece) {
-      const std::uint64_t len = std::min(piece, recv.size - at);
-      const std::uint32_t b = shared_ ? flip() : 0;
-      // Shared: every rank's pieces at the same places (part me of each staging is read by rank
-      // me). Staged: packed, so that the host communicator reduces n × len bytes.
-      const std::uint64_t base = shared_ ? stage(me_, b) : 0, step = shared_ ? piece : len;
+    if (!shared_) {
+      // A slot holds the same piece of every rank's block, packed (the host communicator reduces
+      // n × len bytes), then this rank's result.
+      const std::uint64_t len = piece(recv.size, half_ / (n_ + 1));
+      return staged(
+          recv.size, len,
+          [&](std::uint64_t at, std::uint64_t k, std::uint64_t slot) {
+            for (std::uint32_t r = 0; r < n_; ++r)
+              copy(send.buffer, send.offset + r * recv.size + at, seg(), slot + r * k, k);
+          },
+          [&](std::uint64_t, std::uint64_t k, std::uint64_t slot) {
+            return host_.reduce_scatter(host_span(slot, n_ * k), host_span(slot + n_ * len, k), type, op,
+                                        {.timeout = d.left()});
+          },
+          [&](std::uint64_t at, std::uint64_t k, std::uint64_t slot) {
+            copy(seg(), slot + n_ * len, recv.buffer, recv.offset + at, k);
+          },
+          d);
+    }
+    // Each step takes the same piece of every rank's block: n pieces side by side in the staging,
+    // at the same places on every rank (part me of each staging is read by rank me).
+    const std::uint64_t len = std::max<std::uint64_t>(kPartAlign, (chunk_ / n_) & ~(kPartAlign - 1));
+    for (std::uint64_t at = 0; at < recv.size; at += len) {
+      const std::uint64_t k = std::min(len, recv.size - at);
+      const std::uint32_t b = flip();
       begin();
       for (std::uint32_t r = 0; r < n_; ++r)
-        copy(send.buffer, send.offset + r * recv.size + at, seg(), base + r * step, len);
+        copy(send.buffer, send.offset + r * recv.size + at, seg(), stage(me_, b) + r * len, k);
       LF_TRY_STATUS(submit(d));
-      if (shared_) {
-        LF_TRY_STATUS(sync(d));
-        begin();
-        reduce(stage(0, b) + me_ * piece, scratch(me_), len, type, op);
-        barrier();
-        copy(seg(), scratch(me_), recv.buffer, recv.offset + at, len);
-      } else {
-        LF_TRY_STATUS(host(d, host_.reduce_scatter(host_span(0, n_ * len), host_span(2 * chunk_, len), type, op,
-                                                   {.timeout = d.left()})));
-        begin();
-        copy(seg(), 2 * chunk_, recv.buffer, recv.offset + at, len);
-      }
+      LF_TRY_STATUS(sync(d));
+      begin();
+      reduce(stage(0, b) + me_ * len, scratch(me_), k, type, op);
+      barrier();
+      copy(seg(), scratch(me_), recv.buffer, recv.offset + at, k);
       LF_TRY_STATUS(submit(d));
     }
     return {};
   }
 
   Status bcast(DeviceSpan buffer, std::uint32_t root, const Deadline& d) {
+    if (!shared_)
+      return staged(
+          buffer.size, piece(buffer.size, half_),
+          [&](std::uint64_t at, std::uint64_t k, std::uint64_t slot) {
+            if (me_ == root) copy(buffer.buffer, buffer.offset + at, seg(), slot, k);
+          },
+          [&](std::uint64_t, std::uint64_t k, std::uint64_t slot) {
+            return host_.broadcast(host_span(slot, k), root, DType::U8, {.timeout = d.left()});
+          },
+          [&](std::uint64_t at, std::uint64_t k, std::uint64_t slot) {
+            if (me_ != root) copy(seg(), slot, buffer.buffer, buffer.offset + at, k);
+          },
+          d);
     for (std::uint64_t at = 0; at < buffer.size; at += chunk_) {
       const std::uint64_t len = std::min(chunk_, buffer.size - at);
-      const std::uint32_t b = shared_ ? flip() : 0;
+      const std::uint32_t b = flip();
       if (me_ == root) {
         begin();
-        copy(buffer.buffer, buffer.offset + at, seg(), stage(shared_ ? root : 0, b), len);
+        copy(buffer.buffer, buffer.offset + at, seg(), stage(root, b), len);
         LF_TRY_STATUS(submit(d));
       }
-      if (shared_) {
-        LF_TRY_STATUS(sync(d));
-      } else {
-        LF_TRY_STATUS(host(d, host_.broadcast(host_span(0, len), root, DType::U8, {.timeout = d.left()})));
-      }
+      LF_TRY_STATUS(sync(d));
       if (me_ != root) {
         begin();
-        copy(seg(), stage(shared_ ? root : 0, b), buffer.buffer, buffer.offset + at, len);
+        copy(seg(), stage(root, b), buffer.buffer, buffer.offset + at, len);
         LF_TRY_STATUS(submit(d));
       }
     }
@@ -776,18 +808,60 @@ class Collectives final : public VulkanCollectives {
   }
 
   Status staged_all_reduce(DeviceSpan send, DeviceSpan recv, DType type, ReduceOp op, const Deadline& d) {
-    for (std::uint64_t at = 0; at < send.size; at += chunk_) {
-      const std::uint64_t len = std::min(chunk_, send.size - at);
+    return staged(
+        send.size, piece(send.size, half_),
+        [&](std::uint64_t at, std::uint64_t k, std::uint64_t slot) {
+          copy(send.buffer, send.offset + at, seg(), slot, k);
+        },
+        [&](std::uint64_t, std::uint64_t k, std::uint64_t slot) {
+          const auto data = host_span(slot, k);
+          return host_.all_reduce(data, data, type, op, {.timeout = d.left()});
+        },
+        [&](std::uint64_t at, std::uint64_t k, std::uint64_t slot) {
+          copy(seg(), slot, recv.buffer, recv.offset + at, k);
+        },
+        d);
+  }
+
+  /// The length of a staged call's pieces: about a kStagedPieces-th of the call, at least
+  /// kMinPiece, at most `most`, on kPartAlign (a whole number of elements of every type).
+  [[nodiscard]] static std::uint64_t piece(std::uint64_t total, std::uint64_t most) {
+    const std::uint64_t want = ((total + kStagedPieces - 1) / kStagedPieces + kPartAlign - 1) & ~(kPartAlign - 1);
+    return std::max<std::uint64_t>(kPartAlign, std::min(most & ~(kPartAlign - 1), std::max(kMinPiece, want)));
+  }
+
+  /// The staged path, pipelined: piece i (`len` bytes of `total`, the last one shorter) goes
+  /// GPU → slot i % 2 of this rank's pinned memory → host collective → GPU, and the GPU's copies
+  /// out of piece i − 1 and into piece i + 1 run while the host carries piece i. `in` and `out`
+  /// record the copies of piece (at, k) to and from its slot; `carry` starts its host collective.
+  template <class In, class Carry, class Out>
+  Status staged(std::uint64_t total, std::uint64_t len, In&& in, Carry&& carry, Out&& out, const Deadline& d) {
+    const std::uint64_t pieces = (total + len - 1) / len;
+    auto at = [&](std::uint64_t i) { return i * len; };
+    auto bytes = [&](std::uint64_t i) { return std::min(len, total - i * len); };
+    auto slot = [&](std::uint64_t i) { return (i & 1) * half_; };
+    begin();
+    in(at(0), bytes(0), slot(0));
+    if (recorded_) LF_TRY_STATUS(submit(d));
+    for (std::uint64_t i = 0; i < pieces; ++i) {
+      Work w = carry(at(i), bytes(i), slot(i));
       begin();
-      copy(send.buffer, send.offset + at, seg(), 0, len);
-      LF_TRY_STATUS(submit(d));
-      const auto data = host_span(0, len);
-      LF_TRY_STATUS(host(d, host_.all_reduce(data, data, type, op, {.timeout = d.left()})));
-      begin();
-      copy(seg(), 0, recv.buffer, recv.offset + at, len);
-      LF_TRY_STATUS(submit(d));
+      if (i > 0) out(at(i - 1), bytes(i - 1), slot(i - 1));
+      // Piece i + 1 takes the slot that piece i − 1 leaves.
+      if (recorded_) barrier();
+      if (i + 1 < pieces) in(at(i + 1), bytes(i + 1), slot(i + 1));
+      if (recorded_) {
+        const auto s = submit(d, &w);
+        if (!s) {
+          (void)host(d, std::move(w));
+          return s;
+        }
+      }
+      LF_TRY_STATUS(host(d, std::move(w)));
     }
-    return {};
+    begin();
+    out(at(pieces - 1), bytes(pieces - 1), slot(pieces - 1));
+    return recorded_ ? submit(d) : Status{};
   }
 
   /// A host collective of the staged path; the host communicator reports (and remembers) failures.
@@ -805,6 +879,7 @@ class Collectives final : public VulkanCollectives {
   Communicator& host_;
   std::uint32_t n_ = 1, me_ = 0;
   std::uint64_t chunk_ = 0, stride_ = 0, bytes_ = 0, range_ = 0;
+  std::uint64_t half_ = 0;  ///< the staged path's two slots, each half of this rank's region
   std::uint32_t max_groups_ = 1;
   bool shared_ = false;
   VulkanSegment segment_ = VulkanSegment::HostMemory;
@@ -824,6 +899,7 @@ class Collectives final : public VulkanCollectives {
   vk::raii::Fence fence_ = nullptr;
   Record call_;
   std::uint64_t seq_ = 0, step_ = 0;
+  bool recorded_ = false;  ///< the command buffer being recorded holds a copy
   bool synced_failure_ = false;
   std::optional<Error> broken_;
 };

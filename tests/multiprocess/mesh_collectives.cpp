@@ -3,7 +3,8 @@
 // reference computed on each rank from every rank's known input.
 //   mesh_collectives [all]   every op × dtype × reduce op, in and out of place, sizes from one
 //                            element to several staging chunks, on the world and on a subset
-//                            group; send/recv; overlapping asynchronous calls
+//                            group; send/recv; overlapping asynchronous calls; Vulkan
+//                            collectives over the world group (staged when it spans hosts)
 //   mesh_collectives timeout the last rank joins late: every other rank gets Timeout naming it
 //   mesh_collectives kill    the last rank exits mid-job: every other rank gets PeerLost naming it
 //                            (run under an mpiexec that keeps survivors: Hydra's -disable-auto-cleanup)
@@ -17,6 +18,8 @@
 #include <thread>
 
 #include "lavaflow/core/detail/format.hpp"
+#include "lavaflow/core/transfer.hpp"
+#include "lavaflow/mesh/vulkan.hpp"
 #include "lavaflow/mesh_mpi/mesh_mpi.hpp"
 #include "mesh_reference.hpp"
 
@@ -175,6 +178,70 @@ bool layout_is_flat(const mpi::Communicator& job) {
   return hosts.size() == 1 || hosts.size() == static_cast<std::size_t>(job.size());
 }
 
+/// Vulkan collectives over the group (reduction in a compute shader on one host; across hosts
+/// each rank stages through its pinned host memory, in pipelined pieces, and the group carries the
+/// exchange). Skipped where no Vulkan device imports host memory.
+void check_vulkan(Communicator& c, Checker& k, const mpi::Communicator& job) {
+  auto ctx = VulkanContext::create();
+  if (!ctx || !ctx->capabilities().memory_host_import) {
+    if (c.rank() == 0) std::printf("mesh-collectives: vulkan collectives skipped: no device imports host memory\n");
+    return;
+  }
+  // The key names the host's segment: unique to this job by rank 0's pid.
+  std::int64_t pid = ::getpid();
+  k.status(c.broadcast(std::as_writable_bytes(std::span(&pid, 1)), 0, DType::I64).wait(), "broadcast of a pid");
+  auto vc = VulkanCollectives::open(*ctx, c, {.key = str_format("{}-vk-{}", c.group(), pid), .chunk_bytes = 64 << 10});
+  k.status(vc ? Status{} : Status(std::unexpected(vc.error())), "opening Vulkan collectives");
+  if (!vc) return;
+  bool one_host = true;
+  for (int q = 0; q < job.size(); ++q) one_host = one_host && job.location(q).host == job.location(0).host;
+  k.expect((*vc)->shared_segment() == one_host, "Vulkan collectives: " + (*vc)->segment_reason());
+  const std::uint32_t n = c.size(), r = c.rank();
+  auto buffer = [&](const std::vector<std::byte>& bytes, std::uint64_t size) {
+    auto b = GpuBuffer::allocate(*ctx, {.size = std::max<std::uint64_t>({size, bytes.size(), 1})});
+    if (b && !bytes.empty()) k.status(upload(*ctx, *b, bytes), "upload");
+    return b;
+  };
+  auto read = [&](const GpuBuffer& b, std::size_t bytes) {
+    std::vector<std::byte> out(bytes);
+    k.status(download(*ctx, b, out), "download");
+    return out;
+  };
+  const std::string how = (*vc)->shared_segment() ? "shared" : "staged";
+  // Sizes of one piece and of several, the last one short.
+  for (std::size_t count : {std::size_t{3}, std::size_t{150'001}}) {
+    for (auto [t, op] : {std::pair{DType::F32, ReduceOp::Sum}, std::pair{DType::BF16, ReduceOp::Average},
+                         std::pair{DType::I64, ReduceOp::Max}}) {
+      const std::string what = str_format("Vulkan {} {} {} × {}", how, to_string(t), to_string(op), count);
+      const auto mine = encode(inputs(r, count, t), t);
+      auto send = buffer(mine, 0), recv = buffer({}, mine.size());
+      if (!send || !recv) return k.expect(false, "allocate");
+      k.status((*vc)->all_reduce(device_span(*send), device_span(*recv, mine.size()), t, op), "all_reduce " + what);
+      k.expect(read(*recv, mine.size()) == expected(n, count, t, op), "all_reduce result " + what);
+      const auto big = encode(inputs(r, count * n, t), t);
+      const auto want = expected(n, count * n, t, op);
+      auto bsend = buffer(big, 0);
+      if (!bsend) return k.expect(false, "allocate");
+      k.status((*vc)->reduce_scatter(device_span(*bsend), device_span(*recv, mine.size()), t, op),
+               "reduce_scatter " + what);
+      const auto block = read(*recv, mine.size());
+      k.expect(std::equal(block.begin(), block.end(), want.begin() + static_cast<std::ptrdiff_t>(r * block.size())),
+               "reduce_scatter result " + what);
+    }
+    const auto mine = encode(inputs(r, count, DType::U8), DType::U8);
+    const auto all = gathered(n, count, DType::U8);
+    auto send = buffer(mine, 0), recv = buffer({}, all.size());
+    if (!send || !recv) return k.expect(false, "allocate");
+    k.status((*vc)->all_gather(device_span(*send), device_span(*recv, all.size()), DType::U8), "Vulkan all_gather");
+    k.expect(read(*recv, all.size()) == all, str_format("Vulkan {} all_gather of {} bytes", how, count));
+    const auto root = encode(inputs(n - 1, count, DType::U8), DType::U8);
+    auto b = buffer(r == n - 1 ? root : std::vector<std::byte>(count), 0);
+    if (!b) return k.expect(false, "allocate");
+    k.status((*vc)->broadcast(device_span(*b), n - 1, DType::U8), "Vulkan broadcast");
+    k.expect(read(*b, count) == root, str_format("Vulkan {} broadcast of {} bytes", how, count));
+  }
+}
+
 void run_all(const mpi::Communicator& job, Checker& k) {
   const auto n = static_cast<std::uint32_t>(job.size()), me = static_cast<std::uint32_t>(job.rank());
   auto open = mpi_communicators(job, {.chunk_bytes = 64 << 10, .arena_bytes = 8 << 20});
@@ -206,6 +273,7 @@ void run_all(const mpi::Communicator& job, Checker& k) {
       check_point_to_point(*c, k);
       check_overlap(*c, k);
       if (b == Backend::Native) check_zero_copy(*c, k);
+      if (b == Backend::Native && c->size() == n) check_vulkan(*c, k, job);
     }
     if (me == 0)
       std::printf("mesh-collectives: %s: %zu groups checked (%u ranks)\n", to_string(b).data(), comms.size(), n);
