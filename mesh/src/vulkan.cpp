@@ -396,15 +396,12 @@ class Collectives final : public VulkanCollectives {
     const Deadline deadline(o.attach_timeout);
     const std::string name = str_format("lavaflow-vkc-{:016x}-{}", name_hash(o.key), peers[0].pid);
     UniqueFd listener;
-    std::optional<Export> exported;
     Status made;
     if (me_ == 0) {
       made = [&]() -> Status {
         LF_TRY(auto b, GpuBuffer::allocate(ctx_, {.size = bytes_, .memory = GpuMemory::DeviceLocal}));
-        LF_TRY(auto e, b.export_handle());
         LF_TRY(listener, listen_abstract(name, static_cast<int>(n_)));
         dev_seg_.emplace(std::move(b));
-        exported.emplace(std::move(e));
         return {};
       }();
     }
@@ -416,9 +413,9 @@ class Collectives final : public VulkanCollectives {
       return agree(imported ? Status{} : Status(std::unexpected(imported.error())), deadline.left(), call);
     }
     // Rank 0 hands the fd to each rank of the group that connects, once, until every rank has
-    // said how its import went; anything else that connects is closed unanswered. One rank
-    // imports at a time: every fd exported from one allocation may share one file offset (Mesa's
-    // lavapipe reads a header through it on import), so imports at once can read each other's.
+    // said how its import went; anything else that connects is closed unanswered. Each rank gets
+    // an export of its own: one fd handed to several would share its file offset, which Mesa's
+    // lavapipe reads a header through on import (export_handle() gives each its own).
     std::vector<bool> served(n_, false);
     served[0] = true;
     auto serve = [&] {
@@ -435,12 +432,11 @@ class Collectives final : public VulkanCollectives {
         if (!who) continue;
         for (std::uint32_t r = 1; r < n_; ++r)
           if (!served[r] && peers[r].pid == who->pid) {
-            const auto bytes = exported->descriptor.serialize();
-            const int fd = exported->fd.get();
-            served[r] = send_message(conn.get(), bytes, std::span(&fd, 1)).has_value();
-            // Its word that the import is done (or a hang-up, or the deadline) frees the offset.
-            if (served[r])
-              (void)recv_message(conn.get(), std::chrono::duration_cast<std::chrono::milliseconds>(deadline.left()), 1);
+            // A rank left unserved fails its import at the deadline and says so in the agreement.
+            if (auto e = dev_seg_->export_handle()) {
+              const int fd = e->fd.get();
+              served[r] = send_message(conn.get(), e->descriptor.serialize(), std::span(&fd, 1)).has_value();
+            }
             break;
           }
       }
@@ -465,10 +461,7 @@ class Collectives final : public VulkanCollectives {
       return fail(Errc::Malformed, call,
                   str_format("rank 0 sent {} bytes of {} at offset {}, not the {}-byte device segment", desc.size,
                              to_string(desc.kind), desc.offset, bytes_));
-    auto imported = GpuBuffer::import(ctx_, desc, std::move(msg.fds.front()));
-    const std::byte done{imported ? std::uint8_t{1} : std::uint8_t{0}};
-    (void)send_message(sock.get(), std::span(&done, 1));
-    return imported;
+    return GpuBuffer::import(ctx_, desc, std::move(msg.fds.front()));
   }
 
   /// Every rank learns whether every rank's `mine` succeeded; a rank that failed returns its own
