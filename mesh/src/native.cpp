@@ -107,6 +107,7 @@ struct Collective : Op {
   std::uint64_t done = 0, m = 0, wait_for = 0;
   int phase = 0;
   bool posted = false, checked = false;
+  std::vector<float> wide;      // f16/bf16 across hosts: the partials in f32
   std::vector<std::byte> temp;  // reduce_scatter across hosts: the whole reduction …
   std::span<std::byte> keep;    // … of which this block goes to the caller
   std::uint64_t keep_from = 0;
@@ -172,6 +173,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::byte* area(std::uint64_t parity) const {
     return base + Layout(nlocal, chunk, arena_bytes).area + parity * chunk;
   }
+  /// The area as f32 partials (f16/bf16 across hosts).
+  float* wide_area(std::uint64_t parity) const { return reinterpret_cast<float*>(area(parity)); }
   std::byte* arena(std::uint32_t j) const { return base + Layout(nlocal, chunk, arena_bytes).arena + j * arena_bytes; }
   /// Where local rank j's input of the current step is: its arena (a send allocated there, read
   /// where it is) or its staging buffer.
@@ -346,6 +349,11 @@ class Engine : public std::enable_shared_from_this<Engine> {
     const std::size_t es = size_of(c.type);
     const bool multi = nhosts > 1;
     const ReduceOp local_op = multi && c.op == ReduceOp::Average ? ReduceOp::Sum : c.op;
+    // An f16/bf16 all_reduce across hosts carries the hosts' partials in f32 and rounds once at
+    // the end, as on one host: partials in the type's own width would round at every exchange,
+    // and a sum could leave the type's range where the average does not.
+    const bool wide = multi && c.kind == Kind::AllReduce && (c.type == DType::F16 || c.type == DType::BF16);
+    const float divisor = c.op == ReduceOp::Average ? static_cast<float>(n) : 1.0f;
     for (;;) {
       const std::uint64_t p = step & 1;
       auto next_step = [&]() -> bool {
@@ -360,7 +368,13 @@ class Engine : public std::enable_shared_from_this<Engine> {
         if (c.phase == 0) {
           switch (c.kind) {
             case Kind::AllReduce:
-              LF_TRY_STATUS(link->start_direct_all_reduce(c.send, c.recv, c.type, local_op));
+              if (wide) {
+                c.wide = widen(c.send, c.type);
+                const auto values = std::as_writable_bytes(std::span(c.wide));
+                LF_TRY_STATUS(link->start_direct_all_reduce(values, values, DType::F32, local_op));
+              } else {
+                LF_TRY_STATUS(link->start_direct_all_reduce(c.send, c.recv, c.type, local_op));
+              }
               break;
             case Kind::ReduceScatter:
               LF_TRY_STATUS(link->start_direct_reduce_scatter(c.send, c.recv, c.type, c.op));  // it averages
@@ -376,7 +390,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
         }
         auto r = link_done(c);
         if (!r || !*r) return r;
-        if (c.kind == Kind::AllReduce && c.op == ReduceOp::Average) LF_TRY_STATUS(divide(c.recv, c.type, n));
+        if (wide)
+          narrow(c.wide, c.recv, c.type, divisor);
+        else if (c.kind == Kind::AllReduce && c.op == ReduceOp::Average)
+          LF_TRY_STATUS(divide(c.recv, c.type, n));
         return true;
       }
       switch (c.phase) {
@@ -388,6 +405,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
           const std::uint64_t left = c.unit - c.done;
           std::uint64_t cap = chunk;
           if (c.kind == Kind::ReduceScatter || (c.kind == Kind::AllGather && multi)) cap = chunk / n / es * es;
+          if (wide) cap = chunk / 2 / es * es;  // the area holds the step's partials in f32
           c.m = std::min(left, cap);
           switch (c.kind) {
             case Kind::AllReduce:
@@ -441,8 +459,12 @@ class Engine : public std::enable_shared_from_this<Engine> {
             const auto [a, b] = part(c.m, me, es);
             if (b > a) {
               for (std::uint32_t j = 0; j < nlocal; ++j) ins.emplace_back(source(c, p, j) + a, b - a);
-              LF_TRY_STATUS(reduce(ins, {stage(p, me) + a, b - a}, c.type, local_op));
-              std::memcpy((multi ? area(p) : c.recv.data() + c.done) + a, stage(p, me) + a, b - a);
+              if (wide) {
+                LF_TRY_STATUS(reduce_wide(ins, {wide_area(p) + a / es, (b - a) / es}, c.type, local_op));
+              } else {
+                LF_TRY_STATUS(reduce(ins, {stage(p, me) + a, b - a}, c.type, local_op));
+                std::memcpy((multi ? area(p) : c.recv.data() + c.done) + a, stage(p, me) + a, b - a);
+              }
             }
             c.wait_for = arrive();
             if (!multi) {
@@ -513,7 +535,11 @@ class Engine : public std::enable_shared_from_this<Engine> {
           auto r = reached(c.wait_for, c);
           if (!r) return std::unexpected(r.error());
           if (!*r) return false;
-          LF_TRY_STATUS(link->start_all_reduce({area(p), c.m}, c.type, local_op));
+          if (wide)
+            LF_TRY_STATUS(link->start_all_reduce(std::as_writable_bytes(std::span(wide_area(p), c.m / es)), DType::F32,
+                                                 local_op));
+          else
+            LF_TRY_STATUS(link->start_all_reduce({area(p), c.m}, c.type, local_op));
           c.phase = 4;
           break;
         }
@@ -521,7 +547,13 @@ class Engine : public std::enable_shared_from_this<Engine> {
           auto r = link_done(c);
           if (!r) return std::unexpected(r.error());
           if (!*r) return false;
-          if (c.kind == Kind::AllReduce && c.op == ReduceOp::Average) LF_TRY_STATUS(divide({area(p), c.m}, c.type, n));
+          if (wide) {
+            // Narrowed in place would overwrite values not yet read: through a copy.
+            c.wide.assign(wide_area(p), wide_area(p) + c.m / es);
+            narrow(c.wide, {area(p), c.m}, c.type, divisor);
+          } else if (c.kind == Kind::AllReduce && c.op == ReduceOp::Average) {
+            LF_TRY_STATUS(divide({area(p), c.m}, c.type, n));
+          }
           c.wait_for = arrive();
           c.phase = 5;
           break;
