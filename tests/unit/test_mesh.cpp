@@ -150,6 +150,40 @@ TEST_CASE("host reduction: every type and op against a reference, and f16 and bf
   for (std::uint32_t h = 0; h < 0x7C00; ++h) REQUIRE(to_f16(from_f16(static_cast<std::uint16_t>(h))) == h);
 }
 
+TEST_CASE("wide reduction: f16 and bf16 partials in f32, rounded once when narrowed, and Average by another count") {
+  const std::uint16_t big = to_f16(40000.0f);
+  std::vector<std::vector<std::byte>> in;
+  for (int r = 0; r < 3; ++r) {
+    std::vector<std::byte> v(4);
+    std::memcpy(v.data(), &big, 2);
+    const std::uint16_t small = to_f16(static_cast<float>(r + 1));
+    std::memcpy(v.data() + 2, &small, 2);
+    in.push_back(v);
+  }
+  std::vector<std::span<const std::byte>> spans(in.begin(), in.end());
+  std::vector<float> wide(2);
+  lftest::ok(reduce_wide(spans, wide, DType::F16, ReduceOp::Sum));
+  CHECK(wide == std::vector<float>{120000.0f, 6.0f});  // past f16's range, not rounded
+  std::vector<std::byte> out(4);
+  narrow(wide, out, DType::F16, 3);  // an Average of three: 40000 and 2
+  std::uint16_t h[2];
+  std::memcpy(h, out.data(), 4);
+  CHECK(h[0] == big);
+  CHECK(from_f16(h[1]) == 2.0f);
+  lftest::ok(reduce_wide(spans, wide, DType::F16, ReduceOp::Max));
+  CHECK(wide == std::vector<float>{40000.0f, 3.0f});
+  CHECK(lftest::err(reduce_wide(spans, wide, DType::F32, ReduceOp::Sum)).code() == Errc::InvalidArgument);
+  std::vector<float> short_out(1);
+  CHECK(lftest::err(reduce_wide(spans, short_out, DType::BF16, ReduceOp::Sum)).code() == Errc::InvalidArgument);
+
+  // Average by a count other than the inputs': a host's share of a larger group.
+  std::vector<std::int32_t> a{9, -9}, b{3, 3};
+  std::vector<std::span<const std::byte>> two{std::as_bytes(std::span(a)), std::as_bytes(std::span(b))};
+  std::vector<std::int32_t> avg(2);
+  lftest::ok(reduce(two, std::as_writable_bytes(std::span(avg)), DType::I32, ReduceOp::Average, 4));
+  CHECK(avg == std::vector<std::int32_t>{3, -1});  // 12 / 4, −6 / 4 truncated toward zero
+}
+
 TEST_CASE("Mock backend: every collective, type and reduce op on 2, 3 and 4 ranks matches the reference") {
   for (std::uint32_t n : {2u, 3u, 4u}) {
     auto world = MockWorld::create(n);
