@@ -191,9 +191,10 @@ class Collectives final : public VulkanCollectives {
     constexpr const char* call = "VulkanCollectives::open";
     n_ = host_.size();
     me_ = host_.rank();
-    if (!std::has_single_bit(o.chunk_bytes) || o.chunk_bytes < (4u << 10) || o.chunk_bytes > (64u << 20))
+    if (o.chunk_bytes != 0 &&
+        (!std::has_single_bit(o.chunk_bytes) || o.chunk_bytes < (4u << 10) || o.chunk_bytes > (64u << 20)))
       return fail(Errc::InvalidArgument, call,
-                  str_format("chunk_bytes {} is not a power of two in 4 KiB … 64 MiB", o.chunk_bytes));
+                  str_format("chunk_bytes {} is neither 0 nor a power of two in 4 KiB … 64 MiB", o.chunk_bytes));
     if (o.key.empty()) return fail(Errc::InvalidArgument, call, "an empty key names no segment");
     if (o.segment != VulkanSegment::Auto && o.segment != VulkanSegment::DeviceMemory &&
         o.segment != VulkanSegment::HostMemory)
@@ -219,7 +220,8 @@ class Collectives final : public VulkanCollectives {
     // when shared, this rank's own when staged; each reduce-scatter piece is at least one part.
     const auto limits = ctx_.physical_device().getProperties().limits;
     const std::uint64_t regions = shared_ ? n_ : 1, least = std::bit_ceil(std::uint64_t{n_} * kPartAlign);
-    chunk_ = std::max<std::uint64_t>(o.chunk_bytes, least);
+    const std::uint64_t asked = o.chunk_bytes ? o.chunk_bytes : device ? (16u << 20) : (4u << 20);
+    chunk_ = std::max<std::uint64_t>(asked, least);
     while (chunk_ > least && 3 * chunk_ * regions > limits.maxStorageBufferRange) chunk_ /= 2;
     if (3 * chunk_ * regions > limits.maxStorageBufferRange)
       return fail(Errc::Unsupported, call,

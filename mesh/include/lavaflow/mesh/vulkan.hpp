@@ -51,8 +51,10 @@ struct VulkanCollectiveOptions {
   /// group and every job that may run at the same time on the host.
   std::string key;
   /// Staging per rank and step: a power of two, 4 KiB … 64 MiB (lowered to what the device can
-  /// bind as one storage buffer).
-  std::uint64_t chunk_bytes = 4 << 20;
+  /// bind as one storage buffer); 0 chooses: 16 MiB in the device's own memory, where every step
+  /// saved is a submission and a host synchronisation (a time slice when processes share a GPU),
+  /// and 4 MiB of host memory otherwise.
+  std::uint64_t chunk_bytes = 0;
   Duration attach_timeout = std::chrono::seconds(30);
   /// Stage through the host communicator even when every rank shares this host (what a group
   /// spanning hosts does; for tests and comparisons).
