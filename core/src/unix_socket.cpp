@@ -24,9 +24,9 @@ Result<sockaddr_un> abstract_address(std::string_view name, socklen_t& len) {
   sockaddr_un a{};
   a.sun_family = AF_UNIX;
   // sun_path[0] stays NUL: the abstract namespace.
-  if (name.empty() || name.size() >= sizeof a.sun_path - 1)
+  if (name.empty() || name.size() > sizeof a.sun_path - 1)
     return fail(Errc::InvalidArgument, "abstract socket",
-                str_format("name of {} bytes: not 1 … {}", name.size(), sizeof a.sun_path - 2));
+                str_format("name of {} bytes: not 1 … {}", name.size(), sizeof a.sun_path - 1));
   std::memcpy(a.sun_path + 1, name.data(), name.size());
   len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
   return a;
@@ -59,7 +59,11 @@ Result<UniqueFd> connect_abstract(std::string_view name, std::chrono::nanosecond
   LF_TRY(const auto addr, abstract_address(name, len));
   UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd) return std::unexpected(from_errno(errno, "socket(AF_UNIX)"));
-  const auto until = std::chrono::steady_clock::now() + timeout;
+  const auto now = std::chrono::steady_clock::now();
+  // An unbounded timeout (or one past the clock's range) waits without end, not not at all.
+  const auto until = timeout >= std::chrono::steady_clock::time_point::max() - now
+                         ? std::chrono::steady_clock::time_point::max()
+                         : now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout);
   for (;;) {
     if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), len) == 0) return fd;
     if (errno == EINTR) continue;

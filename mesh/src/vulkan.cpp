@@ -106,9 +106,14 @@ struct Peer {
   Uuid driver{};
   std::int32_t pid = 0;
   std::uint32_t shares_fds = 0;  ///< opaque-fd export and import of memory
+  std::uint32_t uid = 0;
+  std::uint8_t segment = 0;  ///< the options, which every rank must have alike
+  std::uint8_t staged = 0;
+  std::uint16_t reserved = 0;
+  std::uint64_t chunk = 0;
   friend bool operator==(const Peer&, const Peer&) = default;
 };
-static_assert(sizeof(Peer) == 48);
+static_assert(sizeof(Peer) == 64);
 
 std::string describe(const Record& r) {
   const auto k = static_cast<Kind>(r.kind);
@@ -205,14 +210,29 @@ class Collectives final : public VulkanCollectives {
     // A host that cannot say who it is stages: sharing a segment with a rank elsewhere would fail.
     const Peer mine{here ? name_hash(here->hostname + "/" + here->boot_id)
                          : name_hash(str_format("unknown host, pid {}", ::getpid())),
-                    caps.identity.device_uuid, caps.identity.driver_uuid, static_cast<std::int32_t>(::getpid()),
-                    caps.memory_fd_export && caps.memory_fd_import ? 1u : 0u};
+                    caps.identity.device_uuid,
+                    caps.identity.driver_uuid,
+                    static_cast<std::int32_t>(::getpid()),
+                    caps.memory_fd_export && caps.memory_fd_import ? 1u : 0u,
+                    static_cast<std::uint32_t>(::geteuid()),
+                    static_cast<std::uint8_t>(o.segment),
+                    o.stage_through_host ? std::uint8_t{1} : std::uint8_t{0},
+                    0,
+                    o.chunk_bytes};
     std::vector<Peer> peers(n_);
     LF_TRY_STATUS(
         within(call, host_
                          .all_gather(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(peers)),
                                      DType::U8, {.timeout = o.attach_timeout})
                          .wait()));
+    // Ranks that open with different options would wait for each other in different places.
+    for (std::uint32_t r = 0; r < n_; ++r)
+      if (peers[r].segment != mine.segment || peers[r].staged != mine.staged || peers[r].chunk != mine.chunk)
+        return fail(Errc::InvalidArgument, call,
+                    str_format("rank {} of group '{}' opened with other options (segment {}, staging {}, chunk_bytes "
+                               "{}) than this rank (segment {}, staging {}, chunk_bytes {})",
+                               r, host_.group(), peers[r].segment, peers[r].staged, peers[r].chunk, mine.segment,
+                               mine.staged, mine.chunk));
     shared_ = std::ranges::all_of(peers, [&](const Peer& p) { return p.host == mine.host; }) && !o.stage_through_host;
     LF_TRY(const bool device, choose_segment(o, peers));
 
@@ -238,8 +258,9 @@ class Collectives final : public VulkanCollectives {
         seg_buffer_ = dev_seg_->buffer();
         return detail::vk_call("VulkanCollectives: pipeline", [&] { make_pipeline(); });
       }
-      if (o.segment == VulkanSegment::DeviceMemory) return attached;
-      // Every rank learnt of the failure in the same agreement, so every rank falls back.
+      // A failure every rank learnt of in the same agreement makes every rank fall back; an
+      // agreement that did not end (a timeout, a lost rank) leaves nothing to fall back with.
+      if (o.segment == VulkanSegment::DeviceMemory || agreement_broken_) return attached;
       dev_seg_.reset();
       segment_ = VulkanSegment::HostMemory;
       reason_ = str_format("the device's exported memory could not be shared ({}): host memory instead",
@@ -291,12 +312,12 @@ class Collectives final : public VulkanCollectives {
         why = str_format("rank {}'s device cannot export and import memory fds", r);
       if (why.empty()) continue;
       if (o.segment == VulkanSegment::DeviceMemory)
-        return fail(Errc::InvalidArgument, call, str_format("device memory asked for, but {}", why));
+        return fail(Errc::Unsupported, call, str_format("device memory asked for, but {}", why));
       reason_ = why + ": host memory that every device imports";
       return false;
     }
     segment_ = VulkanSegment::DeviceMemory;
-    reason_ = str_format("every rank runs on {}: its own memory, exported once and imported by every rank",
+    reason_ = str_format("every rank runs on {}: its own memory, allocated by rank 0 and imported by the others",
                          ctx_.capabilities().identity.name);
     return true;
   }
@@ -410,7 +431,7 @@ class Collectives final : public VulkanCollectives {
     LF_TRY_STATUS(agree(made, deadline.left(), call));
 
     if (me_ != 0) {
-      auto imported = take_segment(name, peers[0].pid, deadline);
+      auto imported = take_segment(name, peers[0], deadline);
       if (imported) dev_seg_.emplace(std::move(*imported));
       return agree(imported ? Status{} : Status(std::unexpected(imported.error())), deadline.left(), call);
     }
@@ -427,11 +448,13 @@ class Collectives final : public VulkanCollectives {
         return;
       }
       if (::poll(&p, 1, 1) <= 0) return;
-      for (;;) {
+      // A bounded number per turn, so that a flood of connections cannot keep the agreement
+      // from being driven.
+      for (std::uint32_t k = 0; k < n_ + 8; ++k) {
         UniqueFd conn(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
         if (!conn) return;
         const auto who = peer_credentials(conn.get());
-        if (!who) continue;
+        if (!who || who->uid != peers[0].uid) continue;
         for (std::uint32_t r = 1; r < n_; ++r)
           if (!served[r] && peers[r].pid == who->pid) {
             // A rank left unserved fails its import at the deadline and says so in the agreement.
@@ -446,16 +469,19 @@ class Collectives final : public VulkanCollectives {
     return agree({}, deadline.left(), call, serve);
   }
 
-  /// A rank other than 0: the segment from rank 0 (`pid`), imported into this device.
-  Result<GpuBuffer> take_segment(const std::string& name, std::int32_t pid, const Deadline& deadline) {
+  /// A rank other than 0: the segment from rank 0 (`rank0`), imported into this device. It takes
+  /// at most half the time left, so that the agreement after it still ends in time to tell every
+  /// rank (and to fall back together).
+  Result<GpuBuffer> take_segment(const std::string& name, const Peer& rank0, const Deadline& deadline) {
     constexpr const char* call = "VulkanCollectives::open (device memory)";
-    LF_TRY(auto sock, connect_abstract(name, deadline.left()));
+    const Deadline mine(deadline.forever() ? std::chrono::seconds(30) : deadline.left() / 2);
+    LF_TRY(auto sock, connect_abstract(name, mine.left()));
     LF_TRY(const auto who, peer_credentials(sock.get()));
-    if (who.pid != pid)
-      return fail(
-          Errc::PermissionDenied, call,
-          str_format("process {} answers at @{}, not the group's rank 0 (pid {}): refused", who.pid, name, pid));
-    LF_TRY(auto msg, recv_message(sock.get(), std::chrono::duration_cast<std::chrono::milliseconds>(deadline.left()),
+    if (who.pid != rank0.pid || who.uid != rank0.uid)
+      return fail(Errc::PermissionDenied, call,
+                  str_format("process {} (uid {}) answers at @{}, not the group's rank 0 (pid {}, uid {}): refused",
+                             who.pid, who.uid, name, rank0.pid, rank0.uid));
+    LF_TRY(auto msg, recv_message(sock.get(), std::chrono::duration_cast<std::chrono::milliseconds>(mine.left()),
                                   ExportDescriptor::kSerializedSize, 1));
     LF_TRY(auto desc, ExportDescriptor::deserialize(msg.payload));
     if (msg.fds.size() != 1) return fail(Errc::Malformed, call, "rank 0's answer carries no fd");
@@ -475,7 +501,10 @@ class Collectives final : public VulkanCollectives {
                                  {.timeout = timeout});
     if (meanwhile)
       while (!work.test()) meanwhile();
-    LF_TRY_STATUS(within(call, work.wait()));
+    if (auto s = work.wait(); !s) {
+      agreement_broken_ = true;
+      return std::unexpected(s.error().within(call));
+    }
     if (!mine) return std::unexpected(mine.error().within(call));
     for (std::uint32_t r = 0; r < n_; ++r)
       if (!all[r])
@@ -896,6 +925,7 @@ class Collectives final : public VulkanCollectives {
   std::uint64_t seq_ = 0, step_ = 0;
   bool recorded_ = false;  ///< the command buffer being recorded holds a copy
   bool synced_failure_ = false;
+  bool agreement_broken_ = false;  ///< an agreement at open did not end: the communicator is broken
   std::optional<Error> broken_;
 };
 

@@ -13,10 +13,14 @@
 //   lavaflow-launch -n N mesh_vulkan squat      rank 0's socket name is taken before open: device
 //                                               memory, asked for, fails naming it; Auto falls
 //                                               back to host memory on every rank and works
-//   lavaflow-launch -n N mesh_vulkan stranger   a thread of rank 0 (not a rank that needs the fd)
-//                                               connects to the socket again and again during open:
-//                                               it gets nothing, and every rank still attaches
+//   lavaflow-launch -n N mesh_vulkan stranger   a thread of rank 0 and a process of another pid
+//                                               (neither a rank that needs the fd) connect to the
+//                                               socket again and again during open and keep the
+//                                               connections: they get nothing, every rank attaches
 // Exit 77 when no device can import host memory (the test is then a visible skip).
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -126,6 +130,33 @@ int main(int argc, char** argv) {
     return 1;
   }
   const std::uint32_t me = checks.rank = job->rank;
+  // In mode stranger, rank 0 forks (before it has threads) a process of another pid that connects
+  // to its socket again and again and keeps the connections; it writes to a pipe if it ever gets
+  // an answer, and ends with rank 0.
+  UniqueFd told;
+  pid_t stranger_pid = -1;
+  if (mode == "stranger" && me == 0) {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) return 1;
+    told = UniqueFd(fds[0]);
+    const pid_t parent = ::getpid();
+    const std::string name = str_format("lavaflow-vkc-{:016x}-{}", name_hash(job->key + "-vk-" + mode), parent);
+    stranger_pid = ::fork();
+    if (stranger_pid == 0) {
+      std::vector<UniqueFd> held;
+      while (::getppid() == parent) {
+        auto c = connect_abstract(name, std::chrono::milliseconds(5));
+        if (!c) {
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
+          continue;
+        }
+        if (recv_message(c->get(), std::chrono::milliseconds(1)).has_value()) (void)!::write(fds[1], "x", 1);
+        if (held.size() < 64) held.push_back(std::move(*c));  // connections that never speak
+      }
+      _exit(0);
+    }
+    ::close(fds[1]);
+  }
   auto ctx = VulkanContext::create();
   if (!ctx) {
     std::printf("LAVAFLOW-SKIP: mesh-vulkan rank %u: SKIP: %s\n", me, ctx.error().message().c_str());
@@ -198,7 +229,13 @@ int main(int argc, char** argv) {
       done = true;
       if (stranger.joinable()) stranger.join();
       expect(vc.has_value(), vc ? "" : "open beside a stranger: " + vc.error().message());
-      expect(answered == 0, "the stranger got an answer");
+      expect(answered == 0, "the stranger thread got an answer");
+      if (stranger_pid > 0) {
+        ::kill(stranger_pid, SIGKILL);
+        ::waitpid(stranger_pid, nullptr, 0);
+        char byte = 0;
+        expect(::read(told.get(), &byte, 1) <= 0, "the stranger process got an answer");
+      }
       if (vc) works(**vc, "device memory opened beside a stranger");
     }
     if (!checks.failures) std::printf("mesh-vulkan rank %u: %s OK (%u ranks)\n", me, mode.c_str(), n);

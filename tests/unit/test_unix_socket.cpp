@@ -6,6 +6,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <thread>
+
 #include "lavaflow/core/detail/wire.hpp"
 #include "support.hpp"
 
@@ -121,4 +123,31 @@ TEST_CASE("abstract sockets: a listener, its connections and who made them") {
 
   CHECK_FALSE(listen_abstract("", 1));
   CHECK_FALSE(listen_abstract(std::string(200, 'x'), 1));
+  const std::string pid = std::to_string(::getpid());
+  CHECK(listen_abstract(std::string(107 - pid.size(), 'y') + pid, 1).has_value());  // the longest name
+}
+
+TEST_CASE("abstract sockets: a connect to a full backlog waits for room, bounded or not") {
+  const std::string name = "lavaflow-test-backlog-" + std::to_string(::getpid());
+  auto listener = lftest::ok(listen_abstract(name, 1));
+  std::vector<UniqueFd> filling;
+  // The kernel takes backlog + 1 connections before a non-blocking connect answers EAGAIN.
+  for (int i = 0; i < 8; ++i) {
+    auto c = connect_abstract(name, std::chrono::milliseconds(0));
+    if (!c) break;
+    filling.push_back(std::move(*c));
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  CHECK_FALSE(connect_abstract(name, std::chrono::milliseconds(200)));
+  CHECK(std::chrono::steady_clock::now() - t0 >= 190ms);
+  // Unbounded: it waits until the listener makes room.
+  std::thread drain([&] {
+    std::this_thread::sleep_for(300ms);
+    UniqueFd taken(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  });
+  t0 = std::chrono::steady_clock::now();
+  auto late = connect_abstract(name, std::chrono::nanoseconds::max());
+  drain.join();
+  CHECK(late.has_value());
+  CHECK(std::chrono::steady_clock::now() - t0 >= 250ms);
 }

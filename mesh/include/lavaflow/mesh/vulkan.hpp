@@ -33,13 +33,17 @@ struct DeviceSpan {
 [[nodiscard]] DeviceSpan device_span(const GpuBuffer& buffer);
 [[nodiscard]] DeviceSpan device_span(const GpuBuffer& buffer, std::uint64_t bytes);
 
-/// The memory the ranks of one host share.
+/// The memory the ranks of one host share (a group that stages through the host shares none).
 enum class VulkanSegment : std::uint8_t {
-  /// DeviceMemory when every rank of the group runs on this very device and it exports and imports
-  /// memory fds, else HostMemory; the reason is in VulkanCollectives::segment_reason().
+  /// DeviceMemory when every rank of the group runs on this host and this very device, the device
+  /// exports and imports memory fds, and nothing stages; else HostMemory. When the device memory
+  /// cannot be handed over (its socket name taken, ranks in other pid namespaces, a driver's
+  /// refusal) every rank falls back to HostMemory together. segment_reason() says which and why.
   Auto,
-  /// One exportable allocation on the shared device (opaque fd), imported by every rank: staging
-  /// stays in the GPU's own memory. open() fails when the ranks do not share one device.
+  /// One exportable allocation on the shared device (opaque fd), made by rank 0 and imported by
+  /// the others: staging stays in the GPU's own memory. open() fails — Unsupported where the
+  /// ranks do not share one device that shares fds, InvalidArgument with stage_through_host —
+  /// instead of falling back.
   DeviceMemory,
   /// Host shared memory imported by each rank's device: works for any mix of devices.
   HostMemory,
@@ -47,8 +51,12 @@ enum class VulkanSegment : std::uint8_t {
 [[nodiscard]] std::string_view to_string(VulkanSegment s) noexcept;
 
 struct VulkanCollectiveOptions {
-  /// Names the host's shared segment: the same on every rank of the group, different for every
-  /// group and every job that may run at the same time on the host.
+  /// Names the host's shared segment (a /dev/shm object) and rank 0's abstract socket that hands
+  /// the device memory over: the same on every rank of the group, different for every group and
+  /// every job that may run at the same time on the host. Abstract socket names are public to the
+  /// network namespace: a process that takes the name first makes Auto fall back to host memory
+  /// (and DeviceMemory fail); it never gets the memory (rank 0 answers only the group's ranks,
+  /// by pid and uid).
   std::string key;
   /// Staging per rank and step: a power of two, 4 KiB … 64 MiB (lowered to what the device can
   /// bind as one storage buffer); 0 chooses: 16 MiB in the device's own memory, where every step
@@ -70,9 +78,12 @@ struct VulkanCollectiveOptions {
 /// once. Not thread-safe; the context's queue is used from the calling thread.
 class VulkanCollectives {
  public:
-  /// Collective over the group's ranks: attaches to the host's segment (created by the group's
-  /// rank 0, unlinked as soon as every rank has mapped it) and imports it into `ctx`'s device.
-  /// `host` and `ctx` must outlive the result.
+  /// Collective over the group's ranks, which must all pass the same options: the ranks compare
+  /// where they run, then attach to the host's segment — the device memory that rank 0 allocates
+  /// and hands to each rank, or the /dev/shm object that rank 0 creates and unlinks as soon as
+  /// every rank has mapped it — or, staging, each maps its own pinned host memory. Every step
+  /// ends in an agreement, so the ranks succeed or fail together. `host` and `ctx` must outlive
+  /// the result.
   [[nodiscard]] static Result<std::unique_ptr<VulkanCollectives>> open(const VulkanContext& ctx, Communicator& host,
                                                                        VulkanCollectiveOptions options);
   virtual ~VulkanCollectives() = default;
