@@ -655,6 +655,7 @@ class Collectives final : public VulkanCollectives {
     cb_.bindDescriptorSets(vk::PipelineBindPoint::eCompute, *layout_, 0, *set_, {});
     cb_.pushConstants<Push>(*layout_, vk::ShaderStageFlagBits::eCompute, 0, p);
     cb_.dispatch(std::min<std::uint32_t>(max_groups_, (p.units + kLocalSize - 1) / kLocalSize), 1, 1);
+    recorded_ = true;
   }
 
   Status submit(const Deadline& deadline, Work* alongside = nullptr) {
@@ -684,45 +685,61 @@ class Collectives final : public VulkanCollectives {
   [[nodiscard]] std::uint64_t stage(std::uint32_t r, std::uint32_t b) const { return r * stride_ + b * chunk_; }
   [[nodiscard]] std::uint64_t scratch(std::uint32_t r) const { return r * stride_ + 2 * chunk_; }
   std::uint32_t flip() { return static_cast<std::uint32_t>(step_++ & 1); }
+  /// The staging buffer that the next flip() gives.
+  [[nodiscard]] std::uint32_t next_buffer() const { return static_cast<std::uint32_t>(step_ & 1); }
+  /// Submits what was recorded, if anything (a rank with no part in a step records nothing).
+  Status flush(const Deadline& d) { return recorded_ ? submit(d) : Status{}; }
   [[nodiscard]] vk::Buffer seg() const { return seg_buffer_; }
 
+  // The shared paths record the next chunk's copy in with the current chunk's last GPU work, so
+  // that a chunk costs one submission (and its fence wait) fewer: the copy into staging buffer
+  // (k + 1) & 1 is submitted after the synchronisation that ended every peer's reads of chunk
+  // k − 1 there.
+
   Status shared_all_reduce(DeviceSpan send, DeviceSpan recv, DType type, ReduceOp op, const Deadline& d) {
-    for (std::uint64_t at = 0; at < send.size; at += chunk_) {
-      const std::uint64_t len = std::min(chunk_, send.size - at);
-      const std::uint32_t b = flip();
-      begin();
-      copy(send.buffer, send.offset + at, seg(), stage(me_, b), len);
-      LF_TRY_STATUS(submit(d));
+    const std::uint64_t chunks = (send.size + chunk_ - 1) / chunk_;
+    auto copy_in = [&](std::uint64_t k) {
+      const std::uint64_t at = k * chunk_;
+      copy(send.buffer, send.offset + at, seg(), stage(me_, next_buffer()), std::min(chunk_, send.size - at));
+    };
+    begin();
+    copy_in(0);
+    for (std::uint64_t k = 0; k < chunks; ++k) {
+      const std::uint64_t at = k * chunk_, len = std::min(chunk_, send.size - at);
+      LF_TRY_STATUS(flush(d));
       LF_TRY_STATUS(sync(d));
+      const std::uint32_t b = flip();
       begin();
       if (len <= kFlatBytes) {
         reduce(stage(0, b), scratch(me_), len, type, op);
         barrier();
         copy(seg(), scratch(me_), recv.buffer, recv.offset + at, len);
+      } else {
+        const std::uint64_t part = ((len + n_ - 1) / n_ + kPartAlign - 1) & ~(kPartAlign - 1);
+        auto piece = [&](std::uint32_t r) {
+          const std::uint64_t from = std::min(len, r * part);
+          return std::pair{from, std::min(len, from + part) - from};
+        };
+        const auto [mine_at, mine_len] = piece(me_);
+        if (mine_len) {
+          reduce(stage(0, b) + mine_at, stage(me_, b) + mine_at, mine_len, type, op);
+          barrier();
+          copy(seg(), stage(me_, b) + mine_at, recv.buffer, recv.offset + at + mine_at, mine_len);
+        }
         LF_TRY_STATUS(submit(d));
-        continue;
+        LF_TRY_STATUS(sync(d));
+        begin();
+        for (std::uint32_t r = 0; r < n_; ++r) {
+          const auto [from, n] = piece(r);
+          if (r != me_) copy(seg(), stage(r, b) + from, recv.buffer, recv.offset + at + from, n);
+        }
       }
-      const std::uint64_t part = ((len + n_ - 1) / n_ + kPartAlign - 1) & ~(kPartAlign - 1);
-      auto piece = [&](std::uint32_t r) {
-        const std::uint64_t from = std::min(len, r * part);
-        return std::pair{from, std::min(len, from + part) - from};
-      };
-      const auto [mine_at, mine_len] = piece(me_);
-      if (mine_len) {
-        reduce(stage(0, b) + mine_at, stage(me_, b) + mine_at, mine_len, type, op);
-        barrier();
-        copy(seg(), stage(me_, b) + mine_at, recv.buffer, recv.offset + at + mine_at, mine_len);
+      if (k + 1 < chunks) {
+        barrier();  // after this chunk's writes to recv, which may be send
+        copy_in(k + 1);
       }
-      LF_TRY_STATUS(submit(d));
-      LF_TRY_STATUS(sync(d));
-      begin();
-      for (std::uint32_t r = 0; r < n_; ++r) {
-        const auto [from, n] = piece(r);
-        if (r != me_) copy(seg(), stage(r, b) + from, recv.buffer, recv.offset + at + from, n);
-      }
-      LF_TRY_STATUS(submit(d));
     }
-    return {};
+    return flush(d);
   }
 
   Status gather(DeviceSpan send, DeviceSpan recv, const Deadline& d) {
@@ -744,19 +761,27 @@ class Collectives final : public VulkanCollectives {
           },
           d);
     }
-    for (std::uint64_t at = 0; at < send.size; at += chunk_) {
-      const std::uint64_t len = std::min(chunk_, send.size - at);
-      const std::uint32_t b = flip();
-      begin();
-      copy(send.buffer, send.offset + at, seg(), stage(me_, b), len);
-      LF_TRY_STATUS(submit(d));
+    const std::uint64_t chunks = (send.size + chunk_ - 1) / chunk_;
+    auto copy_in = [&](std::uint64_t k) {
+      const std::uint64_t at = k * chunk_;
+      copy(send.buffer, send.offset + at, seg(), stage(me_, next_buffer()), std::min(chunk_, send.size - at));
+    };
+    begin();
+    copy_in(0);
+    for (std::uint64_t k = 0; k < chunks; ++k) {
+      const std::uint64_t at = k * chunk_, len = std::min(chunk_, send.size - at);
+      LF_TRY_STATUS(flush(d));
       LF_TRY_STATUS(sync(d));
+      const std::uint32_t b = flip();
       begin();
       for (std::uint32_t r = 0; r < n_; ++r)
         copy(seg(), stage(r, b), recv.buffer, recv.offset + r * send.size + at, len);
-      LF_TRY_STATUS(submit(d));
+      if (k + 1 < chunks) {
+        barrier();
+        copy_in(k + 1);
+      }
     }
-    return {};
+    return flush(d);
   }
 
   Status scatter(DeviceSpan send, DeviceSpan recv, DType type, ReduceOp op, const Deadline& d) {
@@ -782,21 +807,29 @@ class Collectives final : public VulkanCollectives {
     // Each step takes the same piece of every rank's block: n pieces side by side in the staging,
     // at the same places on every rank (part me of each staging is read by rank me).
     const std::uint64_t len = std::max<std::uint64_t>(kPartAlign, (chunk_ / n_) & ~(kPartAlign - 1));
-    for (std::uint64_t at = 0; at < recv.size; at += len) {
-      const std::uint64_t k = std::min(len, recv.size - at);
-      const std::uint32_t b = flip();
-      begin();
+    const std::uint64_t steps = (recv.size + len - 1) / len;
+    auto copy_in = [&](std::uint64_t i) {
+      const std::uint64_t at = i * len, k = std::min(len, recv.size - at);
       for (std::uint32_t r = 0; r < n_; ++r)
-        copy(send.buffer, send.offset + r * recv.size + at, seg(), stage(me_, b) + r * len, k);
-      LF_TRY_STATUS(submit(d));
+        copy(send.buffer, send.offset + r * recv.size + at, seg(), stage(me_, next_buffer()) + r * len, k);
+    };
+    begin();
+    copy_in(0);
+    for (std::uint64_t i = 0; i < steps; ++i) {
+      const std::uint64_t at = i * len, k = std::min(len, recv.size - at);
+      LF_TRY_STATUS(flush(d));
       LF_TRY_STATUS(sync(d));
+      const std::uint32_t b = flip();
       begin();
       reduce(stage(0, b) + me_ * len, scratch(me_), k, type, op);
       barrier();
       copy(seg(), scratch(me_), recv.buffer, recv.offset + at, k);
-      LF_TRY_STATUS(submit(d));
+      if (i + 1 < steps) {
+        barrier();
+        copy_in(i + 1);
+      }
     }
-    return {};
+    return flush(d);
   }
 
   Status bcast(DeviceSpan buffer, std::uint32_t root, const Deadline& d) {
@@ -813,22 +846,24 @@ class Collectives final : public VulkanCollectives {
             if (me_ != root) copy(seg(), slot, buffer.buffer, buffer.offset + at, k);
           },
           d);
-    for (std::uint64_t at = 0; at < buffer.size; at += chunk_) {
-      const std::uint64_t len = std::min(chunk_, buffer.size - at);
-      const std::uint32_t b = flip();
-      if (me_ == root) {
-        begin();
-        copy(buffer.buffer, buffer.offset + at, seg(), stage(root, b), len);
-        LF_TRY_STATUS(submit(d));
-      }
+    const std::uint64_t chunks = (buffer.size + chunk_ - 1) / chunk_;
+    auto copy_in = [&](std::uint64_t k) {
+      const std::uint64_t at = k * chunk_;
+      if (me_ == root)
+        copy(buffer.buffer, buffer.offset + at, seg(), stage(root, next_buffer()), std::min(chunk_, buffer.size - at));
+    };
+    begin();
+    copy_in(0);
+    for (std::uint64_t k = 0; k < chunks; ++k) {
+      const std::uint64_t at = k * chunk_, len = std::min(chunk_, buffer.size - at);
+      LF_TRY_STATUS(flush(d));
       LF_TRY_STATUS(sync(d));
-      if (me_ != root) {
-        begin();
-        copy(seg(), stage(root, b), buffer.buffer, buffer.offset + at, len);
-        LF_TRY_STATUS(submit(d));
-      }
+      const std::uint32_t b = flip();
+      begin();
+      if (me_ != root) copy(seg(), stage(root, b), buffer.buffer, buffer.offset + at, len);
+      if (k + 1 < chunks) copy_in(k + 1);
     }
-    return {};
+    return flush(d);
   }
 
   Status staged_all_reduce(DeviceSpan send, DeviceSpan recv, DType type, ReduceOp op, const Deadline& d) {
@@ -923,7 +958,7 @@ class Collectives final : public VulkanCollectives {
   vk::raii::Fence fence_ = nullptr;
   Record call_;
   std::uint64_t seq_ = 0, step_ = 0;
-  bool recorded_ = false;  ///< the command buffer being recorded holds a copy
+  bool recorded_ = false;  ///< the command buffer being recorded holds work
   bool synced_failure_ = false;
   bool agreement_broken_ = false;  ///< an agreement at open did not end: the communicator is broken
   std::optional<Error> broken_;
