@@ -691,55 +691,66 @@ class Collectives final : public VulkanCollectives {
   Status flush(const Deadline& d) { return recorded_ ? submit(d) : Status{}; }
   [[nodiscard]] vk::Buffer seg() const { return seg_buffer_; }
 
-  // The shared paths record the next chunk's copy in with the current chunk's last GPU work, so
-  // that a chunk costs one submission (and its fence wait) fewer: the copy into staging buffer
-  // (k + 1) & 1 is submitted after the synchronisation that ended every peer's reads of chunk
-  // k − 1 there.
-
-  Status shared_all_reduce(DeviceSpan send, DeviceSpan recv, DType type, ReduceOp op, const Deadline& d) {
-    const std::uint64_t chunks = (send.size + chunk_ - 1) / chunk_;
-    auto copy_in = [&](std::uint64_t k) {
-      const std::uint64_t at = k * chunk_;
-      copy(send.buffer, send.offset + at, seg(), stage(me_, next_buffer()), std::min(chunk_, send.size - at));
-    };
+  /// The shared path over steps of `len` bytes of `total`: `in(at, k, b)` records the copy of
+  /// step (at, k) into this rank's staging buffer b; `body(at, k, b)` records the step's work
+  /// once every rank's copy is in (and may submit and synchronise within). The next step's copy
+  /// goes in with this step's last GPU work, so a step costs one submission (and its fence wait)
+  /// fewer: it writes the staging buffer of the step before, whose reads by every peer ended
+  /// before this step's synchronisation.
+  template <class In, class Body>
+  Status shared_steps(std::uint64_t total, std::uint64_t len, In&& in, Body&& body, const Deadline& d) {
+    const std::uint64_t steps = (total + len - 1) / len;
+    auto bytes = [&](std::uint64_t i) { return std::min(len, total - i * len); };
     begin();
-    copy_in(0);
-    for (std::uint64_t k = 0; k < chunks; ++k) {
-      const std::uint64_t at = k * chunk_, len = std::min(chunk_, send.size - at);
+    in(std::uint64_t{0}, bytes(0), next_buffer());
+    for (std::uint64_t i = 0; i < steps; ++i) {
       LF_TRY_STATUS(flush(d));
       LF_TRY_STATUS(sync(d));
       const std::uint32_t b = flip();
       begin();
-      if (len <= kFlatBytes) {
-        reduce(stage(0, b), scratch(me_), len, type, op);
-        barrier();
-        copy(seg(), scratch(me_), recv.buffer, recv.offset + at, len);
-      } else {
-        const std::uint64_t part = ((len + n_ - 1) / n_ + kPartAlign - 1) & ~(kPartAlign - 1);
-        auto piece = [&](std::uint32_t r) {
-          const std::uint64_t from = std::min(len, r * part);
-          return std::pair{from, std::min(len, from + part) - from};
-        };
-        const auto [mine_at, mine_len] = piece(me_);
-        if (mine_len) {
-          reduce(stage(0, b) + mine_at, stage(me_, b) + mine_at, mine_len, type, op);
-          barrier();
-          copy(seg(), stage(me_, b) + mine_at, recv.buffer, recv.offset + at + mine_at, mine_len);
-        }
-        LF_TRY_STATUS(submit(d));
-        LF_TRY_STATUS(sync(d));
-        begin();
-        for (std::uint32_t r = 0; r < n_; ++r) {
-          const auto [from, n] = piece(r);
-          if (r != me_) copy(seg(), stage(r, b) + from, recv.buffer, recv.offset + at + from, n);
-        }
-      }
-      if (k + 1 < chunks) {
-        barrier();  // after this chunk's writes to recv, which may be send
-        copy_in(k + 1);
+      LF_TRY_STATUS(body(i * len, bytes(i), b));
+      if (i + 1 < steps) {
+        barrier();  // after this step's writes to recv, which may be send
+        in((i + 1) * len, bytes(i + 1), next_buffer());
       }
     }
     return flush(d);
+  }
+
+  Status shared_all_reduce(DeviceSpan send, DeviceSpan recv, DType type, ReduceOp op, const Deadline& d) {
+    return shared_steps(
+        send.size, chunk_,
+        [&](std::uint64_t at, std::uint64_t len, std::uint32_t b) {
+          copy(send.buffer, send.offset + at, seg(), stage(me_, b), len);
+        },
+        [&](std::uint64_t at, std::uint64_t len, std::uint32_t b) -> Status {
+          if (len <= kFlatBytes) {
+            reduce(stage(0, b), scratch(me_), len, type, op);
+            barrier();
+            copy(seg(), scratch(me_), recv.buffer, recv.offset + at, len);
+            return {};
+          }
+          const std::uint64_t part = ((len + n_ - 1) / n_ + kPartAlign - 1) & ~(kPartAlign - 1);
+          auto piece = [&](std::uint32_t r) {
+            const std::uint64_t from = std::min(len, r * part);
+            return std::pair{from, std::min(len, from + part) - from};
+          };
+          const auto [mine_at, mine_len] = piece(me_);
+          if (mine_len) {
+            reduce(stage(0, b) + mine_at, stage(me_, b) + mine_at, mine_len, type, op);
+            barrier();
+            copy(seg(), stage(me_, b) + mine_at, recv.buffer, recv.offset + at + mine_at, mine_len);
+          }
+          LF_TRY_STATUS(flush(d));
+          LF_TRY_STATUS(sync(d));
+          begin();
+          for (std::uint32_t r = 0; r < n_; ++r) {
+            const auto [from, n] = piece(r);
+            if (r != me_) copy(seg(), stage(r, b) + from, recv.buffer, recv.offset + at + from, n);
+          }
+          return {};
+        },
+        d);
   }
 
   Status gather(DeviceSpan send, DeviceSpan recv, const Deadline& d) {
@@ -761,27 +772,17 @@ class Collectives final : public VulkanCollectives {
           },
           d);
     }
-    const std::uint64_t chunks = (send.size + chunk_ - 1) / chunk_;
-    auto copy_in = [&](std::uint64_t k) {
-      const std::uint64_t at = k * chunk_;
-      copy(send.buffer, send.offset + at, seg(), stage(me_, next_buffer()), std::min(chunk_, send.size - at));
-    };
-    begin();
-    copy_in(0);
-    for (std::uint64_t k = 0; k < chunks; ++k) {
-      const std::uint64_t at = k * chunk_, len = std::min(chunk_, send.size - at);
-      LF_TRY_STATUS(flush(d));
-      LF_TRY_STATUS(sync(d));
-      const std::uint32_t b = flip();
-      begin();
-      for (std::uint32_t r = 0; r < n_; ++r)
-        copy(seg(), stage(r, b), recv.buffer, recv.offset + r * send.size + at, len);
-      if (k + 1 < chunks) {
-        barrier();
-        copy_in(k + 1);
-      }
-    }
-    return flush(d);
+    return shared_steps(
+        send.size, chunk_,
+        [&](std::uint64_t at, std::uint64_t len, std::uint32_t b) {
+          copy(send.buffer, send.offset + at, seg(), stage(me_, b), len);
+        },
+        [&](std::uint64_t at, std::uint64_t len, std::uint32_t b) -> Status {
+          for (std::uint32_t r = 0; r < n_; ++r)
+            copy(seg(), stage(r, b), recv.buffer, recv.offset + r * send.size + at, len);
+          return {};
+        },
+        d);
   }
 
   Status scatter(DeviceSpan send, DeviceSpan recv, DType type, ReduceOp op, const Deadline& d) {
@@ -807,29 +808,19 @@ class Collectives final : public VulkanCollectives {
     // Each step takes the same piece of every rank's block: n pieces side by side in the staging,
     // at the same places on every rank (part me of each staging is read by rank me).
     const std::uint64_t len = std::max<std::uint64_t>(kPartAlign, (chunk_ / n_) & ~(kPartAlign - 1));
-    const std::uint64_t steps = (recv.size + len - 1) / len;
-    auto copy_in = [&](std::uint64_t i) {
-      const std::uint64_t at = i * len, k = std::min(len, recv.size - at);
-      for (std::uint32_t r = 0; r < n_; ++r)
-        copy(send.buffer, send.offset + r * recv.size + at, seg(), stage(me_, next_buffer()) + r * len, k);
-    };
-    begin();
-    copy_in(0);
-    for (std::uint64_t i = 0; i < steps; ++i) {
-      const std::uint64_t at = i * len, k = std::min(len, recv.size - at);
-      LF_TRY_STATUS(flush(d));
-      LF_TRY_STATUS(sync(d));
-      const std::uint32_t b = flip();
-      begin();
-      reduce(stage(0, b) + me_ * len, scratch(me_), k, type, op);
-      barrier();
-      copy(seg(), scratch(me_), recv.buffer, recv.offset + at, k);
-      if (i + 1 < steps) {
-        barrier();
-        copy_in(i + 1);
-      }
-    }
-    return flush(d);
+    return shared_steps(
+        recv.size, len,
+        [&](std::uint64_t at, std::uint64_t k, std::uint32_t b) {
+          for (std::uint32_t r = 0; r < n_; ++r)
+            copy(send.buffer, send.offset + r * recv.size + at, seg(), stage(me_, b) + r * len, k);
+        },
+        [&](std::uint64_t at, std::uint64_t k, std::uint32_t b) -> Status {
+          reduce(stage(0, b) + me_ * len, scratch(me_), k, type, op);
+          barrier();
+          copy(seg(), scratch(me_), recv.buffer, recv.offset + at, k);
+          return {};
+        },
+        d);
   }
 
   Status bcast(DeviceSpan buffer, std::uint32_t root, const Deadline& d) {
@@ -846,24 +837,16 @@ class Collectives final : public VulkanCollectives {
             if (me_ != root) copy(seg(), slot, buffer.buffer, buffer.offset + at, k);
           },
           d);
-    const std::uint64_t chunks = (buffer.size + chunk_ - 1) / chunk_;
-    auto copy_in = [&](std::uint64_t k) {
-      const std::uint64_t at = k * chunk_;
-      if (me_ == root)
-        copy(buffer.buffer, buffer.offset + at, seg(), stage(root, next_buffer()), std::min(chunk_, buffer.size - at));
-    };
-    begin();
-    copy_in(0);
-    for (std::uint64_t k = 0; k < chunks; ++k) {
-      const std::uint64_t at = k * chunk_, len = std::min(chunk_, buffer.size - at);
-      LF_TRY_STATUS(flush(d));
-      LF_TRY_STATUS(sync(d));
-      const std::uint32_t b = flip();
-      begin();
-      if (me_ != root) copy(seg(), stage(root, b), buffer.buffer, buffer.offset + at, len);
-      if (k + 1 < chunks) copy_in(k + 1);
-    }
-    return flush(d);
+    return shared_steps(
+        buffer.size, chunk_,
+        [&](std::uint64_t at, std::uint64_t len, std::uint32_t b) {
+          if (me_ == root) copy(buffer.buffer, buffer.offset + at, seg(), stage(root, b), len);
+        },
+        [&](std::uint64_t at, std::uint64_t len, std::uint32_t b) -> Status {
+          if (me_ != root) copy(seg(), stage(root, b), buffer.buffer, buffer.offset + at, len);
+          return {};
+        },
+        d);
   }
 
   Status staged_all_reduce(DeviceSpan send, DeviceSpan recv, DType type, ReduceOp op, const Deadline& d) {
