@@ -148,6 +148,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::deque<std::unique_ptr<Collective>> queue;
   std::deque<std::unique_ptr<PointToPoint>> p2p;
   std::uint64_t epoch = 0, step = 0, calls = 0, polls = 0;
+  std::vector<std::vector<float>> abandoned_partials;  // timed-out exchanges' f32 buffers
   std::uint64_t current_call = 0;  // the call being advanced (what a failure recorded now holds from)
   std::optional<Error> broken;
   std::vector<std::span<const std::byte>> scratch;  // the inputs of a reduction
@@ -328,6 +329,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
     if ((++polls & 63) != 0) return false;  // the clock now and then: a read costs as much as a test
     if (c.expired()) {
       link->abandon();  // no late peer's message lands in the caller's buffers after this
+      // An exchange MPI cannot cancel may still write into (or read) the call's f32 partials:
+      // they stay allocated for the communicator's life, never freed under it.
+      if (!c.wide.empty()) abandoned_partials.push_back(std::move(c.wide));
       return std::unexpected(
           break_with(Error(Errc::Timeout, str_format("mesh::{}", to_string(c.kind)),
                            str_format("the exchange between the {} hosts of group '{}' did not end in time (call #{})",
@@ -352,7 +356,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
     // An f16/bf16 all_reduce across hosts carries the hosts' partials in f32 and rounds once at
     // the end, as on one host: partials in the type's own width would round at every exchange,
     // and a sum could leave the type's range where the average does not.
-    const bool wide = multi && c.kind == Kind::AllReduce && (c.type == DType::F16 || c.type == DType::BF16);
+    // Min and Max are exact in the type (and keep the mesh's NaN rule only there): not widened.
+    const bool wide = multi && c.kind == Kind::AllReduce && (c.type == DType::F16 || c.type == DType::BF16) &&
+                      c.op != ReduceOp::Min && c.op != ReduceOp::Max;
     const float divisor = c.op == ReduceOp::Average ? static_cast<float>(n) : 1.0f;
     for (;;) {
       const std::uint64_t p = step & 1;
