@@ -554,7 +554,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
           if (!r) return std::unexpected(r.error());
           if (!*r) return false;
           if (wide) {
-            // Narrowed in place would overwrite values not yet read: through a copy.
+            // narrow() reads its values as const while it writes the area: through a copy.
             c.wide.assign(wide_area(p), wide_area(p) + c.m / es);
             narrow(c.wide, {area(p), c.m}, c.type, divisor);
           } else if (c.kind == Kind::AllReduce && c.op == ReduceOp::Average) {

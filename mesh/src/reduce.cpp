@@ -195,15 +195,14 @@ inline Acc combine_as(Acc a, Acc b) {
 // Element-wise over chunks: every input's chunk is read before `out`'s is written, so `out` may
 // be any of the inputs. The op is a template argument so that the inner loops vectorise.
 template <DType T, ReduceOp Op>
-void reduce_typed(std::span<const std::span<const std::byte>> inputs, std::span<std::byte> out,
-                  std::uint64_t average_of) {
+void reduce_typed(std::span<const std::span<const std::byte>> inputs, std::span<std::byte> out) {
   using E = Elem<T>;
   using Acc = typename E::Acc;
   constexpr std::size_t kSize = T == DType::F32 || T == DType::I32 ? 4 : T == DType::I64 ? 8 : T == DType::U8 ? 1 : 2;
   constexpr std::size_t kChunk = 1024;
   std::array<Acc, kChunk> acc;
   const std::size_t count = out.size() / kSize;
-  const auto n = static_cast<Acc>(average_of ? average_of : inputs.size());
+  const auto n = static_cast<Acc>(inputs.size());
   for (std::size_t base = 0; base < count; base += kChunk) {
     const std::size_t len = std::min(kChunk, count - base);
     const std::byte* first = inputs[0].data() + base * kSize;
@@ -229,26 +228,24 @@ void reduce_typed(std::span<const std::span<const std::byte>> inputs, std::span<
 }
 
 template <DType T>
-void reduce_op(std::span<const std::span<const std::byte>> inputs, std::span<std::byte> out, ReduceOp op,
-               std::uint64_t average_of) {
+void reduce_op(std::span<const std::span<const std::byte>> inputs, std::span<std::byte> out, ReduceOp op) {
   switch (op) {
     case ReduceOp::Sum:
-      return reduce_typed<T, ReduceOp::Sum>(inputs, out, 0);
+      return reduce_typed<T, ReduceOp::Sum>(inputs, out);
     case ReduceOp::Product:
-      return reduce_typed<T, ReduceOp::Product>(inputs, out, 0);
+      return reduce_typed<T, ReduceOp::Product>(inputs, out);
     case ReduceOp::Min:
-      return reduce_typed<T, ReduceOp::Min>(inputs, out, 0);
+      return reduce_typed<T, ReduceOp::Min>(inputs, out);
     case ReduceOp::Max:
-      return reduce_typed<T, ReduceOp::Max>(inputs, out, 0);
+      return reduce_typed<T, ReduceOp::Max>(inputs, out);
     case ReduceOp::Average:
-      return reduce_typed<T, ReduceOp::Average>(inputs, out, average_of);
+      return reduce_typed<T, ReduceOp::Average>(inputs, out);
   }
 }
 
 }  // namespace
 
-Status reduce(std::span<const std::span<const std::byte>> inputs, std::span<std::byte> out, DType type, ReduceOp op,
-              std::uint64_t average_of) {
+Status reduce(std::span<const std::span<const std::byte>> inputs, std::span<std::byte> out, DType type, ReduceOp op) {
   constexpr const char* call = "mesh::reduce";
   if (inputs.empty()) return fail(Errc::InvalidArgument, call, "nothing to reduce");
   const std::size_t elem = size_of(type);
@@ -261,22 +258,22 @@ Status reduce(std::span<const std::span<const std::byte>> inputs, std::span<std:
                   str_format("input {} holds {} bytes, the output {}", k, inputs[k].size(), out.size()));
   switch (type) {
     case DType::F32:
-      reduce_op<DType::F32>(inputs, out, op, average_of);
+      reduce_op<DType::F32>(inputs, out, op);
       break;
     case DType::F16:
-      reduce_op<DType::F16>(inputs, out, op, average_of);
+      reduce_op<DType::F16>(inputs, out, op);
       break;
     case DType::BF16:
-      reduce_op<DType::BF16>(inputs, out, op, average_of);
+      reduce_op<DType::BF16>(inputs, out, op);
       break;
     case DType::I32:
-      reduce_op<DType::I32>(inputs, out, op, average_of);
+      reduce_op<DType::I32>(inputs, out, op);
       break;
     case DType::I64:
-      reduce_op<DType::I64>(inputs, out, op, average_of);
+      reduce_op<DType::I64>(inputs, out, op);
       break;
     case DType::U8:
-      reduce_op<DType::U8>(inputs, out, op, average_of);
+      reduce_op<DType::U8>(inputs, out, op);
       break;
   }
   return {};

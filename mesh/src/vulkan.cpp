@@ -111,7 +111,6 @@ struct Peer {
   std::uint8_t staged = 0;
   std::uint16_t reserved = 0;
   std::uint64_t chunk = 0;
-  friend bool operator==(const Peer&, const Peer&) = default;
 };
 static_assert(sizeof(Peer) == 64);
 
@@ -410,7 +409,7 @@ class Collectives final : public VulkanCollectives {
 
   /// The device path: rank 0 allocates the whole segment on the device and exports it; every
   /// other rank takes the fd from rank 0 over an abstract Unix socket and imports it. The socket's
-  /// name is public to the host's network namespace, so each end checks the other's pid against
+  /// name is public to the host's network namespace, so each end checks the other's pid and uid against
   /// the group's records (the host communicator's, which a stranger cannot write) and the
   /// importer checks the descriptor against the segment it expects.
   Status attach_device(const VulkanCollectiveOptions& o, const std::vector<Peer>& peers) {

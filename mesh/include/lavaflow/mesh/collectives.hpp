@@ -35,11 +35,10 @@ enum class ReduceOp : std::uint8_t { Sum, Product, Min, Max, Average };
 
 /// Reduces `inputs` element-wise into `out` (which may be one of the inputs): every span holds the
 /// same whole number of `type` elements. f16 and bf16 accumulate in f32 and round once; Average
-/// divides the sum by `average_of`, or by the number of inputs when it is 0 (an integer sum wraps
-/// in the element's width first, then the quotient truncates toward zero). Integer Sum and
-/// Product wrap modulo 2^bits.
+/// divides the sum by the number of inputs (an integer sum wraps in the element's width first,
+/// then the quotient truncates toward zero). Integer Sum and Product wrap modulo 2^bits.
 [[nodiscard]] Status reduce(std::span<const std::span<const std::byte>> inputs, std::span<std::byte> out, DType type,
-                            ReduceOp op, std::uint64_t average_of = 0);
+                            ReduceOp op);
 
 /// f16 or bf16 `inputs` reduced element-wise into f32 `out`, not rounded to the type (Average
 /// sums; the caller divides as it narrows): partials that cross hosts this way keep a call to one
