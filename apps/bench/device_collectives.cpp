@@ -9,7 +9,9 @@
 //                     program without GPU collectives does).
 //   --backend cuda    CudaCollectives (kernels over the peers' mapped staging), with and without
 //                     CUDA graphs, against NCCL where built ("nccl", "nccl-graph") and against
-//                     the staged path (cudaMemcpy, native host collective, cudaMemcpy).
+//                     the staged path (cudaMemcpy, native host collective, cudaMemcpy);
+//                     "lavaflow-staged": CudaCollectives on the path a group spanning hosts
+//                     takes (pinned slots, pipelined pieces, the native host collective).
 // A row's p50/p99 are over rounds of calls; each round's time is the slowest rank's. busbw
 // follows NCCL's convention: all_reduce size/t × 2(n−1)/n; all_gather and reduce_scatter
 // n·size/t × (n−1)/n; broadcast size/t. Rank 0 prints a table, or with --json
@@ -222,6 +224,13 @@ int run_cuda(Communicator& host, std::uint64_t max_size, std::uint64_t chunk, bo
   auto c = CudaCollectives::open(host, chunk ? CudaCollectiveOptions{.device = device, .chunk_bytes = chunk}
                                              : CudaCollectiveOptions{.device = device});
   if (!c) return std::fprintf(stderr, "lavaflow-bench device-collectives: %s\n", c.error().message().c_str()), 1;
+  // The path a group spanning hosts takes (pinned slots, pipelined pieces), on this host.
+  auto piped = !with_staged ? decltype(c)(nullptr)
+                            : CudaCollectives::open(host, CudaCollectiveOptions{.device = device,
+                                                                                .chunk_bytes = chunk ? chunk : 16 << 20,
+                                                                                .stage_through_host = true});
+  if (!piped)
+    return std::fprintf(stderr, "lavaflow-bench device-collectives: %s\n", piped.error().message().c_str()), 1;
   cudaStream_t stream = nullptr;
   (void)cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
 #if LAVAFLOW_BENCH_NCCL
@@ -251,18 +260,19 @@ int run_cuda(Communicator& host, std::uint64_t max_size, std::uint64_t chunk, bo
       for (Op op : kOps) {
         if (t == DType::BF16 && (op == Op::AllGather || op == Op::Broadcast)) continue;
         const std::uint64_t sb = send_bytes(op, size, n), rb = recv_bytes(op, size, n);
-        auto ours = [&] {
+        auto call = [&](CudaCollectives& on) {
           switch (op) {
             case Op::AllReduce:
-              return (*c)->all_reduce(send, recv, size, t, ReduceOp::Sum, stream).has_value();
+              return on.all_reduce(send, recv, size, t, ReduceOp::Sum, stream).has_value();
             case Op::AllGather:
-              return (*c)->all_gather(send, recv, size, t, stream).has_value();
+              return on.all_gather(send, recv, size, t, stream).has_value();
             case Op::ReduceScatter:
-              return (*c)->reduce_scatter(send, recv, size, t, ReduceOp::Sum, stream).has_value();
+              return on.reduce_scatter(send, recv, size, t, ReduceOp::Sum, stream).has_value();
             default:
-              return (*c)->broadcast(recv, size, 0, t, stream).has_value();
+              return on.broadcast(recv, size, 0, t, stream).has_value();
           }
         };
+        auto ours = [&] { return call(**c); };
         const int calls = std::max(1, calls_for(size) / 5);
         auto plain = time_stream(host, stream, calls, false, ours);
         auto graphed = time_stream(host, stream, calls, true, ours);
@@ -291,7 +301,11 @@ int run_cuda(Communicator& host, std::uint64_t max_size, std::uint64_t chunk, bo
           }
           return ok && cudaMemcpy(recv, out.data(), rb, cudaMemcpyHostToDevice) == cudaSuccess;
         });
-        if (plain.empty() || graphed.empty() || (with_staged && staged.empty()) || !(*c)->check())
+        auto pipelined = !with_staged ? std::vector<double>{} : time_sync(host, calls, [&] {
+          return call(**piped) && cudaStreamSynchronize(stream) == cudaSuccess;
+        });
+        if (plain.empty() || graphed.empty() || (with_staged && (staged.empty() || pipelined.empty())) ||
+            !(*c)->check())
           return std::fprintf(stderr, "lavaflow-bench device-collectives: %s of %llu bytes failed: %s\n", op_name(op),
                               static_cast<unsigned long long>(size),
                               (*c)->check() ? "" : (*c)->check().error().message().c_str()),
@@ -299,6 +313,7 @@ int run_cuda(Communicator& host, std::uint64_t max_size, std::uint64_t chunk, bo
         rows.push_back(summarize("lavaflow", op, t, size, n, plain));
         rows.push_back(summarize("lavaflow-graph", op, t, size, n, graphed));
         if (with_staged) rows.push_back(summarize("staged", op, t, size, n, staged));
+        if (with_staged) rows.push_back(summarize("lavaflow-staged", op, t, size, n, pipelined));
 #if LAVAFLOW_BENCH_NCCL
         if (nccl) {
           const ncclDataType_t nt = t == DType::F32 ? ncclFloat32 : ncclBfloat16;
@@ -386,9 +401,13 @@ int main(int argc, char** argv) {
   nlohmann::json targets = nlohmann::json::array();
   for (const auto& r : rows) {
     if (r.name != "lavaflow" && r.name != "lavaflow-vulkan" && r.name != "lavaflow-vulkan-host" &&
-        r.name != "lavaflow-graph")
+        r.name != "lavaflow-graph" && r.name != "lavaflow-staged")
       continue;
-    const std::string base = r.name == "lavaflow-graph" ? "nccl-graph" : (find(rows, "nccl", r) ? "nccl" : "staged");
+    // The staged path's pipelining is measured against the plain staged calls.
+    const std::string base = r.name == "lavaflow-graph"    ? "nccl-graph"
+                             : r.name == "lavaflow-staged" ? "staged"
+                             : find(rows, "nccl", r)       ? "nccl"
+                                                           : "staged";
     const Row* b = find(rows, base, r);
     if (!b) continue;
     targets.push_back({{"name", str_format("{} {} {} B {} vs {}", r.op, r.dtype, r.size, r.name, base)},

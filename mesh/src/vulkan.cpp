@@ -24,6 +24,7 @@
 #include "lavaflow/core/unique_fd.hpp"
 #include "lavaflow/core/unix_socket.hpp"
 #include "lavaflow/mesh/native.hpp"
+#include "staging.hpp"
 
 namespace lavaflow::mesh {
 
@@ -54,18 +55,13 @@ constexpr std::uint32_t kReduceSpirv[] =
     ;
 
 constexpr std::uint32_t kLocalSize = 256;  // reduce.comp's local_size_x
-/// Parts of a step that ranks reduce apart begin on this boundary: a whole number of elements of
-/// every type and of 32-bit words (the shader's unit).
-constexpr std::uint64_t kPartAlign = 256;
+/// Parts of a step that ranks reduce apart begin on this boundary.
+using staging::kPartAlign;
 /// An all_reduce step up to this many bytes is reduced whole by every rank (one synchronisation);
 /// above it each rank reduces its part and the others copy it (two synchronisations, each byte
 /// reduced once). On a GPU a second synchronisation costs a host round trip and a submission,
 /// which the flat form saves until reading every peer's data costs more.
 constexpr std::uint64_t kFlatBytes = 64 << 10;
-/// A staged call goes in at least this many pieces where each stays above kMinPiece, so that the
-/// GPU's copies of the pieces before and after run while the host carries one.
-constexpr std::uint64_t kStagedPieces = 4;
-constexpr std::uint64_t kMinPiece = 64 << 10;
 
 enum class Kind : std::uint32_t { AllReduce = 1, AllGather, ReduceScatter, Broadcast, Failed };
 
@@ -755,7 +751,7 @@ class Collectives final : public VulkanCollectives {
   Status gather(DeviceSpan send, DeviceSpan recv, const Deadline& d) {
     if (!shared_) {
       // A slot holds this rank's piece, then every rank's piece side by side after it.
-      const std::uint64_t len = piece(send.size, half_ / (n_ + 1));
+      const std::uint64_t len = staging::piece(send.size, half_ / (n_ + 1));
       return staged(
           send.size, len,
           [&](std::uint64_t at, std::uint64_t k, std::uint64_t slot) {
@@ -788,7 +784,7 @@ class Collectives final : public VulkanCollectives {
     if (!shared_) {
       // A slot holds the same piece of every rank's block, packed (the host communicator reduces
       // n × len bytes), then this rank's result.
-      const std::uint64_t len = piece(recv.size, half_ / (n_ + 1));
+      const std::uint64_t len = staging::piece(recv.size, half_ / (n_ + 1));
       return staged(
           recv.size, len,
           [&](std::uint64_t at, std::uint64_t k, std::uint64_t slot) {
@@ -825,7 +821,7 @@ class Collectives final : public VulkanCollectives {
   Status bcast(DeviceSpan buffer, std::uint32_t root, const Deadline& d) {
     if (!shared_)
       return staged(
-          buffer.size, piece(buffer.size, half_),
+          buffer.size, staging::piece(buffer.size, half_),
           [&](std::uint64_t at, std::uint64_t k, std::uint64_t slot) {
             if (me_ == root) copy(buffer.buffer, buffer.offset + at, seg(), slot, k);
           },
@@ -850,7 +846,7 @@ class Collectives final : public VulkanCollectives {
 
   Status staged_all_reduce(DeviceSpan send, DeviceSpan recv, DType type, ReduceOp op, const Deadline& d) {
     return staged(
-        send.size, piece(send.size, half_),
+        send.size, staging::piece(send.size, half_),
         [&](std::uint64_t at, std::uint64_t k, std::uint64_t slot) {
           copy(send.buffer, send.offset + at, seg(), slot, k);
         },
@@ -862,13 +858,6 @@ class Collectives final : public VulkanCollectives {
           copy(seg(), slot, recv.buffer, recv.offset + at, k);
         },
         d);
-  }
-
-  /// The length of a staged call's pieces: about a kStagedPieces-th of the call, at least
-  /// kMinPiece, at most `most`, on kPartAlign (a whole number of elements of every type).
-  [[nodiscard]] static std::uint64_t piece(std::uint64_t total, std::uint64_t most) {
-    const std::uint64_t want = ((total + kStagedPieces - 1) / kStagedPieces + kPartAlign - 1) & ~(kPartAlign - 1);
-    return std::max<std::uint64_t>(kPartAlign, std::min(most & ~(kPartAlign - 1), std::max(kMinPiece, want)));
   }
 
   /// The staged path, pipelined: piece i (`len` bytes of `total`, the last one shorter) goes
@@ -907,7 +896,7 @@ class Collectives final : public VulkanCollectives {
 
   /// A host collective of the staged path; the host communicator reports (and remembers) failures.
   Status host(const Deadline& d, Work w) {
-    auto s = w.wait(d.left());
+    auto s = staging::carried(std::move(w), d);
     if (!s) synced_failure_ = true;
     return s;
   }

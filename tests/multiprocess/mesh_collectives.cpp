@@ -3,8 +3,8 @@
 // reference computed on each rank from every rank's known input.
 //   mesh_collectives [all]   every op × dtype × reduce op, in and out of place, sizes from one
 //                            element to several staging chunks, on the world and on a subset
-//                            group; send/recv; overlapping asynchronous calls; Vulkan
-//                            collectives over the world group (staged when it spans hosts)
+//                            group; send/recv; overlapping asynchronous calls; Vulkan and
+//                            CUDA collectives over the world group (staged when it spans hosts)
 //   mesh_collectives timeout the last rank joins late: every other rank gets Timeout naming it
 //   mesh_collectives kill    the last rank exits mid-job: every other rank gets PeerLost naming it
 //                            (run under an mpiexec that keeps survivors: Hydra's -disable-auto-cleanup)
@@ -22,6 +22,10 @@
 #include "lavaflow/mesh/vulkan.hpp"
 #include "lavaflow/mesh_mpi/mesh_mpi.hpp"
 #include "mesh_reference.hpp"
+#if LAVAFLOW_TEST_MESH_CUDA
+#include "device_bytes.hpp"
+#include "lavaflow/mesh_cuda/cuda_collectives.hpp"
+#endif
 
 using namespace lavaflow;
 using namespace lavaflow::mesh;
@@ -237,6 +241,73 @@ void check_vulkan(Communicator& c, Checker& k, const mpi::Communicator& job) {
   }
 }
 
+/// CUDA collectives over the group (kernels on one host; across hosts each rank stages through its
+/// pinned host memory, in pipelined pieces, and the group carries the exchange). Skipped without a
+/// CUDA device, or in a build without them.
+void check_cuda(Communicator& c, Checker& k, const mpi::Communicator& job) {
+#if LAVAFLOW_TEST_MESH_CUDA
+  using lftest::DeviceBytes;
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    (void)cudaGetLastError();
+    if (c.rank() == 0) std::printf("mesh-collectives: CUDA collectives skipped: no CUDA device\n");
+    return;
+  }
+  const std::uint32_t n = c.size(), r = c.rank();
+  const int device = static_cast<int>(r % static_cast<std::uint32_t>(devices));
+  (void)cudaSetDevice(device);
+  // Several ranks on a GPU: smaller steps keep the kernels' staging small.
+  auto cc = CudaCollectives::open(c, {.device = device, .chunk_bytes = 1 << 20});
+  k.status(cc ? Status{} : Status(std::unexpected(cc.error())), "opening CUDA collectives");
+  if (!cc) return;
+  bool one_host = true;
+  for (int q = 0; q < job.size(); ++q) one_host = one_host && job.location(q).host == job.location(0).host;
+  k.expect((*cc)->staged() == !one_host, "CUDA collectives: " + (*cc)->path_reason());
+  cudaStream_t st = nullptr;
+  (void)cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+  auto done = [&](Status s) {
+    if (s && cudaStreamSynchronize(st) != cudaSuccess) s = fail(Errc::Driver, "cudaStreamSynchronize", "");
+    return s ? (*cc)->check() : s;
+  };
+  const std::string how = (*cc)->staged() ? "staged" : "kernels";
+  if (r == 0) std::printf("mesh-collectives: CUDA collectives, %s: %s\n", how.c_str(), (*cc)->path_reason().c_str());
+  // One piece, and several pieces with a short last one (1 MiB slots).
+  for (std::size_t count : {std::size_t{3}, std::size_t{700'001}}) {
+    for (auto [t, op] : {std::pair{DType::F32, ReduceOp::Sum}, std::pair{DType::BF16, ReduceOp::Average},
+                         std::pair{DType::F16, ReduceOp::Sum}, std::pair{DType::I64, ReduceOp::Max}}) {
+      const std::string what = str_format("CUDA {} {} {} × {}", how, to_string(t), to_string(op), count);
+      const auto mine = encode(inputs(r, count, t), t);
+      DeviceBytes send(mine.size(), mine), recv(mine.size());
+      k.status(done((*cc)->all_reduce(send.p, recv.p, mine.size(), t, op, st)), "all_reduce " + what);
+      k.expect(recv.read() == expected(n, count, t, op), "all_reduce result " + what);
+      k.status(done((*cc)->all_reduce(send.p, send.p, mine.size(), t, op, st)), "in-place all_reduce " + what);
+      k.expect(send.read() == expected(n, count, t, op), "in-place all_reduce result " + what);
+      const auto big = encode(inputs(r, count * n, t), t);
+      const auto want = expected(n, count * n, t, op);
+      DeviceBytes bsend(big.size(), big);
+      k.status(done((*cc)->reduce_scatter(bsend.p, recv.p, mine.size(), t, op, st)), "reduce_scatter " + what);
+      const auto block = recv.read();
+      k.expect(std::equal(block.begin(), block.end(), want.begin() + static_cast<std::ptrdiff_t>(r * block.size())),
+               "reduce_scatter result " + what);
+    }
+    const auto mine = encode(inputs(r, count, DType::U8), DType::U8);
+    const auto all = gathered(n, count, DType::U8);
+    DeviceBytes send(mine.size(), mine), recv(all.size());
+    k.status(done((*cc)->all_gather(send.p, recv.p, count, DType::U8, st)), "CUDA all_gather");
+    k.expect(recv.read() == all, str_format("CUDA {} all_gather of {} bytes", how, count));
+    const auto root = encode(inputs(n - 1, count, DType::U8), DType::U8);
+    DeviceBytes b(count, r == n - 1 ? root : std::vector<std::byte>(count));
+    k.status(done((*cc)->broadcast(b.p, count, n - 1, DType::U8, st)), "CUDA broadcast");
+    k.expect(b.read() == root, str_format("CUDA {} broadcast of {} bytes", how, count));
+  }
+  (void)cudaStreamDestroy(st);
+#else
+  (void)job;
+  if (c.rank() == 0) std::printf("mesh-collectives: CUDA collectives skipped: built without them\n");
+  (void)k;
+#endif
+}
+
 void run_all(const mpi::Communicator& job, Checker& k) {
   const auto n = static_cast<std::uint32_t>(job.size()), me = static_cast<std::uint32_t>(job.rank());
   auto open = mpi_communicators(job, {.chunk_bytes = 64 << 10, .arena_bytes = 8 << 20});
@@ -268,6 +339,7 @@ void run_all(const mpi::Communicator& job, Checker& k) {
       check_overlap(*c, k);
       if (b == Backend::Native) check_zero_copy(*c, k);
       if (b == Backend::Native && c->size() == n) check_vulkan(*c, k, job);
+      if (b == Backend::Native && c->size() == n) check_cuda(*c, k, job);
     }
     if (me == 0)
       std::printf("mesh-collectives: %s: %zu groups checked (%u ranks)\n", to_string(b).data(), comms.size(), n);

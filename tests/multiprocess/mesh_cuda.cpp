@@ -9,6 +9,9 @@
 //   lavaflow-launch -n N mesh_cuda exit       the last rank exits after one call: the others'
 //                                             kernels stop at the call's timeout naming it
 //   lavaflow-launch -n N mesh_cuda late       the last rank never calls: the same
+//   lavaflow-launch -n N mesh_cuda staged     every call staged through pinned host memory and the
+//                                             native host collective, as across hosts
+//   lavaflow-launch -n N mesh_cuda staged-late  "late" on the staged path
 // Exit 77 (a visible skip) without a CUDA device.
 #include <cuda_runtime_api.h>
 #include <unistd.h>
@@ -119,9 +122,21 @@ void every_op(CudaCollectives& c, cudaStream_t st) {
   const auto misaligned =
       c.all_reduce(static_cast<const std::byte*>(send_probe.p) + 2, recv_probe.p, 8, DType::F32, ReduceOp::Sum, st);
   expect(!misaligned && misaligned.error().code() == Errc::InvalidArgument, "a misaligned buffer refused");
+  if (c.staged()) {
+    // Staged calls wait on the host: a capture is refused, and the stream is still usable.
+    DeviceBytes buf(64);
+    cudaGraph_t graph = nullptr;
+    const bool began = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+    const auto captured = c.all_reduce(buf.p, buf.p, 64, DType::F32, ReduceOp::Sum, st);
+    const bool ended = cudaStreamEndCapture(st, &graph) == cudaSuccess;
+    if (graph) (void)cudaGraphDestroy(graph);
+    expect(began && ended && !captured && captured.error().code() == Errc::Unsupported,
+           "a staged call under capture refused (Unsupported)");
+  }
   // Captured once, replayed with new inputs: each replay is a new call on every rank (staged and
   // in LL lines).
   for (const std::size_t count : {std::size_t{100'000}, std::size_t{1'000}}) {
+    if (c.staged()) break;
     DeviceBytes send(count * 4), recv(count * 4);
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
@@ -231,7 +246,10 @@ int main(int argc, char** argv) {
     return 1;
   }
   const std::uint32_t n = (*host)->size();
-  auto c = CudaCollectives::open(**host, {.device = device, .chunk_bytes = 1 << 20});
+  // "staged-late" is "late" with every call staged.
+  const bool staged = mode.starts_with("staged");
+  const std::string base = mode.starts_with("staged-") ? mode.substr(7) : mode;
+  auto c = CudaCollectives::open(**host, {.device = device, .chunk_bytes = 1 << 20, .stage_through_host = staged});
   if (!c) {
     std::printf("mesh-cuda rank %u: FAILED: open: %s\n", me, c.error().message().c_str());
     return 1;
@@ -241,7 +259,7 @@ int main(int argc, char** argv) {
   DeviceBytes buf(64, encode(inputs(me, 16, DType::F32), DType::F32));
   const CallOptions quick{.timeout = std::chrono::seconds(5)};
 
-  if (mode == "mismatch") {
+  if (base == "mismatch") {
     auto s = me == 0 ? (*c)->broadcast(buf.p, 64, 0, DType::F32, st, quick)
                      : (*c)->all_reduce(buf.p, buf.p, 64, DType::F32, ReduceOp::Sum, st, quick);
     if (s) s = finish(**c, st);
@@ -251,11 +269,11 @@ int main(int argc, char** argv) {
     if (!checks.failures) std::printf("mesh-cuda rank %u: mismatch OK (%s)\n", me, s.error().message().c_str());
     return checks.failures ? 1 : 0;
   }
-  if (mode == "exit" || mode == "late") {
+  if (base == "exit" || base == "late") {
     auto first = (*c)->all_reduce(buf.p, buf.p, 64, DType::F32, ReduceOp::Sum, st, quick);
     expect(first && finish(**c, st), "the call before");
     if (me == n - 1) {
-      if (mode == "exit") _exit(3);
+      if (base == "exit") _exit(3);
       std::this_thread::sleep_for(std::chrono::seconds(8));
       return 0;
     }
@@ -273,9 +291,18 @@ int main(int argc, char** argv) {
     _exit(checks.failures ? 1 : 0);
   }
 
+  expect((*c)->staged() == staged, "the path: " + (*c)->path_reason());
+  if (mode == "staged") {
+    // Ranks that open with different options are refused, every one of them.
+    auto odd = CudaCollectives::open(**host, {.device = device, .chunk_bytes = 1 << 20, .stage_through_host = me == 0});
+    expect(!odd && odd.error().code() == Errc::InvalidArgument &&
+               odd.error().message().find("stage_through_host") != std::string::npos,
+           odd ? "opening with stage_through_host on rank 0 only succeeded"
+               : "not InvalidArgument naming stage_through_host: " + odd.error().message());
+  }
   every_op(**c, st);
   {
-    auto wide = CudaCollectives::open(**host, {.device = device, .chunk_bytes = 4 << 20});
+    auto wide = CudaCollectives::open(**host, {.device = device, .chunk_bytes = 4 << 20, .stage_through_host = staged});
     expect(static_cast<bool>(wide), wide ? "" : "open with 4 MiB of staging: " + wide.error().message());
     if (wide) several_steps(**wide, st);
   }

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cstring>
 #include <deque>
@@ -18,6 +19,7 @@
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/location.hpp"
 #include "lavaflow/mesh/native.hpp"
+#include "staging.hpp"
 
 namespace lavaflow::mesh {
 
@@ -54,15 +56,22 @@ std::string_view call_name(std::uint32_t kind) {
 
 std::string_view kind_name(std::uint32_t kind) { return call_name(kind).substr(sizeof("CudaCollectives::") - 1); }
 
-/// What every rank publishes at open: where it runs and its staging's IPC handle.
+/// What every rank publishes at open: where it runs and how it opened.
 struct Card {
   std::uint64_t host = 0;
   std::uint64_t chunk = 0;  ///< every rank locates its peers' staging with its own: they must agree
   std::int32_t pid = 0;
   std::int32_t ok = 0;
-  cudaIpcMemHandle_t handle{};
+  std::int32_t stage = 0;  ///< asked to stage through host memory
   char device_uuid[16]{};
   std::int32_t resident_blocks = 0;  ///< blocks of the collectives' kernel that fit on the device at once
+};
+
+/// What every rank publishes once the path is known (kernels): whether its staging is ready, and
+/// the handle that maps it.
+struct Staging {
+  std::int32_t ok = 0;
+  cudaIpcMemHandle_t handle{};
 };
 
 class Collectives final : public CudaCollectives {
@@ -70,20 +79,26 @@ class Collectives final : public CudaCollectives {
   explicit Collectives(Communicator& host) : host_(host) {}
 
   ~Collectives() override {
-    if (!region_) return;
-    if (opened_) {
-      // Peers may still read this rank's staging in kernels of theirs: every rank's work ends,
-      // then all leave together. Both bounded: a lost peer must not hang the destructor, and then
-      // this rank's memory is left mapped rather than freed under a peer that may still read it.
-      (void)cudaSetDevice(device_);
+    if (!error_) return;  // nothing was made
+    (void)cudaSetDevice(device_);
+    // Peers may still read this rank's staging in kernels of theirs, and this rank's copies may
+    // still use its slots: every rank's work ends, then all leave together. Both bounded: a lost
+    // peer must not hang the destructor, and then this rank's memory is left mapped rather than
+    // freed under a peer (or a copy) that may still use it.
+    bool ended = true;
+    if (done_) {
       const Deadline d(std::chrono::seconds(10));
       while (cudaEventQuery(done_) == cudaErrorNotReady && !d.passed()) std::this_thread::yield();
-      const bool ended = cudaEventQuery(done_) == cudaSuccess;
-      if (!host_.barrier({.timeout = std::chrono::seconds(10)}).wait() || !ended) return;
+      ended = cudaEventQuery(done_) == cudaSuccess;
     }
-    for (std::uint32_t q = 0; q < n_; ++q)
+    if (opened_ && region_ && !host_.barrier({.timeout = std::chrono::seconds(10)}).wait()) return;
+    if (!ended) return;
+    for (std::uint32_t q = 0; q < regions_.size(); ++q)
       if (q != me_ && regions_[q]) (void)cudaIpcCloseMemHandle(regions_[q]);
-    (void)cudaFree(region_);
+    if (region_) (void)cudaFree(region_);
+    if (slots_) (void)cudaFreeHost(slots_);
+    for (cudaEvent_t e : filled_)
+      if (e) (void)cudaEventDestroy(e);
     if (error_) (void)cudaFreeHost(error_);
     if (done_) (void)cudaEventDestroy(done_);
   }
@@ -92,8 +107,6 @@ class Collectives final : public CudaCollectives {
     constexpr const char* call = "CudaCollectives::open";
     n_ = host_.size();
     me_ = host_.rank();
-    if (n_ > k::kMaxRanks)
-      return fail(Errc::Unsupported, call, str_format("{} ranks (at most {} on one host)", n_, k::kMaxRanks));
     if (!std::has_single_bit(o.chunk_bytes) || o.chunk_bytes < (64u << 10) || o.chunk_bytes > (256u << 20))
       return fail(Errc::InvalidArgument, call,
                   str_format("chunk_bytes {} is not a power of two in 64 KiB … 256 MiB", o.chunk_bytes));
@@ -106,13 +119,6 @@ class Collectives final : public CudaCollectives {
       cudaDeviceProp prop{};
       LF_TRY_STATUS(cuda_ok(cudaGetDeviceProperties(&prop, device_), "cudaGetDeviceProperties"));
       std::memcpy(mine.device_uuid, prop.uuid.bytes, sizeof mine.device_uuid);
-      void* p = nullptr;
-      const std::uint64_t control = k::kFlagBytes + k::ll_area_bytes(n_);
-      LF_TRY_STATUS(cuda_ok(cudaMalloc(&p, control + 2 * chunk_), "cudaMalloc"));
-      region_ = static_cast<unsigned char*>(p);
-      // Epochs start at 0 and a call's is at least 1: no zeroed slot or LL word looks written.
-      LF_TRY_STATUS(cuda_ok(cudaMemset(region_, 0, control), "cudaMemset"));
-      LF_TRY_STATUS(cuda_ok(cudaIpcGetMemHandle(&mine.handle, region_), "cudaIpcGetMemHandle"));
       LF_TRY_STATUS(
           cuda_ok(cudaHostAlloc(reinterpret_cast<void**>(&error_), sizeof(k::ErrorRecord), cudaHostAllocMapped),
                   "cudaHostAlloc"));
@@ -121,14 +127,14 @@ class Collectives final : public CudaCollectives {
       // Loaded now, not at the first call: a lazy load while a peer's kernel waits can deadlock.
       LF_TRY_STATUS(cuda_ok(k::preload(), "cudaFuncGetAttributes"));
       LF_TRY_STATUS(cuda_ok(k::resident_blocks(device_, &mine.resident_blocks), "cudaOccupancyMaxActiveBlocks"));
-      LF_TRY_STATUS(cuda_ok(cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_device_), error_, 0),
-                            "cudaHostGetDevicePointer"));
-      return cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+      return cuda_ok(cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_device_), error_, 0),
+                     "cudaHostGetDevicePointer");
     }();
     auto here = HostIdentity::detect();
     mine.host = here ? name_hash(here->hostname + "/" + here->boot_id) : 0;
     mine.pid = static_cast<std::int32_t>(::getpid());
     mine.chunk = chunk_;
+    mine.stage = o.stage_through_host ? 1 : 0;
     mine.ok = made ? 1 : 0;
     std::vector<Card> cards(n_);
     auto exchanged = host_
@@ -137,18 +143,68 @@ class Collectives final : public CudaCollectives {
                          .wait();
     if (!exchanged) return std::unexpected(exchanged.error().within(call));
     if (!made) return std::unexpected(made.error().within(call));
+    reason_ = "every rank runs on this host: kernels over the peers' mapped staging";
     for (std::uint32_t q = 0; q < n_; ++q) {
       if (!cards[q].ok)
         return fail(Errc::PeerLost, call, str_format("rank {} of group '{}' failed to set up", q, host_.group()));
-      if (cards[q].chunk != chunk_)
+      if (cards[q].chunk != chunk_ || cards[q].stage != mine.stage)
         return fail(Errc::InvalidArgument, call,
-                    str_format("rank {} of group '{}' opened with chunk_bytes {}, this rank with {}", q, host_.group(),
-                               cards[q].chunk, chunk_));
-      if (cards[q].host != mine.host || !mine.host)
-        return fail(Errc::Unsupported, call,
-                    str_format("rank {} of group '{}' runs on another host: CUDA collectives need every rank on one "
-                               "host (use the native backend across hosts)",
-                               q, host_.group()));
+                    str_format("rank {} of group '{}' opened with chunk_bytes {} and stage_through_host {}, this rank "
+                               "with {} and {}",
+                               q, host_.group(), cards[q].chunk, cards[q].stage != 0, chunk_, mine.stage != 0));
+      if ((cards[q].host != mine.host || !mine.host) && !staged_) {
+        staged_ = true;
+        reason_ = str_format(
+            "rank {} of group '{}' runs on another host: every call stages through pinned host memory and the "
+            "group's host collective",
+            q, host_.group());
+      }
+    }
+    if (mine.stage && !staged_) {
+      staged_ = true;
+      reason_ =
+          "asked to stage through host memory: every call goes through pinned host memory and the group's "
+          "host collective";
+    }
+    return staged_ ? open_staged(o, call) : open_mapped(o, cards, call);
+  }
+
+  /// Two pinned slots, each room for a piece of every rank and one more (all_gather and
+  /// reduce_scatter carry n + 1 pieces of a slot), and an event per slot.
+  Status open_staged(const CudaCollectiveOptions& o, const char* call) {
+    slot_ = std::max<std::uint64_t>(chunk_, std::uint64_t{n_ + 1} * staging::kPartAlign);
+    Status made = [&]() -> Status {
+      LF_TRY_STATUS(
+          cuda_ok(cudaHostAlloc(reinterpret_cast<void**>(&slots_), 2 * slot_, cudaHostAllocDefault), "cudaHostAlloc"));
+      for (cudaEvent_t& e : filled_)
+        LF_TRY_STATUS(cuda_ok(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate"));
+      return {};
+    }();
+    LF_TRY_STATUS(agree(made, o, call));
+    opened_ = true;
+    return {};
+  }
+
+  /// Every rank learns whether all succeeded at a step of opening; this rank's failure first.
+  Status agree(const Status& mine, const CudaCollectiveOptions& o, const char* call) {
+    const std::int32_t ok = mine ? 1 : 0;
+    std::vector<std::int32_t> all(n_);
+    auto agreed = host_
+                      .all_gather(std::as_bytes(std::span(&ok, 1)), std::as_writable_bytes(std::span(all)), DType::I32,
+                                  {.timeout = o.attach_timeout})
+                      .wait();
+    if (!agreed) return std::unexpected(agreed.error().within(call));
+    if (!mine) return std::unexpected(mine.error().within(call));
+    for (std::uint32_t q = 0; q < n_; ++q)
+      if (!all[q])
+        return fail(Errc::PeerLost, call, str_format("rank {} of group '{}' failed to set up", q, host_.group()));
+    return {};
+  }
+
+  Status open_mapped(const CudaCollectiveOptions& o, const std::vector<Card>& cards, const char* call) {
+    if (n_ > k::kMaxRanks)
+      return fail(Errc::Unsupported, call, str_format("{} ranks (at most {} on one host)", n_, k::kMaxRanks));
+    for (std::uint32_t q = 0; q < n_; ++q) {
       // A block waits for the same block of every peer: the blocks of all ranks on one GPU must be
       // resident together, or some wait for blocks that cannot start. Every rank takes the same
       // count from every card.
@@ -162,13 +218,35 @@ class Collectives final : public CudaCollectives {
                                sharing, host_.group(), q, cards[q].resident_blocks));
       blocks_ = std::min<std::uint32_t>(blocks_, static_cast<std::uint32_t>(cards[q].resident_blocks / sharing));
     }
+    Staging mine;
+    Status made = [&]() -> Status {
+      void* p = nullptr;
+      const std::uint64_t control = k::kFlagBytes + k::ll_area_bytes(n_);
+      LF_TRY_STATUS(cuda_ok(cudaMalloc(&p, control + 2 * chunk_), "cudaMalloc"));
+      region_ = static_cast<unsigned char*>(p);
+      // Epochs start at 0 and a call's is at least 1: no zeroed slot or LL word looks written.
+      LF_TRY_STATUS(cuda_ok(cudaMemset(region_, 0, control), "cudaMemset"));
+      LF_TRY_STATUS(cuda_ok(cudaIpcGetMemHandle(&mine.handle, region_), "cudaIpcGetMemHandle"));
+      return cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    }();
+    mine.ok = made ? 1 : 0;
+    std::vector<Staging> all(n_);
+    auto exchanged = host_
+                         .all_gather(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(all)),
+                                     DType::U8, {.timeout = o.attach_timeout})
+                         .wait();
+    if (!exchanged) return std::unexpected(exchanged.error().within(call));
+    if (!made) return std::unexpected(made.error().within(call));
+    for (std::uint32_t q = 0; q < n_; ++q)
+      if (!all[q].ok)
+        return fail(Errc::PeerLost, call, str_format("rank {} of group '{}' failed to set up", q, host_.group()));
     regions_.assign(n_, nullptr);
     regions_[me_] = region_;
     Status mapped;
     for (std::uint32_t q = 0; q < n_ && mapped; ++q) {
       if (q == me_) continue;
       void* p = nullptr;
-      const auto e = cudaIpcOpenMemHandle(&p, cards[q].handle, cudaIpcMemLazyEnablePeerAccess);
+      const auto e = cudaIpcOpenMemHandle(&p, all[q].handle, cudaIpcMemLazyEnablePeerAccess);
       if (e != cudaSuccess)
         mapped = std::unexpected(cuda_ok(e, "cudaIpcOpenMemHandle")
                                      .error()
@@ -178,15 +256,15 @@ class Collectives final : public CudaCollectives {
     }
     // Every rank learns whether all could map all.
     const std::int32_t ok = mapped ? 1 : 0;
-    std::vector<std::int32_t> all(n_);
+    std::vector<std::int32_t> oks(n_);
     auto agreed = host_
-                      .all_gather(std::as_bytes(std::span(&ok, 1)), std::as_writable_bytes(std::span(all)), DType::I32,
+                      .all_gather(std::as_bytes(std::span(&ok, 1)), std::as_writable_bytes(std::span(oks)), DType::I32,
                                   {.timeout = o.attach_timeout})
                       .wait();
     if (!agreed) return std::unexpected(agreed.error().within(call));
     if (!mapped) return std::unexpected(mapped.error().within(call));
     for (std::uint32_t q = 0; q < n_; ++q)
-      if (!all[q])
+      if (!oks[q])
         return fail(Errc::Unsupported, call,
                     str_format("rank {} of group '{}' cannot map its peers' CUDA memory", q, host_.group()));
     opened_ = true;
@@ -196,6 +274,8 @@ class Collectives final : public CudaCollectives {
   std::uint32_t rank() const override { return me_; }
   std::uint32_t size() const override { return n_; }
   int device() const override { return device_; }
+  bool staged() const override { return staged_; }
+  const std::string& path_reason() const override { return reason_; }
 
   Status all_reduce(const void* send, void* recv, std::uint64_t bytes, DType type, ReduceOp op, cudaStream_t stream,
                     CallOptions options) override {
@@ -215,6 +295,7 @@ class Collectives final : public CudaCollectives {
   }
 
   Status check() const override {
+    if (!failure_) return failure_;
     const unsigned long long packed = reinterpret_cast<const volatile k::ErrorRecord*>(error_)->packed;
     struct {
       std::uint32_t code, rank, call;
@@ -261,6 +342,7 @@ class Collectives final : public CudaCollectives {
       return fail(Errc::InvalidArgument, std::string(call), str_format("root {} is not a rank of {}", root, n_));
     LF_TRY_STATUS(check());
     if (bytes == 0) return {};
+    if (staged_) return staged_call(kind, send, recv, bytes, type, op, root, stream, options);
     k::Launch l{};
     l.kind = kind;
     l.dtype = static_cast<std::uint32_t>(type);
@@ -302,6 +384,148 @@ class Collectives final : public CudaCollectives {
     return {};
   }
 
+  /// A staged call: argument checks done, bytes > 0. Blocks until the last piece's copy back is
+  /// enqueued; a failure stays (check() and every later call report it), as the host
+  /// communicator's does.
+  Status staged_call(std::uint32_t kind, const void* send, void* recv, std::uint64_t bytes, DType type, ReduceOp op,
+                     std::uint32_t root, cudaStream_t stream, CallOptions options) {
+    const std::string_view call = call_name(kind);
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    (void)cudaStreamIsCapturing(stream, &capturing);
+    if (capturing != cudaStreamCaptureStatusNone)
+      return fail(Errc::Unsupported, std::string(call),
+                  str_format("group '{}' stages through host memory ({}): a call waits on the host for its copies and "
+                             "cannot be captured in a CUDA graph",
+                             host_.group(), reason_));
+    const DeviceScope on(device_);
+    if (!on.status()) return std::unexpected(on.status().error().within(call));
+    // The slots are this rank's: a call on another stream waits for the last one's copies back.
+    if (last_stream_ && *last_stream_ != stream)
+      LF_TRY_STATUS(cuda_ok(cudaStreamWaitEvent(stream, done_, 0), "cudaStreamWaitEvent"));
+    const Deadline d(options.timeout);
+    const auto* in = static_cast<const unsigned char*>(send);
+    auto* out = static_cast<unsigned char*>(recv);
+    auto d2h = [&](unsigned char* to, const unsigned char* from, std::uint64_t n) {
+      return cuda_ok(cudaMemcpyAsync(to, from, n, cudaMemcpyDefault, stream), "cudaMemcpyAsync");
+    };
+    auto h2d = [&](unsigned char* to, const unsigned char* from, std::uint64_t n) {
+      return cuda_ok(cudaMemcpyAsync(to, from, n, cudaMemcpyDefault, stream), "cudaMemcpyAsync");
+    };
+    auto host = [&](unsigned char* at, std::uint64_t n) { return std::span(reinterpret_cast<std::byte*>(at), n); };
+    const std::uint64_t n = n_;
+    Status s;
+    switch (kind) {
+      case k::kAllReduce:
+        s = pipeline(
+            bytes, staging::piece(bytes, slot_), stream,
+            [&](std::uint64_t at, std::uint64_t len, unsigned char* slot) { return d2h(slot, in + at, len); },
+            [&](std::uint64_t, std::uint64_t len, unsigned char* slot) {
+              return host_.all_reduce(host(slot, len), host(slot, len), type, op, {.timeout = d.left()});
+            },
+            [&](std::uint64_t at, std::uint64_t len, unsigned char* slot) { return h2d(out + at, slot, len); }, d);
+        break;
+      case k::kAllGather: {
+        // A slot holds this rank's piece, then every rank's piece side by side after it.
+        const std::uint64_t piece = staging::piece(bytes, slot_ / (n + 1));
+        s = pipeline(
+            bytes, piece, stream,
+            [&](std::uint64_t at, std::uint64_t len, unsigned char* slot) { return d2h(slot, in + at, len); },
+            [&](std::uint64_t, std::uint64_t len, unsigned char* slot) {
+              return host_.all_gather(host(slot, len), host(slot + piece, n * len), DType::U8, {.timeout = d.left()});
+            },
+            [&](std::uint64_t at, std::uint64_t len, unsigned char* slot) -> Status {
+              for (std::uint64_t r = 0; r < n; ++r)
+                LF_TRY_STATUS(h2d(out + r * bytes + at, slot + piece + r * len, len));
+              return {};
+            },
+            d);
+        break;
+      }
+      case k::kReduceScatter: {
+        // A slot holds the same piece of every rank's block, packed, then this rank's result.
+        const std::uint64_t piece = staging::piece(bytes, slot_ / (n + 1));
+        s = pipeline(
+            bytes, piece, stream,
+            [&](std::uint64_t at, std::uint64_t len, unsigned char* slot) -> Status {
+              for (std::uint64_t r = 0; r < n; ++r) LF_TRY_STATUS(d2h(slot + r * len, in + r * bytes + at, len));
+              return {};
+            },
+            [&](std::uint64_t, std::uint64_t len, unsigned char* slot) {
+              return host_.reduce_scatter(host(slot, n * len), host(slot + n * piece, len), type, op,
+                                          {.timeout = d.left()});
+            },
+            [&](std::uint64_t at, std::uint64_t len, unsigned char* slot) {
+              return h2d(out + at, slot + n * piece, len);
+            },
+            d);
+        break;
+      }
+      default:
+        s = pipeline(
+            bytes, staging::piece(bytes, slot_), stream,
+            [&](std::uint64_t at, std::uint64_t len, unsigned char* slot) {
+              return me_ == root ? d2h(slot, in + at, len) : Status{};
+            },
+            [&](std::uint64_t, std::uint64_t len, unsigned char* slot) {
+              return host_.broadcast(host(slot, len), root, DType::U8, {.timeout = d.left()});
+            },
+            [&](std::uint64_t at, std::uint64_t len, unsigned char* slot) {
+              return me_ != root ? h2d(out + at, slot, len) : Status{};
+            },
+            d);
+    }
+    // Recorded whatever happened: what was enqueued still uses the slots, and the next call and
+    // the destructor wait for it.
+    const auto recorded = cuda_ok(cudaEventRecord(done_, stream), "cudaEventRecord");
+    last_stream_ = stream;
+    if (s && !recorded) s = recorded;
+    if (!s) {
+      s = std::unexpected(s.error().within(call));
+      failure_ = s;
+    }
+    return s;
+  }
+
+  /// The staged path, pipelined: piece i (`len` bytes of `total`, the last one shorter) goes
+  /// GPU → slot i % 2 → host collective → GPU, all copies on the caller's stream, so that the
+  /// copies of pieces i − 1 (back) and i + 1 (in) run while the host carries piece i. `in` and
+  /// `out` enqueue the copies of piece (at, len) to and from a slot; `carry` starts its host
+  /// collective. Piece i + 2 takes piece i's slot after piece i's copy back, in stream order.
+  template <class In, class Carry, class Out>
+  Status pipeline(std::uint64_t total, std::uint64_t len, cudaStream_t stream, In&& in, Carry&& carry, Out&& out,
+                  const Deadline& d) {
+    const std::uint64_t pieces = (total + len - 1) / len;
+    auto bytes = [&](std::uint64_t i) { return std::min(len, total - i * len); };
+    auto slot = [&](std::uint64_t i) { return slots_ + (i & 1) * slot_; };
+    auto fill = [&](std::uint64_t i) -> Status {
+      LF_TRY_STATUS(in(i * len, bytes(i), slot(i)));
+      return cuda_ok(cudaEventRecord(filled_[i & 1], stream), "cudaEventRecord");
+    };
+    LF_TRY_STATUS(fill(0));
+    if (pieces > 1) LF_TRY_STATUS(fill(1));
+    for (std::uint64_t i = 0; i < pieces; ++i) {
+      LF_TRY_STATUS(wait_filled(filled_[i & 1], d));
+      LF_TRY_STATUS(staging::carried(carry(i * len, bytes(i), slot(i)), d));
+      LF_TRY_STATUS(out(i * len, bytes(i), slot(i)));
+      if (i + 2 < pieces) LF_TRY_STATUS(fill(i + 2));
+    }
+    return {};
+  }
+
+  /// Waits for a piece's copy into its slot: the stream runs the caller's work before it first.
+  static Status wait_filled(cudaEvent_t e, const Deadline& d) {
+    for (;;) {
+      const auto q = cudaEventQuery(e);
+      if (q == cudaSuccess) return {};
+      if (q != cudaErrorNotReady) return cuda_ok(q, "cudaEventQuery");
+      if (d.passed())
+        return fail(Errc::Timeout, "cudaEventQuery",
+                    "the stream did not reach the call's copy to host memory within its timeout (work before it "
+                    "on the stream had not ended)");
+      std::this_thread::yield();
+    }
+  }
+
   Communicator& host_;
   std::uint32_t n_ = 1, me_ = 0;
   int device_ = 0;
@@ -315,6 +539,12 @@ class Collectives final : public CudaCollectives {
   std::optional<cudaStream_t> last_stream_;  ///< the stream of that call
   k::ErrorRecord* error_device_ = nullptr;
   std::uint32_t calls_ = 0;
+  bool staged_ = false;
+  std::string reason_;              ///< why staged_ is what it is
+  unsigned char* slots_ = nullptr;  ///< staged: two pinned slots of slot_ bytes
+  std::uint64_t slot_ = 0;
+  std::array<cudaEvent_t, 2> filled_{};  ///< staged: a piece's copy into slot i has ended
+  Status failure_;                       ///< staged: the first failed call's error
   /// The last calls, for errors that name one (described only then: this is on every call's path).
   struct Recent {
     std::uint32_t call, kind;

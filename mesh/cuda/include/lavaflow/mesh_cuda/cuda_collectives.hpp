@@ -1,14 +1,17 @@
 // SPDX-License-Identifier: MIT
 #pragma once
-// Collectives on CUDA device memory as GPU kernels, for the ranks of a group on one host (one GPU
-// per rank, or several ranks on one GPU). Each rank's staging lives in CUDA memory that every
-// peer maps (CUDA IPC, peer access over NVLink/PCIe), and the kernels synchronise through flags in
-// that memory: a call is enqueued on the caller's stream and returns at once, with no host round
-// trip, and can be captured in a CUDA graph. Design note 0019 gives the algorithms.
+// Collectives on CUDA device memory. For the ranks of a group on one host (one GPU per rank, or
+// several ranks on one GPU) they are GPU kernels: each rank's staging lives in CUDA memory that
+// every peer maps (CUDA IPC, peer access over NVLink/PCIe), and the kernels synchronise through
+// flags in that memory, so a call is enqueued on the caller's stream and returns at once, with no
+// host round trip, and can be captured in a CUDA graph. A group that spans hosts stages through
+// each rank's pinned host memory in pipelined pieces and the group's host collective carries the
+// exchange (the native backend's hierarchical scheme). Design note 0019 gives the algorithms.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "lavaflow/mesh/collectives.hpp"
 
@@ -21,13 +24,24 @@ struct CudaCollectiveOptions {
   /// buffers; larger steps mean fewer synchronisations per call, which large calls feel (see
   /// `lavaflow-bench device-collectives --chunk-bytes`).
   std::uint64_t chunk_bytes = 16 << 20;
+  /// Stage every call through this rank's pinned host memory (two slots of `chunk_bytes`) and the
+  /// host communicator's collective, as a group that spans hosts does (chosen then whatever this
+  /// says). Every rank must say the same.
+  bool stage_through_host = false;
   Duration attach_timeout = std::chrono::seconds(30);
 };
 
-/// One rank's CUDA collectives over `host`'s group, whose ranks must all run on this host.
-/// Calls are collective and in the same order on every rank, each on one stream of its rank
-/// (calls on a rank must not run concurrently: they share its staging). A call checks its
-/// arguments and enqueues its kernel; the kernel waits for each peer at most CallOptions::timeout.
+/// One rank's CUDA collectives over `host`'s group. Calls are collective and in the same order on
+/// every rank, each on one stream of its rank (calls on a rank must not run concurrently: they
+/// share its staging). A call checks its arguments and enqueues its kernel; the kernel waits for
+/// each peer at most CallOptions::timeout.
+///
+/// Staged (a group spanning hosts, or `stage_through_host`): a call waits on the host for the
+/// stream's work before it, carries its pieces through the host collective and returns once the
+/// last piece's copy back is enqueued; it cannot be captured in a CUDA graph (Unsupported). A
+/// failure (a peer lost or late: the host communicator's error) is the call's result, and check()
+/// and every later call report it.
+///
 /// A failure in a kernel (a peer that does not arrive, a peer whose call differs, a peer that
 /// failed) ends that call and every later one at once on the GPU, and check() reports it. A call
 /// refused on some ranks only (arguments that differ between ranks) is not made there: the
@@ -39,15 +53,19 @@ struct CudaCollectiveOptions {
 class CudaCollectives {
  public:
   /// Collective over the group's ranks (through `host`): allocates this rank's staging, exchanges
-  /// CUDA IPC handles and maps every peer's. Unsupported when the group spans hosts, when the
-  /// ranks sharing a GPU need more blocks of the kernel at once than it holds, or when a peer's
-  /// memory cannot be mapped (naming the rank and why). `host` must outlive the result.
+  /// CUDA IPC handles and maps every peer's (staged: allocates its pinned slots). Unsupported when
+  /// the ranks sharing a GPU need more blocks of the kernel at once than it holds, or when a
+  /// peer's memory cannot be mapped (naming the rank and why); InvalidArgument when ranks open
+  /// with different options. `host` must outlive the result.
   [[nodiscard]] static Result<std::unique_ptr<CudaCollectives>> open(Communicator& host, CudaCollectiveOptions options);
   virtual ~CudaCollectives() = default;
 
   [[nodiscard]] virtual std::uint32_t rank() const = 0;
   [[nodiscard]] virtual std::uint32_t size() const = 0;
   [[nodiscard]] virtual int device() const = 0;
+  /// Whether calls stage through host memory, and why this path was taken.
+  [[nodiscard]] virtual bool staged() const = 0;
+  [[nodiscard]] virtual const std::string& path_reason() const = 0;
 
   /// recv = op over every rank's send (`bytes` each; send may be recv).
   [[nodiscard]] virtual Status all_reduce(const void* send, void* recv, std::uint64_t bytes, DType type, ReduceOp op,
