@@ -46,4 +46,18 @@ class DeviceScope {
   Status set_;
 };
 
+/// Makes this thread's stream capture mode relaxed for the scope: calls that are refused while
+/// another thread captures in the global mode (an event query, say) are then allowed here, where
+/// they touch no captured stream.
+class CaptureModeScope {
+ public:
+  CaptureModeScope() { (void)cudaThreadExchangeStreamCaptureMode(&mode_); }
+  CaptureModeScope(const CaptureModeScope&) = delete;
+  CaptureModeScope& operator=(const CaptureModeScope&) = delete;
+  ~CaptureModeScope() { (void)cudaThreadExchangeStreamCaptureMode(&mode_); }
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+
 }  // namespace lavaflow::mesh

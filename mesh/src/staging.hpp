@@ -4,7 +4,6 @@
 // goes in pieces, GPU → pinned slot → host collective → GPU, and the copies of the pieces before
 // and after one run while the host carries it.
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 
 #include "lavaflow/mesh/collectives.hpp"
@@ -25,12 +24,10 @@ constexpr std::uint64_t kMinPiece = 64 << 10;
   return std::max<std::uint64_t>(kPartAlign, std::min(most & ~(kPartAlign - 1), std::max(kMinPiece, want)));
 }
 
-/// Waits for a piece's host collective, started with the call's time left: the communicator ends it
-/// then, naming the ranks that did not take part. A wait of its own with the same deadline would
-/// often end first with less to say, so it only guards (a little later) against a communicator
-/// that does not keep its timeout.
-[[nodiscard]] inline Status carried(Work w, const Deadline& d) {
-  return w.wait(d.forever() ? kForever : d.left() + std::chrono::seconds(5));
-}
+/// Waits for a staged call's host collective, started with the time the call has left: the
+/// communicator ends it by then, naming the ranks that did not take part (the timeout contract of
+/// CallOptions). A wait of its own would not bound it anyway — a Work in flight is waited for when
+/// dropped — and with the same deadline it would often end first with less to say.
+[[nodiscard]] inline Status carried(Work w) { return w.wait(); }
 
 }  // namespace lavaflow::mesh::staging

@@ -883,11 +883,11 @@ class Collectives final : public VulkanCollectives {
       if (recorded_) {
         const auto s = submit(d, &w);
         if (!s) {
-          (void)host(d, std::move(w));
+          (void)host(std::move(w));
           return s;
         }
       }
-      LF_TRY_STATUS(host(d, std::move(w)));
+      LF_TRY_STATUS(host(std::move(w)));
     }
     begin();
     out(at(pieces - 1), bytes(pieces - 1), slot(pieces - 1));
@@ -895,8 +895,8 @@ class Collectives final : public VulkanCollectives {
   }
 
   /// A host collective of the staged path; the host communicator reports (and remembers) failures.
-  Status host(const Deadline& d, Work w) {
-    auto s = staging::carried(std::move(w), d);
+  Status host(Work w) {
+    auto s = staging::carried(std::move(w));
     if (!s) synced_failure_ = true;
     return s;
   }

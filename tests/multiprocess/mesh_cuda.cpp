@@ -12,12 +12,14 @@
 //   lavaflow-launch -n N mesh_cuda staged     every call staged through pinned host memory and the
 //                                             native host collective, as across hosts
 //   lavaflow-launch -n N mesh_cuda staged-late  "late" on the staged path
+//   lavaflow-launch -n N mesh_cuda staged-mismatch  "mismatch" on it, and calls of other lengths
 // Exit 77 (a visible skip) without a CUDA device.
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -190,6 +192,34 @@ void every_op(CudaCollectives& c, cudaStream_t st) {
   expect(!root && root.error().code() == Errc::InvalidArgument, "a root outside the group refused");
 }
 
+/// Calls one after another with no wait between them, the second on another stream: each finds
+/// the staging (or the slots) the one before it left, in stream order.
+void back_to_back(CudaCollectives& c, cudaStream_t st) {
+  const std::uint32_t n = c.size(), r = c.rank();
+  cudaStream_t other = nullptr;
+  (void)cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking);
+  const std::size_t count = (std::size_t{3} << 20) / 4 + 7;  // several steps or pieces
+  std::vector<std::vector<std::byte>> mine;
+  for (std::uint32_t k = 0; k < 3; ++k) mine.push_back(encode(inputs(r + k, count, DType::F32), DType::F32));
+  DeviceBytes a(mine[0].size(), mine[0]), b(mine[1].size(), mine[1]), d(mine[2].size(), mine[2]);
+  DeviceBytes* bufs[] = {&a, &b, &d};
+  Status s;
+  for (std::uint32_t k = 0; k < 3 && s; ++k)
+    s = c.all_reduce(bufs[k]->p, bufs[k]->p, mine[k].size(), DType::F32, ReduceOp::Sum, k == 1 ? other : st);
+  if (s) s = finish(c, other);
+  if (s) s = finish(c, st);
+  for (std::uint32_t k = 0; k < 3; ++k) {
+    std::vector<double> acc(count, 0);
+    for (std::uint32_t j = 0; j < n; ++j) {
+      const auto in = inputs(j + k, count, DType::F32);
+      for (std::size_t e = 0; e < count; ++e) acc[e] += in[e];
+    }
+    const std::string diff = outcome(s, *bufs[k], encode(acc, DType::F32));
+    expect(diff.empty(), str_format("back-to-back call {} (stream {}){}", k, k == 1 ? "other" : "same", diff));
+  }
+  (void)cudaStreamDestroy(other);
+}
+
 /// Multi-step calls on a communicator with 4 MiB of staging, each with a shorter last step: two-shot
 /// all_reduce, in place too, and the other ops' pushed steps.
 void several_steps(CudaCollectives& c, cudaStream_t st) {
@@ -260,13 +290,32 @@ int main(int argc, char** argv) {
   const CallOptions quick{.timeout = std::chrono::seconds(5)};
 
   if (base == "mismatch") {
-    auto s = me == 0 ? (*c)->broadcast(buf.p, 64, 0, DType::F32, st, quick)
-                     : (*c)->all_reduce(buf.p, buf.p, 64, DType::F32, ReduceOp::Sum, st, quick);
-    if (s) s = finish(**c, st);
+    CudaCollectives* on = c->get();
+    std::unique_ptr<CudaCollectives> fresh;
+    if (staged) {
+      // Calls of other lengths whose first pieces look alike: refused before any piece moves, on
+      // every rank (the host communicator stays sound: the next open works).
+      const std::size_t bytes = (std::size_t{8} << 20) + (me == 0 ? 256 : 0);
+      DeviceBytes big(bytes);
+      auto other = (*c)->all_reduce(big.p, big.p, bytes, DType::F32, ReduceOp::Sum, st, quick);
+      expect(!other && other.error().code() == Errc::InvalidArgument,
+             other ? "calls of 8 MiB + 256 and 8 MiB succeeded" : "not InvalidArgument: " + other.error().message());
+      expect(!(*c)->all_reduce(buf.p, buf.p, 64, DType::F32, ReduceOp::Sum, st, quick) && !(*c)->check(),
+             "a call after a failure fails, and check() reports it");
+      auto again =
+          CudaCollectives::open(**host, {.device = device, .chunk_bytes = 1 << 20, .stage_through_host = true});
+      expect(static_cast<bool>(again), again ? "" : "open again: " + again.error().message());
+      if (!again) return 1;
+      fresh = std::move(*again);
+      on = fresh.get();
+    }
+    auto s = me == 0 ? on->broadcast(buf.p, 64, 0, DType::F32, st, quick)
+                     : on->all_reduce(buf.p, buf.p, 64, DType::F32, ReduceOp::Sum, st, quick);
+    if (s) s = finish(*on, st);
     expect(!s && s.error().code() == Errc::InvalidArgument,
            s ? "mismatched calls succeeded" : "not InvalidArgument: " + s.error().message());
-    expect(!(*c)->all_reduce(buf.p, buf.p, 64, DType::F32, ReduceOp::Sum, st, quick), "a call after a failure fails");
-    if (!checks.failures) std::printf("mesh-cuda rank %u: mismatch OK (%s)\n", me, s.error().message().c_str());
+    expect(!on->all_reduce(buf.p, buf.p, 64, DType::F32, ReduceOp::Sum, st, quick), "a call after a failure fails");
+    if (!checks.failures) std::printf("mesh-cuda rank %u: %s OK (%s)\n", me, mode.c_str(), s.error().message().c_str());
     return checks.failures ? 1 : 0;
   }
   if (base == "exit" || base == "late") {
@@ -301,6 +350,7 @@ int main(int argc, char** argv) {
                : "not InvalidArgument naming stage_through_host: " + odd.error().message());
   }
   every_op(**c, st);
+  back_to_back(**c, st);
   {
     auto wide = CudaCollectives::open(**host, {.device = device, .chunk_bytes = 4 << 20, .stage_through_host = staged});
     expect(static_cast<bool>(wide), wide ? "" : "open with 4 MiB of staging: " + wide.error().message());

@@ -64,13 +64,13 @@ struct Card {
   std::int32_t ok = 0;
   std::int32_t stage = 0;  ///< asked to stage through host memory
   char device_uuid[16]{};
-  std::int32_t resident_blocks = 0;  ///< blocks of the collectives' kernel that fit on the device at once
 };
 
-/// What every rank publishes once the path is known (kernels): whether its staging is ready, and
-/// the handle that maps it.
+/// What every rank publishes once the path is known (kernels): whether its staging is ready, the
+/// handle that maps it, and how many blocks of the collectives' kernel fit on its device at once.
 struct Staging {
   std::int32_t ok = 0;
+  std::int32_t resident_blocks = 0;
   cudaIpcMemHandle_t handle{};
 };
 
@@ -124,9 +124,6 @@ class Collectives final : public CudaCollectives {
                   "cudaHostAlloc"));
       *error_ = {};
       LF_TRY_STATUS(cuda_ok(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate"));
-      // Loaded now, not at the first call: a lazy load while a peer's kernel waits can deadlock.
-      LF_TRY_STATUS(cuda_ok(k::preload(), "cudaFuncGetAttributes"));
-      LF_TRY_STATUS(cuda_ok(k::resident_blocks(device_, &mine.resident_blocks), "cudaOccupancyMaxActiveBlocks"));
       return cuda_ok(cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_device_), error_, 0),
                      "cudaHostGetDevicePointer");
     }();
@@ -204,22 +201,11 @@ class Collectives final : public CudaCollectives {
   Status open_mapped(const CudaCollectiveOptions& o, const std::vector<Card>& cards, const char* call) {
     if (n_ > k::kMaxRanks)
       return fail(Errc::Unsupported, call, str_format("{} ranks (at most {} on one host)", n_, k::kMaxRanks));
-    for (std::uint32_t q = 0; q < n_; ++q) {
-      // A block waits for the same block of every peer: the blocks of all ranks on one GPU must be
-      // resident together, or some wait for blocks that cannot start. Every rank takes the same
-      // count from every card.
-      std::int32_t sharing = 0;
-      for (const auto& other : cards)
-        sharing += std::memcmp(other.device_uuid, cards[q].device_uuid, sizeof other.device_uuid) == 0;
-      if (cards[q].resident_blocks < sharing)
-        return fail(Errc::Unsupported, call,
-                    str_format("{} ranks of group '{}' share rank {}'s GPU, which holds {} blocks of the collectives' "
-                               "kernel at once: fewer than one a rank",
-                               sharing, host_.group(), q, cards[q].resident_blocks));
-      blocks_ = std::min<std::uint32_t>(blocks_, static_cast<std::uint32_t>(cards[q].resident_blocks / sharing));
-    }
     Staging mine;
     Status made = [&]() -> Status {
+      // Loaded now, not at the first call: a lazy load while a peer's kernel waits can deadlock.
+      LF_TRY_STATUS(cuda_ok(k::preload(), "cudaFuncGetAttributes"));
+      LF_TRY_STATUS(cuda_ok(k::resident_blocks(device_, &mine.resident_blocks), "cudaOccupancyMaxActiveBlocks"));
       void* p = nullptr;
       const std::uint64_t control = k::kFlagBytes + k::ll_area_bytes(n_);
       LF_TRY_STATUS(cuda_ok(cudaMalloc(&p, control + 2 * chunk_), "cudaMalloc"));
@@ -240,6 +226,20 @@ class Collectives final : public CudaCollectives {
     for (std::uint32_t q = 0; q < n_; ++q)
       if (!all[q].ok)
         return fail(Errc::PeerLost, call, str_format("rank {} of group '{}' failed to set up", q, host_.group()));
+    for (std::uint32_t q = 0; q < n_; ++q) {
+      // A block waits for the same block of every peer: the blocks of all ranks on one GPU must be
+      // resident together, or some wait for blocks that cannot start. Every rank takes the same
+      // count from every rank's record.
+      std::int32_t sharing = 0;
+      for (const auto& other : cards)
+        sharing += std::memcmp(other.device_uuid, cards[q].device_uuid, sizeof other.device_uuid) == 0;
+      if (all[q].resident_blocks < sharing)
+        return fail(Errc::Unsupported, call,
+                    str_format("{} ranks of group '{}' share rank {}'s GPU, which holds {} blocks of the collectives' "
+                               "kernel at once: fewer than one a rank",
+                               sharing, host_.group(), q, all[q].resident_blocks));
+      blocks_ = std::min<std::uint32_t>(blocks_, static_cast<std::uint32_t>(all[q].resident_blocks / sharing));
+    }
     regions_.assign(n_, nullptr);
     regions_[me_] = region_;
     Status mapped;
@@ -385,24 +385,50 @@ class Collectives final : public CudaCollectives {
   }
 
   /// A staged call: argument checks done, bytes > 0. Blocks until the last piece's copy back is
-  /// enqueued; a failure stays (check() and every later call report it), as the host
-  /// communicator's does.
+  /// enqueued; a failure once anything was started stays (check() and every later call report
+  /// it), as the host communicator's does.
   Status staged_call(std::uint32_t kind, const void* send, void* recv, std::uint64_t bytes, DType type, ReduceOp op,
                      std::uint32_t root, cudaStream_t stream, CallOptions options) {
     const std::string_view call = call_name(kind);
+    // Relaxed for this thread: the event queries below are refused while another thread captures
+    // in the global mode, and they touch no stream of a capture.
+    const CaptureModeScope relaxed;
     cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    (void)cudaStreamIsCapturing(stream, &capturing);
+    LF_TRY_STATUS(cuda_ok(cudaStreamIsCapturing(stream, &capturing), "cudaStreamIsCapturing"));
     if (capturing != cudaStreamCaptureStatusNone)
       return fail(Errc::Unsupported, std::string(call),
                   str_format("group '{}' stages through host memory ({}): a call waits on the host for its copies and "
                              "cannot be captured in a CUDA graph",
                              host_.group(), reason_));
+    auto s = staged_steps(kind, send, recv, bytes, type, op, root, stream, options);
+    // Recorded whatever happened: what was enqueued still uses the slots, and the next call and
+    // the destructor wait for it.
+    const auto recorded = cuda_ok(cudaEventRecord(done_, stream), "cudaEventRecord");
+    last_stream_ = stream;
+    if (s && !recorded) s = recorded;
+    if (!s) {
+      s = std::unexpected(s.error().within(call));
+      failure_ = s;
+    }
+    return s;
+  }
+
+  Status staged_steps(std::uint32_t kind, const void* send, void* recv, std::uint64_t bytes, DType type, ReduceOp op,
+                      std::uint32_t root, cudaStream_t stream, CallOptions options) {
     const DeviceScope on(device_);
-    if (!on.status()) return std::unexpected(on.status().error().within(call));
+    LF_TRY_STATUS(on.status());
     // The slots are this rank's: a call on another stream waits for the last one's copies back.
     if (last_stream_ && *last_stream_ != stream)
       LF_TRY_STATUS(cuda_ok(cudaStreamWaitEvent(stream, done_, 0), "cudaStreamWaitEvent"));
-    const Deadline d(options.timeout);
+    const Called what{
+        call_signature(kind, static_cast<std::uint32_t>(type),
+                       kind == k::kAllReduce || kind == k::kReduceScatter ? static_cast<std::uint32_t>(op) : 0, bytes,
+                       kind == k::kBroadcast ? root : 0),
+        kind,
+        bytes,
+        type,
+        options.timeout,
+        stream};
     const auto* in = static_cast<const unsigned char*>(send);
     auto* out = static_cast<unsigned char*>(recv);
     auto d2h = [&](unsigned char* to, const unsigned char* from, std::uint64_t n) {
@@ -417,73 +443,88 @@ class Collectives final : public CudaCollectives {
     switch (kind) {
       case k::kAllReduce:
         s = pipeline(
-            bytes, staging::piece(bytes, slot_), stream,
+            bytes, staging::piece(bytes, slot_),
             [&](std::uint64_t at, std::uint64_t len, unsigned char* slot) { return d2h(slot, in + at, len); },
-            [&](std::uint64_t, std::uint64_t len, unsigned char* slot) {
-              return host_.all_reduce(host(slot, len), host(slot, len), type, op, {.timeout = d.left()});
+            [&](std::uint64_t, std::uint64_t len, unsigned char* slot, Duration left) {
+              return host_.all_reduce(host(slot, len), host(slot, len), type, op, {.timeout = left});
             },
-            [&](std::uint64_t at, std::uint64_t len, unsigned char* slot) { return h2d(out + at, slot, len); }, d);
+            [&](std::uint64_t at, std::uint64_t len, unsigned char* slot) { return h2d(out + at, slot, len); }, what);
         break;
       case k::kAllGather: {
         // A slot holds this rank's piece, then every rank's piece side by side after it.
         const std::uint64_t piece = staging::piece(bytes, slot_ / (n + 1));
         s = pipeline(
-            bytes, piece, stream,
+            bytes, piece,
             [&](std::uint64_t at, std::uint64_t len, unsigned char* slot) { return d2h(slot, in + at, len); },
-            [&](std::uint64_t, std::uint64_t len, unsigned char* slot) {
-              return host_.all_gather(host(slot, len), host(slot + piece, n * len), DType::U8, {.timeout = d.left()});
+            [&](std::uint64_t, std::uint64_t len, unsigned char* slot, Duration left) {
+              return host_.all_gather(host(slot, len), host(slot + piece, n * len), type, {.timeout = left});
             },
             [&](std::uint64_t at, std::uint64_t len, unsigned char* slot) -> Status {
               for (std::uint64_t r = 0; r < n; ++r)
                 LF_TRY_STATUS(h2d(out + r * bytes + at, slot + piece + r * len, len));
               return {};
             },
-            d);
+            what);
         break;
       }
       case k::kReduceScatter: {
         // A slot holds the same piece of every rank's block, packed, then this rank's result.
         const std::uint64_t piece = staging::piece(bytes, slot_ / (n + 1));
         s = pipeline(
-            bytes, piece, stream,
+            bytes, piece,
             [&](std::uint64_t at, std::uint64_t len, unsigned char* slot) -> Status {
               for (std::uint64_t r = 0; r < n; ++r) LF_TRY_STATUS(d2h(slot + r * len, in + r * bytes + at, len));
               return {};
             },
-            [&](std::uint64_t, std::uint64_t len, unsigned char* slot) {
+            [&](std::uint64_t, std::uint64_t len, unsigned char* slot, Duration left) {
               return host_.reduce_scatter(host(slot, n * len), host(slot + n * piece, len), type, op,
-                                          {.timeout = d.left()});
+                                          {.timeout = left});
             },
             [&](std::uint64_t at, std::uint64_t len, unsigned char* slot) {
               return h2d(out + at, slot + n * piece, len);
             },
-            d);
+            what);
         break;
       }
       default:
         s = pipeline(
-            bytes, staging::piece(bytes, slot_), stream,
+            bytes, staging::piece(bytes, slot_),
             [&](std::uint64_t at, std::uint64_t len, unsigned char* slot) {
               return me_ == root ? d2h(slot, in + at, len) : Status{};
             },
-            [&](std::uint64_t, std::uint64_t len, unsigned char* slot) {
-              return host_.broadcast(host(slot, len), root, DType::U8, {.timeout = d.left()});
+            [&](std::uint64_t, std::uint64_t len, unsigned char* slot, Duration left) {
+              return host_.broadcast(host(slot, len), root, type, {.timeout = left});
             },
             [&](std::uint64_t at, std::uint64_t len, unsigned char* slot) {
               return me_ != root ? h2d(out + at, slot, len) : Status{};
             },
-            d);
-    }
-    // Recorded whatever happened: what was enqueued still uses the slots, and the next call and
-    // the destructor wait for it.
-    const auto recorded = cuda_ok(cudaEventRecord(done_, stream), "cudaEventRecord");
-    last_stream_ = stream;
-    if (s && !recorded) s = recorded;
-    if (!s) {
-      s = std::unexpected(s.error().within(call));
-      failure_ = s;
+            what);
     }
     return s;
+  }
+
+  /// What a staged call is, for its pieces: the signature the ranks compare, and its timeout.
+  struct Called {
+    std::uint32_t signature, kind;
+    std::uint64_t bytes;
+    DType type;
+    Duration timeout;
+    cudaStream_t stream;
+  };
+
+  /// The ranks compare their calls' signatures: one piece's host collective sees its own length,
+  /// kind and type only, and a call of other pieces would pair with a later call.
+  Status same_call(const Called& c) {
+    std::vector<std::uint32_t> all(n_);
+    LF_TRY_STATUS(
+        staging::carried(host_.all_gather(std::as_bytes(std::span(&c.signature, 1)),
+                                          std::as_writable_bytes(std::span(all)), DType::I32, {.timeout = c.timeout})));
+    for (std::uint32_t q = 0; q < n_; ++q)
+      if (all[q] != c.signature)
+        return fail(Errc::InvalidArgument, "CudaCollectives",
+                    str_format("rank {} of group '{}' made another call than this rank's {} of {} bytes {}", q,
+                               host_.group(), kind_name(c.kind), c.bytes, to_string(c.type)));
+    return {};
   }
 
   /// The staged path, pipelined: piece i (`len` bytes of `total`, the last one shorter) goes
@@ -492,9 +533,10 @@ class Collectives final : public CudaCollectives {
   /// `out` enqueue the copies of piece (at, len) to and from a slot; `carry` starts its host
   /// collective. Piece i + 2 takes piece i's slot after piece i's copy back, in stream order.
   template <class In, class Carry, class Out>
-  Status pipeline(std::uint64_t total, std::uint64_t len, cudaStream_t stream, In&& in, Carry&& carry, Out&& out,
-                  const Deadline& d) {
+  Status pipeline(std::uint64_t total, std::uint64_t len, In&& in, Carry&& carry, Out&& out, const Called& c) {
     const std::uint64_t pieces = (total + len - 1) / len;
+    if (pieces > 1) LF_TRY_STATUS(same_call(c));
+    const cudaStream_t stream = c.stream;
     auto bytes = [&](std::uint64_t i) { return std::min(len, total - i * len); };
     auto slot = [&](std::uint64_t i) { return slots_ + (i & 1) * slot_; };
     auto fill = [&](std::uint64_t i) -> Status {
@@ -504,8 +546,10 @@ class Collectives final : public CudaCollectives {
     LF_TRY_STATUS(fill(0));
     if (pieces > 1) LF_TRY_STATUS(fill(1));
     for (std::uint64_t i = 0; i < pieces; ++i) {
+      // Each piece waits for its peers at most the call's timeout, as each step of a kernel does.
+      const Deadline d(c.timeout);
       LF_TRY_STATUS(wait_filled(filled_[i & 1], d));
-      LF_TRY_STATUS(staging::carried(carry(i * len, bytes(i), slot(i)), d));
+      LF_TRY_STATUS(staging::carried(carry(i * len, bytes(i), slot(i), d.left())));
       LF_TRY_STATUS(out(i * len, bytes(i), slot(i)));
       if (i + 2 < pieces) LF_TRY_STATUS(fill(i + 2));
     }

@@ -38,9 +38,10 @@ struct CudaCollectiveOptions {
 ///
 /// Staged (a group spanning hosts, or `stage_through_host`): a call waits on the host for the
 /// stream's work before it, carries its pieces through the host collective and returns once the
-/// last piece's copy back is enqueued; it cannot be captured in a CUDA graph (Unsupported). A
-/// failure (a peer lost or late: the host communicator's error) is the call's result, and check()
-/// and every later call report it.
+/// last piece's copy back is enqueued; it cannot be captured in a CUDA graph (Unsupported). Each
+/// piece waits for the peers at most CallOptions::timeout; ranks whose calls differ get
+/// InvalidArgument. A failure (a peer lost, late or making another call: the host communicator's
+/// error) is the call's result, and check() and every later call report it.
 ///
 /// A failure in a kernel (a peer that does not arrive, a peer whose call differs, a peer that
 /// failed) ends that call and every later one at once on the GPU, and check() reports it. A call
