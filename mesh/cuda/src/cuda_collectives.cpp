@@ -132,18 +132,11 @@ class Collectives final : public CudaCollectives {
     mine.pid = static_cast<std::int32_t>(::getpid());
     mine.chunk = chunk_;
     mine.stage = o.stage_through_host ? 1 : 0;
-    mine.ok = made ? 1 : 0;
-    std::vector<Card> cards(n_);
-    auto exchanged = host_
-                         .all_gather(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(cards)),
-                                     DType::U8, {.timeout = o.attach_timeout})
-                         .wait();
-    if (!exchanged) return std::unexpected(exchanged.error().within(call));
-    if (!made) return std::unexpected(made.error().within(call));
+    auto exchanged = exchange(mine, made, o, call);
+    if (!exchanged) return std::unexpected(exchanged.error());
+    const std::vector<Card>& cards = *exchanged;
     reason_ = "every rank runs on this host: kernels over the peers' mapped staging";
     for (std::uint32_t q = 0; q < n_; ++q) {
-      if (!cards[q].ok)
-        return fail(Errc::PeerLost, call, str_format("rank {} of group '{}' failed to set up", q, host_.group()));
       if (cards[q].chunk != chunk_ || cards[q].stage != mine.stage)
         return fail(Errc::InvalidArgument, call,
                     str_format("rank {} of group '{}' opened with chunk_bytes {} and stage_through_host {}, this rank "
@@ -182,8 +175,29 @@ class Collectives final : public CudaCollectives {
     return {};
   }
 
-  /// Every rank learns whether all succeeded at a step of opening; this rank's failure first.
-  Status agree(const Status& mine, const CudaCollectiveOptions& o, const char* call) {
+  /// Every rank's record (`mine` with its `ok` set from `made`); this rank's failure first, then
+  /// PeerLost naming the first rank whose setup failed.
+  template <class Record>
+  Result<std::vector<Record>> exchange(Record mine, const Status& made, const CudaCollectiveOptions& o,
+                                       const char* call) {
+    mine.ok = made ? 1 : 0;
+    std::vector<Record> all(n_);
+    auto exchanged = host_
+                         .all_gather(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(all)),
+                                     DType::U8, {.timeout = o.attach_timeout})
+                         .wait();
+    if (!exchanged) return std::unexpected(exchanged.error().within(call));
+    if (!made) return std::unexpected(made.error().within(call));
+    for (std::uint32_t q = 0; q < n_; ++q)
+      if (!all[q].ok)
+        return fail(Errc::PeerLost, call, str_format("rank {} of group '{}' failed to set up", q, host_.group()));
+    return all;
+  }
+
+  /// Every rank learns whether all succeeded at a step of opening; this rank's failure first, else
+  /// `code` naming the first rank that failed and what it `failed` at.
+  Status agree(const Status& mine, const CudaCollectiveOptions& o, const char* call, Errc code = Errc::PeerLost,
+               std::string_view failed = "failed to set up") {
     const std::int32_t ok = mine ? 1 : 0;
     std::vector<std::int32_t> all(n_);
     auto agreed = host_
@@ -193,8 +207,7 @@ class Collectives final : public CudaCollectives {
     if (!agreed) return std::unexpected(agreed.error().within(call));
     if (!mine) return std::unexpected(mine.error().within(call));
     for (std::uint32_t q = 0; q < n_; ++q)
-      if (!all[q])
-        return fail(Errc::PeerLost, call, str_format("rank {} of group '{}' failed to set up", q, host_.group()));
+      if (!all[q]) return fail(code, call, str_format("rank {} of group '{}' {}", q, host_.group(), failed));
     return {};
   }
 
@@ -215,17 +228,9 @@ class Collectives final : public CudaCollectives {
       LF_TRY_STATUS(cuda_ok(cudaIpcGetMemHandle(&mine.handle, region_), "cudaIpcGetMemHandle"));
       return cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     }();
-    mine.ok = made ? 1 : 0;
-    std::vector<Staging> all(n_);
-    auto exchanged = host_
-                         .all_gather(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(all)),
-                                     DType::U8, {.timeout = o.attach_timeout})
-                         .wait();
-    if (!exchanged) return std::unexpected(exchanged.error().within(call));
-    if (!made) return std::unexpected(made.error().within(call));
-    for (std::uint32_t q = 0; q < n_; ++q)
-      if (!all[q].ok)
-        return fail(Errc::PeerLost, call, str_format("rank {} of group '{}' failed to set up", q, host_.group()));
+    auto exchanged = exchange(mine, made, o, call);
+    if (!exchanged) return std::unexpected(exchanged.error());
+    const std::vector<Staging>& all = *exchanged;
     for (std::uint32_t q = 0; q < n_; ++q) {
       // A block waits for the same block of every peer: the blocks of all ranks on one GPU must be
       // resident together, or some wait for blocks that cannot start. Every rank takes the same
@@ -254,19 +259,7 @@ class Collectives final : public CudaCollectives {
       else
         regions_[q] = static_cast<unsigned char*>(p);
     }
-    // Every rank learns whether all could map all.
-    const std::int32_t ok = mapped ? 1 : 0;
-    std::vector<std::int32_t> oks(n_);
-    auto agreed = host_
-                      .all_gather(std::as_bytes(std::span(&ok, 1)), std::as_writable_bytes(std::span(oks)), DType::I32,
-                                  {.timeout = o.attach_timeout})
-                      .wait();
-    if (!agreed) return std::unexpected(agreed.error().within(call));
-    if (!mapped) return std::unexpected(mapped.error().within(call));
-    for (std::uint32_t q = 0; q < n_; ++q)
-      if (!oks[q])
-        return fail(Errc::Unsupported, call,
-                    str_format("rank {} of group '{}' cannot map its peers' CUDA memory", q, host_.group()));
+    LF_TRY_STATUS(agree(mapped, o, call, Errc::Unsupported, "cannot map its peers' CUDA memory"));
     opened_ = true;
     return {};
   }
