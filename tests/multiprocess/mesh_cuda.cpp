@@ -220,6 +220,23 @@ void back_to_back(CudaCollectives& c, cudaStream_t st) {
   (void)cudaStreamDestroy(other);
 }
 
+/// A two-step all_reduce on the default staging, out of place and in place.
+void two_shot(CudaCollectives& c, cudaStream_t st) {
+  const std::uint32_t n = c.size(), r = c.rank();
+  const std::size_t count = (std::size_t{20} << 20) / 4 + 9;
+  const auto mine = encode(inputs(r, count, DType::F32), DType::F32);
+  const auto want = expected(n, count, DType::F32, ReduceOp::Sum);
+  DeviceBytes send(mine.size(), mine), recv(mine.size());
+  auto s = c.all_reduce(send.p, recv.p, mine.size(), DType::F32, ReduceOp::Sum, st);
+  if (s) s = finish(c, st);
+  std::string diff = outcome(s, recv, want);
+  expect(diff.empty(), str_format("all_reduce of {} floats in 16 MiB steps{}", count, diff));
+  s = c.all_reduce(send.p, send.p, mine.size(), DType::F32, ReduceOp::Sum, st);
+  if (s) s = finish(c, st);
+  diff = outcome(s, send, want);
+  expect(diff.empty(), str_format("in-place all_reduce of {} floats in 16 MiB steps{}", count, diff));
+}
+
 /// Multi-step calls on a communicator with 4 MiB of staging, each with a shorter last step: two-shot
 /// all_reduce, in place too, and the other ops' pushed steps.
 void several_steps(CudaCollectives& c, cudaStream_t st) {
@@ -355,6 +372,13 @@ int main(int argc, char** argv) {
     auto wide = CudaCollectives::open(**host, {.device = device, .chunk_bytes = 4 << 20, .stage_through_host = staged});
     expect(static_cast<bool>(wide), wide ? "" : "open with 4 MiB of staging: " + wide.error().message());
     if (wide) several_steps(**wide, st);
+  }
+  {
+    // The default 16 MiB steps: an all_reduce of two steps (the second short) is two-shot
+    // whatever the ranks (each would receive more than the one-shot limit).
+    auto wider = CudaCollectives::open(**host, {.device = device, .stage_through_host = staged});
+    expect(static_cast<bool>(wider), wider ? "" : "open with 16 MiB of staging: " + wider.error().message());
+    if (wider) two_shot(**wider, st);
   }
   if (!checks.failures) std::printf("mesh-cuda rank %u: OK (%u ranks, device %d of %d)\n", me, n, device, devices);
   return checks.failures ? 1 : 0;
