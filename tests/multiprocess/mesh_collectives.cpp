@@ -13,7 +13,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <thread>
 
@@ -83,6 +85,48 @@ void check_reductions(Communicator& c, Checker& k, std::size_t count, DType t, R
 // An f16 average whose sum does not fit in f16 (40000 on every rank; f16 ends at 65504): the
 // division happens before the result is rounded to f16 — on one host, and across hosts, where
 // each host's partial is divided before the hosts sum them (reduce_scatter and all_reduce).
+/// Min and max with NaN in some ranks' inputs: NaN wins wherever one is, on every backend and
+/// layout, in small calls and in calls that take MPI's collectives between hosts (NaN and the
+/// other values compared bit for bit; no zeros, whose sign the order of combination picks).
+void check_nan_wins(Communicator& c, Checker& k) {
+  const std::uint32_t n = c.size(), r = c.rank();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  auto values = [&](std::uint32_t rank, std::size_t count) {
+    std::vector<float> v(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      v[i] = 1.0f + static_cast<float>((i * 13 + rank * 7) % 101);
+      if (i % 97 == rank % 97 || (i + rank) % 1009 == 5) v[i] = nan;  // first, middle and last ranks' NaNs
+    }
+    return v;
+  };
+  for (const std::size_t count : {std::size_t{200}, std::size_t{40'001}})
+    for (const ReduceOp op : {ReduceOp::Min, ReduceOp::Max}) {
+      std::vector<std::vector<float>> all;
+      std::vector<std::span<const std::byte>> ins;
+      for (std::uint32_t q = 0; q < n; ++q) all.push_back(values(q, count * n));
+      for (const auto& v : all) ins.push_back(std::as_bytes(std::span(v)));
+      std::vector<float> want(count * n);
+      k.status(reduce(ins, std::as_writable_bytes(std::span(want)), DType::F32, op), "the reference");
+      auto same = [&](std::span<const float> got, std::size_t from) {
+        for (std::size_t i = 0; i < got.size(); ++i)
+          if (std::isnan(got[i]) != std::isnan(want[from + i]) || (!std::isnan(got[i]) && got[i] != want[from + i]))
+            return false;
+        return true;
+      };
+      const auto& mine = all[r];
+      std::vector<float> out(count);
+      k.status(c.all_reduce(std::as_bytes(std::span(mine.data(), count)), std::as_writable_bytes(std::span(out)),
+                            DType::F32, op)
+                   .wait(),
+               label(c, "all_reduce with NaN", DType::F32, op, count));
+      k.expect(same(out, 0), label(c, "all_reduce with NaN: NaN wins", DType::F32, op, count));
+      k.status(c.reduce_scatter(std::as_bytes(std::span(mine)), std::as_writable_bytes(std::span(out)), DType::F32, op)
+                   .wait(),
+               label(c, "reduce_scatter with NaN", DType::F32, op, count));
+      k.expect(same(out, r * count), label(c, "reduce_scatter with NaN: NaN wins", DType::F32, op, count));
+    }
+}
+
 void check_f16_average_range(Communicator& c, Checker& k) {
   constexpr std::size_t kCount = 5;
   const std::uint16_t v = to_f16(40000.0f);
@@ -335,6 +379,7 @@ void run_all(const mpi::Communicator& job, Checker& k) {
       for (DType t : kTypes)
         for (std::size_t count : {std::size_t{1}, std::size_t{9}, std::size_t{50'001}}) check_moves(*c, k, count, t);
       k.status(c->barrier().wait(), str_format("{} barrier on '{}'", c->backend(), c->group()));
+      check_nan_wins(*c, k);
       check_point_to_point(*c, k);
       check_overlap(*c, k);
       if (b == Backend::Native) check_zero_copy(*c, k);

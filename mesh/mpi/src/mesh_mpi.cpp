@@ -51,27 +51,28 @@ MPI_Op mpi_op(ReduceOp op) {
   return MPI_SUM;
 }
 
-// f16 and bf16 between hosts' leaders: MPI has no such types, so these user operations combine
-// them in f32 (rounding once per combination).
+// Reductions MPI's built-in operations would get wrong: f16 and bf16, which MPI has no types for
+// (combined in f32, rounding once per combination), and min/max of floats, where MPI's compare
+// drops a NaN that the mesh's rule keeps (NaN wins, as on one host and on the GPU backends).
 template <DType T, ReduceOp Op>
-void combine16(void* in, void* inout, int* len, MPI_Datatype*) {
-  const std::size_t bytes = static_cast<std::size_t>(*len) * 2;
+void combine(void* in, void* inout, int* len, MPI_Datatype*) {
+  const std::size_t bytes = static_cast<std::size_t>(*len) * size_of(T);
   const std::span<const std::byte> ins[] = {{static_cast<const std::byte*>(inout), bytes},
                                             {static_cast<const std::byte*>(in), bytes}};
   (void)reduce(ins, {static_cast<std::byte*>(inout), bytes}, T, Op);
 }
 
 template <DType T>
-MPI_User_function* combine16_for(ReduceOp op) {
+MPI_User_function* combine_for(ReduceOp op) {
   switch (op) {
     case ReduceOp::Product:
-      return &combine16<T, ReduceOp::Product>;
+      return &combine<T, ReduceOp::Product>;
     case ReduceOp::Min:
-      return &combine16<T, ReduceOp::Min>;
+      return &combine<T, ReduceOp::Min>;
     case ReduceOp::Max:
-      return &combine16<T, ReduceOp::Max>;
+      return &combine<T, ReduceOp::Max>;
     default:
-      return &combine16<T, ReduceOp::Sum>;
+      return &combine<T, ReduceOp::Sum>;
   }
 }
 
@@ -79,6 +80,38 @@ Status check(int code, const char* call) {
   if (code == MPI_SUCCESS) return {};
   return std::unexpected(mpi::to_error(code, call));
 }
+
+/// The MPI operation for `type` and `op` (Average: its sum): MPI's own where it is exact, else
+/// one of ours, made once per owner and freed with it.
+class Ops {
+ public:
+  Ops() = default;
+  Ops(const Ops&) = delete;
+  Ops& operator=(const Ops&) = delete;
+  ~Ops() {
+    for (auto& op : made_)
+      if (op != MPI_OP_NULL) MPI_Op_free(&op);
+  }
+  Result<MPI_Op> get(DType type, ReduceOp op) {
+    const bool half = type == DType::F16 || type == DType::BF16;
+    const bool float_pick = type == DType::F32 && (op == ReduceOp::Min || op == ReduceOp::Max);
+    if (!half && !float_pick) return mpi_op(op);
+    const ReduceOp base = op == ReduceOp::Average ? ReduceOp::Sum : op;
+    MPI_Op& made = made_[(type == DType::F32 ? 0 : type == DType::F16 ? 1 : 2) * 5 + static_cast<int>(base)];
+    if (made == MPI_OP_NULL) {
+      MPI_User_function* f = type == DType::F32   ? combine_for<DType::F32>(base)
+                             : type == DType::F16 ? combine_for<DType::F16>(base)
+                                                  : combine_for<DType::BF16>(base);
+      LF_TRY_STATUS(check(MPI_Op_create(f, 1, &made), "MPI_Op_create"));
+    }
+    return made;
+  }
+
+ private:
+  MPI_Op made_[15] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL,
+                      MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL,
+                      MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
+};
 
 std::string ranks_text(std::uint32_t group_rank, std::uint32_t world_rank) {
   return str_format("rank {} (world {})", group_rank, world_rank);
@@ -91,8 +124,6 @@ class MpiHostLink final : public HostLink {
  public:
   MpiHostLink(MPI_Comm comm, std::uint32_t hosts, std::uint32_t host) : comm_(comm), hosts_(hosts), host_(host) {}
   ~MpiHostLink() override {
-    for (auto& op : ops_)
-      if (op != MPI_OP_NULL) MPI_Op_free(&op);
     doubling_.abandon();  // their receives write into memory that goes with them
     direct_.abandon();
     if (request_ == MPI_REQUEST_NULL) MPI_Comm_free(&comm_);  // else in flight: left to MPI
@@ -508,24 +539,14 @@ class MpiHostLink final : public HostLink {
   [[nodiscard]] bool direct(std::uint64_t bytes) const { return hosts_ <= kDirectHosts && bytes <= kPointToPointMax; }
   static constexpr std::uint32_t kDirectHosts = 16;
 
-  /// MPI's op, or one of ours for f16 and bf16 (made once).
-  Result<MPI_Op> op_for(DType type, ReduceOp op) {
-    if (type != DType::F16 && type != DType::BF16) return mpi_op(op);
-    MPI_Op& made = ops_[(type == DType::BF16 ? 4 : 0) + static_cast<int>(op == ReduceOp::Average ? ReduceOp::Sum : op)];
-    if (made == MPI_OP_NULL)
-      LF_TRY_STATUS(check(
-          MPI_Op_create(type == DType::F16 ? combine16_for<DType::F16>(op) : combine16_for<DType::BF16>(op), 1, &made),
-          "MPI_Op_create"));
-    return made;
-  }
+  Result<MPI_Op> op_for(DType type, ReduceOp op) { return ops_.get(type, op); }
   MPI_Comm comm_;
   std::uint32_t hosts_, host_;
   MPI_Request request_ = MPI_REQUEST_NULL;
   Doubling doubling_;
   Direct direct_;
   std::vector<int> counts_, offsets_;
-  MPI_Op ops_[8] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL,
-                    MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
+  Ops ops_;
 };
 
 /// One MPI backend call in flight: its request, and what happens once it has ended.
@@ -563,6 +584,9 @@ class MpiCommunicator final : public Communicator {
     auto counted = elements("all_reduce", send.size(), type);
     if (!counted) return Work::done(std::unexpected(counted.error()));
     const std::size_t count = *counted;
+    // f16 and bf16 travel widened to f32.
+    auto mop = ops_.get(type == DType::F16 || type == DType::BF16 ? DType::F32 : type, op);
+    if (!mop) return Work::done(std::unexpected(mop.error()));
     auto c = call("all_reduce", o);
     const std::uint32_t n = size_;
     if (type == DType::F16 || type == DType::BF16) {
@@ -574,15 +598,14 @@ class MpiCommunicator final : public Communicator {
         narrow(raw->out, recv, type, op == ReduceOp::Average ? static_cast<float>(n) : 1.0f);
         return {};
       };
-      return post(c, MPI_Iallreduce(c->in.data(), c->out.data(), static_cast<int>(count), MPI_FLOAT, mpi_op(op), comm_,
-                                    &c->request));
+      return post(
+          c, MPI_Iallreduce(c->in.data(), c->out.data(), static_cast<int>(count), MPI_FLOAT, *mop, comm_, &c->request));
     }
     c->after = [recv, type, op, n](const MPI_Status&) -> Status {
       return op == ReduceOp::Average ? divide(recv, type, n) : Status{};
     };
     const void* s = send.data() == recv.data() ? MPI_IN_PLACE : send.data();
-    return post(
-        c, MPI_Iallreduce(s, recv.data(), static_cast<int>(count), mpi_type(type), mpi_op(op), comm_, &c->request));
+    return post(c, MPI_Iallreduce(s, recv.data(), static_cast<int>(count), mpi_type(type), *mop, comm_, &c->request));
   }
 
   Work all_gather(std::span<const std::byte> send, std::span<std::byte> recv, DType type, CallOptions o) override {
@@ -612,6 +635,8 @@ class MpiCommunicator final : public Communicator {
                  str_format("send must hold {} × recv's {} bytes, holds {}", size_, recv.size(), send.size()));
     auto counted = elements("reduce_scatter", send.size(), type);
     if (!counted) return Work::done(std::unexpected(counted.error()));
+    auto mop = ops_.get(type == DType::F16 || type == DType::BF16 ? DType::F32 : type, op);
+    if (!mop) return Work::done(std::unexpected(mop.error()));
     auto c = call("reduce_scatter", o);
     const std::uint32_t n = size_;
     const std::size_t block = recv.size() / size_of(type);
@@ -623,14 +648,14 @@ class MpiCommunicator final : public Communicator {
         narrow(raw->out, recv, type, op == ReduceOp::Average ? static_cast<float>(n) : 1.0f);
         return {};
       };
-      return post(c, MPI_Ireduce_scatter_block(c->in.data(), c->out.data(), static_cast<int>(block), MPI_FLOAT,
-                                               mpi_op(op), comm_, &c->request));
+      return post(c, MPI_Ireduce_scatter_block(c->in.data(), c->out.data(), static_cast<int>(block), MPI_FLOAT, *mop,
+                                               comm_, &c->request));
     }
     c->after = [recv, type, op, n](const MPI_Status&) -> Status {
       return op == ReduceOp::Average ? divide(recv, type, n) : Status{};
     };
-    return post(c, MPI_Ireduce_scatter_block(send.data(), recv.data(), static_cast<int>(block), mpi_type(type),
-                                             mpi_op(op), comm_, &c->request));
+    return post(c, MPI_Ireduce_scatter_block(send.data(), recv.data(), static_cast<int>(block), mpi_type(type), *mop,
+                                             comm_, &c->request));
   }
 
   Work barrier(CallOptions o) override {
@@ -725,6 +750,7 @@ class MpiCommunicator final : public Communicator {
   const mpi::Communicator* job_;
   std::uint32_t rank_ = 0, size_ = 0;
   std::uint64_t calls_ = 0;
+  Ops ops_;
 };
 
 #if LAVAFLOW_MESH_GLOO
