@@ -82,12 +82,10 @@ void check_reductions(Communicator& c, Checker& k, std::size_t count, DType t, R
            label(c, "reduce_scatter result", t, op, count));
 }
 
-// An f16 average whose sum does not fit in f16 (40000 on every rank; f16 ends at 65504): the
-// division happens before the result is rounded to f16 — on one host, and across hosts, where
-// each host's partial is divided before the hosts sum them (reduce_scatter and all_reduce).
-/// Min and max with NaN in some ranks' inputs: NaN wins wherever one is, on every backend and
-/// layout, in small calls and in calls that take MPI's collectives between hosts (NaN and the
-/// other values compared bit for bit; no zeros, whose sign the order of combination picks).
+/// Min and max with NaN in some ranks' inputs: NaN wins wherever one is, on every host backend
+/// and layout, for f32, f16 and bf16, in small calls and in calls that take MPI's collectives
+/// between hosts (NaN and the other values compared exactly; no zeros, whose sign the order of
+/// combination picks).
 void check_nan_wins(Communicator& c, Checker& k) {
   const std::uint32_t n = c.size(), r = c.rank();
   const float nan = std::numeric_limits<float>::quiet_NaN();
@@ -99,34 +97,56 @@ void check_nan_wins(Communicator& c, Checker& k) {
     }
     return v;
   };
-  for (const std::size_t count : {std::size_t{200}, std::size_t{40'001}})
-    for (const ReduceOp op : {ReduceOp::Min, ReduceOp::Max}) {
-      std::vector<std::vector<float>> all;
-      std::vector<std::span<const std::byte>> ins;
-      for (std::uint32_t q = 0; q < n; ++q) all.push_back(values(q, count * n));
-      for (const auto& v : all) ins.push_back(std::as_bytes(std::span(v)));
-      std::vector<float> want(count * n);
-      k.status(reduce(ins, std::as_writable_bytes(std::span(want)), DType::F32, op), "the reference");
-      auto same = [&](std::span<const float> got, std::size_t from) {
-        for (std::size_t i = 0; i < got.size(); ++i)
-          if (std::isnan(got[i]) != std::isnan(want[from + i]) || (!std::isnan(got[i]) && got[i] != want[from + i]))
-            return false;
-        return true;
-      };
-      const auto& mine = all[r];
-      std::vector<float> out(count);
-      k.status(c.all_reduce(std::as_bytes(std::span(mine.data(), count)), std::as_writable_bytes(std::span(out)),
-                            DType::F32, op)
-                   .wait(),
-               label(c, "all_reduce with NaN", DType::F32, op, count));
-      k.expect(same(out, 0), label(c, "all_reduce with NaN: NaN wins", DType::F32, op, count));
-      k.status(c.reduce_scatter(std::as_bytes(std::span(mine)), std::as_writable_bytes(std::span(out)), DType::F32, op)
-                   .wait(),
-               label(c, "reduce_scatter with NaN", DType::F32, op, count));
-      k.expect(same(out, r * count), label(c, "reduce_scatter with NaN: NaN wins", DType::F32, op, count));
-    }
+  for (const DType t : {DType::F32, DType::F16, DType::BF16}) {
+    const std::size_t es = size_of(t);
+    auto bytes_of = [&](const std::vector<float>& v) {
+      std::vector<std::byte> out(v.size() * es);
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        const std::uint16_t h = t == DType::F16 ? to_f16(v[i]) : to_bf16(v[i]);
+        std::memcpy(out.data() + i * es, t == DType::F32 ? static_cast<const void*>(&v[i]) : &h, es);
+      }
+      return out;
+    };
+    auto value = [&](const std::vector<std::byte>& b, std::size_t i) {
+      if (t == DType::F32) {
+        float f;
+        std::memcpy(&f, b.data() + i * 4, 4);
+        return f;
+      }
+      std::uint16_t h;
+      std::memcpy(&h, b.data() + i * 2, 2);
+      return t == DType::F16 ? from_f16(h) : from_bf16(h);
+    };
+    // 800 B: point to point between hosts; 40 001 elements: MPI's collectives.
+    for (const std::size_t count : {std::size_t{200}, std::size_t{40'001}})
+      for (const ReduceOp op : {ReduceOp::Min, ReduceOp::Max}) {
+        std::vector<std::vector<std::byte>> all;
+        std::vector<std::span<const std::byte>> ins;
+        for (std::uint32_t q = 0; q < n; ++q) all.push_back(bytes_of(values(q, count * n)));
+        for (const auto& v : all) ins.push_back(v);
+        std::vector<std::byte> want(count * n * es);
+        k.status(reduce(ins, want, t, op), "the reference");
+        auto same = [&](const std::vector<std::byte>& got, std::size_t from) {
+          for (std::size_t i = 0; i < count; ++i) {
+            const float g = value(got, i), w = value(want, from + i);
+            if (std::isnan(g) != std::isnan(w) || (!std::isnan(g) && g != w)) return false;
+          }
+          return true;
+        };
+        const auto& mine = all[r];
+        std::vector<std::byte> out(count * es);
+        k.status(c.all_reduce(std::span(mine).first(count * es), out, t, op).wait(),
+                 label(c, "all_reduce with NaN", t, op, count));
+        k.expect(same(out, 0), label(c, "all_reduce with NaN: NaN wins", t, op, count));
+        k.status(c.reduce_scatter(mine, out, t, op).wait(), label(c, "reduce_scatter with NaN", t, op, count));
+        k.expect(same(out, r * count), label(c, "reduce_scatter with NaN: NaN wins", t, op, count));
+      }
+  }
 }
 
+// An f16 average whose sum does not fit in f16 (40000 on every rank; f16 ends at 65504): the
+// division happens before the result is rounded to f16 — on one host, and across hosts, where
+// each host's partial is divided before the hosts sum them (reduce_scatter and all_reduce).
 void check_f16_average_range(Communicator& c, Checker& k) {
   constexpr std::size_t kCount = 5;
   const std::uint16_t v = to_f16(40000.0f);

@@ -85,7 +85,7 @@ void every_op(CudaCollectives& c, cudaStream_t st) {
   DeviceBytes send_probe(64), recv_probe(64);
   for (DType t : kTypes)
     for (ReduceOp op : kOps)
-      for (std::size_t count : {std::size_t{3}, std::size_t{40'001}, std::size_t{300'001}}) {
+      for (std::size_t count : {std::size_t{3}, std::size_t{40'001}, std::size_t{600'001}}) {
         const std::string what = str_format("{} {} × {}", to_string(t), to_string(op), count);
         const auto mine = encode(inputs(r, count, t), t);
         DeviceBytes send(mine.size(), mine), recv(mine.size());
@@ -137,7 +137,7 @@ void every_op(CudaCollectives& c, cudaStream_t st) {
   }
   // Captured once, replayed with new inputs: each replay is a new call on every rank (staged and
   // in LL lines).
-  for (const std::size_t count : {std::size_t{100'000}, std::size_t{1'000}}) {
+  for (const std::size_t count : {std::size_t{200'000}, std::size_t{1'000}}) {
     if (c.staged()) break;
     DeviceBytes send(count * 4), recv(count * 4);
     cudaGraph_t graph = nullptr;
@@ -220,25 +220,32 @@ void back_to_back(CudaCollectives& c, cudaStream_t st) {
   (void)cudaStreamDestroy(other);
 }
 
-/// A two-step all_reduce on the default staging, out of place and in place.
+/// A multi-step all_reduce on the default staging, out of place and in place: two-shot for any
+/// number of ranks but one (each would receive more than the one-shot limit per step), in each
+/// element type's own arithmetic.
 void two_shot(CudaCollectives& c, cudaStream_t st) {
   const std::uint32_t n = c.size(), r = c.rank();
-  const std::size_t count = (std::size_t{20} << 20) / 4 + 9;
-  const auto mine = encode(inputs(r, count, DType::F32), DType::F32);
-  const auto want = expected(n, count, DType::F32, ReduceOp::Sum);
-  DeviceBytes send(mine.size(), mine), recv(mine.size());
-  auto s = c.all_reduce(send.p, recv.p, mine.size(), DType::F32, ReduceOp::Sum, st);
-  if (s) s = finish(c, st);
-  std::string diff = outcome(s, recv, want);
-  expect(diff.empty(), str_format("all_reduce of {} floats in 16 MiB steps{}", count, diff));
-  s = c.all_reduce(send.p, send.p, mine.size(), DType::F32, ReduceOp::Sum, st);
-  if (s) s = finish(c, st);
-  diff = outcome(s, send, want);
-  expect(diff.empty(), str_format("in-place all_reduce of {} floats in 16 MiB steps{}", count, diff));
+  for (const auto& [t, op] : {std::pair{DType::F32, ReduceOp::Sum}, std::pair{DType::BF16, ReduceOp::Average},
+                              std::pair{DType::I64, ReduceOp::Max}}) {
+    const std::size_t count = (std::size_t{20} << 20) / size_of(t) + 9;
+    const auto mine = encode(inputs(r, count, t), t);
+    const auto want = expected(n, count, t, op);
+    DeviceBytes send(mine.size(), mine), recv(mine.size());
+    auto s = c.all_reduce(send.p, recv.p, mine.size(), t, op, st);
+    if (s) s = finish(c, st);
+    std::string diff = outcome(s, recv, want);
+    expect(diff.empty(),
+           str_format("all_reduce {} {} × {} in 16 MiB steps{}", to_string(t), to_string(op), count, diff));
+    s = c.all_reduce(send.p, send.p, mine.size(), t, op, st);
+    if (s) s = finish(c, st);
+    diff = outcome(s, send, want);
+    expect(diff.empty(),
+           str_format("in-place all_reduce {} {} × {} in 16 MiB steps{}", to_string(t), to_string(op), count, diff));
+  }
 }
 
-/// Multi-step calls on a communicator with 4 MiB of staging, each with a shorter last step: two-shot
-/// all_reduce, in place too, and the other ops' pushed steps.
+/// Multi-step calls on a communicator with 4 MiB of staging, each with a shorter last step: one-shot
+/// all_reduce over several steps, in place too, and the other ops' pushed steps.
 void several_steps(CudaCollectives& c, cudaStream_t st) {
   const std::uint32_t n = c.size(), r = c.rank();
   for (const auto& [t, op] : {std::pair{DType::F32, ReduceOp::Sum}, std::pair{DType::BF16, ReduceOp::Average},
@@ -374,8 +381,8 @@ int main(int argc, char** argv) {
     if (wide) several_steps(**wide, st);
   }
   {
-    // The default 16 MiB steps: an all_reduce of two steps (the second short) is two-shot
-    // whatever the ranks (each would receive more than the one-shot limit).
+    // The default 16 MiB steps, where a large all_reduce is two-shot (with 4 MiB steps every
+    // all_reduce is one-shot).
     auto wider = CudaCollectives::open(**host, {.device = device, .stage_through_host = staged});
     expect(static_cast<bool>(wider), wider ? "" : "open with 16 MiB of staging: " + wider.error().message());
     if (wider) two_shot(**wider, st);

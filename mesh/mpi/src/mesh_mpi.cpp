@@ -53,7 +53,8 @@ MPI_Op mpi_op(ReduceOp op) {
 
 // Reductions MPI's built-in operations would get wrong: f16 and bf16, which MPI has no types for
 // (combined in f32, rounding once per combination), and min/max of floats, where MPI's compare
-// drops a NaN that the mesh's rule keeps (NaN wins, as on one host and on the GPU backends).
+// drops a NaN that the mesh's rule keeps (NaN wins, as on one host and in the CUDA and Vulkan
+// collectives; NCCL's own min/max are NCCL's).
 template <DType T, ReduceOp Op>
 void combine(void* in, void* inout, int* len, MPI_Datatype*) {
   const std::size_t bytes = static_cast<std::size_t>(*len) * size_of(T);
