@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "device_bytes.hpp"
@@ -220,27 +221,26 @@ void back_to_back(CudaCollectives& c, cudaStream_t st) {
   (void)cudaStreamDestroy(other);
 }
 
-/// A multi-step all_reduce on the default staging, out of place and in place: two-shot for any
-/// number of ranks but one (each would receive more than the one-shot limit per step), in each
-/// element type's own arithmetic.
-void two_shot(CudaCollectives& c, cudaStream_t st) {
+/// all_reduce of about `bytes` per rank (plus a few elements: a short last step) for f32 sum,
+/// bf16 average and i64 max, out of place and in place; `where` ends each check's name.
+void all_reduce_steps(CudaCollectives& c, cudaStream_t st, std::size_t bytes, std::size_t extra,
+                      std::string_view where) {
   const std::uint32_t n = c.size(), r = c.rank();
   for (const auto& [t, op] : {std::pair{DType::F32, ReduceOp::Sum}, std::pair{DType::BF16, ReduceOp::Average},
                               std::pair{DType::I64, ReduceOp::Max}}) {
-    const std::size_t count = (std::size_t{20} << 20) / size_of(t) + 9;
+    const std::size_t count = bytes / size_of(t) + extra;
     const auto mine = encode(inputs(r, count, t), t);
     const auto want = expected(n, count, t, op);
     DeviceBytes send(mine.size(), mine), recv(mine.size());
     auto s = c.all_reduce(send.p, recv.p, mine.size(), t, op, st);
     if (s) s = finish(c, st);
     std::string diff = outcome(s, recv, want);
-    expect(diff.empty(),
-           str_format("all_reduce {} {} × {} in 16 MiB steps{}", to_string(t), to_string(op), count, diff));
+    expect(diff.empty(), str_format("all_reduce {} {} × {}{}{}", to_string(t), to_string(op), count, where, diff));
     s = c.all_reduce(send.p, send.p, mine.size(), t, op, st);
     if (s) s = finish(c, st);
     diff = outcome(s, send, want);
     expect(diff.empty(),
-           str_format("in-place all_reduce {} {} × {} in 16 MiB steps{}", to_string(t), to_string(op), count, diff));
+           str_format("in-place all_reduce {} {} × {}{}{}", to_string(t), to_string(op), count, where, diff));
   }
 }
 
@@ -248,21 +248,7 @@ void two_shot(CudaCollectives& c, cudaStream_t st) {
 /// all_reduce over several steps, in place too, and the other ops' pushed steps.
 void several_steps(CudaCollectives& c, cudaStream_t st) {
   const std::uint32_t n = c.size(), r = c.rank();
-  for (const auto& [t, op] : {std::pair{DType::F32, ReduceOp::Sum}, std::pair{DType::BF16, ReduceOp::Average},
-                              std::pair{DType::I64, ReduceOp::Max}}) {
-    const std::size_t count = (std::size_t{10} << 20) / size_of(t) + 3;
-    const auto mine = encode(inputs(r, count, t), t);
-    const auto want = expected(n, count, t, op);
-    DeviceBytes send(mine.size(), mine), recv(mine.size());
-    auto s = c.all_reduce(send.p, recv.p, mine.size(), t, op, st);
-    if (s) s = finish(c, st);
-    std::string diff = outcome(s, recv, want);
-    expect(diff.empty(), str_format("all_reduce {} {} × {}{}", to_string(t), to_string(op), count, diff));
-    s = c.all_reduce(send.p, send.p, mine.size(), t, op, st);
-    if (s) s = finish(c, st);
-    diff = outcome(s, send, want);
-    expect(diff.empty(), str_format("in-place all_reduce {} {} × {}{}", to_string(t), to_string(op), count, diff));
-  }
+  all_reduce_steps(c, st, std::size_t{10} << 20, 3, "");
   const std::size_t count = (std::size_t{3} << 20) + 5;  // f32 elements per rank
   const auto big = encode(inputs(r, count * n, DType::F32), DType::F32);
   const auto sums = expected(n, count * n, DType::F32, ReduceOp::Sum);
@@ -385,7 +371,9 @@ int main(int argc, char** argv) {
     // all_reduce is one-shot).
     auto wider = CudaCollectives::open(**host, {.device = device, .stage_through_host = staged});
     expect(static_cast<bool>(wider), wider ? "" : "open with 16 MiB of staging: " + wider.error().message());
-    if (wider) two_shot(**wider, st);
+    // Two-shot for any number of ranks but one (each would receive more than the one-shot limit
+    // per step).
+    if (wider) all_reduce_steps(**wider, st, std::size_t{20} << 20, 9, " in 16 MiB steps");
   }
   if (!checks.failures) std::printf("mesh-cuda rank %u: OK (%u ranks, device %d of %d)\n", me, n, device, devices);
   return checks.failures ? 1 : 0;

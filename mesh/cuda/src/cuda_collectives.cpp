@@ -176,10 +176,11 @@ class Collectives final : public CudaCollectives {
   }
 
   /// Every rank's record (`mine` with its `ok` set from `made`); this rank's failure first, then
-  /// PeerLost naming the first rank whose setup failed.
+  /// `code` naming the first rank whose `ok` is not set and what it `failed` at.
   template <class Record>
   Result<std::vector<Record>> exchange(Record mine, const Status& made, const CudaCollectiveOptions& o,
-                                       const char* call) {
+                                       const char* call, Errc code = Errc::PeerLost,
+                                       std::string_view failed = "failed to set up") {
     mine.ok = made ? 1 : 0;
     std::vector<Record> all(n_);
     auto exchanged = host_
@@ -189,25 +190,17 @@ class Collectives final : public CudaCollectives {
     if (!exchanged) return std::unexpected(exchanged.error().within(call));
     if (!made) return std::unexpected(made.error().within(call));
     for (std::uint32_t q = 0; q < n_; ++q)
-      if (!all[q].ok)
-        return fail(Errc::PeerLost, call, str_format("rank {} of group '{}' failed to set up", q, host_.group()));
+      if (!all[q].ok) return fail(code, call, str_format("rank {} of group '{}' {}", q, host_.group(), failed));
     return all;
   }
 
-  /// Every rank learns whether all succeeded at a step of opening; this rank's failure first, else
-  /// `code` naming the first rank that failed and what it `failed` at.
+  /// Every rank learns whether all succeeded at a step of opening (an exchange of `ok` alone).
   Status agree(const Status& mine, const CudaCollectiveOptions& o, const char* call, Errc code = Errc::PeerLost,
                std::string_view failed = "failed to set up") {
-    const std::int32_t ok = mine ? 1 : 0;
-    std::vector<std::int32_t> all(n_);
-    auto agreed = host_
-                      .all_gather(std::as_bytes(std::span(&ok, 1)), std::as_writable_bytes(std::span(all)), DType::I32,
-                                  {.timeout = o.attach_timeout})
-                      .wait();
-    if (!agreed) return std::unexpected(agreed.error().within(call));
-    if (!mine) return std::unexpected(mine.error().within(call));
-    for (std::uint32_t q = 0; q < n_; ++q)
-      if (!all[q]) return fail(code, call, str_format("rank {} of group '{}' {}", q, host_.group(), failed));
+    struct Ok {
+      std::int32_t ok = 0;
+    };
+    LF_TRY_STATUS(exchange(Ok{}, mine, o, call, code, failed));
     return {};
   }
 
@@ -335,7 +328,11 @@ class Collectives final : public CudaCollectives {
       return fail(Errc::InvalidArgument, std::string(call), str_format("root {} is not a rank of {}", root, n_));
     LF_TRY_STATUS(check());
     if (bytes == 0) return {};
-    if (staged_) return staged_call(kind, send, recv, bytes, type, op, root, stream, options);
+    const std::uint32_t signature =
+        call_signature(kind, static_cast<std::uint32_t>(type),
+                       kind == k::kAllReduce || kind == k::kReduceScatter ? static_cast<std::uint32_t>(op) : 0, bytes,
+                       kind == k::kBroadcast ? root : 0);
+    if (staged_) return staged_call({signature, kind, bytes, type, options.timeout, stream}, send, recv, op, root);
     k::Launch l{};
     l.kind = kind;
     l.dtype = static_cast<std::uint32_t>(type);
@@ -345,8 +342,7 @@ class Collectives final : public CudaCollectives {
     l.root = root;
     l.call = ++calls_;
     l.blocks = blocks_;
-    l.signature = call_signature(kind, l.dtype, kind == k::kAllReduce || kind == k::kReduceScatter ? l.op : 0, bytes,
-                                 kind == k::kBroadcast ? root : 0);
+    l.signature = signature;
     for (std::uint32_t q = 0; q < n_; ++q) l.regions[q] = regions_[q];
     l.send = send;
     l.recv = recv;
@@ -377,12 +373,22 @@ class Collectives final : public CudaCollectives {
     return {};
   }
 
+  /// A staged call, for its pieces: the signature the ranks compare, what it is (for messages),
+  /// its timeout and the caller's stream.
+  struct Called {
+    std::uint32_t signature, kind;
+    std::uint64_t bytes;
+    DType type;
+    Duration timeout;
+    cudaStream_t stream;
+  };
+
   /// A staged call: argument checks done, bytes > 0. Blocks until the last piece's copy back is
   /// enqueued; a failure once anything was started stays (check() and every later call report
   /// it), as the host communicator's does.
-  Status staged_call(std::uint32_t kind, const void* send, void* recv, std::uint64_t bytes, DType type, ReduceOp op,
-                     std::uint32_t root, cudaStream_t stream, CallOptions options) {
-    const std::string_view call = call_name(kind);
+  Status staged_call(const Called& what, const void* send, void* recv, ReduceOp op, std::uint32_t root) {
+    const std::string_view call = call_name(what.kind);
+    const cudaStream_t stream = what.stream;
     // Relaxed for this thread: the event queries below are refused while another thread captures
     // in the global mode, and they touch no stream of a capture.
     const CaptureModeScope relaxed;
@@ -393,7 +399,7 @@ class Collectives final : public CudaCollectives {
                   str_format("group '{}' stages through host memory ({}): a call waits on the host for its copies and "
                              "cannot be captured in a CUDA graph",
                              host_.group(), reason_));
-    auto s = staged_steps(kind, send, recv, bytes, type, op, root, stream, options);
+    auto s = staged_steps(what, send, recv, op, root);
     // Recorded whatever happened: what was enqueued still uses the slots, and the next call and
     // the destructor wait for it.
     const auto recorded = cuda_ok(cudaEventRecord(done_, stream), "cudaEventRecord");
@@ -406,55 +412,46 @@ class Collectives final : public CudaCollectives {
     return s;
   }
 
-  Status staged_steps(std::uint32_t kind, const void* send, void* recv, std::uint64_t bytes, DType type, ReduceOp op,
-                      std::uint32_t root, cudaStream_t stream, CallOptions options) {
+  Status staged_steps(const Called& what, const void* send, void* recv, ReduceOp op, std::uint32_t root) {
+    const cudaStream_t stream = what.stream;
+    const std::uint64_t bytes = what.bytes;
+    const DType type = what.type;
     const DeviceScope on(device_);
     LF_TRY_STATUS(on.status());
     // The slots are this rank's: a call on another stream waits for the last one's copies back.
     if (last_stream_ && *last_stream_ != stream)
       LF_TRY_STATUS(cuda_ok(cudaStreamWaitEvent(stream, done_, 0), "cudaStreamWaitEvent"));
-    const Called what{
-        call_signature(kind, static_cast<std::uint32_t>(type),
-                       kind == k::kAllReduce || kind == k::kReduceScatter ? static_cast<std::uint32_t>(op) : 0, bytes,
-                       kind == k::kBroadcast ? root : 0),
-        kind,
-        bytes,
-        type,
-        options.timeout,
-        stream};
     const auto* in = static_cast<const unsigned char*>(send);
     auto* out = static_cast<unsigned char*>(recv);
-    auto d2h = [&](unsigned char* to, const unsigned char* from, std::uint64_t n) {
-      return cuda_ok(cudaMemcpyAsync(to, from, n, cudaMemcpyDefault, stream), "cudaMemcpyAsync");
-    };
-    auto h2d = [&](unsigned char* to, const unsigned char* from, std::uint64_t n) {
+    // Either way between the caller's memory and a slot, on the caller's stream.
+    auto copy = [&](unsigned char* to, const unsigned char* from, std::uint64_t n) {
       return cuda_ok(cudaMemcpyAsync(to, from, n, cudaMemcpyDefault, stream), "cudaMemcpyAsync");
     };
     auto host = [&](unsigned char* at, std::uint64_t n) { return std::span(reinterpret_cast<std::byte*>(at), n); };
     const std::uint64_t n = n_;
     Status s;
-    switch (kind) {
+    switch (what.kind) {
       case k::kAllReduce:
         s = pipeline(
             bytes, staging::piece(bytes, slot_),
-            [&](std::uint64_t at, std::uint64_t len, unsigned char* slot) { return d2h(slot, in + at, len); },
+            [&](std::uint64_t at, std::uint64_t len, unsigned char* slot) { return copy(slot, in + at, len); },
             [&](std::uint64_t, std::uint64_t len, unsigned char* slot, Duration left) {
               return host_.all_reduce(host(slot, len), host(slot, len), type, op, {.timeout = left});
             },
-            [&](std::uint64_t at, std::uint64_t len, unsigned char* slot) { return h2d(out + at, slot, len); }, what);
+            [&](std::uint64_t at, std::uint64_t len, unsigned char* slot) { return copy(out + at, slot, len); }, what);
         break;
       case k::kAllGather: {
         // A slot holds this rank's piece, then every rank's piece side by side after it.
         const std::uint64_t piece = staging::piece(bytes, slot_ / (n + 1));
         s = pipeline(
             bytes, piece,
-            [&](std::uint64_t at, std::uint64_t len, unsigned char* slot) { return d2h(slot, in + at, len); },
+            [&](std::uint64_t at, std::uint64_t len, unsigned char* slot) { return copy(slot, in + at, len); },
             [&](std::uint64_t, std::uint64_t len, unsigned char* slot, Duration left) {
               return host_.all_gather(host(slot, len), host(slot + piece, n * len), type, {.timeout = left});
             },
             [&](std::uint64_t at, std::uint64_t len, unsigned char* slot) -> Status {
               for (std::uint64_t r = 0; r < n; ++r)
-                LF_TRY_STATUS(h2d(out + r * bytes + at, slot + piece + r * len, len));
+                LF_TRY_STATUS(copy(out + r * bytes + at, slot + piece + r * len, len));
               return {};
             },
             what);
@@ -466,7 +463,7 @@ class Collectives final : public CudaCollectives {
         s = pipeline(
             bytes, piece,
             [&](std::uint64_t at, std::uint64_t len, unsigned char* slot) -> Status {
-              for (std::uint64_t r = 0; r < n; ++r) LF_TRY_STATUS(d2h(slot + r * len, in + r * bytes + at, len));
+              for (std::uint64_t r = 0; r < n; ++r) LF_TRY_STATUS(copy(slot + r * len, in + r * bytes + at, len));
               return {};
             },
             [&](std::uint64_t, std::uint64_t len, unsigned char* slot, Duration left) {
@@ -474,7 +471,7 @@ class Collectives final : public CudaCollectives {
                                           {.timeout = left});
             },
             [&](std::uint64_t at, std::uint64_t len, unsigned char* slot) {
-              return h2d(out + at, slot + n * piece, len);
+              return copy(out + at, slot + n * piece, len);
             },
             what);
         break;
@@ -483,27 +480,18 @@ class Collectives final : public CudaCollectives {
         s = pipeline(
             bytes, staging::piece(bytes, slot_),
             [&](std::uint64_t at, std::uint64_t len, unsigned char* slot) {
-              return me_ == root ? d2h(slot, in + at, len) : Status{};
+              return me_ == root ? copy(slot, in + at, len) : Status{};
             },
             [&](std::uint64_t, std::uint64_t len, unsigned char* slot, Duration left) {
               return host_.broadcast(host(slot, len), root, type, {.timeout = left});
             },
             [&](std::uint64_t at, std::uint64_t len, unsigned char* slot) {
-              return me_ != root ? h2d(out + at, slot, len) : Status{};
+              return me_ != root ? copy(out + at, slot, len) : Status{};
             },
             what);
     }
     return s;
   }
-
-  /// What a staged call is, for its pieces: the signature the ranks compare, and its timeout.
-  struct Called {
-    std::uint32_t signature, kind;
-    std::uint64_t bytes;
-    DType type;
-    Duration timeout;
-    cudaStream_t stream;
-  };
 
   /// The ranks compare their calls' signatures: one piece's host collective sees its own length,
   /// kind and type only, and a call of other pieces would pair with a later call.
