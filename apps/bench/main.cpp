@@ -503,7 +503,13 @@ int main(int argc, char** argv) {
 #if LAVAFLOW_BENCH_COLLECTIVES
     std::vector<std::string> args;
     const bool under_mpi = std::getenv("PMI_RANK") || std::getenv("OMPI_COMM_WORLD_RANK");
-    if (!under_mpi) args = {LAVAFLOW_MPIEXEC, "-n", std::to_string(ranks)};
+    if (!under_mpi) {
+      args = {LAVAFLOW_MPIEXEC, "-n", std::to_string(ranks)};
+      // A rank per core where there are enough: unbound ranks that a blocking backend's wake-ups
+      // (Gloo's) put on one core stay there for milliseconds, and every row timed meanwhile
+      // measures the time-slicing instead of the collective. MPI's rows get the same binding.
+      if (ranks <= std::max(1u, std::thread::hardware_concurrency())) args.insert(args.end(), {"-bind-to", "core"});
+    }
     args.push_back(sibling("lavaflow-bench-collectives"));
     args.insert(args.end(), {"--max-size", std::to_string(coll_max)});
     if (json) args.emplace_back("--json");
