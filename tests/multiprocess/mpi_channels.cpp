@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "expect.hpp"
+#include "lavaflow/core/cpu_buffer.hpp"
 #include "lavaflow/core/transfer.hpp"
 #include "lavaflow/mpi/mpi.hpp"
 #include "payload.hpp"
@@ -47,6 +48,45 @@ int main(int argc, char** argv) {
     }
     const int me = comm->rank();
     auto barrier = [&] { MPI_Barrier(comm->comm()); };
+
+    // 0. The MPI transport's ring buffers, on each rank: allocate() gives private memory (huge-page
+    // aligned when large), import() makes the consumer's of the announced shape and takes no fd.
+    {
+      const auto t = mpi::mpi_transport();
+      auto big = t->allocate({}, 1u << 20);
+      expect(big && (*big)->kind() == BufferKind::CpuPrivate && (*big)->size() == (1u << 20) &&
+                 reinterpret_cast<std::uintptr_t>((*big)->host_ptr()) % (2u << 20) == 0 &&
+                 (*big)->host_ptr()[(1u << 20) - 1] == std::byte{0},
+             "allocate: 1 MiB of zeroed private memory on a 2 MiB boundary (huge pages asked for)");
+      if (big) {
+        std::memset((*big)->host_ptr(), 0x5a, (*big)->size());
+        expect(is((*big)->export_handle(), Errc::Unsupported), "an MPI ring buffer has no fd to export");
+      }
+      auto small = t->allocate({.huge_pages = false}, 100);
+      expect(small && (*small)->size() == 100 && reinterpret_cast<std::uintptr_t>((*small)->host_ptr()) % 4096 == 0,
+             "allocate: 100 bytes on a page");
+      expect(is(t->allocate({}, 0), Errc::InvalidArgument), "allocate: 0 bytes refused");
+      ExportDescriptor d;
+      d.kind = BufferKind::CpuPrivate;
+      d.allocation_size = d.buffer_size = d.size = 8192;
+      auto mirror = t->import({}, d, UniqueFd{});
+      expect(mirror && (*mirror)->size() == 8192 && (*mirror)->host_ptr() != nullptr, "import: the announced shape");
+      auto memfd = CpuBuffer::allocate({.size = 8192, .strategy = CpuStrategy::SharedMemory});
+      auto exported = memfd ? memfd->export_handle() : Result<Export>(std::unexpected(memfd.error()));
+      if (exported) {
+        expect(is(t->import({}, d, std::move(exported->fd)), Errc::InvalidArgument) && exported->fd,
+               "import: an fd is refused, and stays the caller's");
+      } else {
+        expect(false, "a memfd to offer: " + exported.error().message());
+      }
+      d.kind = BufferKind::CpuShared;
+      expect(is(t->import({}, d, UniqueFd{}), Errc::InvalidArgument), "import: a shared-memory kind refused");
+      d.kind = BufferKind::CpuGpuPinned;
+      expect(is(t->import({}, d, UniqueFd{}), Errc::InvalidArgument), "import: pinned memory without a device refused");
+      d.kind = BufferKind::CpuPrivate;
+      d.size = 0;
+      expect(is(t->import({}, d, UniqueFd{}), Errc::InvalidArgument), "import: an empty descriptor refused");
+    }
 
     // 1. A stream of 20,000 messages of varying size, verified in order.
     const std::uint64_t n = 20000;

@@ -186,7 +186,8 @@ Status MpiConsumerLink::start(const Communicator& c, int producer_rank, const Ch
   if (auto ok = check_options(theirs, call); !ok)
     return std::unexpected(Error(Errc::Malformed, call, "announcement out of range: " + ok.error().cause()));
   o = theirs;
-  LF_TRY(ring, make_ring(theirs.slots, theirs.slot_size, options.vulkan, options.huge_pages));
+  LF_TRY(ring, make_ring(RingSide::Consumer, theirs.slots, theirs.slot_size,
+                         {.vulkan = options.vulkan, .huge_pages = options.huge_pages}));
   recvs.assign(theirs.slots, MPI_REQUEST_NULL);
   for (std::uint32_t k = 0; k < theirs.slots; ++k) {
     LF_TRY_STATUS(check(MPI_Recv_init(ring.host_ptr(k), static_cast<int>(theirs.slot_size + kMaxTrailer), MPI_BYTE,
@@ -347,7 +348,7 @@ Result<MessageInfo> MpiConsumerLink::receive_gpu(const GpuBuffer& dst, std::uint
                   str_format("message {} of {} bytes does not fit at offset {} of a {}-byte GPU buffer", part.sequence,
                              part.total, offset, dst.size()));
     if (part.bytes == 0) return {};
-    LF_TRY(auto t, m.copier->copy(m.ring.pinned[part.slot].gpu_buffer(), part.offset, dst.buffer(),
+    LF_TRY(auto t, m.copier->copy(m.ring.staging[part.slot], part.offset, dst.buffer(),
                                   dst.offset() + offset + part.offset, part.bytes));
     tickets.push_back(t);
     return {};

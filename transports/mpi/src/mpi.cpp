@@ -8,6 +8,7 @@
 
 #include "checks.hpp"
 #include "lavaflow/core/detail/format.hpp"
+#include "ring.hpp"
 
 namespace lavaflow::mpi {
 namespace {
@@ -21,13 +22,30 @@ class MpiTransport final : public Transport {
     const auto scope = detect_scope(me, *peer);
     return {true, str_format("MPI point-to-point: {}", scope.reason)};
   }
-  Result<std::unique_ptr<Buffer>> allocate(const TransportEnv&, std::uint64_t) const override {
-    return fail(Errc::Unsupported, "mpi transport",
-                "MPI moves bytes between ranks, not fds: open the channel with lavaflow::mpi::open_producer");
+  Result<std::unique_ptr<Buffer>> allocate(const TransportEnv& env, std::uint64_t size) const override {
+    LF_TRY(auto block, detail::RingBlock::create(env, size));
+    return std::unique_ptr<Buffer>(std::move(block));
   }
-  Result<std::unique_ptr<Buffer>> import(const TransportEnv&, const ExportDescriptor&, UniqueFd&&) const override {
-    return fail(Errc::Unsupported, "mpi transport",
-                "fds do not cross hosts: open the channel with lavaflow::mpi::open_consumer");
+  Result<std::unique_ptr<Buffer>> import(const TransportEnv& env, const ExportDescriptor& desc,
+                                         UniqueFd&& fd) const override {
+    constexpr const char* call = "mpi transport: import";
+    if (fd)
+      return fail(Errc::InvalidArgument, call,
+                  "a ring buffer over MPI does not travel as an fd (MPI moves its bytes), and an fd was given");
+    if (desc.kind != BufferKind::CpuPrivate && desc.kind != BufferKind::CpuGpuPinned)
+      return fail(Errc::InvalidArgument, call,
+                  str_format("a {} ring buffer: over MPI a ring is host memory ({} or {})", to_string(desc.kind),
+                             to_string(BufferKind::CpuPrivate), to_string(BufferKind::CpuGpuPinned)));
+    // Only the shape matters (the memory is this side's): a descriptor of fd-backed memory would
+    // not pass ExportDescriptor::validate, which refuses private memory.
+    if (desc.size == 0 || desc.offset != 0)
+      return fail(Errc::InvalidArgument, call,
+                  str_format("a ring buffer of {} bytes at offset {}: it must be non-empty and start at 0", desc.size,
+                             desc.offset));
+    if (desc.kind == BufferKind::CpuGpuPinned && !env.vulkan)
+      return fail(Errc::InvalidArgument, call,
+                  "a pinned ring buffer needs this side's Vulkan device (TransportEnv::vulkan)");
+    return allocate(env, desc.size);
   }
 };
 

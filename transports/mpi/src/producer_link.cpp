@@ -237,7 +237,7 @@ Status MpiProducerLink::start(const Communicator& c, int consumer_rank, const Ch
   peer = consumer_rank;
   watch = PeerWatch(c, consumer_rank, options.channel);
   o = options;
-  LF_TRY(ring, make_ring(o.slots, o.slot_size, o.vulkan, o.huge_pages));
+  LF_TRY(ring, make_ring(RingSide::Producer, o.slots, o.slot_size, {.vulkan = o.vulkan, .huge_pages = o.huge_pages}));
   sends.assign(o.slots, MPI_REQUEST_NULL);
   chunk_sends.resize(o.slots);
   loaned.assign(o.slots, false);
@@ -342,8 +342,7 @@ Result<MessageInfo> MpiProducerLink::publish_gpu(std::uint32_t slot, const GpuBu
   std::vector<std::size_t> done(n);
   for (std::uint64_t k = 0; k < n; ++k) {
     const std::uint64_t len = std::min(chunk, size - k * chunk);
-    LF_TRY(done[k], copier->copy(src.buffer(), src.offset() + offset + k * chunk, ring.pinned[slot].gpu_buffer(),
-                                 k * chunk, len));
+    LF_TRY(done[k], copier->copy(src.buffer(), src.offset() + offset + k * chunk, ring.staging[slot], k * chunk, len));
   }
   // The trailer goes first, on its own (from the spare bytes after the slot): the consumer learns
   // the message's size and posts its chunk receives while the copies run.

@@ -7,6 +7,7 @@
 #include <bit>
 #include <climits>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "checks.hpp"
@@ -18,23 +19,94 @@
 
 namespace lavaflow::mpi::detail {
 
-/// The ring buffers of a channel over MPI. Private memory (it never leaves the process as an fd; MPI
-/// sends from it and receives into it): an anonymous mapping of its own rather than a memfd
-/// mapping, which MPI libraries (MPICH over UCX) handle on their fast path. Every slot in one
-/// block: slot_size + kMaxTrailer bytes, page-aligned. A ring of at least kHugeRing bytes is
-/// backed by transparent huge pages (2 MiB-aligned, MADV_HUGEPAGE before its first touch) unless
-/// ChannelOptions::huge_pages is off: MPI's single-copy path pins the pages of every large message
-/// (CMA), and a 2 MiB page costs it what a 4 KiB page does. The mapping is the ring's own so that
-/// its pages are fresh: memory from the malloc heap may have been touched before in 4 KiB pages,
-/// which the advice does not change (design note 0010 has the measurements). With GPU staging each
-/// slot is pinned host memory instead (a CpuBuffer imported into Vulkan), which the GPU's copy
-/// engine reaches.
+/// A ring buffer of a channel over MPI, as the MPI transport makes it (allocate on the producer's
+/// side, import of the producer's announcement on the consumer's): private memory that MPI sends
+/// from and receives into and that never leaves the process as an fd. It is an anonymous mapping of
+/// its own rather than a memfd mapping, which MPI libraries (MPICH over UCX) handle on their fast
+/// path, and its pages are fresh: memory from the malloc heap may have been touched before in 4 KiB
+/// pages. A buffer of at least kHugeRing bytes is backed by transparent huge pages (2 MiB-aligned,
+/// MADV_HUGEPAGE before its first touch) unless TransportEnv::huge_pages is off: MPI's single-copy
+/// path pins the pages of every large message (CMA), and a 2 MiB page costs it what a 4 KiB page
+/// does (design note 0010 has the measurements). With GPU staging (TransportEnv::vulkan) it is
+/// pinned host memory instead (a CpuBuffer imported into Vulkan), which the GPU's copy engine reaches.
 constexpr std::uint64_t kHugeRing = 256u << 10, kHugePage = 2u << 20;
+
+/// `total` bytes of fresh anonymous memory aligned to `align` (a multiple of the page size): a
+/// larger mapping whose unaligned head and tail are given back.
+inline std::byte* map_aligned(std::uint64_t total, std::uint64_t align) {
+  const std::uint64_t extra = align > 4096 ? align : 0;
+  void* m = ::mmap(nullptr, total + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) return nullptr;
+  auto* base = static_cast<std::byte*>(m);
+  if (extra == 0) return base;
+  const auto addr = reinterpret_cast<std::uintptr_t>(base);
+  const std::uint64_t head = (align - addr % align) % align;
+  if (head > 0) ::munmap(base, head);
+  if (extra - head > 0) ::munmap(base + head + total, extra - head);
+  return base + head;
+}
+
+class RingBlock final : public Buffer {
+ public:
+  [[nodiscard]] static Result<std::unique_ptr<RingBlock>> create(const TransportEnv& env, std::uint64_t size) {
+    constexpr const char* call = "mpi ring buffer";
+    if (size == 0 || size > kMaxRingBlock)
+      return fail(Errc::InvalidArgument, call, str_format("{} bytes: outside 1..{}", size, kMaxRingBlock));
+    std::unique_ptr<RingBlock> r(new RingBlock(size));
+    std::uint64_t total = (size + 4095) / 4096 * 4096;
+    if (env.vulkan) {
+      auto b =
+          CpuBuffer::allocate({.size = total, .strategy = CpuStrategy::GpuPinned, .gpu = env.vulkan, .strict = true});
+      if (!b) return std::unexpected(b.error().within(str_format("{} (GPU staging)", call)));
+      r->at_ = b->host_ptr();
+      r->pinned_.emplace(std::move(*b));
+      std::memset(r->at_, 0, total);
+      return r;
+    }
+    std::uint64_t align = 4096;
+    const bool huge = env.huge_pages && total >= kHugeRing;  // asked for: the kernel may still say no
+    if (huge) {
+      align = kHugePage;
+      total = (total + kHugePage - 1) / kHugePage * kHugePage;
+    }
+    std::byte* p = map_aligned(total, align);
+    if (p == nullptr) return fail(Errc::OutOfMemory, call, str_format("{} bytes: {}", total, std::strerror(errno)));
+    r->mapping_.reset({p, total});
+    if (huge) (void)::madvise(p, total, MADV_HUGEPAGE);  // advice: without THP the ring still works
+    std::memset(p, 0, total);  // faulted in now (in huge pages where granted), not on the message path
+    r->at_ = p;
+    return r;
+  }
+
+  [[nodiscard]] std::uint64_t size() const override { return size_; }
+  [[nodiscard]] BufferKind kind() const override { return pinned_ ? BufferKind::CpuGpuPinned : BufferKind::CpuPrivate; }
+  [[nodiscard]] std::byte* host_ptr() const override { return at_; }
+  [[nodiscard]] Result<Export> export_handle() const override {
+    return fail(Errc::Unsupported, "export_handle",
+                "a ring buffer of a channel over MPI stays in its process: MPI moves its bytes");
+  }
+  /// GPU staging: the Vulkan buffer over the same pages; null otherwise.
+  [[nodiscard]] vk::Buffer gpu_buffer() const { return pinned_ ? pinned_->gpu_buffer() : vk::Buffer{}; }
+
+  /// Far beyond any ring (a slot is at most 1 GiB), and small enough that no size overflows.
+  static constexpr std::uint64_t kMaxRingBlock = std::uint64_t{1} << 44;
+
+ private:
+  explicit RingBlock(std::uint64_t size) : size_(size) {}
+  UniqueMapping mapping_;
+  std::optional<CpuBuffer> pinned_;
+  std::byte* at_ = nullptr;
+  std::uint64_t size_;
+};
+
+/// The ring of a channel: slot_size + kMaxTrailer bytes per slot, page-aligned. Without GPU staging
+/// every slot is in one block (so that the ring as a whole reaches the huge-page size); with it each
+/// slot is a block of its own.
 struct Ring {
-  UniqueMapping block;
-  std::vector<CpuBuffer> pinned;  // GPU staging: one per slot
-  std::vector<std::byte*> at;     // where each slot starts
-  std::uint64_t slot_bytes = 0;   // slot_size + kMaxTrailer
+  std::vector<std::unique_ptr<Buffer>> blocks;
+  std::vector<std::byte*> at;       // where each slot starts
+  std::vector<vk::Buffer> staging;  // GPU staging: each slot's Vulkan buffer (the slot at offset 0)
+  std::uint64_t slot_bytes = 0;     // slot_size + kMaxTrailer
   [[nodiscard]] std::byte* host_ptr(std::uint32_t slot) const { return at[slot]; }
   [[nodiscard]] std::span<std::byte> bytes(std::uint32_t slot) const { return {at[slot], slot_bytes}; }
 };
@@ -61,55 +133,40 @@ class RingSlot final : public Buffer {
 /// The ring's slots as Buffers, for the Producer or Consumer around the channel's link.
 inline std::vector<std::unique_ptr<Buffer>> slot_buffers(const Ring& ring, std::uint64_t slot_size) {
   std::vector<std::unique_ptr<Buffer>> out;
-  const auto kind = ring.pinned.empty() ? BufferKind::CpuPrivate : BufferKind::CpuGpuPinned;
+  const auto kind = ring.staging.empty() ? BufferKind::CpuPrivate : BufferKind::CpuGpuPinned;
   for (auto* at : ring.at) out.push_back(std::make_unique<RingSlot>(at, slot_size, kind));
   return out;
 }
 
-/// `total` bytes of fresh anonymous memory aligned to `align` (a multiple of the page size): a
-/// larger mapping whose unaligned head and tail are given back.
-inline std::byte* map_aligned(std::uint64_t total, std::uint64_t align) {
-  const std::uint64_t extra = align > 4096 ? align : 0;
-  void* m = ::mmap(nullptr, total + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (m == MAP_FAILED) return nullptr;
-  auto* base = static_cast<std::byte*>(m);
-  if (extra == 0) return base;
-  const auto addr = reinterpret_cast<std::uintptr_t>(base);
-  const std::uint64_t head = (align - addr % align) % align;
-  if (head > 0) ::munmap(base, head);
-  if (extra - head > 0) ::munmap(base + head + total, extra - head);
-  return base + head;
-}
-
-inline Result<Ring> make_ring(std::uint32_t slots, std::uint64_t slot_size, const VulkanContext* vulkan,
-                              bool huge_pages) {
+/// A channel's ring through the MPI transport: the producer's from allocate(), the consumer's from
+/// import() of the shape the producer announced.
+enum class RingSide : std::uint8_t { Producer, Consumer };
+inline Result<Ring> make_ring(RingSide side, std::uint32_t slots, std::uint64_t slot_size, const TransportEnv& env) {
   Ring r;
   r.slot_bytes = slot_size + kMaxTrailer;
   const std::uint64_t stride = (r.slot_bytes + 4095) / 4096 * 4096;
-  if (vulkan) {
-    for (std::uint32_t k = 0; k < slots; ++k) {
-      auto b = CpuBuffer::allocate({.size = stride, .strategy = CpuStrategy::GpuPinned, .gpu = vulkan, .strict = true});
-      if (!b) return std::unexpected(b.error().within("mpi ring buffer (GPU staging)"));
-      std::memset(b->host_ptr(), 0, stride);
-      r.at.push_back(b->host_ptr());
-      r.pinned.push_back(std::move(*b));
+  const bool staged = env.vulkan != nullptr;
+  const std::uint32_t blocks = staged ? slots : 1;
+  const std::uint64_t block_bytes = staged ? stride : stride * slots;
+  const auto transport = mpi_transport();
+  for (std::uint32_t k = 0; k < blocks; ++k) {
+    Result<std::unique_ptr<Buffer>> b;
+    if (side == RingSide::Producer) {
+      b = transport->allocate(env, block_bytes);
+    } else {
+      ExportDescriptor d;
+      d.kind = staged ? BufferKind::CpuGpuPinned : BufferKind::CpuPrivate;
+      d.allocation_size = d.buffer_size = d.size = block_bytes;
+      b = transport->import(env, d, UniqueFd{});
     }
-    return r;
+    if (!b) return std::unexpected(b.error());
+    r.blocks.push_back(std::move(*b));
   }
-  std::uint64_t total = stride * slots, align = 4096;
-  const bool huge = huge_pages && total >= kHugeRing;  // asked for: the kernel may still say no
-  if (huge) {
-    align = kHugePage;
-    total = (total + kHugePage - 1) / kHugePage * kHugePage;
+  for (std::uint32_t k = 0; k < slots; ++k) {
+    const auto& block = static_cast<const RingBlock&>(*r.blocks[staged ? k : 0]);
+    r.at.push_back(block.host_ptr() + (staged ? 0 : k * stride));
+    if (staged) r.staging.push_back(block.gpu_buffer());
   }
-  std::byte* p = map_aligned(total, align);
-  if (p == nullptr)
-    return fail(Errc::OutOfMemory, "mpi ring",
-                str_format("{} slots of {} bytes: {}", slots, stride, std::strerror(errno)));
-  r.block.reset({p, total});
-  if (huge) (void)::madvise(p, total, MADV_HUGEPAGE);  // advice: without THP the ring still works
-  std::memset(p, 0, total);  // faulted in now (in huge pages where granted), not on the message path
-  for (std::uint32_t k = 0; k < slots; ++k) r.at.push_back(p + k * stride);
   return r;
 }
 

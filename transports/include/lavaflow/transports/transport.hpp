@@ -32,7 +32,11 @@ enum class TransportKind : std::uint8_t {
 
 /// What a transport may use on this side.
 struct TransportEnv {
-  const VulkanContext* vulkan = nullptr;  ///< null: none (a Vulkan transport reports it cannot connect)
+  /// null: none (a Vulkan transport reports it cannot connect). MPI: the device whose copy engine
+  /// stages GPU messages, which makes its ring buffers pinned host memory of this device.
+  const VulkanContext* vulkan = nullptr;
+  /// MPI: a ring buffer of 256 KiB or more in transparent huge pages (ChannelOptions::huge_pages).
+  bool huge_pages = true;
 };
 
 struct Probe {
@@ -48,9 +52,12 @@ class Transport {
   /// Can a producer at `me` serve a consumer at `peer`? `peer` unset: any consumer on this host.
   [[nodiscard]] virtual Probe can_connect(const ProcessLocation& me, const std::optional<ProcessLocation>& peer,
                                           const TransportEnv& env) const = 0;
-  /// Producer side: one ring buffer of `size` bytes, exportable.
+  /// Producer side: one ring buffer of `size` bytes, exportable (shm, Vulkan) or, over MPI, this
+  /// process's own memory that MPI sends from.
   [[nodiscard]] virtual Result<std::unique_ptr<Buffer>> allocate(const TransportEnv& env, std::uint64_t size) const = 0;
-  /// Consumer side: import one ring buffer. Consumes `fd` on success only.
+  /// Consumer side: the ring buffer `desc` describes. Shm and Vulkan import the producer's `fd`
+  /// (consumed on success only); over MPI no fd crosses (`fd` must be empty) and the buffer is this
+  /// process's memory of that shape, which MPI receives into.
   [[nodiscard]] virtual Result<std::unique_ptr<Buffer>> import(const TransportEnv& env, const ExportDescriptor& desc,
                                                                UniqueFd&& fd) const = 0;
 };
