@@ -43,18 +43,42 @@ struct Spread {
   double p25 = 0, p50 = 0, p75 = 0;
 };
 
-/// Times `batches` batches of `per_batch` calls; per-call nanoseconds, quartiles over the batches.
-Spread time_per_call(int batches, int per_batch, const std::function<bool()>& once) {
-  std::vector<double> ns;
-  for (int b = 0; b < batches; ++b) {
-    const auto t0 = Clock::now();
-    for (int i = 0; i < per_batch; ++i)
-      if (!once()) return {-1, -1, -1};
-    ns.push_back(std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / per_batch);
-  }
+/// Quartiles of per-call times.
+Spread quartiles(std::vector<double>& ns) {
   std::sort(ns.begin(), ns.end());
   auto at = [&](double q) { return ns[static_cast<std::size_t>(q * static_cast<double>(ns.size() - 1))]; };
   return {at(0.25), at(0.5), at(0.75)};
+}
+
+/// One batch of `per_batch` calls, appended to `ns` as per-call nanoseconds; false when a call failed.
+bool time_batch(int per_batch, const std::function<bool()>& once, std::vector<double>& ns) {
+  const auto t0 = Clock::now();
+  for (int i = 0; i < per_batch; ++i)
+    if (!once()) return false;
+  ns.push_back(std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / per_batch);
+  return true;
+}
+
+/// Times `batches` batches of `per_batch` calls; per-call nanoseconds, quartiles over the batches.
+Spread time_per_call(int batches, int per_batch, const std::function<bool()>& once) {
+  std::vector<double> ns;
+  for (int b = 0; b < batches; ++b)
+    if (!time_batch(per_batch, once, ns)) return {-1, -1, -1};
+  return quartiles(ns);
+}
+
+/// Times `a` and `b` as time_per_call does, a batch of each in turn (which goes first alternates),
+/// so that both see the same moments of the machine: a core still raising its clock, or a
+/// neighbour's burst, would otherwise fall on whichever ran first.
+std::pair<Spread, Spread> time_alternating(int batches, int per_batch, const std::function<bool()>& a,
+                                           const std::function<bool()>& b) {
+  std::vector<double> ns[2];
+  for (int r = 0; r < batches; ++r)
+    for (int k = 0; k < 2; ++k) {
+      const int which = (r + k) % 2;
+      if (!time_batch(per_batch, which == 0 ? a : b, ns[which])) return {{-1, -1, -1}, {-1, -1, -1}};
+    }
+  return {quartiles(ns[0]), quartiles(ns[1])};
 }
 
 /// Open fds of this process (0 when /proc cannot say).
@@ -168,25 +192,27 @@ int bench_pool(const PoolBenchOptions& o) {
   const std::uint64_t host_sizes[] = {64, 4096, 65536, 1 << 20, 16 << 20};
   for (auto size : host_sizes) {
     std::string err;
-    const auto lf = time_per_call(batches, per_batch, [&] {
-      auto b = pool->rent(size);
-      if (!b) {
-        err = b.error().message();
-        return false;
-      }
-      escape(b->host_ptr());
-      return true;
-    });
+    const auto [lf, base] = time_alternating(
+        batches, per_batch,
+        [&] {
+          auto b = pool->rent(size);
+          if (!b) {
+            err = b.error().message();
+            return false;
+          }
+          escape(b->host_ptr());
+          return true;
+        },
+        [&] {
+          void* p = std::malloc(size);
+          escape(p);
+          std::free(p);
+          return p != nullptr;
+        });
     if (lf.p50 < 0) {
       std::fprintf(stderr, "pool-host: %s\n", err.c_str());
       return 1;
     }
-    const auto base = time_per_call(batches, per_batch, [&] {
-      void* p = std::malloc(size);
-      escape(p);
-      std::free(p);
-      return p != nullptr;
-    });
     rows.push_back({"pool-host", size, lf});
     rows.push_back({"malloc", size, base});
   }
