@@ -2,6 +2,7 @@
 // lavaflow-bench: benchmarks measured against a baseline in the same run.
 //   alloc : allocate + export of exportable Vulkan buffers vs a plain vkAllocateMemory of the
 //           same size and memory type, and each CPU strategy vs plain shared memory (median).
+#include <sched.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -12,8 +13,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -44,6 +47,28 @@ std::string sibling(const char* name) {
   if (n <= 0) return name;
   std::string path(self, static_cast<std::size_t>(n));
   return path.substr(0, path.rfind('/') + 1) + name;
+}
+
+/// The physical cores this process may run on (distinct package and core ids of the CPUs in its
+/// affinity mask): what an MPI launcher's `-bind-to core` places ranks on. 0 when the topology
+/// cannot be read.
+unsigned physical_cores() {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (::sched_getaffinity(0, sizeof allowed, &allowed) != 0) return 0;
+  std::set<std::pair<long, long>> cores;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &allowed)) continue;
+    auto id = [&](const char* what) {
+      long v = -1;
+      std::ifstream(str_format("/sys/devices/system/cpu/cpu{}/topology/{}", cpu, what)) >> v;
+      return v;
+    };
+    const long package = id("physical_package_id"), core = id("core_id");
+    if (package < 0 || core < 0) return 0;
+    cores.emplace(package, core);
+  }
+  return static_cast<unsigned>(cores.size());
 }
 
 struct Row {
@@ -505,10 +530,11 @@ int main(int argc, char** argv) {
     const bool under_mpi = std::getenv("PMI_RANK") || std::getenv("OMPI_COMM_WORLD_RANK");
     if (!under_mpi) {
       args = {LAVAFLOW_MPIEXEC, "-n", std::to_string(ranks)};
-      // A rank per core where there are enough: unbound ranks that a blocking backend's wake-ups
-      // (Gloo's) put on one core stay there for milliseconds, and every row timed meanwhile
-      // measures the time-slicing instead of the collective. MPI's rows get the same binding.
-      if (ranks <= std::max(1u, std::thread::hardware_concurrency())) args.insert(args.end(), {"-bind-to", "core"});
+      // A rank per physical core where there are enough: unbound ranks that a blocking backend's
+      // wake-ups (Gloo's) put on one core stay there for milliseconds, and every row timed
+      // meanwhile measures the time-slicing instead of the collective. Every backend's rows run
+      // bound, Gloo's worker and TCP threads on their rank's core too.
+      if (ranks <= physical_cores()) args.insert(args.end(), {"-bind-to", "core"});
     }
     args.push_back(sibling("lavaflow-bench-collectives"));
     args.insert(args.end(), {"--max-size", std::to_string(coll_max)});

@@ -207,10 +207,11 @@ int bench_pool(const PoolBenchOptions& o) {
           void* p = std::malloc(size);
           escape(p);
           std::free(p);
+          if (p == nullptr) err = str_format("malloc of {} bytes failed", size);
           return p != nullptr;
         });
     if (lf.p50 < 0) {
-      std::fprintf(stderr, "pool-host: %s\n", err.c_str());
+      std::fprintf(stderr, "pool-host / malloc: %s\n", err.c_str());
       return 1;
     }
     rows.push_back({"pool-host", size, lf});

@@ -86,6 +86,10 @@ int main(int argc, char** argv) {
       d.kind = BufferKind::CpuPrivate;
       d.size = 0;
       expect(is(t->import({}, d, UniqueFd{}), Errc::InvalidArgument), "import: an empty descriptor refused");
+      expect(is(Producer::create("lf-test-mpi-by-name-" + std::to_string(me),
+                                 {.transport = TransportKind::Mpi, .transports = {t}}),
+                Errc::Unsupported),
+             "a channel over MPI by name is refused (it is made between ranks)");
     }
 
     // 1. A stream of 20,000 messages of varying size, verified in order.

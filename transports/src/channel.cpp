@@ -770,6 +770,10 @@ Result<std::unique_ptr<Producer>> Producer::create(const std::string& name, Prod
   if (!route) return std::unexpected(route.error().within(call));
   impl->transport = route->transport;
   impl->route = {route->transport->kind(), route->reason};
+  if (impl->route.transport == TransportKind::Mpi)
+    return fail(Errc::Unsupported, call,
+                "a channel over MPI is made between ranks (mpi::open_producer / open_consumer), not by name: "
+                "its ring buffers never travel as fds");
 
   if (o.slots == 0)
     o.slots = impl->route.transport == TransportKind::Vulkan && impl->env.vulkan &&

@@ -32,19 +32,18 @@ class MpiTransport final : public Transport {
     if (fd)
       return fail(Errc::InvalidArgument, call,
                   "a ring buffer over MPI does not travel as an fd (MPI moves its bytes), and an fd was given");
-    if (desc.kind != BufferKind::CpuPrivate && desc.kind != BufferKind::CpuGpuPinned)
+    // Only the shape is read: the memory is this side's own. (ExportDescriptor::validate is for
+    // memory behind an fd, and refuses private memory.) Its kind is what this side makes: pinned
+    // memory of TransportEnv::vulkan for GPU staging, private memory otherwise.
+    const BufferKind mine = env.vulkan ? BufferKind::CpuGpuPinned : BufferKind::CpuPrivate;
+    if (desc.kind != mine)
       return fail(Errc::InvalidArgument, call,
-                  str_format("a {} ring buffer: over MPI a ring is host memory ({} or {})", to_string(desc.kind),
-                             to_string(BufferKind::CpuPrivate), to_string(BufferKind::CpuGpuPinned)));
-    // Only the shape matters (the memory is this side's): a descriptor of fd-backed memory would
-    // not pass ExportDescriptor::validate, which refuses private memory.
+                  str_format("a {} ring buffer: over MPI this side's ring is {} memory{}", to_string(desc.kind),
+                             to_string(mine), env.vulkan ? " (GPU staging)" : ""));
     if (desc.size == 0 || desc.offset != 0)
       return fail(Errc::InvalidArgument, call,
                   str_format("a ring buffer of {} bytes at offset {}: it must be non-empty and start at 0", desc.size,
                              desc.offset));
-    if (desc.kind == BufferKind::CpuGpuPinned && !env.vulkan)
-      return fail(Errc::InvalidArgument, call,
-                  "a pinned ring buffer needs this side's Vulkan device (TransportEnv::vulkan)");
     return allocate(env, desc.size);
   }
 };

@@ -88,7 +88,8 @@ class RingBlock final : public Buffer {
   /// GPU staging: the Vulkan buffer over the same pages; null otherwise.
   [[nodiscard]] vk::Buffer gpu_buffer() const { return pinned_ ? pinned_->gpu_buffer() : vk::Buffer{}; }
 
-  /// Far beyond any ring (a slot is at most 1 GiB), and small enough that no size overflows.
+  /// Far beyond any ring (a slot is under 2 GiB, a ring at most 1024 slots), and small enough that no
+  /// size overflows.
   static constexpr std::uint64_t kMaxRingBlock = std::uint64_t{1} << 44;
 
  private:
@@ -159,7 +160,7 @@ inline Result<Ring> make_ring(RingSide side, std::uint32_t slots, std::uint64_t 
       d.allocation_size = d.buffer_size = d.size = block_bytes;
       b = transport->import(env, d, UniqueFd{});
     }
-    if (!b) return std::unexpected(b.error());
+    if (!b) return std::unexpected(b.error().within(str_format("mpi ring of {} slots of {} bytes", slots, stride)));
     r.blocks.push_back(std::move(*b));
   }
   for (std::uint32_t k = 0; k < slots; ++k) {
