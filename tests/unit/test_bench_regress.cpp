@@ -71,6 +71,28 @@ TEST_CASE("normalise: the local suite's rows, their spread and their ratio to th
   CHECK_FALSE(row(run, "floor-cacheline", "p50_ns").ratio);
 }
 
+TEST_CASE("normalise: a touched message beyond one cache line is recorded, not held to a latency floor") {
+  auto out = local_output(190, 200, 210);
+  for (const std::uint64_t size : {std::uint64_t{64}, std::uint64_t{4096}}) {
+    json touched = out["results"][1];
+    touched["size"] = size;
+    touched["touched"] = true;
+    touched["p50_ns"] = touched["p25_ns"] = touched["p75_ns"] = 5000.0;
+    out["results"].push_back(touched);
+  }
+  const auto run = run_of({out});
+  const Row* small = nullptr;
+  const Row* large = nullptr;
+  for (const auto& x : run.rows)
+    if (x.name == "lavaflow-shm" && x.metric == "p50_ns" && x.variant == "touched") (x.size == 64 ? small : large) = &x;
+  REQUIRE(small);
+  REQUIRE(large);
+  REQUIRE(small->ratio);
+  CHECK(small->ratio->value == Approx(50.0));
+  CHECK_FALSE(large->ratio);
+  CHECK(large->abs.value == 5000);
+}
+
 TEST_CASE("normalise: repetitions give the median and the range of their medians") {
   const auto run = run_of({local_output(0, 200, 0, 100), local_output(0, 260, 0, 100), local_output(0, 220, 0, 110)});
   const auto& shm = row(run, "lavaflow-shm", "p50_ns");
