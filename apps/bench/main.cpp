@@ -49,6 +49,7 @@ std::string sibling(const char* name) {
   return path.substr(0, path.rfind('/') + 1) + name;
 }
 
+#if LAVAFLOW_BENCH_COLLECTIVES
 /// The physical cores this process may run on (distinct package and core ids of the CPUs in its
 /// affinity mask): what an MPI launcher's `-bind-to core` places ranks on. 0 when the topology
 /// cannot be read.
@@ -70,6 +71,7 @@ unsigned physical_cores() {
   }
   return static_cast<unsigned>(cores.size());
 }
+#endif
 
 struct Row {
   std::string name;
