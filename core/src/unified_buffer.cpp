@@ -96,6 +96,18 @@ struct UnifiedBytes::Impl {
     });
   }
 
+  /// Brings the device side's bytes to the host side and waits for them. The device work comes
+  /// first, waited for on the host: a copy queued behind a signal that has not come would stay
+  /// queued after a timeout, with its buffers, and some drivers serve such a wait by moving the
+  /// whole queue to a submit thread.
+  Status download(const char* call) {
+    LF_TRY_STATUS(wait(issued, call));
+    LF_TRY(const auto done, copy(false, call));
+    LF_TRY_STATUS(wait(done, call));
+    newest = Newest::Both;
+    return {};
+  }
+
   /// Queues a copy between the sides after everything issued so far; returns its end value.
   Result<std::uint64_t> copy(bool to_device, const char* call) {
     const Side& src = to_device ? *host : device;
@@ -185,9 +197,7 @@ Result<std::span<std::byte>> UnifiedBytes::host(Access access) {
   constexpr const char* call = "UnifiedBytes::host";
   auto& m = *impl_;
   if (m.host && m.newest == Newest::Device) {
-    LF_TRY(const auto done, m.copy(false, call));
-    LF_TRY_STATUS(m.wait(done, call));
-    m.newest = Newest::Both;
+    LF_TRY_STATUS(m.download(call));
   } else if (!m.host || access != Access::Read) {
     // One memory, or a host write: whatever the GPU still does with the memory comes first.
     LF_TRY_STATUS(m.wait(m.issued, call));
@@ -235,10 +245,7 @@ Status UnifiedBytes::to_device() {
 Status UnifiedBytes::to_host() {
   auto& m = *impl_;
   if (!m.host || m.newest != Newest::Device) return {};
-  LF_TRY(const auto done, m.copy(false, "UnifiedBytes::to_host"));
-  LF_TRY_STATUS(m.wait(done, "UnifiedBytes::to_host"));
-  m.newest = Newest::Both;
-  return {};
+  return m.download("UnifiedBytes::to_host");
 }
 
 Status UnifiedBytes::synchronize() {

@@ -114,8 +114,10 @@ TEST_CASE("unified buffer: device work that never signals is a bounded, named ti
   const auto e = lftest::err(u.host(Access::Read));
   CHECK(e.code() == Errc::Timeout);
   CHECK_THAT(e.message(), Catch::Contains("promised to signal"));
-  lftest::ok(u.signal(a));  // finished some other way
+  CHECK(u.downloads() == 0);  // nothing left queued behind the signal that never came
+  lftest::ok(u.signal(a));    // finished some other way
   lftest::ok(u.host(Access::Read));
+  CHECK(u.downloads() == 1);
   CHECK(lftest::err(u.signal(DeviceAccess{})).code() == Errc::InvalidArgument);
   CHECK(lftest::err(UnifiedBytes::create(ctx, 0)).code() == Errc::InvalidArgument);
   CHECK(lftest::err(UnifiedBuffer<double>::create(ctx, SIZE_MAX / 4)).code() == Errc::InvalidArgument);
