@@ -64,7 +64,7 @@ struct UnifiedBytes::Impl {
   std::uint64_t issued = 0;    // the highest value anything queued or promised will signal
   std::uint64_t promised = 0;  // the highest value a device access promised
   Newest newest = Newest::Both;
-  std::uint64_t uploads = 0, downloads = 0;
+  std::uint64_t uploads = 0, downloads = 0, writes = 0;
 
   explicit Impl(VulkanContext c) : ctx(std::move(c)) {}
 
@@ -192,6 +192,7 @@ std::uint64_t UnifiedBytes::uploads() const { return impl_->uploads; }
 const Buffer& UnifiedBytes::device_buffer() const { return impl_->device.get(); }
 const GpuSemaphore* UnifiedBytes::shareable_timeline() const { return impl_->shareable ? &*impl_->shareable : nullptr; }
 std::uint64_t UnifiedBytes::downloads() const { return impl_->downloads; }
+std::uint64_t UnifiedBytes::writes() const { return impl_->writes; }
 
 Result<std::span<std::byte>> UnifiedBytes::host(Access access) {
   constexpr const char* call = "UnifiedBytes::host";
@@ -202,7 +203,10 @@ Result<std::span<std::byte>> UnifiedBytes::host(Access access) {
     // One memory, or a host write: whatever the GPU still does with the memory comes first.
     LF_TRY_STATUS(m.wait(m.issued, call));
   }
-  if (access != Access::Read && m.host) m.newest = Newest::Host;
+  if (access != Access::Read) {
+    ++m.writes;
+    if (m.host) m.newest = Newest::Host;
+  }
   Side& side = m.host ? *m.host : m.device;
   return std::span<std::byte>(side.host, m.bytes);
 }
@@ -214,7 +218,10 @@ Result<DeviceAccess> UnifiedBytes::device(Access access) {
     LF_TRY_STATUS(m.copy(true, call));
     m.newest = Newest::Both;
   }
-  if (access != Access::Read && m.host) m.newest = Newest::Device;
+  if (access != Access::Read) {
+    ++m.writes;
+    if (m.host) m.newest = Newest::Device;
+  }
   const std::uint64_t wait = m.issued;
   m.issued = m.promised = wait + 1;
   return DeviceAccess{m.device.buffer, m.device.offset, m.bytes, m.at(wait), m.at(wait + 1)};

@@ -458,6 +458,73 @@ TEST_CASE("CUDA memory exported by one process is mapped by another, where kerne
 }
 
 TEST_CASE(
+    "unified buffer: a side on the second GPU is pulled over the peer link when stale and pushed back after a write") {
+  require_two_peers();
+  auto f = setup();  // the buffer's GPU: CUDA device 0
+  constexpr std::uint64_t size = (8 << 20) + 20;
+  auto u = lftest::ok(UnifiedBytes::create(f.vk, size));
+  if (!u.shareable_timeline()) lftest::skip("the Vulkan driver cannot export a timeline semaphore for CUDA");
+  CHECK(lftest::err(cuda::PeerSide::create(f.cu, u, 0)).code() == Errc::InvalidArgument);  // its own GPU
+  CHECK(lftest::err(cuda::PeerSide::create(f.cu, u, 1000)).code() == Errc::InvalidArgument);
+  auto side = lftest::ok(cuda::PeerSide::create(f.cu, u, 1));
+  CHECK(side.direct());
+  CHECK(side.size() == size);
+  CU_OK(cudaSetDevice(1));
+  cudaStream_t s1 = nullptr;
+  CU_OK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+  // The kernel's module is loaded on GPU 1 before a stream there waits on anything.
+  void* scratch = nullptr;
+  CU_OK(cudaMalloc(&scratch, 64));
+  CU_OK(lf_kernel_xor(scratch, scratch, 1, 64, s1));
+  CU_OK(cudaStreamSynchronize(s1));
+  CU_OK(cudaFree(scratch));
+  CHECK(lftest::err(side.release(s1)).code() == Errc::InvalidArgument);  // nothing acquired
+  cudaStream_t s0 = nullptr;
+  CU_OK(cudaSetDevice(0));
+  CU_OK(cudaStreamCreate(&s0));
+  const auto wrong = lftest::err(side.acquire(s0, Access::Read));  // a stream of the buffer's own GPU
+  CHECK(wrong.code() == Errc::InvalidArgument);
+  CHECK_THAT(wrong.message(), Catch::Contains("belongs to CUDA device 0"));
+  CU_OK(cudaStreamDestroy(s0));
+
+  for (int round = 1; round <= 3; ++round) {
+    INFO("round " << round);
+    std::memset(lftest::ok(u.host(Access::Write)).data(), round, size);
+    // Pulled (the host wrote), changed in place by a kernel on GPU 1, pushed back after it; the
+    // host's read downloads after the push, with no host wait on either GPU in between.
+    void* p = lftest::ok(side.acquire(s1, Access::ReadWrite));
+    CHECK(lftest::err(side.acquire(s1, Access::Read)).code() == Errc::InvalidArgument);  // one at a time
+    CU_OK(cudaSetDevice(1));
+    CU_OK(lf_kernel_xor(p, p, 0xa5, size, s1));
+    lftest::ok(side.release(s1));
+    const auto back = lftest::ok(u.host(Access::Read));
+    const auto want = static_cast<std::byte>(round ^ 0xa5);
+    CHECK(std::all_of(back.begin(), back.end(), [&](std::byte b) { return b == want; }));
+  }
+  CHECK((side.pulls() == 3 && side.pushes() == 3));
+  // Nothing changed since the last push: reading on GPU 1 moves nothing.
+  void* p = lftest::ok(side.acquire(s1, Access::Read));
+  std::vector<std::byte> seen(size);
+  CU_OK(cudaMemcpyAsync(seen.data(), p, size, cudaMemcpyDeviceToHost, s1));
+  CU_OK(cudaStreamSynchronize(s1));
+  lftest::ok(side.release(s1));
+  CHECK(seen[size - 1] == static_cast<std::byte>(3 ^ 0xa5));
+  CHECK((side.pulls() == 3 && side.pushes() == 3));
+  // A write on the buffer's own GPU (here a host write uploaded there) makes the copy stale.
+  lftest::ok(u.host(Access::Write))[size - 1] = std::byte{0x42};
+  p = lftest::ok(side.acquire(s1, Access::Read));
+  CU_OK(cudaMemcpyAsync(seen.data(), p, size, cudaMemcpyDeviceToHost, s1));
+  CU_OK(cudaStreamSynchronize(s1));
+  lftest::ok(side.release(s1));
+  CHECK(seen[size - 1] == std::byte{0x42});
+  CHECK(seen[0] == static_cast<std::byte>(3 ^ 0xa5));
+  CHECK((side.pulls() == 4 && side.pushes() == 3));
+  lftest::ok(u.synchronize());
+  CU_OK(cudaSetDevice(1));
+  CU_OK(cudaStreamDestroy(s1));
+}
+
+TEST_CASE(
     "a CUDA pool rents device memory from cuMemCreate segments, reuses it, and a pooled buffer crosses processes") {
   auto f = setup();
   auto pool = lftest::ok(cuda::make_pool(f.cu, {.vulkan = f.vk}));

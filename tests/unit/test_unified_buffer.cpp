@@ -81,6 +81,7 @@ TEST_CASE("unified buffer: separate sides move lazily, once per change, in both 
   CHECK(lftest::ok(u.host(Access::Read))[100] == 0xabcd1234u);
   CHECK(lftest::ok(u.host(Access::Read))[4095] == 0xabcd1234u);
   CHECK(b.downloads() == 1);
+  CHECK(b.writes() == 2);  // the host's first write and the device's; reads count nothing
 
   // Explicit moves are no-ops when the side is current, and count when they move.
   lftest::ok(b.to_host());

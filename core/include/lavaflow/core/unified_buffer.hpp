@@ -99,6 +99,9 @@ class UnifiedBytes {
   /// GPU copies made so far in each direction.
   [[nodiscard]] std::uint64_t uploads() const;
   [[nodiscard]] std::uint64_t downloads() const;
+  /// Write accesses given out so far, host and device: a copy kept elsewhere (another GPU's,
+  /// cuda::PeerSide) is current while this count is what it was when the copy was made.
+  [[nodiscard]] std::uint64_t writes() const;
 
  private:
   struct Impl;

@@ -28,6 +28,7 @@
 #include "lavaflow/core/gpu_semaphore.hpp"
 #include "lavaflow/core/location.hpp"
 #include "lavaflow/core/pool.hpp"
+#include "lavaflow/core/unified_buffer.hpp"
 #include "lavaflow/core/unique_fd.hpp"
 #include "lavaflow/transports/channel.hpp"
 
@@ -305,5 +306,55 @@ struct PooledExport {
   std::uint64_t allocation_size = 0, segment_size = 0, offset = 0, size = 0;
 };
 [[nodiscard]] Result<PooledExport> export_pooled(const PooledBuffer& buffer);
+
+/// A UnifiedBytes' side on a second GPU of the host: a copy in that GPU's memory, brought up to
+/// date from the buffer's device side only when the buffer was written since (lazily, at the
+/// next acquire), and whose changes go back to the device side when a write is released. The
+/// copies go over the peer link, issued on a stream of the buffer's own GPU (the direction that
+/// runs at link speed: see docs/design/0020-p2p.md) and ordered on the GPUs — by the buffer's
+/// timeline towards its Vulkan and host sides, by CUDA events towards the caller's stream — so
+/// no host thread waits for either GPU.
+///
+///   auto side = PeerSide::create(cuda0, buffer, 1);
+///   void* p = side->acquire(stream1, Access::ReadWrite);   // stream1: a stream of GPU 1
+///   kernels on stream1 use p
+///   side->release(stream1);                               // the write goes home after them
+///   buffer.host(Access::Read);                            // sees what GPU 1 wrote
+///
+/// The buffer must outlive the side and be made on `home`'s GPU with a timeline the driver can
+/// export (UnifiedBytes::shareable_timeline). Release before destroying: an unreleased write is
+/// lost. Calls leave the calling thread's current device as they found it.
+class PeerSide {
+ public:
+  /// `peer`: the ordinal of the second GPU. Peer access from the buffer's GPU to it is enabled
+  /// where the pair has it; without it the driver stages the copies through host memory (direct()).
+  [[nodiscard]] static Result<PeerSide> create(const Interop& home, UnifiedBytes& buffer, int peer);
+  PeerSide(PeerSide&&) noexcept;
+  PeerSide& operator=(PeerSide&&) noexcept;
+  /// Waits for its copies, then frees the peer's memory.
+  ~PeerSide();
+
+  /// The peer copy (size() bytes on the peer GPU), current for the work queued in `stream` after
+  /// this call: a pull is queued first when the buffer was written since the copy was made.
+  /// `stream` belongs to the peer GPU. One acquire at a time: release before the next.
+  [[nodiscard]] Result<void*> acquire(cudaStream_t stream, Access access);
+  /// The work queued in `stream` so far is the acquirer's last use of the copy; after a write
+  /// access the copy is pushed to the buffer's device side once that work is done, and the
+  /// buffer's next host or device access comes after the push.
+  [[nodiscard]] Status release(cudaStream_t stream);
+
+  [[nodiscard]] int peer() const;
+  [[nodiscard]] std::uint64_t size() const;
+  /// Copies run over peer access (else the driver stages them through host memory).
+  [[nodiscard]] bool direct() const;
+  /// Copies queued so far: to the peer (pulls) and back to the buffer (pushes).
+  [[nodiscard]] std::uint64_t pulls() const;
+  [[nodiscard]] std::uint64_t pushes() const;
+
+ private:
+  struct State;
+  explicit PeerSide(std::unique_ptr<State> s);
+  std::unique_ptr<State> s_;
+};
 
 }  // namespace lavaflow::cuda
