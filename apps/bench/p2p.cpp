@@ -14,6 +14,11 @@
 //                         floor of the link
 //   p2p-host-staged       the same bytes through pinned host memory, in chunks on two streams
 //                         (device-to-host of one chunk overlapping host-to-device of the last)
+//   p2p-unified           a UnifiedBytes on GPU 0 with a side on GPU 1 (cuda::PeerSide), written
+//                         on GPU 0 and read on GPU 1 in turn: every acquire pulls the buffer over
+//                         the link, ordered on the GPUs by the buffer's timeline and CUDA events
+//                         (the write is an empty access kept on a GPU 0 stream, so no host thread
+//                         waits between transfers)
 // Each row moves the same number of transfers after a warm-up; GB/s = bytes / wall time.
 #include "p2p.hpp"
 
@@ -175,6 +180,40 @@ Result<P2PRow> lavaflow_p2p(const VulkanContext& vk0, std::uint64_t size, int tr
                 double(size) * transfers / double(r.ns)};
 }
 
+Result<P2PRow> unified_pull(const VulkanContext& vk0, std::uint64_t size, int transfers) {
+  LF_TRY(auto cu0, cuda::Interop::create(vk0));
+  LF_TRY(auto u, UnifiedBytes::create(vk0, size));
+  if (!u.shareable_timeline())
+    return fail(Errc::Unsupported, "p2p-unified", "the Vulkan driver cannot export the buffer's timeline");
+  LF_TRY(auto timeline, cu0.import_semaphore(*u.shareable_timeline()));
+  LF_TRY(auto side, cuda::PeerSide::create(cu0, u, 1));
+  StreamOwner s0, s1;
+  GPU_OK(cudaSetDevice(0));
+  LF_TRY_STATUS(create(s0));
+  GPU_OK(cudaSetDevice(1));
+  LF_TRY_STATUS(create(s1));
+  auto once = [&]() -> Status {
+    LF_TRY(const auto write, u.device(Access::Write));
+    LF_TRY_STATUS(timeline.wait(s0.s, write.wait.value));
+    LF_TRY_STATUS(timeline.signal(s0.s, write.signal.value));
+    LF_TRY(void* p, side.acquire(s1.s, Access::Read));
+    (void)p;
+    return side.release(s1.s);
+  };
+  for (int i = 0; i < kWarmup; ++i) LF_TRY_STATUS(once());
+  GPU_OK(cudaStreamSynchronize(s1.s));
+  LF_TRY_STATUS(u.synchronize());
+  const auto t0 = Clock::now();
+  for (int i = 0; i < transfers; ++i) LF_TRY_STATUS(once());
+  GPU_OK(cudaStreamSynchronize(s1.s));
+  LF_TRY_STATUS(u.synchronize());
+  const auto elapsed = Clock::now() - t0;
+  if (side.pulls() != static_cast<std::uint64_t>(transfers + kWarmup))
+    return fail(Errc::Internal, "p2p-unified",
+                str_format("{} pulls for {} transfers", side.pulls(), transfers + kWarmup));
+  return P2PRow{"p2p-unified", "pull", size, transfers, gbps(size, transfers, elapsed)};
+}
+
 Status lavaflow_p2p_peer(bool kernel, const std::string& dir, std::uint64_t size, int total, int fd) {
   constexpr const char* call = "p2p-lavaflow consumer";
   LF_TRY(auto devs, cuda::devices());
@@ -252,20 +291,21 @@ int bench_p2p(const P2POptions& o) {
   for (std::uint64_t size = o.min_size; size <= o.max_size; size *= 4) {
     const int n = transfers_for(size);
     for (auto row : {lavaflow_p2p(*vk0, size, n, false), memcpy_peer(size, n), host_staged(size, n),
-                     lavaflow_p2p(*vk0, size, n, true)}) {
+                     lavaflow_p2p(*vk0, size, n, true), unified_pull(*vk0, size, n)}) {
       if (!row) return std::fprintf(stderr, "lavaflow-bench p2p: %s\n", row.error().message().c_str()), 1;
       rows.push_back(std::move(*row));
     }
   }
   // The target: across processes ≥ 0.95 × cudaMemcpyPeer inside one process at ≥ 64 MiB.
   nlohmann::json targets = nlohmann::json::array();
-  for (std::size_t i = 0; i + 3 < rows.size(); i += 4) {
+  for (std::size_t i = 0; i + 4 < rows.size(); i += 5) {
     const double ratio = rows[i].gbps / rows[i + 1].gbps;
     targets.push_back({{"name", str_format("p2p-lavaflow / p2p-cuda-memcpy-peer at {} B", rows[i].size)},
                        {"size", rows[i].size},
                        {"ratio", ratio},
                        {"vs_host_staged", rows[i].gbps / rows[i + 2].gbps},
                        {"kernel_ratio", rows[i + 3].gbps / rows[i + 1].gbps},
+                       {"unified_ratio", rows[i + 4].gbps / rows[i + 1].gbps},
                        {"target", rows[i].size >= (64u << 20) ? ">= 0.95" : "none"},
                        {"met", rows[i].size < (64u << 20) || ratio >= 0.95}});
   }
@@ -288,9 +328,10 @@ int bench_p2p(const P2POptions& o) {
                 static_cast<unsigned long long>(r.size), r.transfers, r.gbps);
   std::printf("\nTargets (ratios within this run)\n");
   for (const auto& t : targets)
-    std::printf("  %-55s %7.3f  %s  (%.1f x host-staged; kernel variant %.3f)\n", t["name"].get<std::string>().c_str(),
-                t["ratio"].get<double>(), t["target"] == "none" ? "-" : (t["met"].get<bool>() ? "met" : "NOT met"),
-                t["vs_host_staged"].get<double>(), t["kernel_ratio"].get<double>());
+    std::printf("  %-55s %7.3f  %s  (%.1f x host-staged; kernel variant %.3f; unified buffer %.3f)\n",
+                t["name"].get<std::string>().c_str(), t["ratio"].get<double>(),
+                t["target"] == "none" ? "-" : (t["met"].get<bool>() ? "met" : "NOT met"),
+                t["vs_host_staged"].get<double>(), t["kernel_ratio"].get<double>(), t["unified_ratio"].get<double>());
   return 0;
 }
 
