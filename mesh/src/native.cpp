@@ -713,10 +713,11 @@ class Engine : public std::enable_shared_from_this<Engine> {
       std::unique_lock lock(mutex);
       if (queue.empty() && p2p.empty()) {
         // Spinning, the clock is read every 8 tests, which keeps the spin's limits in time when a
-        // test is an MPI_Test (between hosts) as well as a shared-memory load. Past a few microseconds (longer than a
-        // small exchange with peers that are all there) the core goes to whoever else waits for it between tests: a
-        // peer on the same core would otherwise wait out the whole spin. A yield is a system call, so yielding sooner
-        // would delay most small calls.
+        // test is an MPI_Test (between hosts) as well as a shared-memory load. Past a few
+        // microseconds (longer than a small exchange with peers that are all there) the core goes
+        // to whoever else waits for it between tests: a peer on the same core would otherwise wait
+        // out the whole spin. A yield is a system call, so yielding sooner would delay most small
+        // calls.
         std::optional<Clock::time_point> began;
         for (std::uint32_t i = 1;; ++i) {
           Result<bool> r = broken ? Result<bool>(std::unexpected(*broken)) : advance(c);
