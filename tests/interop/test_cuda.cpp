@@ -519,6 +519,19 @@ TEST_CASE(
   CHECK(seen[size - 1] == std::byte{0x42});
   CHECK(seen[0] == static_cast<std::byte>(3 ^ 0xa5));
   CHECK((side.pulls() == 4 && side.pushes() == 3));
+  // The null stream is the peer's default stream, whichever device is current.
+  lftest::ok(u.host(Access::Write))[0] = std::byte{0x17};
+  CU_OK(cudaSetDevice(0));
+  p = lftest::ok(side.acquire(nullptr, Access::ReadWrite));
+  CU_OK(cudaSetDevice(1));
+  CU_OK(lf_kernel_xor(p, p, 0x01, size, nullptr));
+  CU_OK(cudaSetDevice(0));
+  lftest::ok(side.release(nullptr));
+  CHECK(lftest::ok(u.host(Access::Read))[0] == std::byte{0x16});
+  CHECK((side.pulls() == 5 && side.pushes() == 4));
+  auto moved = std::move(side);
+  CHECK(lftest::err(side.acquire(s1, Access::Read)).code() == Errc::InvalidArgument);  // NOLINT: moved from on purpose
+  CHECK(moved.pulls() == 5);
   lftest::ok(u.synchronize());
   CU_OK(cudaSetDevice(1));
   CU_OK(cudaStreamDestroy(s1));

@@ -3,7 +3,9 @@
 // which pushes from and pulls into memory it owns while the peer's cudaMalloc memory is mapped to
 // it by peer access. Imported Vulkan memory is mapped for its own device only, so a copy issued
 // on the peer's side would be staged through the host by the driver.
+#include <chrono>
 #include <optional>
+#include <thread>
 
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/cuda/cuda.hpp"
@@ -26,6 +28,16 @@ class KeepCurrentDevice {
   int device_ = 0;
   bool had_ = false;
 };
+
+/// How long the destructor waits for its copies: a copy waits on the buffer's timeline, which
+/// device work that never signals would hold forever.
+constexpr auto kDestroyWait = std::chrono::seconds(10);
+
+/// A CUDA failure of `what`, inside `call`.
+Status cuda_step(cudaError_t e, const char* what, const char* call) {
+  if (e == cudaSuccess) return {};
+  return std::unexpected(to_error(e, what).within(call));
+}
 
 }  // namespace
 
@@ -51,43 +63,59 @@ struct PeerSide::State {
   State& operator=(const State&) = delete;
   ~State() {
     KeepCurrentDevice keep;
+    // Copies still queued would use `memory` and the imports: freed only once they are done. If
+    // they are not done in time (the buffer's device work never signalled), the stream and the
+    // peer memory are left allocated rather than freed under them.
+    bool idle = true;
     if (stream) {
       (void)cudaSetDevice(home);
-      (void)cudaStreamSynchronize(stream);
+      const auto give_up = std::chrono::steady_clock::now() + kDestroyWait;
+      cudaError_t e;
+      while ((e = cudaStreamQuery(stream)) == cudaErrorNotReady && std::chrono::steady_clock::now() < give_up)
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      idle = e != cudaErrorNotReady;
     }
     if (released) {
       (void)cudaSetDevice(peer);
       if (release_recorded) (void)cudaEventSynchronize(released);
       (void)cudaEventDestroy(released);
     }
-    if (memory) {
+    if (memory && idle) {
       (void)cudaSetDevice(peer);
       (void)cudaFree(memory);
     }
     (void)cudaSetDevice(home);
     if (copied) (void)cudaEventDestroy(copied);
-    if (stream) (void)cudaStreamDestroy(stream);
+    if (stream && idle) (void)cudaStreamDestroy(stream);
+    if (!idle) {  // the queued copies use the imports too: they are left mapped, as the memory is
+      if (home_memory) (void)new ExternalBuffer(std::move(*home_memory));
+      if (timeline) (void)new ExternalSemaphore(std::move(*timeline));
+    }
+    (void)cudaGetLastError();  // nothing failed here is the caller's error
   }
 
-  /// Queues on the home stream a copy between the sides inside the buffer access `a`: after the
-  /// acquirer's last use of the peer copy and after what `a` waits for; `a`'s signal follows the
-  /// copy. If anything fails to queue, `a` is signalled from the host so the buffer goes on.
+  /// Queues on the home stream a copy between the sides inside the buffer access `a` (the home
+  /// GPU is current): after the acquirer's last use of the peer copy and after what `a` waits for;
+  /// `a`'s signal follows the copy. If a step fails, whatever was queued is let finish and `a` is
+  /// signalled from the host (unless the GPU did), so the buffer is not left on a promise.
   Status copy(const DeviceAccess& a, bool to_peer, const char* call) {
     Status queued = [&]() -> Status {
-      if (release_recorded) LF_TRY_STATUS(check(cudaStreamWaitEvent(stream, released, 0), "cudaStreamWaitEvent"));
+      if (release_recorded)
+        LF_TRY_STATUS(cuda_step(cudaStreamWaitEvent(stream, released, 0), "cudaStreamWaitEvent", call));
       LF_TRY_STATUS(timeline->wait(stream, a.wait.value));
       void* home_ptr = home_memory->data();
-      LF_TRY_STATUS(check(to_peer ? cudaMemcpyPeerAsync(memory, peer, home_ptr, home, bytes, stream)
-                                  : cudaMemcpyPeerAsync(home_ptr, home, memory, peer, bytes, stream),
-                          "cudaMemcpyPeerAsync"));
+      LF_TRY_STATUS(cuda_step(to_peer ? cudaMemcpyPeerAsync(memory, peer, home_ptr, home, bytes, stream)
+                                      : cudaMemcpyPeerAsync(home_ptr, home, memory, peer, bytes, stream),
+                              "cudaMemcpyPeerAsync", call));
       LF_TRY_STATUS(timeline->signal(stream, a.signal.value));
-      return check(cudaEventRecord(copied, stream), "cudaEventRecord");
+      return cuda_step(cudaEventRecord(copied, stream), "cudaEventRecord", call);
     }();
     if (!queued) {
+      current = false;
+      (void)cudaStreamSynchronize(stream);  // before the host's signal: the GPU's may still come
+      (void)cudaGetLastError();
       (void)buffer->signal(a);
-      return fail(
-          queued.error().code(), call,
-          str_format("the copy {} GPU {} was not queued: {}", to_peer ? "to" : "from", peer, queued.error().message()));
+      return std::unexpected(queued.error().within(call));
     }
     copy_recorded = true;
     seen_writes = buffer->writes();
@@ -95,11 +123,12 @@ struct PeerSide::State {
     return {};
   }
 
-  /// `stream`'s device, which must be the peer.
-  Status check_stream(cudaStream_t s, const char* call) const {
+  /// Makes the peer current and checks that `s` is one of its streams (the null stream is the
+  /// peer's default stream).
+  Status peer_stream(cudaStream_t s, const char* call) const {
     int device = -1;
-    LF_TRY_STATUS(check(cudaSetDevice(peer), "cudaSetDevice"));  // the null stream is the current device's
-    LF_TRY_STATUS(check(cudaStreamGetDevice(s, &device), "cudaStreamGetDevice"));
+    LF_TRY_STATUS(cuda_step(cudaSetDevice(peer), "cudaSetDevice", call));
+    LF_TRY_STATUS(cuda_step(cudaStreamGetDevice(s, &device), "cudaStreamGetDevice", call));
     if (device != peer)
       return fail(Errc::InvalidArgument, call,
                   str_format("the stream belongs to CUDA device {}; the peer copy lives on device {}", device, peer));
@@ -112,18 +141,18 @@ PeerSide::PeerSide(PeerSide&&) noexcept = default;
 PeerSide& PeerSide::operator=(PeerSide&&) noexcept = default;
 PeerSide::~PeerSide() = default;
 
-int PeerSide::peer() const { return s_->peer; }
-std::uint64_t PeerSide::size() const { return s_->bytes; }
-bool PeerSide::direct() const { return s_->direct; }
-std::uint64_t PeerSide::pulls() const { return s_->pulls; }
-std::uint64_t PeerSide::pushes() const { return s_->pushes; }
+int PeerSide::peer() const { return s_ ? s_->peer : -1; }
+std::uint64_t PeerSide::size() const { return s_ ? s_->bytes : 0; }
+bool PeerSide::direct() const { return s_ && s_->direct; }
+std::uint64_t PeerSide::pulls() const { return s_ ? s_->pulls : 0; }
+std::uint64_t PeerSide::pushes() const { return s_ ? s_->pushes : 0; }
 
 Result<PeerSide> PeerSide::create(const Interop& home, UnifiedBytes& buffer, int peer) {
   constexpr const char* call = "cuda::PeerSide::create";
   KeepCurrentDevice keep;
   const int h = home.device().ordinal;
   int count = 0;
-  LF_TRY_STATUS(check(cudaGetDeviceCount(&count), "cudaGetDeviceCount"));
+  LF_TRY_STATUS(cuda_step(cudaGetDeviceCount(&count), "cudaGetDeviceCount", call));
   if (peer < 0 || peer >= count)
     return fail(Errc::InvalidArgument, call, str_format("no CUDA device {} (this host has {})", peer, count));
   if (peer == h)
@@ -141,32 +170,34 @@ Result<PeerSide> PeerSide::create(const Interop& home, UnifiedBytes& buffer, int
   LF_TRY(auto timeline, home.import_semaphore(*buffer.shareable_timeline()));
   s->timeline.emplace(std::move(timeline));
   const Status access = enable_peer_access(h, peer);
-  if (!access && access.error().code() != Errc::Unsupported) return std::unexpected(access.error());
+  if (!access && access.error().code() != Errc::Unsupported) return std::unexpected(access.error().within(call));
   s->direct = access.has_value();
 
-  LF_TRY_STATUS(check(cudaSetDevice(peer), "cudaSetDevice"));
-  LF_TRY_STATUS(check(cudaMalloc(&s->memory, s->bytes), "cudaMalloc"));
-  LF_TRY_STATUS(check(cudaEventCreateWithFlags(&s->released, cudaEventDisableTiming), "cudaEventCreateWithFlags"));
-  LF_TRY_STATUS(check(cudaSetDevice(h), "cudaSetDevice"));
-  LF_TRY_STATUS(check(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags"));
-  LF_TRY_STATUS(check(cudaEventCreateWithFlags(&s->copied, cudaEventDisableTiming), "cudaEventCreateWithFlags"));
+  LF_TRY_STATUS(cuda_step(cudaSetDevice(peer), "cudaSetDevice", call));
+  LF_TRY_STATUS(cuda_step(cudaMalloc(&s->memory, s->bytes), "cudaMalloc", call));
+  LF_TRY_STATUS(cuda_step(cudaEventCreateWithFlags(&s->released, cudaEventDisableTiming), "cudaEventCreate", call));
+  LF_TRY_STATUS(cuda_step(cudaSetDevice(h), "cudaSetDevice", call));
+  LF_TRY_STATUS(cuda_step(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "cudaStreamCreate", call));
+  LF_TRY_STATUS(cuda_step(cudaEventCreateWithFlags(&s->copied, cudaEventDisableTiming), "cudaEventCreate", call));
   return PeerSide(std::move(s));
 }
 
 Result<void*> PeerSide::acquire(cudaStream_t stream, Access access) {
   constexpr const char* call = "cuda::PeerSide::acquire";
+  if (!s_) return fail(Errc::InvalidArgument, call, "a moved-from PeerSide");
   auto& s = *s_;
   if (s.held) return fail(Errc::InvalidArgument, call, "the peer copy is acquired already: release it first");
   KeepCurrentDevice keep;
-  LF_TRY_STATUS(s.check_stream(stream, call));
+  LF_TRY_STATUS(s.peer_stream(stream, call));
   if (!s.current || s.buffer->writes() != s.seen_writes) {
-    LF_TRY(const auto a, s.buffer->device(Access::Read));
-    LF_TRY_STATUS(check(cudaSetDevice(s.home), "cudaSetDevice"));
+    LF_TRY_STATUS(cuda_step(cudaSetDevice(s.home), "cudaSetDevice", call));
+    LF_TRY(const auto a, s.buffer->device(Access::Read));  // from here its signal is this side's to give
     LF_TRY_STATUS(s.copy(a, true, call));
     ++s.pulls;
+    LF_TRY_STATUS(cuda_step(cudaSetDevice(s.peer), "cudaSetDevice", call));  // the null stream is the peer's
   }
   // Whether or not it pulled now: the last copy that used the peer memory comes first.
-  if (s.copy_recorded) LF_TRY_STATUS(check(cudaStreamWaitEvent(stream, s.copied, 0), "cudaStreamWaitEvent"));
+  if (s.copy_recorded) LF_TRY_STATUS(cuda_step(cudaStreamWaitEvent(stream, s.copied, 0), "cudaStreamWaitEvent", call));
   s.held = true;
   s.writing = access != Access::Read;
   return s.memory;
@@ -174,19 +205,26 @@ Result<void*> PeerSide::acquire(cudaStream_t stream, Access access) {
 
 Status PeerSide::release(cudaStream_t stream) {
   constexpr const char* call = "cuda::PeerSide::release";
+  if (!s_) return fail(Errc::InvalidArgument, call, "a moved-from PeerSide");
   auto& s = *s_;
   if (!s.held) return fail(Errc::InvalidArgument, call, "the peer copy is not acquired");
   KeepCurrentDevice keep;
-  LF_TRY_STATUS(s.check_stream(stream, call));
-  LF_TRY_STATUS(check(cudaEventRecord(s.released, stream), "cudaEventRecord"));
+  LF_TRY_STATUS(s.peer_stream(stream, call));
+  LF_TRY_STATUS(cuda_step(cudaEventRecord(s.released, stream), "cudaEventRecord", call));
   s.release_recorded = true;
   s.held = false;
   if (!s.writing) return {};
   s.writing = false;
   s.current = false;  // until the push is queued, the buffer does not hold the peer's bytes
-  LF_TRY(const auto a, s.buffer->device(Access::Write));
-  LF_TRY_STATUS(check(cudaSetDevice(s.home), "cudaSetDevice"));
-  LF_TRY_STATUS(s.copy(a, false, call));
+  auto pushed = [&]() -> Status {
+    LF_TRY_STATUS(cuda_step(cudaSetDevice(s.home), "cudaSetDevice", call));
+    LF_TRY(const auto a, s.buffer->device(Access::Write));
+    return s.copy(a, false, call);
+  }();
+  if (!pushed)
+    return fail(pushed.error().code(), call,
+                str_format("what GPU {} wrote since the acquire did not reach the buffer and is lost ({})", s.peer,
+                           pushed.error().message()));
   ++s.pushes;
   return {};
 }

@@ -19,6 +19,12 @@
 
 namespace lavaflow::mpi::detail {
 
+/// What export_handle() says for every buffer of a channel over MPI.
+inline Error stays_here() {
+  return Error(Errc::Unsupported, "export_handle",
+               "a ring buffer of a channel over MPI stays in its process: MPI moves its bytes");
+}
+
 /// A ring buffer of a channel over MPI, as the MPI transport makes it (allocate on the producer's
 /// side, import of the producer's announcement on the consumer's): private memory that MPI sends
 /// from and receives into and that never leaves the process as an fd. It is an anonymous mapping of
@@ -81,10 +87,7 @@ class RingBlock final : public Buffer {
   [[nodiscard]] std::uint64_t size() const override { return size_; }
   [[nodiscard]] BufferKind kind() const override { return pinned_ ? BufferKind::CpuGpuPinned : BufferKind::CpuPrivate; }
   [[nodiscard]] std::byte* host_ptr() const override { return at_; }
-  [[nodiscard]] Result<Export> export_handle() const override {
-    return fail(Errc::Unsupported, "export_handle",
-                "a ring buffer of a channel over MPI stays in its process: MPI moves its bytes");
-  }
+  [[nodiscard]] Result<Export> export_handle() const override { return std::unexpected(stays_here()); }
   /// GPU staging: the Vulkan buffer over the same pages; null otherwise.
   [[nodiscard]] vk::Buffer gpu_buffer() const { return pinned_ ? pinned_->gpu_buffer() : vk::Buffer{}; }
 
@@ -120,10 +123,7 @@ class RingSlot final : public Buffer {
   [[nodiscard]] std::uint64_t size() const override { return size_; }
   [[nodiscard]] BufferKind kind() const override { return kind_; }
   [[nodiscard]] std::byte* host_ptr() const override { return at_; }
-  [[nodiscard]] Result<Export> export_handle() const override {
-    return fail(Errc::Unsupported, "export_handle",
-                "a ring buffer of a channel over MPI stays in its process: MPI moves its bytes");
-  }
+  [[nodiscard]] Result<Export> export_handle() const override { return std::unexpected(stays_here()); }
 
  private:
   std::byte* at_;

@@ -321,9 +321,11 @@ struct PooledExport {
 ///   side->release(stream1);                               // the write goes home after them
 ///   buffer.host(Access::Read);                            // sees what GPU 1 wrote
 ///
-/// The buffer must outlive the side and be made on `home`'s GPU with a timeline the driver can
-/// export (UnifiedBytes::shareable_timeline). Release before destroying: an unreleased write is
-/// lost. Calls leave the calling thread's current device as they found it.
+/// The buffer must outlive the side, stay where it is (not moved from) and be made on `home`'s GPU
+/// with a timeline the driver can export (UnifiedBytes::shareable_timeline). A host or Vulkan
+/// write made while the side is acquired for writing is overwritten by the push. Release before
+/// destroying: an unreleased write is lost. Calls leave the calling thread's current device as
+/// they found it.
 class PeerSide {
  public:
   /// `peer`: the ordinal of the second GPU. Peer access from the buffer's GPU to it is enabled
@@ -331,16 +333,20 @@ class PeerSide {
   [[nodiscard]] static Result<PeerSide> create(const Interop& home, UnifiedBytes& buffer, int peer);
   PeerSide(PeerSide&&) noexcept;
   PeerSide& operator=(PeerSide&&) noexcept;
-  /// Waits for its copies, then frees the peer's memory.
+  /// Waits for its copies (at most ten seconds: one waiting on device work that never signals
+  /// keeps the peer memory and the stream allocated rather than freed under it), then frees the
+  /// peer's memory. Work queued after an acquire that was never released is not waited for.
   ~PeerSide();
 
   /// The peer copy (size() bytes on the peer GPU), current for the work queued in `stream` after
   /// this call: a pull is queued first when the buffer was written since the copy was made.
-  /// `stream` belongs to the peer GPU. One acquire at a time: release before the next.
+  /// `stream` belongs to the peer GPU (the null stream: the peer's default stream). One acquire
+  /// at a time: release before the next.
   [[nodiscard]] Result<void*> acquire(cudaStream_t stream, Access access);
   /// The work queued in `stream` so far is the acquirer's last use of the copy; after a write
   /// access the copy is pushed to the buffer's device side once that work is done, and the
-  /// buffer's next host or device access comes after the push.
+  /// buffer's next host or device access comes after the push. If the push cannot be queued, the
+  /// error says the peer's write is lost; the buffer keeps its own bytes and goes on.
   [[nodiscard]] Status release(cudaStream_t stream);
 
   [[nodiscard]] int peer() const;
