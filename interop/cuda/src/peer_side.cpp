@@ -29,9 +29,19 @@ class KeepCurrentDevice {
   bool had_ = false;
 };
 
-/// How long the destructor waits for its copies: a copy waits on the buffer's timeline, which
-/// device work that never signals would hold forever.
-constexpr auto kDestroyWait = std::chrono::seconds(10);
+/// How long the destructor and an error path wait for the copy stream: a copy waits on the
+/// buffer's timeline, which device work that never signals would hold forever.
+constexpr auto kStreamWait = std::chrono::seconds(10);
+
+/// Waits up to kStreamWait for `stream` (on the current device) to run dry; false if it did not.
+bool settle(cudaStream_t stream) {
+  const auto give_up = std::chrono::steady_clock::now() + kStreamWait;
+  cudaError_t e;
+  while ((e = cudaStreamQuery(stream)) == cudaErrorNotReady && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  (void)cudaGetLastError();
+  return e != cudaErrorNotReady;
+}
 
 /// A CUDA failure of `what`, inside `call`.
 Status cuda_step(cudaError_t e, const char* what, const char* call) {
@@ -69,11 +79,7 @@ struct PeerSide::State {
     bool idle = true;
     if (stream) {
       (void)cudaSetDevice(home);
-      const auto give_up = std::chrono::steady_clock::now() + kDestroyWait;
-      cudaError_t e;
-      while ((e = cudaStreamQuery(stream)) == cudaErrorNotReady && std::chrono::steady_clock::now() < give_up)
-        std::this_thread::sleep_for(std::chrono::microseconds(100));
-      idle = e != cudaErrorNotReady;
+      idle = settle(stream);
     }
     if (released) {
       (void)cudaSetDevice(peer);
@@ -112,9 +118,9 @@ struct PeerSide::State {
     }();
     if (!queued) {
       current = false;
-      (void)cudaStreamSynchronize(stream);  // before the host's signal: the GPU's may still come
-      (void)cudaGetLastError();
-      (void)buffer->signal(a);
+      // Before the host's signal, whatever was queued runs out: the GPU's signal may still come.
+      // A stream that does not (it waits on a promise nobody keeps) leaves the access unsignalled.
+      if (settle(stream)) (void)buffer->signal(a);
       return std::unexpected(queued.error().within(call));
     }
     copy_recorded = true;
