@@ -196,8 +196,7 @@ Result<P2PRow> unified_pull(const VulkanContext& vk0, std::uint64_t size, int tr
     LF_TRY(const auto write, u.device(Access::Write));
     LF_TRY_STATUS(timeline.wait(s0.s, write.wait.value));
     LF_TRY_STATUS(timeline.signal(s0.s, write.signal.value));
-    LF_TRY(void* p, side.acquire(s1.s, Access::Read));
-    (void)p;
+    LF_TRY_STATUS(side.acquire(s1.s, Access::Read));
     return side.release(s1.s);
   };
   for (int i = 0; i < kWarmup; ++i) LF_TRY_STATUS(once());

@@ -108,6 +108,12 @@ struct UnifiedBytes::Impl {
     return {};
   }
 
+  /// A write access was given out: `side` now holds the newest bytes where the sides are apart.
+  void wrote(Newest side) {
+    ++writes;
+    if (host) newest = side;
+  }
+
   /// Queues a copy between the sides after everything issued so far; returns its end value.
   Result<std::uint64_t> copy(bool to_device, const char* call) {
     const Side& src = to_device ? *host : device;
@@ -203,10 +209,7 @@ Result<std::span<std::byte>> UnifiedBytes::host(Access access) {
     // One memory, or a host write: whatever the GPU still does with the memory comes first.
     LF_TRY_STATUS(m.wait(m.issued, call));
   }
-  if (access != Access::Read) {
-    ++m.writes;
-    if (m.host) m.newest = Newest::Host;
-  }
+  if (access != Access::Read) m.wrote(Newest::Host);
   Side& side = m.host ? *m.host : m.device;
   return std::span<std::byte>(side.host, m.bytes);
 }
@@ -218,10 +221,7 @@ Result<DeviceAccess> UnifiedBytes::device(Access access) {
     LF_TRY_STATUS(m.copy(true, call));
     m.newest = Newest::Both;
   }
-  if (access != Access::Read) {
-    ++m.writes;
-    if (m.host) m.newest = Newest::Device;
-  }
+  if (access != Access::Read) m.wrote(Newest::Device);
   const std::uint64_t wait = m.issued;
   m.issued = m.promised = wait + 1;
   return DeviceAccess{m.device.buffer, m.device.offset, m.bytes, m.at(wait), m.at(wait + 1)};

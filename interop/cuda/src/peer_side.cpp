@@ -7,6 +7,7 @@
 #include <optional>
 #include <thread>
 
+#include "current_device.hpp"
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/cuda/cuda.hpp"
 
@@ -14,20 +15,7 @@ namespace lavaflow::cuda {
 
 namespace {
 
-/// Restores the calling thread's current device when it goes.
-class KeepCurrentDevice {
- public:
-  KeepCurrentDevice() { had_ = cudaGetDevice(&device_) == cudaSuccess; }
-  KeepCurrentDevice(const KeepCurrentDevice&) = delete;
-  KeepCurrentDevice& operator=(const KeepCurrentDevice&) = delete;
-  ~KeepCurrentDevice() {
-    if (had_) (void)cudaSetDevice(device_);
-  }
-
- private:
-  int device_ = 0;
-  bool had_ = false;
-};
+using detail::KeepCurrentDevice;
 
 /// How long the destructor and an error path wait for the copy stream: a copy waits on the
 /// buffer's timeline, which device work that never signals would hold forever.

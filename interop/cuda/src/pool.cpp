@@ -3,6 +3,7 @@
 #include <optional>
 #include <utility>
 
+#include "current_device.hpp"
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/cuda/cuda.hpp"
 
@@ -45,10 +46,10 @@ Result<MemoryPool> make_pool(const Interop& interop, PoolOptions options) {
     vulkan = options.vulkan;
   options.device_segments = [interop, vulkan](std::uint64_t bytes) -> Result<std::unique_ptr<lavaflow::Buffer>> {
     // Allocating makes the pool's device current; the renting thread's own stays current after.
-    int current = -1;
-    if (cudaGetDevice(&current) != cudaSuccess) current = -1;
-    auto memory = interop.allocate_exportable(bytes, true);  // the pool carves the granules' tail too
-    if (current >= 0) (void)cudaSetDevice(current);
+    auto memory = [&] {
+      const detail::KeepCurrentDevice keep;
+      return interop.allocate_exportable(bytes, true);  // the pool carves the granules' tail too
+    }();
     if (!memory) return std::unexpected(memory.error());
     return std::make_unique<CudaSegment>(std::move(*memory), vulkan);
   };
