@@ -224,6 +224,9 @@ class Collectives final : public CudaCollectives {
     auto exchanged = exchange(mine, made, o, call);
     if (!exchanged) return std::unexpected(exchanged.error());
     const std::vector<Staging>& all = *exchanged;
+    int major = 0;
+    early_launch_ =
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_) == cudaSuccess && major >= 9;
     for (std::uint32_t q = 0; q < n_; ++q) {
       // A block waits for the same block of every peer: the blocks of all ranks on one GPU must be
       // resident together, or some wait for blocks that cannot start. Every rank takes the same
@@ -237,6 +240,7 @@ class Collectives final : public CudaCollectives {
                                "kernel at once: fewer than one a rank",
                                sharing, host_.group(), q, all[q].resident_blocks));
       blocks_ = std::min<std::uint32_t>(blocks_, static_cast<std::uint32_t>(all[q].resident_blocks / sharing));
+      early_launch_ = early_launch_ && sharing == 1;
     }
     regions_.assign(n_, nullptr);
     regions_[me_] = region_;
@@ -364,7 +368,7 @@ class Collectives final : public CudaCollectives {
     const bool captured = capturing != cudaStreamCaptureStatusNone;
     if (!captured && last_stream_ && *last_stream_ != stream)
       LF_TRY_STATUS(cuda_ok(cudaStreamWaitEvent(stream, done_, 0), "cudaStreamWaitEvent"));
-    auto s = cuda_ok(k::launch(l, stream), "cudaLaunchKernel");
+    auto s = cuda_ok(k::launch(l, stream, early_launch_), "cudaLaunchKernelEx");
     if (s && !captured) {
       s = cuda_ok(cudaEventRecord(done_, stream), "cudaEventRecord");
       last_stream_ = stream;
@@ -556,6 +560,7 @@ class Collectives final : public CudaCollectives {
   int device_ = 0;
   std::uint64_t chunk_ = 0;
   std::uint32_t blocks_ = k::kBlocks;  ///< blocks per kernel (fewer where ranks share a GPU)
+  bool early_launch_ = false;          ///< k::launch's `early`: compute capability 9.0+, no GPU shared by ranks
   unsigned char* region_ = nullptr;
   std::vector<unsigned char*> regions_;
   k::ErrorRecord* error_ = nullptr;  // written by the GPU: read through a volatile pointer

@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: MIT
 // The CUDA collectives: one kernel per call, Launch::blocks blocks. Calls of at most kLLBytes per
-// rank pair go in LL lines (below). Larger ones run in steps of at most one staging buffer; step
-// s of block i uses staging buffer (epoch & 1), where the block's epoch counts its steps over the
-// communicator's life — kept in device memory, so that a call captured in a CUDA graph advances
-// it on every replay. Staging is pushed: in each step block i of every rank writes its slices of
-// what each peer needs into that peer's staging, publishes (epoch, signature) in the peers' flag
-// slots, waits for block i of every peer to do the same, then reads its own staging.
+// rank pair go in LL lines (below), in a kernel of their own: it needs far fewer registers than
+// the staging's, and a small call feels every one. Larger ones run in steps of at most one
+// staging buffer; step s of block i uses staging buffer (epoch & 1), where the block's epoch
+// counts its steps over the communicator's life — kept in device memory, so that a call captured
+// in a CUDA graph advances it on every replay. Staging is pushed: in each step block i of every
+// rank writes its slices of what each peer needs into that peer's staging, publishes (epoch,
+// signature) in the peers' flag slots, waits for block i of every peer to do the same, then reads
+// its own staging.
 //
 // A staging buffer is written again two steps later; by then its owner has published the step in
 // between, which it does only after its reads of the earlier step (stream order), so no step
@@ -33,7 +35,7 @@ __device__ std::uint64_t now_ns() {
   return t;
 }
 
-__device__ std::uint64_t lesser(std::uint64_t a, std::uint64_t b) { return a < b ? a : b; }
+__host__ __device__ std::uint64_t lesser(std::uint64_t a, std::uint64_t b) { return a < b ? a : b; }
 
 struct Range {
   std::uint64_t at, len;
@@ -544,23 +546,37 @@ __device__ bool ll_call(const Launch& l, std::uint32_t epoch) {
   return true;
 }
 
-__global__ void __launch_bounds__(kThreads) collective(Launch l) {
-  const std::uint32_t i = blockIdx.x;
+/// What every call's kernel does first: waits for the stream's work before it (a kernel launched
+/// early, see launch()), lets the stream's next kernel launch, and stops when this rank has failed.
+/// False: the call is not made.
+__device__ bool begin_call(const Launch& l) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
   __shared__ int broken;
   // This rank's own flag, not the host-mapped record: a read across the bus on every call would
   // cost more than a small collective.
   if (threadIdx.x == 0) broken = *reinterpret_cast<volatile std::uint32_t*>(&flags(l, l.me)->failed) != 0;
   __syncthreads();
-  if (broken) return;
+  return !broken;
+}
+
+/// A call of at most kLLBytes per rank pair.
+__global__ void __launch_bounds__(kThreads) small_collective(Launch l) {
+  if (!begin_call(l)) return;
+  const std::uint32_t epoch = next_epoch(flags(l, l.me)->epoch[blockIdx.x]);
+  if (ll_call(l, epoch) && threadIdx.x == 0) flags(l, l.me)->epoch[blockIdx.x] = epoch;
+}
+
+/// A larger call, through the staging.
+__global__ void __launch_bounds__(kThreads) collective(Launch l) {
+  if (!begin_call(l)) return;
+  const std::uint32_t i = blockIdx.x;
   const std::uint32_t n = l.ranks, me = l.me;
   auto* out = static_cast<unsigned char*>(l.recv);
   const auto* in = static_cast<const unsigned char*>(l.send);
   std::uint32_t epoch = flags(l, me)->epoch[i];
-  if (l.bytes <= kLLBytes) {
-    epoch = next_epoch(epoch);
-    if (ll_call(l, epoch) && threadIdx.x == 0) flags(l, me)->epoch[i] = epoch;
-    return;
-  }
   // Staging is pushed: a rank writes what a peer needs into that peer's staging (slot `to_slot`
   // of it for this sender), and reads only its own, which its peers wrote. Bytes per step: of
   // each rank's input (all_reduce, all_gather, broadcast) or of each block of the output
@@ -685,20 +701,39 @@ __global__ void __launch_bounds__(kThreads) collective(Launch l) {
 
 }  // namespace
 
-cudaError_t launch(const Launch& l, cudaStream_t stream) {
-  collective<<<l.blocks, kThreads, 0, stream>>>(l);
-  return cudaGetLastError();
+cudaError_t launch(const Launch& l, cudaStream_t stream, bool early) {
+  const bool small = l.bytes <= kLLBytes;
+  std::uint32_t threads = kThreads;
+  if (small) {  // a thread per line of the block's slice, in whole warps: idle threads cost a small call
+    const std::uint64_t lines = (((l.bytes + l.blocks - 1) / l.blocks + 15) & ~std::uint64_t{15}) / 8;
+    threads = static_cast<std::uint32_t>(lesser(kThreads, (lines + 31) & ~std::uint64_t{31}));
+  }
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(l.blocks);
+  config.blockDim = dim3(threads);
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = early ? 1 : 0;
+  return small ? cudaLaunchKernelEx(&config, small_collective, l) : cudaLaunchKernelEx(&config, collective, l);
 }
 
 cudaError_t preload() {
   cudaFuncAttributes a{};
+  if (auto e = cudaFuncGetAttributes(&a, small_collective); e != cudaSuccess) return e;
   return cudaFuncGetAttributes(&a, collective);
 }
 
 cudaError_t resident_blocks(int device, std::int32_t* blocks) {
-  int per_sm = 0, sms = 0;
+  int per_sm = 0, small_per_sm = 0, sms = 0;
   if (auto e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, collective, kThreads, 0); e != cudaSuccess)
     return e;
+  if (auto e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&small_per_sm, small_collective, kThreads, 0);
+      e != cudaSuccess)
+    return e;
+  per_sm = per_sm < small_per_sm ? per_sm : small_per_sm;
   if (auto e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess) return e;
   *blocks = per_sm * sms;
   return cudaSuccess;

@@ -73,7 +73,12 @@ struct Launch {
   ErrorRecord* error;
 };
 
-cudaError_t launch(const Launch& l, cudaStream_t stream);
+/// Enqueues the call's kernel. `early`: it may start before the kernel ahead of it on the stream
+/// has ended (programmatic dependent launch, compute capability 9.0 and later) — it waits for that
+/// kernel's work first thing and lets the next kernel start the same way, so back-to-back calls
+/// do not pay a kernel launch each. Not for ranks that share a GPU: all their blocks must be
+/// resident together, and blocks launched early take room.
+cudaError_t launch(const Launch& l, cudaStream_t stream, bool early);
 /// Loads the kernels' module into the current context.
 cudaError_t preload();
 /// Blocks of the collectives' kernel that `device` holds at once.
