@@ -8,7 +8,10 @@
 //                         memory: Vulkan memory imported into CUDA is mapped for its own device
 //                         only, so GPU 1 cannot read it directly (a copy issued from GPU 1 goes
 //                         through the host). Variant "copy-engine": cudaMemcpyPeerAsync on a
-//                         GPU 0 stream; variant "kernel": a copy kernel on GPU 0.
+//                         GPU 0 stream; variant "kernel": a copy kernel on GPU 0; variant
+//                         "gpu-ordered": cuda::ChannelImports::copy_to_peer, the copy ordered on
+//                         the GPUs (waiting for the message and releasing its slot there), so
+//                         no host thread waits for a copy.
 //   p2p-cuda-memcpy-peer  cudaMemcpyPeerAsync between two cudaMalloc buffers inside one process
 //                         with peer access on, the faster of a GPU 0 and a GPU 1 stream: the
 //                         floor of the link
@@ -29,6 +32,7 @@
 #include <cstdio>
 #include <deque>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -142,7 +146,14 @@ struct PeerReport {
   std::int32_t transfers = 0;
 };
 
-Result<P2PRow> lavaflow_p2p(const VulkanContext& vk0, std::uint64_t size, int transfers, bool kernel) {
+/// How the channel's consumer moves each message to GPU 1 (the p2p-lavaflow variants).
+enum class P2PCopy { CopyEngine, Kernel, GpuOrdered };
+
+const char* variant_of(P2PCopy how) {
+  return how == P2PCopy::Kernel ? "kernel" : how == P2PCopy::GpuOrdered ? "gpu-ordered" : "copy-engine";
+}
+
+Result<P2PRow> lavaflow_p2p(const VulkanContext& vk0, std::uint64_t size, int transfers, P2PCopy how) {
   constexpr const char* call = "p2p-lavaflow";
   TempDir dir;
   if (dir.path().empty()) return std::unexpected(from_errno(errno, "mkdtemp"));
@@ -151,33 +162,52 @@ Result<P2PRow> lavaflow_p2p(const VulkanContext& vk0, std::uint64_t size, int tr
     return std::unexpected(from_errno(errno, "socketpair"));
   UniqueFd mine(sv[0]), theirs(sv[1]);
   const int total = transfers + kWarmup;
-  Peer peer(spawn_self({"lavaflow-bench", "p2p-peer", kernel ? "kernel" : "copy-engine", dir.path(),
-                        std::to_string(size), std::to_string(total), std::to_string(theirs.get())},
+  Peer peer(spawn_self({"lavaflow-bench", "p2p-peer", variant_of(how), dir.path(), std::to_string(size),
+                        std::to_string(total), std::to_string(theirs.get())},
                        theirs.get()));
   theirs.reset();
   if (!peer.started()) return fail(Errc::System, "posix_spawn", "cannot start the peer process");
+  // gpu-ordered: the producer's side is ordered on GPU 0 too, as a producer that writes with CUDA
+  // would be: its stream waits for the consumer's release of a slot and signals the message (no
+  // writes: the bytes are the ring's), and no host thread waits for a GPU.
+  const bool ordered = how == P2PCopy::GpuOrdered;
   LF_TRY(auto out, Producer::create("p2p", {.slots = 4,
                                             .slot_size = size,
+                                            .host_wait_for_gpu_release = !ordered,
                                             .transport = TransportKind::Vulkan,
                                             .vulkan = &vk0,
                                             .directory = dir.path()}));
   LF_TRY_STATUS(out->wait_for_consumers(1, 60s));
+  std::optional<cuda::Interop> cu0;
+  std::optional<cuda::ChannelImports> imports;
+  StreamOwner s;
+  if (ordered) {
+    LF_TRY(cu0, cuda::Interop::create(vk0));
+    imports.emplace(*cu0);
+    GPU_OK(cudaSetDevice(0));
+    LF_TRY_STATUS(create(s));
+  }
   for (int i = 0; i < total; ++i) {
     LF_TRY(auto loan, out->loan(60s));
+    if (ordered) {
+      LF_TRY_STATUS(imports->wait(s.s, loan));
+      LF_TRY_STATUS(imports->signal(s.s, loan));
+    }
     LF_TRY(auto info, out->publish(std::move(loan), {.size = size}));
     (void)info;
   }
+  if (ordered) GPU_OK(cudaStreamSynchronize(s.s));
   LF_TRY_STATUS(out->flush(120s));
   PeerReport r;
   const timeval wait_at_most{.tv_sec = 120, .tv_usec = 0};  // a consumer stuck on its GPU
   (void)::setsockopt(mine.get(), SOL_SOCKET, SO_RCVTIMEO, &wait_at_most, sizeof wait_at_most);
   if (::recv(mine.get(), &r, sizeof r, MSG_WAITALL) != sizeof r)
     return fail(Errc::PeerLost, call, "the consumer process sent no report");
+  imports.reset();  // before the channel it imported from
   out.reset();
   LF_TRY_STATUS(peer.join(call));
   if (r.ns <= 0 || r.transfers != transfers) return fail(Errc::Malformed, call, "the consumer's report is wrong");
-  return P2PRow{"p2p-lavaflow", kernel ? "kernel" : "copy-engine", size, transfers,
-                double(size) * transfers / double(r.ns)};
+  return P2PRow{"p2p-lavaflow", variant_of(how), size, transfers, double(size) * transfers / double(r.ns)};
 }
 
 Result<P2PRow> unified_pull(const VulkanContext& vk0, std::uint64_t size, int transfers) {
@@ -213,7 +243,7 @@ Result<P2PRow> unified_pull(const VulkanContext& vk0, std::uint64_t size, int tr
   return P2PRow{"p2p-unified", "pull", size, transfers, gbps(size, transfers, elapsed)};
 }
 
-Status lavaflow_p2p_peer(bool kernel, const std::string& dir, std::uint64_t size, int total, int fd) {
+Status lavaflow_p2p_peer(P2PCopy how, const std::string& dir, std::uint64_t size, int total, int fd) {
   constexpr const char* call = "p2p-lavaflow consumer";
   LF_TRY(auto devs, cuda::devices());
   if (devs.size() < 2) return fail(Errc::NotFound, call, "fewer than two CUDA devices");
@@ -221,14 +251,37 @@ Status lavaflow_p2p_peer(bool kernel, const std::string& dir, std::uint64_t size
   LF_TRY(auto vk0, VulkanContext::create({.device = devs[0].uuid}));
   LF_TRY(auto cu0, cuda::Interop::create(vk0));
   LF_TRY_STATUS(cuda::enable_peer_access(0, 1));
-  LF_TRY(auto in, Consumer::open("p2p", {.connect_timeout = 60s, .vulkan = &vk0, .directory = dir}));
+  const bool ordered = how == P2PCopy::GpuOrdered;
+  LF_TRY(
+      auto in,
+      Consumer::open("p2p", {.host_wait_for_gpu = !ordered, .connect_timeout = 60s, .vulkan = &vk0, .directory = dir}));
   cuda::ChannelImports imports(cu0);
   DeviceMemory dst;
-  StreamOwner s;
+  StreamOwner s, s1;
   GPU_OK(cudaSetDevice(1));
   LF_TRY_STATUS(allocate(dst, size));
+  LF_TRY_STATUS(create(s1));
   GPU_OK(cudaSetDevice(0));
   LF_TRY_STATUS(create(s));
+  if (ordered) {
+    // Every copy waits for its message and releases its slot on GPU 0's stream; GPU 1's stream
+    // waits for the copies. No host thread waits until the end.
+    Clock::time_point t0{};
+    for (int i = 0; i < total; ++i) {
+      if (i == kWarmup) {
+        GPU_OK(cudaStreamSynchronize(s.s));
+        t0 = Clock::now();
+      }
+      LF_TRY(auto r, in->receive(60s));
+      LF_TRY_STATUS(imports.copy_to_peer(s.s, r, dst.p, size, 1, s1.s));
+    }
+    GPU_OK(cudaSetDevice(1));
+    GPU_OK(cudaStreamSynchronize(s1.s));
+    const PeerReport report{std::chrono::nanoseconds(Clock::now() - t0).count(), total - kWarmup};
+    if (::send(fd, &report, sizeof report, MSG_NOSIGNAL) != sizeof report)
+      return std::unexpected(from_errno(errno, "send"));
+    return {};
+  }
   struct InFlight {
     Received message;
     EventOwner done;
@@ -250,7 +303,7 @@ Status lavaflow_p2p_peer(bool kernel, const std::string& dir, std::uint64_t size
     GPU_OK(cudaSetDevice(0));
     auto& f = inflight.emplace_back(InFlight{std::move(r), {}});
     GPU_OK(cudaEventCreateWithFlags(&f.done.e, cudaEventDisableTiming));
-    if (kernel)
+    if (how == P2PCopy::Kernel)
       GPU_OK(lf_kernel_copy16(dst.p, src->data(), size, s.s));
     else
       GPU_OK(cudaMemcpyPeerAsync(dst.p, 1, src->data(), 0, size, s.s));
@@ -289,15 +342,16 @@ int bench_p2p(const P2POptions& o) {
   std::vector<P2PRow> rows;
   for (std::uint64_t size = o.min_size; size <= o.max_size; size *= 4) {
     const int n = transfers_for(size);
-    for (auto row : {lavaflow_p2p(*vk0, size, n, false), memcpy_peer(size, n), host_staged(size, n),
-                     lavaflow_p2p(*vk0, size, n, true), unified_pull(*vk0, size, n)}) {
+    for (auto row : {lavaflow_p2p(*vk0, size, n, P2PCopy::CopyEngine), memcpy_peer(size, n), host_staged(size, n),
+                     lavaflow_p2p(*vk0, size, n, P2PCopy::Kernel), unified_pull(*vk0, size, n),
+                     lavaflow_p2p(*vk0, size, n, P2PCopy::GpuOrdered)}) {
       if (!row) return std::fprintf(stderr, "lavaflow-bench p2p: %s\n", row.error().message().c_str()), 1;
       rows.push_back(std::move(*row));
     }
   }
   // The target: across processes ≥ 0.95 × cudaMemcpyPeer inside one process at ≥ 64 MiB.
   nlohmann::json targets = nlohmann::json::array();
-  for (std::size_t i = 0; i + 4 < rows.size(); i += 5) {
+  for (std::size_t i = 0; i + 5 < rows.size(); i += 6) {
     const double ratio = rows[i].gbps / rows[i + 1].gbps;
     targets.push_back({{"name", str_format("p2p-lavaflow / p2p-cuda-memcpy-peer at {} B", rows[i].size)},
                        {"size", rows[i].size},
@@ -305,6 +359,7 @@ int bench_p2p(const P2POptions& o) {
                        {"vs_host_staged", rows[i].gbps / rows[i + 2].gbps},
                        {"kernel_ratio", rows[i + 3].gbps / rows[i + 1].gbps},
                        {"unified_ratio", rows[i + 4].gbps / rows[i + 1].gbps},
+                       {"ordered_ratio", rows[i + 5].gbps / rows[i + 1].gbps},
                        {"target", rows[i].size >= (64u << 20) ? ">= 0.95" : "none"},
                        {"met", rows[i].size < (64u << 20) || ratio >= 0.95}});
   }
@@ -327,18 +382,22 @@ int bench_p2p(const P2POptions& o) {
                 static_cast<unsigned long long>(r.size), r.transfers, r.gbps);
   std::printf("\nTargets (ratios within this run)\n");
   for (const auto& t : targets)
-    std::printf("  %-55s %7.3f  %s  (%.1f x host-staged; kernel variant %.3f; unified buffer %.3f)\n",
+    std::printf("  %-55s %7.3f  %s  (%.1f x host-staged; kernel variant %.3f; unified buffer %.3f; gpu-ordered %.3f)\n",
                 t["name"].get<std::string>().c_str(), t["ratio"].get<double>(),
                 t["target"] == "none" ? "-" : (t["met"].get<bool>() ? "met" : "NOT met"),
-                t["vs_host_staged"].get<double>(), t["kernel_ratio"].get<double>(), t["unified_ratio"].get<double>());
+                t["vs_host_staged"].get<double>(), t["kernel_ratio"].get<double>(), t["unified_ratio"].get<double>(),
+                t["ordered_ratio"].get<double>());
   return 0;
 }
 
 int p2p_peer(int argc, char** argv) {
-  // lavaflow-bench p2p-peer copy-engine|kernel DIR SIZE COUNT FD; started by this program only.
+  // lavaflow-bench p2p-peer copy-engine|kernel|gpu-ordered DIR SIZE COUNT FD; started by this program only.
   if (argc != 7) return 2;
-  auto ok = lavaflow_p2p_peer(std::string(argv[2]) == "kernel", argv[3], std::stoull(argv[4]), std::stoi(argv[5]),
-                              std::stoi(argv[6]));
+  const std::string how = argv[2];
+  auto ok = lavaflow_p2p_peer(how == "kernel"        ? P2PCopy::Kernel
+                              : how == "gpu-ordered" ? P2PCopy::GpuOrdered
+                                                     : P2PCopy::CopyEngine,
+                              argv[3], std::stoull(argv[4]), std::stoi(argv[5]), std::stoi(argv[6]));
   if (!ok) {
     std::fprintf(stderr, "p2p-peer: %s\n", ok.error().message().c_str());
     return 1;

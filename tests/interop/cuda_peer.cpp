@@ -7,6 +7,10 @@
 //   lavaflow_cuda_peer consume-peer DIR NAME COUNT
 //     A consumer on CUDA device 1 of a channel whose ring is on device 0: each message is copied
 //     to device 1 over the peer link (cudaMemcpyPeer), then checked there.
+//   lavaflow_cuda_peer consume-peer-gpu DIR NAME COUNT
+//     The same ordered on the GPUs (ChannelImports::copy_to_peer): no host thread waits for
+//     either GPU; a kernel on device 1 checks every message, and the count of wrong words is
+//     read once at the end.
 //   lavaflow_cuda_peer import-allocation ALLOCATION_SIZE SIZE DEVICE [OFFSET LENGTH] SOCKET
 //     Receives a CUDA allocation's fd (device 0) on SOCKET, checks that wrong sizes and a non-CUDA
 //     fd are refused, maps SIZE bytes of it for DEVICE too, checks message 7 with a kernel on DEVICE
@@ -68,6 +72,74 @@ int consume_peer(const std::string& dir, const std::string& name, std::uint64_t 
   return cudaFree(dst) == cudaSuccess ? 0 : 1;
 }
 
+int consume_peer_gpu(const std::string& dir, const std::string& name, std::uint64_t count) {
+  auto c =
+      Consumer::open(name, {.host_wait_for_gpu = false, .connect_timeout = std::chrono::seconds(20), .directory = dir});
+  if (!c) return failed("open", c.error());
+  if (!(*c)->vulkan()) return std::fprintf(stderr, "cuda_peer: channel is not on the Vulkan transport\n"), 1;
+  auto cu = cuda::Interop::create(*(*c)->vulkan());
+  if (!cu) return std::printf("LAVAFLOW-SKIP: %s\n", cu.error().message().c_str()), 77;
+  const int home = cu->device().ordinal, mine = home == 0 ? 1 : 0;
+  if (auto ok = cuda::enable_peer_access(home, mine); !ok) return failed("peer access", ok.error());
+  cuda::ChannelImports imports(*cu);
+  // Two destination buffers on our device, each reused once its check has run.
+  constexpr int kRing = 2;
+  constexpr std::uint64_t kBytes = 1 << 20;
+  void* dst[kRing] = {};
+  cudaEvent_t checked[kRing] = {};
+  unsigned long long* errors = nullptr;
+  cudaStream_t ours = nullptr, theirs = nullptr;
+  bool ready = cudaSetDevice(mine) == cudaSuccess &&
+               cudaStreamCreateWithFlags(&ours, cudaStreamNonBlocking) == cudaSuccess &&
+               cudaMalloc(reinterpret_cast<void**>(&errors), sizeof *errors) == cudaSuccess &&
+               cudaMemset(errors, 0, sizeof *errors) == cudaSuccess;
+  for (int k = 0; k < kRing && ready; ++k)
+    ready = cudaMalloc(&dst[k], kBytes) == cudaSuccess &&
+            cudaEventCreateWithFlags(&checked[k], cudaEventDisableTiming) == cudaSuccess;
+  // Both kernels run once before a stream waits on anything: modules load lazily, and loading one
+  // while a stream is blocked on a wait can deadlock.
+  ready = ready && lf_kernel_fill_frame(dst[0], 8, 0, ours) == cudaSuccess &&
+          lf_kernel_check_frame(dst[0], 8, 0, 0, errors, nullptr, nullptr, ours) == cudaSuccess &&
+          cudaStreamSynchronize(ours) == cudaSuccess && cudaSetDevice(home) == cudaSuccess &&
+          cudaStreamCreateWithFlags(&theirs, cudaStreamNonBlocking) == cudaSuccess;
+  if (!ready) return std::fprintf(stderr, "cuda_peer: CUDA setup failed\n"), 1;
+  for (std::uint64_t i = 0; i < count; ++i) {
+    auto r = (*c)->receive(std::chrono::seconds(20));
+    if (!r) return failed("receive", r.error());
+    if (r->info().sequence != i)
+      return std::fprintf(stderr, "cuda_peer: message %llu out of order\n", static_cast<unsigned long long>(i)), 1;
+    const int k = static_cast<int>(i % kRing);
+    if (i == 0) {  // refusals, before anything is queued: the message stays whole
+      auto none = imports.copy_to_peer(theirs, *r, nullptr, kBytes, mine, ours);
+      auto short_dst = imports.copy_to_peer(theirs, *r, dst[k], r->info().size - 1, mine, ours);
+      auto wrong_stream = imports.copy_to_peer(ours, *r, dst[k], kBytes, mine, ours);
+      if (none || short_dst || wrong_stream ||
+          short_dst.error().message().find("the destination") == std::string::npos ||
+          wrong_stream.error().message().find("belongs to CUDA device") == std::string::npos)
+        return std::fprintf(stderr, "cuda_peer: a wrong copy_to_peer was not refused\n"), 1;
+    }
+    if (cudaSetDevice(home) != cudaSuccess || cudaStreamWaitEvent(theirs, checked[k], 0) != cudaSuccess)
+      return std::fprintf(stderr, "cuda_peer: event wait failed\n"), 1;
+    if (auto ok = imports.copy_to_peer(theirs, *r, dst[k], kBytes, mine, ours); !ok)
+      return failed("copy_to_peer", ok.error());
+    // Dropped at once: the slot is released on the GPU after the copy.
+    const std::uint64_t size = r->info().size;
+    r->release();
+    if (cudaSetDevice(mine) != cudaSuccess ||
+        lf_kernel_check_frame(dst[k], size, i, 0, errors, nullptr, nullptr, ours) != cudaSuccess ||
+        cudaEventRecord(checked[k], ours) != cudaSuccess)
+      return std::fprintf(stderr, "cuda_peer: check failed to launch\n"), 1;
+  }
+  unsigned long long bad = 1;
+  if (cudaSetDevice(mine) != cudaSuccess || cudaStreamSynchronize(ours) != cudaSuccess ||
+      cudaMemcpy(&bad, errors, sizeof bad, cudaMemcpyDeviceToHost) != cudaSuccess)
+    return std::fprintf(stderr, "cuda_peer: device %d failed\n", mine), 1;
+  if (bad != 0) return std::fprintf(stderr, "cuda_peer: %llu words wrong on device %d\n", bad, mine), 1;
+  std::printf("cuda_peer: %llu messages from device %d checked on device %d, ordered on the GPUs\n",
+              static_cast<unsigned long long>(count), home, mine);
+  return 0;
+}
+
 /// Maps `size` bytes of the allocation it is sent, reads message 7 in the `length` bytes at
 /// `offset` of it (a pooled buffer's place in its segment) and writes message 8 there.
 int import_allocation(std::uint64_t allocation_size, std::uint64_t size, int device, int sock, std::uint64_t offset,
@@ -117,6 +189,7 @@ int import_allocation(std::uint64_t allocation_size, std::uint64_t size, int dev
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "consume-peer" && argc == 5) return consume_peer(argv[2], argv[3], std::stoull(argv[4]));
+  if (mode == "consume-peer-gpu" && argc == 5) return consume_peer_gpu(argv[2], argv[3], std::stoull(argv[4]));
   if (mode == "import-allocation" && (argc == 6 || argc == 8)) {
     const bool ranged = argc == 8;  // OFFSET LENGTH before the socket
     return import_allocation(std::stoull(argv[2]), std::stoull(argv[3]), std::stoi(argv[4]),
@@ -125,7 +198,7 @@ int main(int argc, char** argv) {
   }
   if (argc != 5 || mode != "consume") {
     std::fprintf(stderr,
-                 "usage: lavaflow_cuda_peer consume|consume-peer DIR NAME COUNT\n"
+                 "usage: lavaflow_cuda_peer consume|consume-peer|consume-peer-gpu DIR NAME COUNT\n"
                  "       lavaflow_cuda_peer import-allocation ALLOCATION_SIZE SIZE DEVICE [OFFSET LENGTH] SOCKET\n");
     return 2;
   }

@@ -421,6 +421,46 @@ TEST_CASE("a consumer process on GPU 1 receives from a producer on GPU 0 and cop
   CHECK(lftest::wait_exit(pid) == 0);
 }
 
+TEST_CASE("a consumer process on GPU 1 gets each message over the peer link ordered on the GPUs, no host waiting") {
+  require_two_peers();
+  auto f = setup();  // GPU 0
+  const auto kind = GENERATE(GpuSyncKind::Semaphore, GpuSyncKind::Flag);
+  const auto dir = lftest::channel_dir();
+  constexpr std::uint64_t kBytes = 1 << 20;
+  // Two slots: the producer's GPU rewrites a slot only after the consumer's copy out of it, which
+  // it learns on the GPU (the release travels back through the channel's counters).
+  auto prod = lftest::ok(Producer::create("cuda-p2p-gpu", {.slots = 2,
+                                                           .slot_size = kBytes,
+                                                           .host_wait_for_gpu_release = false,
+                                                           .gpu_sync = kind,
+                                                           .transport = TransportKind::Vulkan,
+                                                           .vulkan = &f.vk,
+                                                           .directory = dir}));
+  if (prod->gpu_sync() != kind) lftest::skip("the channel cannot order GPU work with timelines on this device");
+  const std::uint64_t count = 300;
+  const pid_t pid =
+      lftest::run({LAVAFLOW_CUDA_PEER, "consume-peer-gpu", dir.string(), "cuda-p2p-gpu", std::to_string(count)});
+  lftest::ok(prod->wait_for_consumers(1, std::chrono::seconds(30)));
+  cuda::ChannelImports imports(f.cu);
+  cudaStream_t s;
+  CU_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  std::uint64_t loans_with_waits = 0;
+  for (std::uint64_t i = 0; i < count; ++i) {
+    auto loan = lftest::ok(prod->loan(std::chrono::seconds(20)));
+    loans_with_waits += !loan.gpu_waits().empty();
+    const std::uint64_t n = 1000 + (i * 7919) % (kBytes - 1000);
+    const auto* dst = lftest::ok(imports.buffer(loan));
+    lftest::ok(imports.wait(s, loan));
+    CU_OK(lf_kernel_fill_frame(dst->data(), n, i, s));
+    lftest::ok(imports.signal(s, loan));
+    lftest::ok(prod->publish(std::move(loan), {.size = n}));
+  }
+  CHECK(lftest::wait_exit(pid) == 0);
+  CU_OK(cudaStreamSynchronize(s));
+  CU_OK(cudaStreamDestroy(s));
+  CHECK(loans_with_waits > 0);
+}
+
 TEST_CASE("CUDA memory exported by one process is mapped by another, where kernels on a second GPU use it") {
   auto f = setup();
   int devices = 0;

@@ -12,6 +12,7 @@
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/cuda/cuda.hpp"
 #include "pci.hpp"
+#include "runtime.hpp"
 
 namespace lavaflow::cuda {
 
@@ -144,6 +145,40 @@ Status enable_peer_access(int device, int peer) {
     return {};
   }
   return check(e, "cudaDeviceEnablePeerAccess");
+}
+
+// Everything is checked before the first operation is queued; after it, an error leaves the
+// message unreleased on the GPU, and the caller finishes the stream's work before dropping it (as
+// with release()).
+Status ChannelImports::copy_to_peer(cudaStream_t stream, Received& message, void* dst, std::uint64_t dst_bytes,
+                                    int dst_device, cudaStream_t dst_stream) {
+  constexpr const char* call = "cuda::ChannelImports::copy_to_peer";
+  const int home = cuda_->device().ordinal;
+  const std::uint64_t size = message.info().size;
+  if (dst == nullptr) return fail(Errc::InvalidArgument, call, "the destination is null");
+  if (size > dst_bytes)
+    return fail(Errc::InvalidArgument, call,
+                str_format("the message holds {} bytes; the destination {}", size, dst_bytes));
+  LF_TRY(const auto release, message.gpu_release_point());
+  const detail::KeepCurrentDevice keep;
+  LF_TRY_STATUS(detail::stream_of(dst_stream, dst_device, "the destination", call));
+  LF_TRY_STATUS(detail::stream_of(stream, home, "the channel's ring", call));
+  LF_TRY(const auto* src, buffer(message));
+  if (size > src->size())
+    return fail(Errc::Malformed, call, str_format("the message holds {} bytes; its ring buffer {}", size, src->size()));
+  if (!copied_) {
+    cudaEvent_t e = nullptr;
+    LF_TRY_STATUS(detail::cuda_step(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate", call));
+    copied_.reset(e);
+  }
+  LF_TRY_STATUS(wait(stream, message));
+  LF_TRY_STATUS(detail::cuda_step(cudaMemcpyPeerAsync(dst, dst_device, src->data(), home, size, stream),
+                                  "cudaMemcpyPeerAsync", call));
+  LF_TRY_STATUS(detail::cuda_step(cudaEventRecord(copied_.get(), stream), "cudaEventRecord", call));
+  LF_TRY_STATUS(signal(stream, release));
+  (void)message.gpu_release();
+  LF_TRY_STATUS(detail::cuda_step(cudaSetDevice(dst_device), "cudaSetDevice", call));  // the null stream is its
+  return detail::cuda_step(cudaStreamWaitEvent(dst_stream, copied_.get(), 0), "cudaStreamWaitEvent", call);
 }
 
 }  // namespace lavaflow::cuda

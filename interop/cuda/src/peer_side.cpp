@@ -7,14 +7,15 @@
 #include <optional>
 #include <thread>
 
-#include "current_device.hpp"
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/cuda/cuda.hpp"
+#include "runtime.hpp"
 
 namespace lavaflow::cuda {
 
 namespace {
 
+using detail::cuda_step;
 using detail::KeepCurrentDevice;
 
 /// How long the destructor and an error path wait for the copy stream: a copy waits on the
@@ -29,12 +30,6 @@ bool settle(cudaStream_t stream) {
     std::this_thread::sleep_for(std::chrono::microseconds(100));
   (void)cudaGetLastError();
   return e != cudaErrorNotReady;
-}
-
-/// A CUDA failure of `what`, inside `call`.
-Status cuda_step(cudaError_t e, const char* what, const char* call) {
-  if (e == cudaSuccess) return {};
-  return std::unexpected(to_error(e, what).within(call));
 }
 
 }  // namespace
@@ -120,13 +115,7 @@ struct PeerSide::State {
   /// Makes the peer current and checks that `s` is one of its streams (the null stream is the
   /// peer's default stream).
   Status peer_stream(cudaStream_t s, const char* call) const {
-    int device = -1;
-    LF_TRY_STATUS(cuda_step(cudaSetDevice(peer), "cudaSetDevice", call));
-    LF_TRY_STATUS(cuda_step(cudaStreamGetDevice(s, &device), "cudaStreamGetDevice", call));
-    if (device != peer)
-      return fail(Errc::InvalidArgument, call,
-                  str_format("the stream belongs to CUDA device {}; the peer copy lives on device {}", device, peer));
-    return {};
+    return detail::stream_of(s, peer, "the peer copy", call);
   }
 };
 

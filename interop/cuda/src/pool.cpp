@@ -3,9 +3,9 @@
 #include <optional>
 #include <utility>
 
-#include "current_device.hpp"
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/cuda/cuda.hpp"
+#include "runtime.hpp"
 
 namespace lavaflow::cuda {
 

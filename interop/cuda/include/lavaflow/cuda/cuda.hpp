@@ -30,6 +30,7 @@
 #include "lavaflow/core/pool.hpp"
 #include "lavaflow/core/unified_buffer.hpp"
 #include "lavaflow/core/unique_fd.hpp"
+#include "lavaflow/core/unique_handle.hpp"
 #include "lavaflow/transports/channel.hpp"
 
 namespace lavaflow::cuda {
@@ -272,15 +273,40 @@ class ChannelImports {
   /// Raises the point once the work queued in `stream` so far is done. Prefer signal(loan) and
   /// release(message), which also tell the channel.
   [[nodiscard]] Status signal(cudaStream_t stream, const GpuSync& sync);
+  /// Copies a received message into another GPU's memory over the peer link, ordered on the GPUs:
+  /// `stream`, a stream of this Interop's GPU (the ring's), waits for the message's producer-side
+  /// work, copies its bytes to `dst` (`dst_bytes` of CUDA device `dst_device`'s memory) and
+  /// releases the message's slot after the copy; `dst_stream`, a stream of `dst_device`, waits
+  /// for the copy. No host thread waits for either GPU, and the message can be dropped at once
+  /// (a consumer opened with ConsumerOptions::host_wait_for_gpu = false does not wait in
+  /// receive() either). The copy is issued on the ring's GPU: memory imported into CUDA is mapped
+  /// for its own device only, and a copy the other GPU pulls is staged through host memory
+  /// (docs/design/0020-p2p.md). Peer access from the ring's GPU to `dst_device`
+  /// (enable_peer_access) makes it run at the link's speed. Unsupported, before anything is
+  /// queued, on a channel without GPU ordering (timeline or flags): copy, synchronise `stream` and
+  /// drop the message instead. Null streams are the devices' default streams. Leaves the calling
+  /// thread's current device as it found it.
+  [[nodiscard]] Status copy_to_peer(cudaStream_t stream, Received& message, void* dst, std::uint64_t dst_bytes,
+                                    int dst_device, cudaStream_t dst_stream);
   [[nodiscard]] std::size_t imported() const { return cache_.size(); }
 
  private:
+  struct EventTraits {
+    using handle_type = cudaEvent_t;
+    static constexpr cudaEvent_t none() noexcept { return nullptr; }
+    static bool empty(cudaEvent_t e) noexcept { return e == nullptr; }
+    static bool same(cudaEvent_t a, cudaEvent_t b) noexcept { return a == b; }
+    static void give_back(cudaEvent_t e) noexcept { (void)cudaEventDestroy(e); }
+  };
   Result<const ExternalBuffer*> import(const lavaflow::Buffer& buffer);
   Result<unsigned long long> flag_address(const GpuSync& sync);  // CUdeviceptr of a flag
   Result<const ExternalSemaphore*> semaphore(const GpuSync& sync);
   const Interop* cuda_;
   std::unordered_map<const lavaflow::Buffer*, ExternalBuffer> cache_;
   std::unordered_map<const GpuSemaphore*, ExternalSemaphore> semaphores_;
+  // copy_to_peer's last copy, on the ring's GPU. One serves every call: a stream's wait on an
+  // event takes the record made before it, so recording it again later changes no wait queued.
+  UniqueHandle<EventTraits> copied_;
 };
 
 /// A MemoryPool whose GpuDeviceLocal buffers are exportable CUDA memory of `interop`'s device:
