@@ -1,13 +1,13 @@
 // SPDX-License-Identifier: MIT
 // The CUDA collectives: one kernel per call, Launch::blocks blocks. Calls of at most kLLBytes per
-// rank pair go in LL lines (below), in a kernel of their own: it needs far fewer registers than
-// the staging's, and a small call feels every one. Larger ones run in steps of at most one
-// staging buffer; step s of block i uses staging buffer (epoch & 1), where the block's epoch
-// counts its steps over the communicator's life — kept in device memory, so that a call captured
-// in a CUDA graph advances it on every replay. Staging is pushed: in each step block i of every
-// rank writes its slices of what each peer needs into that peer's staging, publishes (epoch,
-// signature) in the peers' flag slots, waits for block i of every peer to do the same, then reads
-// its own staging.
+// rank pair go in LL lines (below), in a kernel of their own: it needs far fewer registers than the
+// staging's, and a small call feels every one. Larger ones run the staging's kernel for their
+// element type, in steps of at most one staging buffer; step s of block i uses staging buffer
+// (epoch & 1), where the block's epoch counts its steps over the communicator's life — kept in
+// device memory, so that a call captured in a CUDA graph advances it on every replay. Staging is
+// pushed: in each step block i of every rank writes its slices of what each peer needs into that
+// peer's staging, publishes (epoch, signature) in the peers' flag slots, waits for block i of every
+// peer to do the same, then reads its own staging.
 //
 // A staging buffer is written again two steps later; by then its owner has published the step in
 // between, which it does only after its reads of the earlier step (stream order), so no step
@@ -19,6 +19,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <iterator>
 #include <type_traits>
 
 #include "kernels.hpp"
@@ -220,6 +221,16 @@ __device__ A combine(A a, A b, std::uint32_t op) {
   }
 }
 
+/// combine() with the op known at compile time (kOp >= 0) or read at run time (kAnyOp).
+constexpr int kAnyOp = -1;
+template <int kOp, class A>
+__device__ A combine_as(A a, A b, std::uint32_t op) {
+  if constexpr (kOp == kAnyOp)
+    return combine(a, b, op);
+  else
+    return combine(a, b, static_cast<std::uint32_t>(kOp));
+}
+
 template <class T>
 __device__ T finish(typename Elem<T>::Acc a, std::uint32_t op, std::uint32_t ranks) {
   using A = typename Elem<T>::Acc;
@@ -250,7 +261,7 @@ __device__ T load_cv(const T* p) {
 /// pass from `v` while all U fit; returns where this thread stopped, for a pass with smaller U.
 /// The U vectors are independent: their loads from every rank are in flight together, which the
 /// link needs to reach its bandwidth.
-template <class T, std::uint32_t U>
+template <class T, int kOp, std::uint32_t U>
 __device__ std::uint64_t reduce_vectors(const Launch& l, unsigned char* const* outs, std::uint32_t nouts,
                                         const unsigned char* const* in, std::uint64_t v, std::uint64_t vectors) {
   using A = typename Elem<T>::Acc;
@@ -266,7 +277,7 @@ __device__ std::uint64_t reduce_vectors(const Launch& l, unsigned char* const* o
       for (std::uint32_t u = 0; u < U; ++u) raw[u] = __ldcv(reinterpret_cast<const uint4*>(in[r]) + v + u * stride);
       for (std::uint32_t u = 0; u < U; ++u)
         for (std::uint32_t k = 0; k < kPer; ++k)
-          acc[u][k] = combine(acc[u][k], Elem<T>::load(reinterpret_cast<const T*>(&raw[u])[k]), l.op);
+          acc[u][k] = combine_as<kOp>(acc[u][k], Elem<T>::load(reinterpret_cast<const T*>(&raw[u])[k]), l.op);
     }
     for (std::uint32_t u = 0; u < U; ++u) {
       uint4 result;
@@ -280,8 +291,8 @@ __device__ std::uint64_t reduce_vectors(const Launch& l, unsigned char* const* o
 /// outs[j][0, len) = op over in[r][0, len) for every rank r (in rank order, as the host
 /// reduction), for each of the `nouts` outputs (this rank's result and the peers' staging).
 /// Inputs are read past L1: peers write this rank's staging. 16-byte vectors where every pointer
-/// allows, elements otherwise.
-template <class T>
+/// allows, elements otherwise. `kOp`: the op when known at compile time (kAnyOp: l.op).
+template <class T, int kOp>
 __device__ void reduce(const Launch& l, unsigned char* const* outs, std::uint32_t nouts, const unsigned char* const* in,
                        std::uint64_t len) {
   using A = typename Elem<T>::Acc;
@@ -291,8 +302,8 @@ __device__ void reduce(const Launch& l, unsigned char* const* outs, std::uint32_
   std::uint64_t done = 0;
   if ((bits & 15) == 0) {
     const std::uint64_t vectors = len / 16;
-    const std::uint64_t v = reduce_vectors<T, kUnroll>(l, outs, nouts, in, threadIdx.x, vectors);
-    reduce_vectors<T, 1>(l, outs, nouts, in, v, vectors);
+    const std::uint64_t v = reduce_vectors<T, kOp, kUnroll>(l, outs, nouts, in, threadIdx.x, vectors);
+    reduce_vectors<T, kOp, 1>(l, outs, nouts, in, v, vectors);
     done = vectors * 16;
   }
   const std::uint64_t count = (len - done) / sizeof(T);
@@ -300,28 +311,21 @@ __device__ void reduce(const Launch& l, unsigned char* const* outs, std::uint32_
     const std::uint64_t at = done + e * sizeof(T);
     A acc = Elem<T>::load(load_cv(reinterpret_cast<const T*>(in[0] + at)));
     for (std::uint32_t r = 1; r < l.ranks; ++r)
-      acc = combine(acc, Elem<T>::load(load_cv(reinterpret_cast<const T*>(in[r] + at))), l.op);
+      acc = combine_as<kOp>(acc, Elem<T>::load(load_cv(reinterpret_cast<const T*>(in[r] + at))), l.op);
     const T result = finish<T>(acc, l.op, l.ranks);
     for (std::uint32_t j = 0; j < nouts; ++j) *reinterpret_cast<T*>(outs[j] + at) = result;
   }
 }
 
-__device__ void reduce_any(const Launch& l, unsigned char* const* outs, std::uint32_t nouts,
-                           const unsigned char* const* in, std::uint64_t len) {
-  switch (l.dtype) {
-    case kF32:
-      return reduce<float>(l, outs, nouts, in, len);
-    case kF16:
-      return reduce<__half>(l, outs, nouts, in, len);
-    case kBF16:
-      return reduce<__nv_bfloat16>(l, outs, nouts, in, len);
-    case kI32:
-      return reduce<std::int32_t>(l, outs, nouts, in, len);
-    case kI64:
-      return reduce<std::int64_t>(l, outs, nouts, in, len);
-    default:
-      return reduce<std::uint8_t>(l, outs, nouts, in, len);
-  }
+/// Sums (and averages, which sum first) take a loop with the op compiled in: a run-time choice
+/// per element costs the reduction more than its arithmetic, most of all for 16-bit types.
+template <class T>
+__device__ void reduce_op(const Launch& l, unsigned char* const* outs, std::uint32_t nouts,
+                          const unsigned char* const* in, std::uint64_t len) {
+  if (l.op == kSum || l.op == kAverage)
+    reduce<T, kSum>(l, outs, nouts, in, len);
+  else
+    reduce<T, kAnyOp>(l, outs, nouts, in, len);
 }
 
 /// Vectors v, v + stride, ... of d = s (stride = blockDim.x), U independent ones per thread and
@@ -569,7 +573,9 @@ __global__ void __launch_bounds__(kThreads) small_collective(Launch l) {
   if (ll_call(l, epoch) && threadIdx.x == 0) flags(l, l.me)->epoch[blockIdx.x] = epoch;
 }
 
-/// A larger call, through the staging.
+/// A larger call, through the staging, of elements T (Launch::dtype): a kernel per type keeps
+/// each one's registers to what its own reduction needs.
+template <class T>
 __global__ void __launch_bounds__(kThreads) collective(Launch l) {
   if (!begin_call(l)) return;
   const std::uint32_t i = blockIdx.x;
@@ -636,7 +642,7 @@ __global__ void __launch_bounds__(kThreads) collective(Launch l) {
           for (std::uint32_t r = 0; r < n; ++r)
             sources[r] = r == me ? in + me * block + at + s.at : mine + to_slot(r, me) * per_peer + s.at;
           targets[0] = out + at + s.at;
-          reduce_any(l, targets, 1, sources, s.len);
+          reduce_op<T>(l, targets, 1, sources, s.len);
           break;
         }
         // Two-shot all_reduce, a reduce-scatter then an all-gather: rank q reduces part q; block i
@@ -659,7 +665,7 @@ __global__ void __launch_bounds__(kThreads) collective(Launch l) {
           targets[outs++] = out + at + p.at + s.at;
           for (std::uint32_t q = 0; q < n; ++q)
             if (q != me) targets[outs++] = stages[q] + round1 + to_slot(me, q) * two_shot_part + s.at;
-          reduce_any(l, targets, outs, sources, s.len);
+          reduce_op<T>(l, targets, outs, sources, s.len);
         }
         publish(l, 1, epoch);
         if (!await(l, 1, epoch)) return;
@@ -699,6 +705,11 @@ __global__ void __launch_bounds__(kThreads) collective(Launch l) {
   if (threadIdx.x == 0) flags(l, me)->epoch[i] = epoch;
 }
 
+/// The staging's kernel of each DType, in its order.
+using Kernel = void (*)(Launch);
+constexpr Kernel kStaged[] = {collective<float>,        collective<__half>,       collective<__nv_bfloat16>,
+                              collective<std::int32_t>, collective<std::int64_t>, collective<std::uint8_t>};
+
 }  // namespace
 
 cudaError_t launch(const Launch& l, cudaStream_t stream, bool early) {
@@ -717,23 +728,28 @@ cudaError_t launch(const Launch& l, cudaStream_t stream, bool early) {
   attribute.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &attribute;
   config.numAttrs = early ? 1 : 0;
-  return small ? cudaLaunchKernelEx(&config, small_collective, l) : cudaLaunchKernelEx(&config, collective, l);
+  if (small) return cudaLaunchKernelEx(&config, small_collective, l);
+  if (l.dtype >= std::size(kStaged)) return cudaErrorInvalidValue;
+  return cudaLaunchKernelEx(&config, kStaged[l.dtype], l);
 }
 
 cudaError_t preload() {
   cudaFuncAttributes a{};
   if (auto e = cudaFuncGetAttributes(&a, small_collective); e != cudaSuccess) return e;
-  return cudaFuncGetAttributes(&a, collective);
+  for (Kernel k : kStaged)
+    if (auto e = cudaFuncGetAttributes(&a, k); e != cudaSuccess) return e;
+  return cudaSuccess;
 }
 
 cudaError_t resident_blocks(int device, std::int32_t* blocks) {
-  int per_sm = 0, small_per_sm = 0, sms = 0;
-  if (auto e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, collective, kThreads, 0); e != cudaSuccess)
+  int per_sm = 0, sms = 0;
+  if (auto e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, small_collective, kThreads, 0); e != cudaSuccess)
     return e;
-  if (auto e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&small_per_sm, small_collective, kThreads, 0);
-      e != cudaSuccess)
-    return e;
-  per_sm = per_sm < small_per_sm ? per_sm : small_per_sm;
+  for (Kernel k : kStaged) {
+    int n = 0;
+    if (auto e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, kThreads, 0); e != cudaSuccess) return e;
+    per_sm = n < per_sm ? n : per_sm;
+  }
   if (auto e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess) return e;
   *blocks = per_sm * sms;
   return cudaSuccess;
