@@ -1718,7 +1718,17 @@ Status wait_on_host(const GpuSync& sync, Duration timeout) {
   constexpr const char* call = "wait_on_host";
   if (sync.kind() == GpuSyncKind::Semaphore) {
     if (!sync.source) return fail(Errc::InvalidArgument, call, "GPU sync point without its semaphore");
-    return sync.source->wait(sync.value, timeout);
+    // Polled like a flag, not slept on in vkWaitSemaphores: a driver's wait can wake milliseconds
+    // late when another process's CUDA stream signals the timeline (NVIDIA's does; note 0020).
+    return detail::wait_for(
+        [&]() -> Result<bool> {
+          LF_TRY(const auto v, sync.source->value());
+          return v >= sync.value;
+        },
+        detail::never_stop, detail::Nap{std::chrono::microseconds(50)}, WaitMode::SpinThenBlock, timeout, {},
+        [&] {
+          return Error(Errc::Timeout, call, str_format("GPU work did not reach timeline value {} in time", sync.value));
+        });
   }
   LF_TRY_STATUS(check_flag(sync, call));
   // GPU work writes the word with no way to wake a sleeper: spin, then poll in naps of 50 µs.
