@@ -434,7 +434,7 @@ __device__ bool ll_line(const Launch& l, std::uint32_t r, std::uint32_t epoch, s
 }
 
 /// all_reduce / reduce_scatter: every rank's line, combined in rank order (as the host reduction).
-template <class T>
+template <class T, int kOp>
 __device__ bool ll_reduce(const Launch& l, std::uint32_t epoch, std::uint64_t first_line, std::uint64_t lines,
                           std::uint64_t at0, std::uint64_t len, std::uint64_t start) {
   using A = typename Elem<T>::Acc;
@@ -450,7 +450,7 @@ __device__ bool ll_reduce(const Launch& l, std::uint32_t epoch, std::uint64_t fi
       if (!ll_line(l, r, epoch, first_line + k, start, in + at, n, d)) return false;
       for (std::uint32_t e = 0; e < kPer; ++e) {
         const A v = Elem<T>::load(reinterpret_cast<const T*>(&d)[e]);
-        acc[e] = r == 0 ? v : combine(acc[e], v, l.op);
+        acc[e] = r == 0 ? v : combine_as<kOp>(acc[e], v, l.op);
       }
     }
     std::uint64_t result = 0;
@@ -460,21 +460,28 @@ __device__ bool ll_reduce(const Launch& l, std::uint32_t epoch, std::uint64_t fi
   return true;
 }
 
+template <class T>
+__device__ bool ll_reduce_op(const Launch& l, std::uint32_t epoch, std::uint64_t first_line, std::uint64_t lines,
+                             std::uint64_t at0, std::uint64_t len, std::uint64_t start) {
+  if (l.op == kSum || l.op == kAverage) return ll_reduce<T, kSum>(l, epoch, first_line, lines, at0, len, start);
+  return ll_reduce<T, kAnyOp>(l, epoch, first_line, lines, at0, len, start);
+}
+
 __device__ bool ll_reduce_any(const Launch& l, std::uint32_t epoch, std::uint64_t first_line, std::uint64_t lines,
                               std::uint64_t at0, std::uint64_t len, std::uint64_t start) {
   switch (l.dtype) {
     case kF32:
-      return ll_reduce<float>(l, epoch, first_line, lines, at0, len, start);
+      return ll_reduce_op<float>(l, epoch, first_line, lines, at0, len, start);
     case kF16:
-      return ll_reduce<__half>(l, epoch, first_line, lines, at0, len, start);
+      return ll_reduce_op<__half>(l, epoch, first_line, lines, at0, len, start);
     case kBF16:
-      return ll_reduce<__nv_bfloat16>(l, epoch, first_line, lines, at0, len, start);
+      return ll_reduce_op<__nv_bfloat16>(l, epoch, first_line, lines, at0, len, start);
     case kI32:
-      return ll_reduce<std::int32_t>(l, epoch, first_line, lines, at0, len, start);
+      return ll_reduce_op<std::int32_t>(l, epoch, first_line, lines, at0, len, start);
     case kI64:
-      return ll_reduce<std::int64_t>(l, epoch, first_line, lines, at0, len, start);
+      return ll_reduce_op<std::int64_t>(l, epoch, first_line, lines, at0, len, start);
     default:
-      return ll_reduce<std::uint8_t>(l, epoch, first_line, lines, at0, len, start);
+      return ll_reduce_op<std::uint8_t>(l, epoch, first_line, lines, at0, len, start);
   }
 }
 
