@@ -177,7 +177,8 @@ Status ChannelImports::copy_to_peer(cudaStream_t stream, Received& message, void
   LF_TRY_STATUS(detail::cuda_step(cudaEventRecord(copied_.get(), stream), "cudaEventRecord", call));
   LF_TRY_STATUS(signal(stream, release));
   (void)message.gpu_release();
-  LF_TRY_STATUS(detail::cuda_step(cudaSetDevice(dst_device), "cudaSetDevice", call));  // the null stream is its
+  // Current, because a null dst_stream means that device's default stream.
+  LF_TRY_STATUS(detail::cuda_step(cudaSetDevice(dst_device), "cudaSetDevice", call));
   return detail::cuda_step(cudaStreamWaitEvent(dst_stream, copied_.get(), 0), "cudaStreamWaitEvent", call);
 }
 
