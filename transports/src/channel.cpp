@@ -1716,27 +1716,27 @@ Result<std::uint64_t> gpu_sync_value(const GpuSync& sync) {
 
 Status wait_on_host(const GpuSync& sync, Duration timeout) {
   constexpr const char* call = "wait_on_host";
-  if (sync.kind() == GpuSyncKind::Semaphore) {
-    if (!sync.source) return fail(Errc::InvalidArgument, call, "GPU sync point without its semaphore");
-    // Polled like a flag, not slept on in vkWaitSemaphores: a driver's wait can wake milliseconds
-    // late when another process's CUDA stream signals the timeline (NVIDIA's does; note 0020).
-    return detail::wait_for(
-        [&]() -> Result<bool> {
-          LF_TRY(const auto v, sync.source->value());
-          return v >= sync.value;
-        },
-        detail::never_stop, detail::Nap{std::chrono::microseconds(50)}, WaitMode::SpinThenBlock, timeout, {},
-        [&] {
-          return Error(Errc::Timeout, call, str_format("GPU work did not reach timeline value {} in time", sync.value));
-        });
+  const bool flag = sync.kind() == GpuSyncKind::Flag;
+  if (flag) {
+    LF_TRY_STATUS(check_flag(sync, call));
+  } else if (!sync.source) {
+    return fail(Errc::InvalidArgument, call, "GPU sync point without its semaphore");
   }
-  LF_TRY_STATUS(check_flag(sync, call));
-  // GPU work writes the word with no way to wake a sleeper: spin, then poll in naps of 50 µs.
-  const auto word = flag_word(sync);
+  // Both kinds are polled — spin, then naps of 50 µs: GPU work writes a flag with no way to wake a
+  // sleeper, and vkWaitSemaphores can wake milliseconds late when another process's CUDA stream
+  // signals the timeline (NVIDIA's does; note 0020).
   return detail::wait_for(
-      [&] { return word.load(std::memory_order_acquire) >= sync.value; }, detail::never_stop,
-      detail::Nap{std::chrono::microseconds(50)}, WaitMode::SpinThenBlock, timeout, {},
-      [&] { return Error(Errc::Timeout, call, str_format("the GPU flag did not reach {} in time", sync.value)); });
+      [&]() -> Result<bool> {
+        if (flag) return flag_word(sync).load(std::memory_order_acquire) >= sync.value;
+        LF_TRY(const auto v, sync.source->value());
+        return v >= sync.value;
+      },
+      detail::never_stop, detail::Nap{std::chrono::microseconds(50)}, WaitMode::SpinThenBlock, timeout, {},
+      [&] {
+        return Error(Errc::Timeout, call,
+                     flag ? str_format("the GPU flag did not reach {} in time", sync.value)
+                          : str_format("GPU work did not reach timeline value {} in time", sync.value));
+      });
 }
 
 Status signal_on_host(const GpuSync& sync) {
