@@ -20,6 +20,8 @@
 #include <sys/mman.h>
 
 #include <cstdio>
+#include <memory>
+#include <optional>
 #include <string>
 
 #include "cuda_kernels.hpp"
@@ -37,22 +39,41 @@ int failed(const char* what, const Error& e) {
   return 1;
 }
 
-int consume_peer(const std::string& dir, const std::string& name, std::uint64_t count) {
-  auto c = Consumer::open(name, {.connect_timeout = std::chrono::seconds(20), .directory = dir});
+/// A consumer of a channel whose ring is on one CUDA device (`home`, where `cuda` imports it) that
+/// works on the other (`mine`).
+struct PeerConsumer {
+  std::unique_ptr<Consumer> channel;
+  std::optional<cuda::Interop> cuda;
+  int home = 0, mine = 0;
+};
+
+/// Opens it, with peer access from the ring's device to ours: Vulkan memory imported into CUDA is
+/// mapped for its own device only, so the ring's GPU writes into ours. 0, or the exit status.
+int open_peer_consumer(const std::string& dir, const std::string& name, bool host_wait_for_gpu, PeerConsumer& out) {
+  auto c = Consumer::open(
+      name, {.host_wait_for_gpu = host_wait_for_gpu, .connect_timeout = std::chrono::seconds(20), .directory = dir});
   if (!c) return failed("open", c.error());
   if (!(*c)->vulkan()) return std::fprintf(stderr, "cuda_peer: channel is not on the Vulkan transport\n"), 1;
   auto cu = cuda::Interop::create(*(*c)->vulkan());
   if (!cu) return std::printf("LAVAFLOW-SKIP: %s\n", cu.error().message().c_str()), 77;
-  const int home = cu->device().ordinal, mine = home == 0 ? 1 : 0;
-  // Vulkan memory imported into CUDA is mapped for its own device only: the ring's GPU writes
-  // into ours.
-  if (auto ok = cuda::enable_peer_access(home, mine); !ok) return failed("peer access", ok.error());
-  cuda::ChannelImports imports(*cu);
+  out.home = cu->device().ordinal;
+  out.mine = out.home == 0 ? 1 : 0;
+  if (auto ok = cuda::enable_peer_access(out.home, out.mine); !ok) return failed("peer access", ok.error());
+  out.channel = std::move(*c);
+  out.cuda.emplace(std::move(*cu));
+  return 0;
+}
+
+int consume_peer(const std::string& dir, const std::string& name, std::uint64_t count) {
+  PeerConsumer p;
+  if (const int rc = open_peer_consumer(dir, name, true, p)) return rc;
+  const int home = p.home, mine = p.mine;
+  cuda::ChannelImports imports(*p.cuda);
   void* dst = nullptr;
   if (cudaSetDevice(mine) != cudaSuccess || cudaMalloc(&dst, 1 << 20) != cudaSuccess) return 1;
   std::vector<std::byte> seen;
   for (std::uint64_t i = 0; i < count; ++i) {
-    auto r = (*c)->receive(std::chrono::seconds(20));
+    auto r = p.channel->receive(std::chrono::seconds(20));
     if (!r) return failed("receive", r.error());
     auto src = imports.buffer(*r);
     if (!src) return failed("import", src.error());
@@ -73,15 +94,10 @@ int consume_peer(const std::string& dir, const std::string& name, std::uint64_t 
 }
 
 int consume_peer_gpu(const std::string& dir, const std::string& name, std::uint64_t count) {
-  auto c =
-      Consumer::open(name, {.host_wait_for_gpu = false, .connect_timeout = std::chrono::seconds(20), .directory = dir});
-  if (!c) return failed("open", c.error());
-  if (!(*c)->vulkan()) return std::fprintf(stderr, "cuda_peer: channel is not on the Vulkan transport\n"), 1;
-  auto cu = cuda::Interop::create(*(*c)->vulkan());
-  if (!cu) return std::printf("LAVAFLOW-SKIP: %s\n", cu.error().message().c_str()), 77;
-  const int home = cu->device().ordinal, mine = home == 0 ? 1 : 0;
-  if (auto ok = cuda::enable_peer_access(home, mine); !ok) return failed("peer access", ok.error());
-  cuda::ChannelImports imports(*cu);
+  PeerConsumer p;
+  if (const int rc = open_peer_consumer(dir, name, false, p)) return rc;
+  const int home = p.home, mine = p.mine;
+  cuda::ChannelImports imports(*p.cuda);
   // Two destination buffers on our device, each reused once its check has run.
   constexpr int kRing = 2;
   constexpr std::uint64_t kBytes = 1 << 20;
@@ -104,7 +120,7 @@ int consume_peer_gpu(const std::string& dir, const std::string& name, std::uint6
           cudaStreamCreateWithFlags(&theirs, cudaStreamNonBlocking) == cudaSuccess;
   if (!ready) return std::fprintf(stderr, "cuda_peer: CUDA setup failed\n"), 1;
   for (std::uint64_t i = 0; i < count; ++i) {
-    auto r = (*c)->receive(std::chrono::seconds(20));
+    auto r = p.channel->receive(std::chrono::seconds(20));
     if (!r) return failed("receive", r.error());
     if (r->info().sequence != i)
       return std::fprintf(stderr, "cuda_peer: message %llu out of order\n", static_cast<unsigned long long>(i)), 1;

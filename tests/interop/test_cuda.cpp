@@ -32,6 +32,22 @@ Fixture setup() {
 
 #define CU_OK(expr) REQUIRE((expr) == cudaSuccess)
 
+/// A producer whose GPU waits for its consumers' GPU releases itself (no host wait), ordered by
+/// `kind`; a visible skip where the device cannot order GPU work that way.
+std::unique_ptr<Producer> gpu_ordered_producer(const Fixture& f, const std::string& name, std::uint32_t slots,
+                                               std::uint64_t bytes, GpuSyncKind kind,
+                                               const std::filesystem::path& dir) {
+  auto prod = lftest::ok(Producer::create(name, {.slots = slots,
+                                                 .slot_size = bytes,
+                                                 .host_wait_for_gpu_release = false,
+                                                 .gpu_sync = kind,
+                                                 .transport = TransportKind::Vulkan,
+                                                 .vulkan = &f.vk,
+                                                 .directory = dir}));
+  if (prod->gpu_sync() != kind) lftest::skip("the channel cannot order GPU work with timelines on this device");
+  return prod;
+}
+
 }  // namespace
 
 TEST_CASE("Vulkan to CUDA and CUDA to Vulkan buffers are byte-exact, odd sizes and non-zero offsets") {
@@ -282,14 +298,7 @@ TEST_CASE("CUDA writes and reads every message ordered on the GPU both ways: a s
   constexpr std::uint32_t kSlots = 2;
   constexpr std::uint64_t kBytes = 1 << 20;
   const auto kind = GENERATE(GpuSyncKind::Semaphore, GpuSyncKind::Flag);
-  auto prod = lftest::ok(Producer::create("cuda-both", {.slots = kSlots,
-                                                        .slot_size = kBytes,
-                                                        .host_wait_for_gpu_release = false,
-                                                        .gpu_sync = kind,
-                                                        .transport = TransportKind::Vulkan,
-                                                        .vulkan = &f.vk,
-                                                        .directory = dir}));
-  if (prod->gpu_sync() != kind) lftest::skip("the channel cannot order GPU work with timelines on this device");
+  auto prod = gpu_ordered_producer(f, "cuda-both", kSlots, kBytes, kind, dir);
   auto con = lftest::ok(Consumer::open("cuda-both", {.host_wait_for_gpu = false, .vulkan = &f.vk, .directory = dir}));
   REQUIRE(con->gpu_sync() == kind);
   cuda::ChannelImports out(f.cu), in(f.cu);
@@ -429,14 +438,7 @@ TEST_CASE("a consumer process on GPU 1 gets each message over the peer link orde
   constexpr std::uint64_t kBytes = 1 << 20;
   // Two slots: the producer's GPU rewrites a slot only after the consumer's copy out of it, which
   // it learns on the GPU (the release travels back through the channel's counters).
-  auto prod = lftest::ok(Producer::create("cuda-p2p-gpu", {.slots = 2,
-                                                           .slot_size = kBytes,
-                                                           .host_wait_for_gpu_release = false,
-                                                           .gpu_sync = kind,
-                                                           .transport = TransportKind::Vulkan,
-                                                           .vulkan = &f.vk,
-                                                           .directory = dir}));
-  if (prod->gpu_sync() != kind) lftest::skip("the channel cannot order GPU work with timelines on this device");
+  auto prod = gpu_ordered_producer(f, "cuda-p2p-gpu", 2, kBytes, kind, dir);
   const std::uint64_t count = 300;
   const pid_t pid =
       lftest::run({LAVAFLOW_CUDA_PEER, "consume-peer-gpu", dir.string(), "cuda-p2p-gpu", std::to_string(count)});
