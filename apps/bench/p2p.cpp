@@ -263,6 +263,13 @@ Status lavaflow_p2p_peer(P2PCopy how, const std::string& dir, std::uint64_t size
   LF_TRY_STATUS(create(s1));
   GPU_OK(cudaSetDevice(0));
   LF_TRY_STATUS(create(s));
+  // The transfers after the warm-up, timed from `t0` to now.
+  auto send_report = [&](Clock::time_point t0) -> Status {
+    const PeerReport report{std::chrono::nanoseconds(Clock::now() - t0).count(), total - kWarmup};
+    if (::send(fd, &report, sizeof report, MSG_NOSIGNAL) != sizeof report)
+      return std::unexpected(from_errno(errno, "send"));
+    return {};
+  };
   if (ordered) {
     // Every copy waits for its message and releases its slot on GPU 0's stream; GPU 1's stream
     // waits for the copies. No host thread waits until the end.
@@ -277,10 +284,7 @@ Status lavaflow_p2p_peer(P2PCopy how, const std::string& dir, std::uint64_t size
     }
     GPU_OK(cudaSetDevice(1));
     GPU_OK(cudaStreamSynchronize(s1.s));
-    const PeerReport report{std::chrono::nanoseconds(Clock::now() - t0).count(), total - kWarmup};
-    if (::send(fd, &report, sizeof report, MSG_NOSIGNAL) != sizeof report)
-      return std::unexpected(from_errno(errno, "send"));
-    return {};
+    return send_report(t0);
   }
   struct InFlight {
     Received message;
@@ -311,10 +315,7 @@ Status lavaflow_p2p_peer(P2PCopy how, const std::string& dir, std::uint64_t size
     if (inflight.size() > 2) LF_TRY_STATUS(retire());
   }
   while (!inflight.empty()) LF_TRY_STATUS(retire());
-  const PeerReport report{std::chrono::nanoseconds(Clock::now() - t0).count(), total - kWarmup};
-  if (::send(fd, &report, sizeof report, MSG_NOSIGNAL) != sizeof report)
-    return std::unexpected(from_errno(errno, "send"));
-  return {};
+  return send_report(t0);
 }
 
 }  // namespace
