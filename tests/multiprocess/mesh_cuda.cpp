@@ -219,6 +219,23 @@ void back_to_back(CudaCollectives& c, cudaStream_t st) {
     expect(diff.empty(), str_format("back-to-back call {} (stream {}){}", k, k == 1 ? "other" : "same", diff));
   }
   (void)cudaStreamDestroy(other);
+  // A call whose stream is destroyed as soon as it is enqueued: the next call, on another stream,
+  // still comes after it (small calls: their kernels end fast, so a missed order would show).
+  const std::size_t few = 1000;
+  DeviceBytes chained(few * 4, encode(inputs(r, few, DType::F32), DType::F32));
+  cudaStream_t gone = nullptr;
+  (void)cudaStreamCreateWithFlags(&gone, cudaStreamNonBlocking);
+  s = c.all_reduce(chained.p, chained.p, few * 4, DType::F32, ReduceOp::Sum, gone);
+  (void)cudaStreamDestroy(gone);
+  if (s) s = c.all_reduce(chained.p, chained.p, few * 4, DType::F32, ReduceOp::Sum, st);
+  if (s) s = finish(c, st);
+  std::vector<double> twice(few, 0);
+  for (std::uint32_t j = 0; j < n; ++j) {
+    const auto in = inputs(j, few, DType::F32);
+    for (std::size_t e = 0; e < few; ++e) twice[e] += double(n) * in[e];
+  }
+  const std::string diff = outcome(s, chained, encode(twice, DType::F32));
+  expect(diff.empty(), "a call after one whose stream was destroyed at once" + diff);
 }
 
 /// all_reduce of about `bytes` per rank (plus a few elements: a short last step) for f32 sum,
@@ -361,6 +378,22 @@ int main(int argc, char** argv) {
   }
   every_op(**c, st);
   back_to_back(**c, st);
+  {
+    // Destroyed right after a call whose stream is gone: the destructor still waits for that call
+    // before it unmaps and frees (the opens below then work). The buffer outlives it: freeing
+    // the buffer would wait for the call.
+    DeviceBytes big(std::size_t{3} << 20);
+    auto brief =
+        CudaCollectives::open(**host, {.device = device, .chunk_bytes = 1 << 20, .stage_through_host = staged});
+    expect(static_cast<bool>(brief), brief ? "" : "open a communicator to destroy: " + brief.error().message());
+    if (brief) {
+      cudaStream_t gone = nullptr;
+      (void)cudaStreamCreateWithFlags(&gone, cudaStreamNonBlocking);
+      expect(static_cast<bool>((*brief)->all_reduce(big.p, big.p, big.n, DType::F32, ReduceOp::Sum, gone)),
+             "a call right before the communicator goes");
+      (void)cudaStreamDestroy(gone);
+    }
+  }
   {
     auto wide = CudaCollectives::open(**host, {.device = device, .chunk_bytes = 4 << 20, .stage_through_host = staged});
     expect(static_cast<bool>(wide), wide ? "" : "open with 4 MiB of staging: " + wide.error().message());
