@@ -14,8 +14,10 @@
 //                     takes (pinned slots, pipelined pieces, the native host collective).
 // A row's p50/p99 are over rounds of calls; each round's time is the slowest rank's. busbw
 // follows NCCL's convention: all_reduce size/t × 2(n−1)/n; all_gather and reduce_scatter
-// n·size/t × (n−1)/n; broadcast size/t. Rank 0 prints a table, or with --json
-// {"results":[{"name","op","dtype","size","ranks","p50_ns","p99_ns","busbw_gbps"}…],"targets":[…]}.
+// n·size/t × (n−1)/n; broadcast size/t. Rows of calls enqueued on a stream (CUDA) also give the
+// host's time to enqueue a call ("enqueue_ns"). Rank 0 prints a table, or with --json
+// {"results":[{"name","op","dtype","size","ranks","p50_ns","p99_ns","busbw_gbps"[,"enqueue_ns"]}…],
+// "ratios":[…]}.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -47,6 +49,9 @@ struct Row {
   std::uint64_t size = 0;
   std::uint32_t ranks = 0;
   double p50_ns = 0, p99_ns = 0, busbw_gbps = 0;
+  /// Calls enqueued on a stream: the host's time to enqueue one (p50 over rounds, the slowest
+  /// rank's). Where it is near p50_ns the calls wait for the host, not the GPU.
+  double enqueue_ns = 0;
 };
 
 enum class Op { AllReduce, AllGather, ReduceScatter, Broadcast };
@@ -171,9 +176,22 @@ int run_vulkan(Communicator& host, const LaunchedJob& job, std::uint64_t max_siz
 }
 
 #if LAVAFLOW_BENCH_DEVICE_CUDA
+/// Per call, each round: the stream's time, and the host's time to enqueue.
+struct Streamed {
+  std::vector<double> ns, enqueue_ns;
+  [[nodiscard]] bool empty() const { return ns.empty(); }
+};
+
+Row summarize(std::string name, Op op, DType t, std::uint64_t size, std::uint32_t n, Streamed s) {
+  Row r = summarize(std::move(name), op, t, size, n, std::move(s.ns));
+  std::sort(s.enqueue_ns.begin(), s.enqueue_ns.end());
+  r.enqueue_ns = s.enqueue_ns[s.enqueue_ns.size() / 2];
+  return r;
+}
+
 /// Times `calls` enqueued calls per round on `stream` (one graph of them with `graph`).
 template <class Enqueue>
-std::vector<double> time_stream(Communicator& host, cudaStream_t stream, int calls, bool graph, Enqueue&& enqueue) {
+Streamed time_stream(Communicator& host, cudaStream_t stream, int calls, bool graph, Enqueue&& enqueue) {
   for (int w = 0; w < 2; ++w)
     if (!enqueue()) return {};
   if (cudaStreamSynchronize(stream) != cudaSuccess) return {};
@@ -191,9 +209,10 @@ std::vector<double> time_stream(Communicator& host, cudaStream_t stream, int cal
   cudaEvent_t start = nullptr, stop = nullptr;
   (void)cudaEventCreate(&start);
   (void)cudaEventCreate(&stop);
-  std::vector<double> mine;
+  std::vector<double> mine, enqueued;
   for (int round = 0; round < 5; ++round) {
     if (!host.barrier().wait()) break;
+    const auto t0 = std::chrono::steady_clock::now();
     (void)cudaEventRecord(start, stream);
     bool ok = true;
     if (graph)
@@ -201,6 +220,7 @@ std::vector<double> time_stream(Communicator& host, cudaStream_t stream, int cal
     else
       for (int i = 0; i < calls; ++i) ok = ok && enqueue();
     (void)cudaEventRecord(stop, stream);
+    enqueued.push_back(std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / calls);
     if (!ok || cudaEventSynchronize(stop) != cudaSuccess) break;
     float ms = 0;
     (void)cudaEventElapsedTime(&ms, start, stop);
@@ -210,7 +230,9 @@ std::vector<double> time_stream(Communicator& host, cudaStream_t stream, int cal
   (void)cudaEventDestroy(stop);
   if (exec) (void)cudaGraphExecDestroy(exec);
   if (mine.size() != 5) return {};
-  return slowest(host, mine);
+  Streamed s{slowest(host, mine), slowest(host, enqueued)};
+  if (s.ns.empty() || s.enqueue_ns.empty()) return {};
+  return s;
 }
 
 int run_cuda(Communicator& host, std::uint64_t max_size, std::uint64_t chunk, bool with_staged,
@@ -416,7 +438,7 @@ int main(int argc, char** argv) {
   }
   if (json) {
     nlohmann::json out = {{"results", nlohmann::json::array()}, {"ratios", targets}};
-    for (const auto& r : rows)
+    for (const auto& r : rows) {
       out["results"].push_back({{"name", r.name},
                                 {"op", r.op},
                                 {"dtype", r.dtype},
@@ -425,13 +447,21 @@ int main(int argc, char** argv) {
                                 {"p50_ns", r.p50_ns},
                                 {"p99_ns", r.p99_ns},
                                 {"busbw_gbps", r.busbw_gbps}});
+      if (r.enqueue_ns > 0) out["results"].back()["enqueue_ns"] = r.enqueue_ns;
+    }
     std::puts(out.dump().c_str());
     return 0;
   }
   std::printf("lavaflow-bench device-collectives: %u ranks, %s backend, sum\n", (*host)->size(), backend.c_str());
-  std::printf("%-15s %-5s %10s %-15s %12s %12s %10s\n", "op", "type", "size", "name", "p50 us", "p99 us", "busbw GB/s");
-  for (const auto& r : rows)
-    std::printf("%-15s %-5s %10llu %-15s %12.2f %12.2f %10.3f\n", r.op.c_str(), r.dtype.c_str(),
+  std::printf("%-15s %-5s %10s %-15s %12s %12s %10s %11s\n", "op", "type", "size", "name", "p50 us", "p99 us",
+              "busbw GB/s", "enqueue us");
+  for (const auto& r : rows) {
+    std::printf("%-15s %-5s %10llu %-15s %12.2f %12.2f %10.3f", r.op.c_str(), r.dtype.c_str(),
                 static_cast<unsigned long long>(r.size), r.name.c_str(), r.p50_ns / 1e3, r.p99_ns / 1e3, r.busbw_gbps);
+    if (r.enqueue_ns > 0)
+      std::printf(" %11.2f\n", r.enqueue_ns / 1e3);
+    else
+      std::printf("\n");
+  }
   return 0;
 }
