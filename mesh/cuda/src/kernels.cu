@@ -27,6 +27,12 @@
 namespace lavaflow::mesh::cuda_kernels {
 namespace {
 
+/// The group's regions, in each block's shared memory: threads 0 … ranks − 1 read them from the
+/// Group while the kernel ahead may still run (see begin_call()), so that reading them from device
+/// memory costs the call nothing it would not wait for anyway.
+__shared__ unsigned char* regions[kMaxRanks];
+static_assert(kMaxRanks <= 32);
+
 enum DType : std::uint32_t { kF32, kF16, kBF16, kI32, kI64, kU8 };
 enum Op : std::uint32_t { kSum, kProduct, kMin, kMax, kAverage };
 
@@ -61,15 +67,15 @@ __device__ Range clip(Range r, std::uint64_t limit) {
 }
 
 __device__ unsigned char* staging(const Launch& l, std::uint32_t rank, std::uint32_t buffer) {
-  return l.regions[rank] + kFlagBytes + ll_area_bytes(l.ranks) + buffer * l.chunk;
+  return regions[rank] + kFlagBytes + ll_area_bytes(l.ranks) + buffer * l.chunk;
 }
 
 /// Sender `from`'s LL area of parity `parity` in rank `to`'s region.
 __device__ unsigned char* ll_area(const Launch& l, std::uint32_t to, std::uint32_t parity, std::uint32_t from) {
-  return l.regions[to] + kFlagBytes + (std::uint64_t{parity} * l.ranks + from) * kLLSenderBytes;
+  return regions[to] + kFlagBytes + (std::uint64_t{parity} * l.ranks + from) * kLLSenderBytes;
 }
 
-__device__ Flags* flags(const Launch& l, std::uint32_t rank) { return reinterpret_cast<Flags*>(l.regions[rank]); }
+__device__ Flags* flags(const Launch&, std::uint32_t rank) { return reinterpret_cast<Flags*>(regions[rank]); }
 
 /// Records the first failure of this rank (one 64-bit word, so the host never reads half of it)
 /// and tells the peers; returns false for convenience.
@@ -557,10 +563,14 @@ __device__ bool ll_call(const Launch& l, std::uint32_t epoch) {
   return true;
 }
 
-/// What every call's kernel does first: waits for the stream's work before it (a kernel launched
-/// early, see launch()), lets the stream's next kernel launch, and stops when this rank has failed.
-/// False: the call is not made.
+/// What every call's kernel does first: reads the group's regions, waits for the stream's work
+/// before it (a kernel launched early, see launch()), lets the stream's next kernel launch, and
+/// stops when this rank has failed. False: the call is not made.
 __device__ bool begin_call(const Launch& l) {
+  // Written once when the communicator opened: no kernel ahead changes it. Every block has at
+  // least a warp's threads, and kMaxRanks fit in one.
+  unsigned char* region = nullptr;
+  if (threadIdx.x < l.ranks) regions[threadIdx.x] = region = l.group->regions[threadIdx.x];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -568,23 +578,38 @@ __device__ bool begin_call(const Launch& l) {
   __shared__ int broken;
   // This rank's own flag, not the host-mapped record: a read across the bus on every call would
   // cost more than a small collective.
-  if (threadIdx.x == 0) broken = *reinterpret_cast<volatile std::uint32_t*>(&flags(l, l.me)->failed) != 0;
+  if (threadIdx.x == l.me)
+    broken = *reinterpret_cast<volatile std::uint32_t*>(&reinterpret_cast<Flags*>(region)->failed) != 0;
   __syncthreads();
   return !broken;
 }
 
-/// A call of at most kLLBytes per rank pair.
-__global__ void __launch_bounds__(kThreads) small_collective(Launch l) {
-  if (!begin_call(l)) return;
-  const std::uint32_t epoch = next_epoch(flags(l, l.me)->epoch[blockIdx.x]);
-  if (ll_call(l, epoch) && threadIdx.x == 0) flags(l, l.me)->epoch[blockIdx.x] = epoch;
+/// What every call's kernel does last, whether the call was made or failed: records that this
+/// block has ended a call the host follows, once every thread of the block is done and what they
+/// wrote is visible on this GPU. A peer's memory needs no more: a peer's block reads what this
+/// block wrote there before it ends the call, and the next call that writes the same place waits
+/// for that (the epochs, two calls later).
+__device__ void end_call(const Launch& l) {
+  if (!l.report_end) return;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  __threadfence();
+  *reinterpret_cast<volatile std::uint32_t*>(&flags(l, l.me)->ended[blockIdx.x]) = l.call;
 }
 
-/// A larger call, through the staging, of elements T (Launch::dtype): a kernel per type keeps
-/// each one's registers to what its own reduction needs.
+/// A call of at most kLLBytes per rank pair.
+__global__ void __launch_bounds__(kThreads) small_collective(Launch l) {
+  if (begin_call(l)) {
+    const std::uint32_t epoch = next_epoch(flags(l, l.me)->epoch[blockIdx.x]);
+    if (ll_call(l, epoch) && threadIdx.x == 0) flags(l, l.me)->epoch[blockIdx.x] = epoch;
+  }
+  end_call(l);
+}
+
+/// A larger call's steps through the staging, of elements T (Launch::dtype): a kernel per type
+/// keeps each one's registers to what its own reduction needs.
 template <class T>
-__global__ void __launch_bounds__(kThreads) collective(Launch l) {
-  if (!begin_call(l)) return;
+__device__ void staged_steps(const Launch& l) {
   const std::uint32_t i = blockIdx.x;
   const std::uint32_t n = l.ranks, me = l.me;
   auto* out = static_cast<unsigned char*>(l.recv);
@@ -710,6 +735,12 @@ __global__ void __launch_bounds__(kThreads) collective(Launch l) {
   }
   if (gather_from) gather(gather_at, gather_len, gather_from);
   if (threadIdx.x == 0) flags(l, me)->epoch[i] = epoch;
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads) collective(Launch l) {
+  if (begin_call(l)) staged_steps<T>(l);
+  end_call(l);
 }
 
 /// The staging's kernel of each DType, in its order.

@@ -46,6 +46,12 @@ struct ErrorRecord {
   unsigned long long packed;
 };
 
+/// Where every rank's region is mapped in this process, written once when the communicator opens:
+/// the kernels read it from device memory rather than take it with every call.
+struct Group {
+  unsigned char* regions[kMaxRanks];
+};
+
 /// The start of each rank's region (then its LL areas, then its two staging buffers).
 struct Flags {
   /// Per sender, block and round: (epoch << 32) | call signature, written by that sender's block
@@ -56,15 +62,24 @@ struct Flags {
   std::uint32_t epoch[kBlocks];
   /// Set once when this rank has failed: its peers stop waiting for it.
   std::uint32_t failed;
+  /// The number of the last call the host follows (Launch::report_end) that this rank's block has
+  /// ended, written last by that block: the host reads it (a copy on a stream of its own) where
+  /// the stream of that call may no longer exist.
+  std::uint32_t ended[kBlocks];
+  /// This rank's Group, which its kernels read.
+  Group group;
 };
 static_assert(sizeof(Flags) <= kFlagBytes);
 
+/// A call: its kernel's parameter. The regions stay in the Group, out of it: a launch copies the
+/// parameter, and its bytes cost the host on every call.
 struct Launch {
   std::uint32_t kind, dtype, op, ranks, me, root;
-  std::uint32_t signature;  ///< the same on every rank for the same call
-  std::uint32_t call;       ///< the call's number, for errors
-  std::uint32_t blocks;     ///< blocks of this kernel, 1 … kBlocks, the same on every rank
-  unsigned char* regions[kMaxRanks];
+  std::uint32_t signature;   ///< the same on every rank for the same call
+  std::uint32_t call;        ///< the call's number, for errors
+  std::uint32_t blocks;      ///< blocks of this kernel, 1 … kBlocks, the same on every rank
+  std::uint32_t report_end;  ///< nonzero: each block writes `call` to Flags::ended when it ends
+  const Group* group;
   const void* send;
   void* recv;
   std::uint64_t bytes;  ///< as the API's `bytes`
