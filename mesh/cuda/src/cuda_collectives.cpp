@@ -87,12 +87,10 @@ class Collectives final : public CudaCollectives {
     // peer must not hang the destructor, and then this rank's memory is left mapped rather than
     // freed under a peer (or a copy) that may still use it.
     bool ended = true;
-    const Deadline d(std::chrono::seconds(10));
-    if (staged_ && done_) {
+    if (done_) {
+      const Deadline d(std::chrono::seconds(10));
       while (cudaEventQuery(done_) == cudaErrorNotReady && !d.passed()) std::this_thread::yield();
       ended = cudaEventQuery(done_) == cudaSuccess;
-    } else if (last_stream_) {
-      ended = wait_ended(d).has_value();
     }
     if (opened_ && region_ && !host_.barrier({.timeout = std::chrono::seconds(10)}).wait()) return;
     if (!ended) return;
@@ -104,7 +102,6 @@ class Collectives final : public CudaCollectives {
       if (e) (void)cudaEventDestroy(e);
     if (error_) (void)cudaFreeHost(error_);
     if (done_) (void)cudaEventDestroy(done_);
-    if (own_stream_) (void)cudaStreamDestroy(own_stream_);
   }
 
   Status init(const CudaCollectiveOptions& o) {
@@ -223,7 +220,6 @@ class Collectives final : public CudaCollectives {
       // Epochs start at 0 and a call's is at least 1: no zeroed slot or LL word looks written.
       LF_TRY_STATUS(cuda_ok(cudaMemset(region_, 0, control), "cudaMemset"));
       LF_TRY_STATUS(cuda_ok(cudaIpcGetMemHandle(&mine.handle, region_), "cudaIpcGetMemHandle"));
-      LF_TRY_STATUS(cuda_ok(cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking), "cudaStreamCreate"));
       return cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     }();
     auto exchanged = exchange(mine, made, o, call);
@@ -264,12 +260,11 @@ class Collectives final : public CudaCollectives {
     LF_TRY_STATUS(agree(mapped, o, call, Errc::Unsupported, "cannot map its peers' CUDA memory"));
     k::Group group{};
     for (std::uint32_t q = 0; q < n_; ++q) group.regions[q] = regions_[q];
-    // On this object's stream, and waited for: a copy from pageable memory can return before it
-    // lands, and the callers' streams need not wait for any other.
+    // Waited for on the whole device: a copy from pageable memory can return before it lands, and
+    // the callers' streams need not wait for the legacy stream.
     Status written = cuda_ok(
-        cudaMemcpyAsync(region_ + offsetof(k::Flags, group), &group, sizeof group, cudaMemcpyHostToDevice, own_stream_),
-        "cudaMemcpyAsync");
-    if (written) written = cuda_ok(cudaStreamSynchronize(own_stream_), "cudaStreamSynchronize");
+        cudaMemcpy(region_ + offsetof(k::Flags, group), &group, sizeof group, cudaMemcpyHostToDevice), "cudaMemcpy");
+    if (written) written = cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     LF_TRY_STATUS(agree(written, o, call));
     opened_ = true;
     return {};
@@ -351,10 +346,6 @@ class Collectives final : public CudaCollectives {
                        kind == k::kAllReduce || kind == k::kReduceScatter ? static_cast<std::uint32_t>(op) : 0, bytes,
                        kind == k::kBroadcast ? root : 0);
     if (staged_) return staged_call({signature, kind, bytes, type, options.timeout, stream}, send, recv, op, root);
-    // The host follows calls it enqueues itself (not a graph's, whose replays it does not see).
-    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    (void)cudaStreamIsCapturing(stream, &capturing);
-    const bool captured = capturing != cudaStreamCaptureStatusNone;
     k::Launch l{};
     l.kind = kind;
     l.dtype = static_cast<std::uint32_t>(type);
@@ -362,10 +353,9 @@ class Collectives final : public CudaCollectives {
     l.ranks = n_;
     l.me = me_;
     l.root = root;
-    l.signature = signature;
     l.call = ++calls_;
     l.blocks = blocks_;
-    l.report_end = captured ? 0 : 1;
+    l.signature = signature;
     l.group = &reinterpret_cast<const k::Flags*>(region_)->group;
     l.send = send;
     l.recv = recv;
@@ -379,45 +369,21 @@ class Collectives final : public CudaCollectives {
     if (recent_.size() > 256) recent_.pop_front();
     const DeviceScope on(device_);
     if (!on.status()) return std::unexpected(on.status().error().within(call));
-    // Calls share this rank's staging and epochs: one on another stream than the last waits on
-    // the host for the last to end. No event follows each call: a kernel launch is most of a small
-    // call's cost to the host, and an event record adds to it; the kernels record their end in
-    // this rank's flags instead. A call captured in a graph is not followed: its replays are
-    // ordered by the streams they run on, as the class comment asks of the caller.
+    // Calls share this rank's staging and epochs: one on another stream waits for the last. A call
+    // captured in a graph adds no event nodes (they cost a small call a fifth of its time): its
+    // replays are ordered by the streams they run on, as the class comment asks of the caller.
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    (void)cudaStreamIsCapturing(stream, &capturing);
+    const bool captured = capturing != cudaStreamCaptureStatusNone;
     if (!captured && last_stream_ && *last_stream_ != stream)
-      if (auto ended = wait_ended(Deadline(options.timeout)); !ended)
-        return std::unexpected(ended.error().within(call));
-    if (auto s = cuda_ok(k::launch(l, stream, early_launch_), "cudaLaunchKernelEx"); !s)
-      return std::unexpected(s.error().within(call));
-    if (!captured) {
-      last_call_ = l.call;
+      LF_TRY_STATUS(cuda_ok(cudaStreamWaitEvent(stream, done_, 0), "cudaStreamWaitEvent"));
+    auto s = cuda_ok(k::launch(l, stream, early_launch_), "cudaLaunchKernelEx");
+    if (s && !captured) {
+      s = cuda_ok(cudaEventRecord(done_, stream), "cudaEventRecord");
       last_stream_ = stream;
     }
+    if (!s) return std::unexpected(s.error().within(call));
     return {};
-  }
-
-  /// Waits until every block of this rank has ended the last call the host follows, reading their
-  /// records through a copy on a stream of this object's: that call's stream may be gone.
-  Status wait_ended(const Deadline& d) {
-    constexpr const char* what = "CudaCollectives";
-    // Relaxed for this thread: the copy is refused while another thread captures in the global
-    // mode, and it touches no stream of a capture.
-    const CaptureModeScope relaxed;
-    std::array<std::uint32_t, k::kBlocks> ended{};
-    const auto* at = region_ + offsetof(k::Flags, ended);
-    for (;;) {
-      LF_TRY_STATUS(cuda_ok(cudaMemcpyAsync(ended.data(), at, sizeof ended, cudaMemcpyDeviceToHost, own_stream_),
-                            "cudaMemcpyAsync"));
-      LF_TRY_STATUS(cuda_ok(cudaStreamSynchronize(own_stream_), "cudaStreamSynchronize"));
-      if (std::all_of(ended.begin(), ended.begin() + blocks_, [&](std::uint32_t c) { return c == last_call_; }))
-        return {};
-      if (d.passed())
-        return fail(Errc::Timeout, what,
-                    str_format("call {} of group '{}', on another stream, did not end within the timeout (work "
-                               "before it on its stream had not ended, or a peer had not made it)",
-                               last_call_, host_.group()));
-      std::this_thread::yield();
-    }
   }
 
   /// A staged call, for its pieces: the signature the ranks compare, what it is (for messages),
@@ -608,10 +574,8 @@ class Collectives final : public CudaCollectives {
   std::vector<unsigned char*> regions_;
   k::ErrorRecord* error_ = nullptr;  // written by the GPU: read through a volatile pointer
   bool opened_ = false;
-  cudaEvent_t done_ = nullptr;               ///< staged: recorded after this rank's last call
-  cudaStream_t own_stream_ = nullptr;        ///< kernels: copies the blocks' end records to the host
-  std::optional<cudaStream_t> last_stream_;  ///< the stream of this rank's last call (not captured)
-  std::uint32_t last_call_ = 0;              ///< kernels: that call's number
+  cudaEvent_t done_ = nullptr;               ///< recorded after this rank's last call
+  std::optional<cudaStream_t> last_stream_;  ///< the stream of that call
   k::ErrorRecord* error_device_ = nullptr;
   std::uint32_t calls_ = 0;
   bool staged_ = false;

@@ -584,32 +584,18 @@ __device__ bool begin_call(const Launch& l) {
   return !broken;
 }
 
-/// What every call's kernel does last, whether the call was made or failed: records that this
-/// block has ended a call the host follows, once every thread of the block is done and what they
-/// wrote is visible on this GPU. A peer's memory needs no more: a peer's block reads what this
-/// block wrote there before it ends the call, and the next call that writes the same place waits
-/// for that (the epochs, two calls later).
-__device__ void end_call(const Launch& l) {
-  if (!l.report_end) return;
-  __syncthreads();
-  if (threadIdx.x != 0) return;
-  __threadfence();
-  *reinterpret_cast<volatile std::uint32_t*>(&flags(l, l.me)->ended[blockIdx.x]) = l.call;
-}
-
 /// A call of at most kLLBytes per rank pair.
 __global__ void __launch_bounds__(kThreads) small_collective(Launch l) {
-  if (begin_call(l)) {
-    const std::uint32_t epoch = next_epoch(flags(l, l.me)->epoch[blockIdx.x]);
-    if (ll_call(l, epoch) && threadIdx.x == 0) flags(l, l.me)->epoch[blockIdx.x] = epoch;
-  }
-  end_call(l);
+  if (!begin_call(l)) return;
+  const std::uint32_t epoch = next_epoch(flags(l, l.me)->epoch[blockIdx.x]);
+  if (ll_call(l, epoch) && threadIdx.x == 0) flags(l, l.me)->epoch[blockIdx.x] = epoch;
 }
 
-/// A larger call's steps through the staging, of elements T (Launch::dtype): a kernel per type
-/// keeps each one's registers to what its own reduction needs.
+/// A larger call, through the staging, of elements T (Launch::dtype): a kernel per type keeps
+/// each one's registers to what its own reduction needs.
 template <class T>
-__device__ void staged_steps(const Launch& l) {
+__global__ void __launch_bounds__(kThreads) collective(Launch l) {
+  if (!begin_call(l)) return;
   const std::uint32_t i = blockIdx.x;
   const std::uint32_t n = l.ranks, me = l.me;
   auto* out = static_cast<unsigned char*>(l.recv);
@@ -735,12 +721,6 @@ __device__ void staged_steps(const Launch& l) {
   }
   if (gather_from) gather(gather_at, gather_len, gather_from);
   if (threadIdx.x == 0) flags(l, me)->epoch[i] = epoch;
-}
-
-template <class T>
-__global__ void __launch_bounds__(kThreads) collective(Launch l) {
-  if (begin_call(l)) staged_steps<T>(l);
-  end_call(l);
 }
 
 /// The staging's kernel of each DType, in its order.

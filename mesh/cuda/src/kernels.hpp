@@ -62,10 +62,6 @@ struct Flags {
   std::uint32_t epoch[kBlocks];
   /// Set once when this rank has failed: its peers stop waiting for it.
   std::uint32_t failed;
-  /// The number of the last call the host follows (Launch::report_end) that this rank's block has
-  /// ended, written last by that block: the host reads it (a copy on a stream of its own) where
-  /// the stream of that call may no longer exist.
-  std::uint32_t ended[kBlocks];
   /// This rank's Group, which its kernels read.
   Group group;
 };
@@ -75,10 +71,9 @@ static_assert(sizeof(Flags) <= kFlagBytes);
 /// parameter, and its bytes cost the host on every call.
 struct Launch {
   std::uint32_t kind, dtype, op, ranks, me, root;
-  std::uint32_t signature;   ///< the same on every rank for the same call
-  std::uint32_t call;        ///< the call's number, for errors
-  std::uint32_t blocks;      ///< blocks of this kernel, 1 … kBlocks, the same on every rank
-  std::uint32_t report_end;  ///< nonzero: each block writes `call` to Flags::ended when it ends
+  std::uint32_t signature;  ///< the same on every rank for the same call
+  std::uint32_t call;       ///< the call's number, for errors
+  std::uint32_t blocks;     ///< blocks of this kernel, 1 … kBlocks, the same on every rank
   const Group* group;
   const void* send;
   void* recv;

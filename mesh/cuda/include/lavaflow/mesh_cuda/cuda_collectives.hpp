@@ -47,11 +47,10 @@ struct CudaCollectiveOptions {
 /// failed) ends that call and every later one at once on the GPU, and check() reports it. A call
 /// refused on some ranks only (arguments that differ between ranks) is not made there: the
 /// others' kernels wait for it until their timeout, as with any rank that skips a call — give
-/// every rank the same arguments. Calls on different streams are ordered by the class: a call on
-/// another stream than the rank's last one waits on the host (at most its timeout) for that call's
-/// kernel to end, which the streams need not outlive. Replays of calls captured in a CUDA graph
-/// are ordered only by the streams they run on: replay a graph on the stream of the rank's calls
-/// around it, or order the streams with events, and destroy the object after the replays have run.
+/// every rank the same arguments. Calls on different streams are ordered by the class; replays of
+/// calls captured in a CUDA graph are ordered only by the streams they run on: replay a graph on
+/// the stream of the rank's calls around it, or order the streams with events, and destroy the
+/// object after the replays have run.
 class CudaCollectives {
  public:
   /// Collective over the group's ranks (through `host`): allocates this rank's staging, exchanges
