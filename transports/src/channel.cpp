@@ -182,6 +182,20 @@ Status check_flag(const GpuSync& sync, const char* call) {
   return {};
 }
 
+/// Whether the host can read and raise `sync`: a timeline with its semaphore, or an aligned flag
+/// word in a mapped buffer.
+Status check_sync(const GpuSync& sync, const char* call) {
+  if (sync.kind() == GpuSyncKind::Flag) return check_flag(sync, call);
+  if (!sync.source) return fail(Errc::InvalidArgument, call, "GPU sync point without its semaphore");
+  return {};
+}
+
+/// The counter's value now, of a `sync` that check_sync() accepted.
+Result<std::uint64_t> read_sync(const GpuSync& sync) {
+  if (sync.kind() == GpuSyncKind::Flag) return flag_word(sync).load(std::memory_order_acquire);
+  return sync.source->value();
+}
+
 /// One of a channel's counters: a timeline semaphore or a flag word (empty: no GPU ordering).
 class Counter {
  public:
@@ -1706,45 +1720,33 @@ Result<std::unique_ptr<Producer>> Channel::create(const VulkanContext* vulkan, c
 // The host's side of a GpuSync
 
 Result<std::uint64_t> gpu_sync_value(const GpuSync& sync) {
-  if (sync.kind() == GpuSyncKind::Semaphore) {
-    if (!sync.source) return fail(Errc::InvalidArgument, "gpu_sync_value", "GPU sync point without its semaphore");
-    return sync.source->value();
-  }
-  LF_TRY_STATUS(check_flag(sync, "gpu_sync_value"));
-  return flag_word(sync).load(std::memory_order_acquire);
+  LF_TRY_STATUS(check_sync(sync, "gpu_sync_value"));
+  return read_sync(sync);
 }
 
 Status wait_on_host(const GpuSync& sync, Duration timeout) {
   constexpr const char* call = "wait_on_host";
-  const bool flag = sync.kind() == GpuSyncKind::Flag;
-  if (flag) {
-    LF_TRY_STATUS(check_flag(sync, call));
-  } else if (!sync.source) {
-    return fail(Errc::InvalidArgument, call, "GPU sync point without its semaphore");
-  }
+  LF_TRY_STATUS(check_sync(sync, call));
   // Both kinds are polled — spin, then naps of 50 µs: GPU work writes a flag with no way to wake a
   // sleeper, and vkWaitSemaphores can wake milliseconds late when another process's CUDA stream
   // signals the timeline (NVIDIA's does; note 0020).
   return detail::wait_for(
       [&]() -> Result<bool> {
-        if (flag) return flag_word(sync).load(std::memory_order_acquire) >= sync.value;
-        LF_TRY(const auto v, sync.source->value());
+        LF_TRY(const auto v, read_sync(sync));
         return v >= sync.value;
       },
       detail::never_stop, detail::Nap{std::chrono::microseconds(50)}, WaitMode::SpinThenBlock, timeout, {},
       [&] {
         return Error(Errc::Timeout, call,
-                     flag ? str_format("the GPU flag did not reach {} in time", sync.value)
-                          : str_format("GPU work did not reach timeline value {} in time", sync.value));
+                     sync.kind() == GpuSyncKind::Flag
+                         ? str_format("the GPU flag did not reach {} in time", sync.value)
+                         : str_format("GPU work did not reach timeline value {} in time", sync.value));
       });
 }
 
 Status signal_on_host(const GpuSync& sync) {
-  if (sync.kind() == GpuSyncKind::Semaphore) {
-    if (!sync.source) return fail(Errc::InvalidArgument, "signal_on_host", "GPU sync point without its semaphore");
-    return sync.source->signal(sync.value);
-  }
-  LF_TRY_STATUS(check_flag(sync, "signal_on_host"));
+  LF_TRY_STATUS(check_sync(sync, "signal_on_host"));
+  if (sync.kind() == GpuSyncKind::Semaphore) return sync.source->signal(sync.value);
   // Raise only, as one read-modify-write, so that two host raisers never take the word back
   // down. In host memory (where the channel's block lands unless the device offers device-local
   // host-visible memory) that is atomic; behind the PCIe BAR the CPU's locked operations may not
