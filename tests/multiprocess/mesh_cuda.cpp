@@ -379,9 +379,10 @@ int main(int argc, char** argv) {
   every_op(**c, st);
   back_to_back(**c, st);
   {
-    // Destroyed right after a call whose stream is gone: the destructor still waits for that call
-    // before it unmaps and frees (the opens below then work). The buffer outlives it: freeing
-    // the buffer would wait for the call.
+    // Destroyed right after a call whose stream is gone: the destructor's wait must not need that
+    // stream, and the opens below then work. The buffer outlives it: freeing the buffer would wait
+    // for the call first. (Freeing the staging waits for the device too, so this does not show a
+    // missing wait; it shows that destruction goes through.)
     DeviceBytes big(std::size_t{3} << 20);
     auto brief =
         CudaCollectives::open(**host, {.device = device, .chunk_bytes = 1 << 20, .stage_through_host = staged});
