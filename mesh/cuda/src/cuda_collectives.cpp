@@ -297,9 +297,9 @@ class Collectives final : public CudaCollectives {
     if (!failure_) return failure_;
     const unsigned long long packed = reinterpret_cast<const volatile k::ErrorRecord*>(error_)->packed;
     struct {
-      std::uint32_t code, rank, call;
-    } e{static_cast<std::uint32_t>(packed & 0xff), static_cast<std::uint32_t>((packed >> 8) & 0xffffff),
-        static_cast<std::uint32_t>(packed >> 32)};
+      std::uint32_t code, rank, third, call;
+    } e{static_cast<std::uint32_t>(packed & 0xff), static_cast<std::uint32_t>((packed >> 8) & 0xff),
+        static_cast<std::uint32_t>((packed >> 16) & 0xff), static_cast<std::uint32_t>(packed >> 32)};
     if (e.code == k::kNone) return {};
     const auto known = std::ranges::find(recent_, e.call, &Recent::call);
     const std::string what = known != recent_.end()
@@ -312,6 +312,9 @@ class Collectives final : public CudaCollectives {
         return fail(Errc::Timeout, call, str_format("rank {} did not reach {} in time", e.rank, what));
       case k::kMismatch:
         return fail(Errc::InvalidArgument, call, str_format("rank {} made another call than {}", e.rank, what));
+      case k::kPeerMismatch:
+        return fail(Errc::InvalidArgument, call,
+                    str_format("rank {} found that rank {} made another call than {}", e.rank, e.third, what));
       case k::kCorrupt:
         return fail(Errc::Malformed, call,
                     str_format("rank {}'s flag holds a step no peer can be at during {}", e.rank, what));
@@ -375,14 +378,26 @@ class Collectives final : public CudaCollectives {
     cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
     (void)cudaStreamIsCapturing(stream, &capturing);
     const bool captured = capturing != cudaStreamCaptureStatusNone;
-    if (!captured && last_stream_ && *last_stream_ != stream)
-      LF_TRY_STATUS(cuda_ok(cudaStreamWaitEvent(stream, done_, 0), "cudaStreamWaitEvent"));
+    unsigned long long id = 0;
+    if (!captured) {
+      if (auto s = follow_last(stream, id); !s) return std::unexpected(s.error().within(call));
+    }
     auto s = cuda_ok(k::launch(l, stream, early_launch_), "cudaLaunchKernelEx");
     if (s && !captured) {
       s = cuda_ok(cudaEventRecord(done_, stream), "cudaEventRecord");
-      last_stream_ = stream;
+      last_stream_ = id;
     }
     if (!s) return std::unexpected(s.error().within(call));
+    return {};
+  }
+
+  /// Makes `stream` wait for this rank's last call when that ran on another stream, and gives
+  /// `stream`'s id for the next call to compare. Streams are told apart by id, not handle: CUDA may
+  /// hand a destroyed stream's handle to a new stream, whose call must still wait.
+  Status follow_last(cudaStream_t stream, unsigned long long& id) {
+    LF_TRY_STATUS(cuda_ok(cudaStreamGetId(stream, &id), "cudaStreamGetId"));
+    if (last_stream_ && *last_stream_ != id)
+      LF_TRY_STATUS(cuda_ok(cudaStreamWaitEvent(stream, done_, 0), "cudaStreamWaitEvent"));
     return {};
   }
 
@@ -412,11 +427,13 @@ class Collectives final : public CudaCollectives {
                   str_format("group '{}' stages through host memory ({}): a call waits on the host for its copies and "
                              "cannot be captured in a CUDA graph",
                              host_.group(), reason_));
-    auto s = staged_steps(what, send, recv, op, root);
+    unsigned long long id = 0;
+    auto s = follow_last(stream, id);
+    if (s) s = staged_steps(what, send, recv, op, root);
     // Recorded whatever happened: what was enqueued still uses the slots, and the next call and
     // the destructor wait for it.
     const auto recorded = cuda_ok(cudaEventRecord(done_, stream), "cudaEventRecord");
-    last_stream_ = stream;
+    last_stream_ = id;
     if (s && !recorded) s = recorded;
     if (!s) {
       s = std::unexpected(s.error().within(call));
@@ -431,9 +448,6 @@ class Collectives final : public CudaCollectives {
     const DType type = what.type;
     const DeviceScope on(device_);
     LF_TRY_STATUS(on.status());
-    // The slots are this rank's: a call on another stream waits for the last one's copies back.
-    if (last_stream_ && *last_stream_ != stream)
-      LF_TRY_STATUS(cuda_ok(cudaStreamWaitEvent(stream, done_, 0), "cudaStreamWaitEvent"));
     const auto* in = static_cast<const unsigned char*>(send);
     auto* out = static_cast<unsigned char*>(recv);
     // Either way between the caller's memory and a slot, on the caller's stream.
@@ -574,8 +588,8 @@ class Collectives final : public CudaCollectives {
   std::vector<unsigned char*> regions_;
   k::ErrorRecord* error_ = nullptr;  // written by the GPU: read through a volatile pointer
   bool opened_ = false;
-  cudaEvent_t done_ = nullptr;               ///< recorded after this rank's last call
-  std::optional<cudaStream_t> last_stream_;  ///< the stream of that call
+  cudaEvent_t done_ = nullptr;                     ///< recorded after this rank's last call
+  std::optional<unsigned long long> last_stream_;  ///< the id of that call's stream
   k::ErrorRecord* error_device_ = nullptr;
   std::uint32_t calls_ = 0;
   bool staged_ = false;

@@ -78,13 +78,24 @@ __device__ unsigned char* ll_area(const Launch& l, std::uint32_t to, std::uint32
 __device__ Flags* flags(const Launch&, std::uint32_t rank) { return reinterpret_cast<Flags*>(regions[rank]); }
 
 /// Records the first failure of this rank (one 64-bit word, so the host never reads half of it)
-/// and tells the peers; returns false for convenience.
-__device__ bool fail(const Launch& l, std::uint32_t code, std::uint32_t rank) {
-  const unsigned long long record = (static_cast<unsigned long long>(l.call) << 32) | (rank << 8) | code;
-  (void)atomicCAS_system(&l.error->packed, 0ull, record);
-  *reinterpret_cast<volatile std::uint32_t*>(&flags(l, l.me)->failed) = 1;
+/// and tells the peers what it was; returns false for convenience. `third`: kPeerMismatch's other
+/// rank.
+__device__ bool fail(const Launch& l, std::uint32_t code, std::uint32_t rank, std::uint32_t third = 0) {
+  const std::uint32_t what = (third << 16) | (rank << 8) | code;
+  (void)atomicCAS_system(&l.error->packed, 0ull, (static_cast<unsigned long long>(l.call) << 32) | what);
+  (void)atomicCAS(&flags(l, l.me)->failed, 0u, what);
   __threadfence_system();
   return false;
+}
+
+/// Peer `q` has failed with `failed` (its Flags::failed). A mismatch it knows of is this call's
+/// mismatch too: when the rank found to differ is this one, from this side the finder made
+/// another call.
+__device__ bool peer_failed(const Launch& l, std::uint32_t q, std::uint32_t failed) {
+  const std::uint32_t code = failed & 0xff, named = (failed >> 8) & 0xff, third = (failed >> 16) & 0xff;
+  if (code != kMismatch && code != kPeerMismatch) return fail(l, kPeerFailed, q);
+  const std::uint32_t finder = code == kMismatch ? q : named, differs = code == kMismatch ? named : third;
+  return differs == l.me ? fail(l, kMismatch, finder) : fail(l, kPeerMismatch, finder, differs);
 }
 
 /// The step after `epoch`. 0 is skipped, keeping the parity alternating: memory zeroed at open must
@@ -135,8 +146,8 @@ __device__ bool await(const Launch& l, std::uint32_t round, std::uint32_t epoch)
           break;
         }
         if ((spins & 255) == 0) {
-          if (*failed) {
-            ok = fail(l, kPeerFailed, q);
+          if (const std::uint32_t f = *failed) {
+            ok = peer_failed(l, q, f);
             break;
           }
           if (*reinterpret_cast<volatile std::uint32_t*>(&flags(l, l.me)->failed) != 0) {  // another block failed
@@ -412,7 +423,8 @@ __device__ void store8(unsigned char* p, std::uint64_t v, std::uint32_t n) {
 /// The checks a waiting thread makes now and then: false (the failure recorded) when peer `q` or
 /// this rank failed, `q` made another call in the staging protocol, or the call's time is up.
 __device__ bool ll_still_waiting(const Launch& l, std::uint32_t q, std::uint32_t epoch, std::uint64_t start) {
-  if (*reinterpret_cast<volatile std::uint32_t*>(&flags(l, q)->failed)) return fail(l, kPeerFailed, q);
+  if (const std::uint32_t f = *reinterpret_cast<volatile std::uint32_t*>(&flags(l, q)->failed))
+    return peer_failed(l, q, f);
   if (*reinterpret_cast<volatile std::uint32_t*>(&flags(l, l.me)->failed)) return false;
   const unsigned long long v = *reinterpret_cast<volatile unsigned long long*>(&flags(l, l.me)->slot[q][blockIdx.x][0]);
   if (static_cast<std::uint32_t>(v >> 32) == epoch && static_cast<std::uint32_t>(v) != l.signature)

@@ -38,10 +38,12 @@ __host__ __device__ constexpr std::uint64_t ll_area_bytes(std::uint32_t ranks) {
 inline constexpr std::uint64_t kOneShotBytes = 4 << 20;
 
 enum Kind : std::uint32_t { kAllReduce = 1, kAllGather, kReduceScatter, kBroadcast };
-enum Failure : std::uint32_t { kNone = 0, kTimeout, kMismatch, kPeerFailed, kCorrupt };
+/// kPeerMismatch: a peer found that a third rank made another call (this rank cannot tell which of
+/// the two made the same call as itself).
+enum Failure : std::uint32_t { kNone = 0, kTimeout, kMismatch, kPeerFailed, kCorrupt, kPeerMismatch };
 
 /// Where a rank's kernels report the first failure (host memory mapped into the device): one
-/// word, (call << 32) | (peer << 8) | Failure, written once.
+/// word, (call << 32) | (third rank << 16) | (peer << 8) | Failure, written once.
 struct ErrorRecord {
   unsigned long long packed;
 };
@@ -60,7 +62,9 @@ struct Flags {
   unsigned long long slot[kMaxRanks][kBlocks][2];
   /// Steps this rank's block has run (read and written by that block only).
   std::uint32_t epoch[kBlocks];
-  /// Set once when this rank has failed: its peers stop waiting for it.
+  /// Set once when this rank has failed, to its ErrorRecord's low word: its peers stop waiting for
+  /// it, and one that finds a mismatch here reports the mismatch rather than a failed rank (its own
+  /// blocks may see this before the mismatching call).
   std::uint32_t failed;
   /// This rank's Group, which its kernels read.
   Group group;
