@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <deque>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -238,6 +239,32 @@ void back_to_back(CudaCollectives& c, cudaStream_t st) {
   expect(diff.empty(), "a call after one whose stream was destroyed at once" + diff);
 }
 
+/// Small calls of many sizes one after another with no wait between them, a larger one among
+/// them: each call runs as many blocks as its size needs, so the lines a call waits for sit where
+/// earlier calls of other sizes left theirs, and only the call's epoch tells them apart.
+void varying_sizes(CudaCollectives& c, cudaStream_t st) {
+  const std::uint32_t n = c.size(), r = c.rank();
+  const std::size_t counts[] = {16384, 2,    1024, 2,   512, 131072, 4, 256, 16384, 2, (std::size_t{3} << 20) / 4 + 7,
+                                2,     8192, 3,    600, 2};
+  std::deque<DeviceBytes> bufs;
+  for (std::size_t k = 0; k < std::size(counts); ++k)
+    bufs.emplace_back(counts[k] * 4,
+                      encode(inputs(r + static_cast<std::uint32_t>(k), counts[k], DType::F32), DType::F32));
+  Status s;
+  for (std::size_t k = 0; k < std::size(counts) && s; ++k)
+    s = c.all_reduce(bufs[k].p, bufs[k].p, counts[k] * 4, DType::F32, ReduceOp::Sum, st);
+  if (s) s = finish(c, st);
+  for (std::size_t k = 0; k < std::size(counts); ++k) {
+    std::vector<double> acc(counts[k], 0);
+    for (std::uint32_t j = 0; j < n; ++j) {
+      const auto in = inputs(j + static_cast<std::uint32_t>(k), counts[k], DType::F32);
+      for (std::size_t e = 0; e < counts[k]; ++e) acc[e] += in[e];
+    }
+    const std::string diff = outcome(s, bufs[k], encode(acc, DType::F32));
+    expect(diff.empty(), str_format("call {} of {} floats among calls of other sizes{}", k, counts[k], diff));
+  }
+}
+
 /// all_reduce of about `bytes` per rank (plus a few elements: a short last step) for f32 sum,
 /// bf16 average and i64 max, out of place and in place; `where` ends each check's name.
 void all_reduce_steps(CudaCollectives& c, cudaStream_t st, std::size_t bytes, std::size_t extra,
@@ -378,6 +405,7 @@ int main(int argc, char** argv) {
   }
   every_op(**c, st);
   back_to_back(**c, st);
+  varying_sizes(**c, st);
   {
     // Destroyed right after a call whose stream is gone: the destructor's wait must not need that
     // stream, and the opens below then work. The buffer outlives it: freeing the buffer would wait

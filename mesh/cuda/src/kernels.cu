@@ -503,14 +503,14 @@ __device__ bool ll_reduce_any(const Launch& l, std::uint32_t epoch, std::uint64_
   }
 }
 
-/// A call of at most kLLBytes per rank pair, as step `epoch` of this block. Block i moves slice i;
-/// a block with an empty slice only publishes its slot. False when the call failed.
+/// A call of at most kLLBytes per rank pair, as step `epoch` of this block. Block i of this kernel
+/// moves slice i; a block with an empty slice only publishes its slot. False when the call failed.
 __device__ bool ll_call(const Launch& l, std::uint32_t epoch) {
   const std::uint32_t n = l.ranks, me = l.me, i = blockIdx.x, parity = epoch & 1;
   const unsigned long long header = (static_cast<unsigned long long>(epoch) << 32) | l.signature;
   // A peer that chose the staging protocol (another call) compares this with its own.
   announce(l, 0, epoch, false);
-  const Range s = slice(l.bytes, i, l.blocks);
+  const Range s = slice(l.bytes, i, gridDim.x);
   if (s.len == 0) return true;
   const bool broadcast = l.kind == kBroadcast, root = me == l.root;
   // Every rank sends its header to every peer and waits for theirs, in a broadcast too (where
@@ -596,11 +596,24 @@ __device__ bool begin_call(const Launch& l) {
   return !broken;
 }
 
-/// A call of at most kLLBytes per rank pair.
+/// A call of at most kLLBytes per rank pair, in small_blocks() blocks. Every block's epoch is the
+/// same at its start, and block 0 gives the blocks the call does not run the call's epoch too.
+/// Equal epochs are what keeps a line from an earlier call apart from this one's: the slices move
+/// with the number of blocks, and a block that fell behind could wait for an epoch that another
+/// block wrote into the same line calls ago.
 __global__ void __launch_bounds__(kThreads) small_collective(Launch l) {
   if (!begin_call(l)) return;
-  const std::uint32_t epoch = next_epoch(flags(l, l.me)->epoch[blockIdx.x]);
-  if (ll_call(l, epoch) && threadIdx.x == 0) flags(l, l.me)->epoch[blockIdx.x] = epoch;
+  Flags* mine = flags(l, l.me);
+  const std::uint32_t epoch = next_epoch(mine->epoch[blockIdx.x]);
+  if (!ll_call(l, epoch)) return;
+  if (threadIdx.x == 0) mine->epoch[blockIdx.x] = epoch;
+  if (blockIdx.x == 0)
+    for (std::uint32_t j = gridDim.x + threadIdx.x; j < l.blocks; j += blockDim.x) mine->epoch[j] = epoch;
+}
+
+/// Blocks of a small call of `bytes` per rank pair on a communicator of `blocks`.
+std::uint32_t small_blocks(std::uint64_t bytes, std::uint32_t blocks) {
+  return static_cast<std::uint32_t>(lesser(blocks, lesser(kBlocks, (bytes + kLLBytesPerBlock - 1) / kLLBytesPerBlock)));
 }
 
 /// A larger call, through the staging, of elements T (Launch::dtype): a kernel per type keeps
@@ -744,13 +757,14 @@ constexpr Kernel kStaged[] = {collective<float>,        collective<__half>,     
 
 cudaError_t launch(const Launch& l, cudaStream_t stream, bool early) {
   const bool small = l.bytes <= kLLBytes;
-  std::uint32_t threads = kThreads;
+  std::uint32_t blocks = l.blocks, threads = kThreads;
   if (small) {  // a thread per line of the block's slice, in whole warps: idle threads cost a small call
-    const std::uint64_t lines = (((l.bytes + l.blocks - 1) / l.blocks + 15) & ~std::uint64_t{15}) / 8;
+    blocks = small_blocks(l.bytes, l.blocks);
+    const std::uint64_t lines = (((l.bytes + blocks - 1) / blocks + 15) & ~std::uint64_t{15}) / 8;
     threads = static_cast<std::uint32_t>(lesser(kThreads, (lines + 31) & ~std::uint64_t{31}));
   }
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3(l.blocks);
+  config.gridDim = dim3(blocks);
   config.blockDim = dim3(threads);
   config.stream = stream;
   cudaLaunchAttribute attribute{};

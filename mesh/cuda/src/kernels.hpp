@@ -24,6 +24,9 @@ inline constexpr std::uint64_t kFlagBytes = 32 << 10;
 /// the link; up to this size the staging's fences and flags cost more (measured on NVLink: about
 /// a quarter less time at half this size, about even at twice it).
 inline constexpr std::uint64_t kLLBytes = 512 << 10;
+/// A small call runs a block per this many bytes per rank pair, up to the communicator's blocks:
+/// blocks with nothing to move would still cost the launch and the kernel's end.
+inline constexpr std::uint64_t kLLBytesPerBlock = 1 << 10;
 /// One sender's LL area in a receiver's region, per parity: a header word per block, then lines.
 inline constexpr std::uint64_t kLLHeaderBytes = kBlocks * 8;
 inline constexpr std::uint64_t kLLSenderBytes = kLLHeaderBytes + 2 * kLLBytes;
@@ -60,7 +63,8 @@ struct Flags {
   /// into this rank's region when its data of that round is in place here (this rank polls its
   /// own memory; the sender's store crosses the link once).
   unsigned long long slot[kMaxRanks][kBlocks][2];
-  /// Steps this rank's block has run (read and written by that block only).
+  /// Steps this rank's block has run: the same for every block between calls (a small call that
+  /// runs fewer blocks sets the others' too). Read by that block only.
   std::uint32_t epoch[kBlocks];
   /// Set once when this rank has failed, to its ErrorRecord's low word: its peers stop waiting for
   /// it, and one that finds a mismatch here reports the mismatch rather than a failed rank (its own
@@ -77,7 +81,7 @@ struct Launch {
   std::uint32_t kind, dtype, op, ranks, me, root;
   std::uint32_t signature;  ///< the same on every rank for the same call
   std::uint32_t call;       ///< the call's number, for errors
-  std::uint32_t blocks;     ///< blocks of this kernel, 1 … kBlocks, the same on every rank
+  std::uint32_t blocks;     ///< the communicator's blocks, 1 … kBlocks, the same on every rank
   const Group* group;
   const void* send;
   void* recv;
