@@ -246,10 +246,14 @@ void varying_sizes(CudaCollectives& c, cudaStream_t st) {
   const std::uint32_t n = c.size(), r = c.rank();
   const std::size_t counts[] = {16384, 2,    1024, 2,   512, 131072, 4, 256, 16384, 2, (std::size_t{3} << 20) / 4 + 7,
                                 2,     8192, 3,    600, 2};
+  // Call k's inputs are offset by 8k, so that a line of any other call would show in the result.
+  auto input = [&](std::uint32_t rank, std::size_t k) {
+    auto v = inputs(rank, counts[k], DType::F32);
+    for (auto& e : v) e += 8.0 * double(k);
+    return v;
+  };
   std::deque<DeviceBytes> bufs;
-  for (std::size_t k = 0; k < std::size(counts); ++k)
-    bufs.emplace_back(counts[k] * 4,
-                      encode(inputs(r + static_cast<std::uint32_t>(k), counts[k], DType::F32), DType::F32));
+  for (std::size_t k = 0; k < std::size(counts); ++k) bufs.emplace_back(counts[k] * 4, encode(input(r, k), DType::F32));
   Status s;
   for (std::size_t k = 0; k < std::size(counts) && s; ++k)
     s = c.all_reduce(bufs[k].p, bufs[k].p, counts[k] * 4, DType::F32, ReduceOp::Sum, st);
@@ -257,7 +261,7 @@ void varying_sizes(CudaCollectives& c, cudaStream_t st) {
   for (std::size_t k = 0; k < std::size(counts); ++k) {
     std::vector<double> acc(counts[k], 0);
     for (std::uint32_t j = 0; j < n; ++j) {
-      const auto in = inputs(j + static_cast<std::uint32_t>(k), counts[k], DType::F32);
+      const auto in = input(j, k);
       for (std::size_t e = 0; e < counts[k]; ++e) acc[e] += in[e];
     }
     const std::string diff = outcome(s, bufs[k], encode(acc, DType::F32));
@@ -363,8 +367,11 @@ int main(int argc, char** argv) {
       fresh = std::move(*again);
       on = fresh.get();
     }
-    auto s = me == 0 ? on->broadcast(buf.p, 64, 0, DType::F32, st, quick)
-                     : on->all_reduce(buf.p, buf.p, 64, DType::F32, ReduceOp::Sum, st, quick);
+    // Large enough for every block to run: a block that starts after another of its rank found the
+    // mismatch returns at once, and the peer's block waiting for it must still report a mismatch.
+    DeviceBytes wide(std::size_t{64} << 10);
+    auto s = me == 0 ? on->broadcast(wide.p, wide.n, 0, DType::F32, st, quick)
+                     : on->all_reduce(wide.p, wide.p, wide.n, DType::F32, ReduceOp::Sum, st, quick);
     if (s) s = finish(*on, st);
     expect(!s && s.error().code() == Errc::InvalidArgument,
            s ? "mismatched calls succeeded" : "not InvalidArgument: " + s.error().message());

@@ -79,11 +79,12 @@ __device__ Flags* flags(const Launch&, std::uint32_t rank) { return reinterpret_
 
 /// Records the first failure of this rank (one 64-bit word, so the host never reads half of it)
 /// and tells the peers what it was; returns false for convenience. `third`: kPeerMismatch's other
-/// rank.
+/// rank. The block that sets the failed word writes the record, so that the peers and the host
+/// hear of the same failure when two blocks fail at once.
 __device__ bool fail(const Launch& l, std::uint32_t code, std::uint32_t rank, std::uint32_t third = 0) {
   const std::uint32_t what = (third << 16) | (rank << 8) | code;
-  (void)atomicCAS_system(&l.error->packed, 0ull, (static_cast<unsigned long long>(l.call) << 32) | what);
-  (void)atomicCAS(&flags(l, l.me)->failed, 0u, what);
+  if (atomicCAS(&flags(l, l.me)->failed, 0u, what) == 0u)
+    (void)atomicCAS_system(&l.error->packed, 0ull, (static_cast<unsigned long long>(l.call) << 32) | what);
   __threadfence_system();
   return false;
 }
@@ -138,8 +139,9 @@ __device__ bool await(const Launch& l, std::uint32_t round, std::uint32_t epoch)
           break;
         }
         // A peer is at most one step ahead (it waits for this rank's next step), and only in round
-        // 0: it has passed this step, so it made this call too. Round 0 is written every step, so
-        // anything further is not a peer's slot; round 1 only in two-shot steps, however long ago.
+        // 0: it has passed this step, so it made this call too. Round 0 is written every step the
+        // block runs (a small call may run fewer blocks: their slots only fall behind), so anything
+        // further is not a peer's slot; round 1 only in two-shot steps, however long ago.
         if (round == 0 && e == next_epoch(epoch)) break;
         if (round == 0 && static_cast<std::int32_t>(e - epoch) > 0) {
           ok = fail(l, kCorrupt, q);
