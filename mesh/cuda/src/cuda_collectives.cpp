@@ -296,16 +296,14 @@ class Collectives final : public CudaCollectives {
   Status check() const override {
     if (!failure_) return failure_;
     const unsigned long long packed = reinterpret_cast<const volatile k::ErrorRecord*>(error_)->packed;
-    struct {
-      std::uint32_t code, rank, third, call;
-    } e{static_cast<std::uint32_t>(packed & 0xff), static_cast<std::uint32_t>((packed >> 8) & 0xff),
-        static_cast<std::uint32_t>((packed >> 16) & 0xff), static_cast<std::uint32_t>(packed >> 32)};
+    const k::FailureWord e = k::unpack(static_cast<std::uint32_t>(packed));
+    const auto number = static_cast<std::uint32_t>(packed >> 32);
     if (e.code == k::kNone) return {};
-    const auto known = std::ranges::find(recent_, e.call, &Recent::call);
+    const auto known = std::ranges::find(recent_, number, &Recent::call);
     const std::string what = known != recent_.end()
-                                 ? str_format("call {} of group '{}' ({} of {} bytes {})", e.call, host_.group(),
+                                 ? str_format("call {} of group '{}' ({} of {} bytes {})", number, host_.group(),
                                               kind_name(known->kind), known->bytes, to_string(known->type))
-                                 : str_format("call {} of group '{}'", e.call, host_.group());
+                                 : str_format("call {} of group '{}'", number, host_.group());
     const std::string call = "CudaCollectives";
     switch (e.code) {
       case k::kTimeout:

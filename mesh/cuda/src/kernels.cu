@@ -82,7 +82,7 @@ __device__ Flags* flags(const Launch&, std::uint32_t rank) { return reinterpret_
 /// rank. The block that sets the failed word writes the record, so that the peers and the host
 /// hear of the same failure when two blocks fail at once.
 __device__ bool fail(const Launch& l, std::uint32_t code, std::uint32_t rank, std::uint32_t third = 0) {
-  const std::uint32_t what = (third << 16) | (rank << 8) | code;
+  const std::uint32_t what = pack({code, rank, third});
   if (atomicCAS(&flags(l, l.me)->failed, 0u, what) == 0u)
     (void)atomicCAS_system(&l.error->packed, 0ull, (static_cast<unsigned long long>(l.call) << 32) | what);
   __threadfence_system();
@@ -93,9 +93,9 @@ __device__ bool fail(const Launch& l, std::uint32_t code, std::uint32_t rank, st
 /// mismatch too: when the rank found to differ is this one, from this side the finder made
 /// another call.
 __device__ bool peer_failed(const Launch& l, std::uint32_t q, std::uint32_t failed) {
-  const std::uint32_t code = failed & 0xff, named = (failed >> 8) & 0xff, third = (failed >> 16) & 0xff;
-  if (code != kMismatch && code != kPeerMismatch) return fail(l, kPeerFailed, q);
-  const std::uint32_t finder = code == kMismatch ? q : named, differs = code == kMismatch ? named : third;
+  const FailureWord f = unpack(failed);
+  if (f.code != kMismatch && f.code != kPeerMismatch) return fail(l, kPeerFailed, q);
+  const std::uint32_t finder = f.code == kMismatch ? q : f.rank, differs = f.code == kMismatch ? f.rank : f.third;
   return differs == l.me ? fail(l, kMismatch, finder) : fail(l, kPeerMismatch, finder, differs);
 }
 

@@ -45,8 +45,21 @@ enum Kind : std::uint32_t { kAllReduce = 1, kAllGather, kReduceScatter, kBroadca
 /// the two made the same call as itself).
 enum Failure : std::uint32_t { kNone = 0, kTimeout, kMismatch, kPeerFailed, kCorrupt, kPeerMismatch };
 
+/// A failure as a rank records it: what (Failure), the peer it names, and kPeerMismatch's third
+/// rank. Packed in one word, (third << 16) | (rank << 8) | code: Flags::failed, and the low word
+/// of the ErrorRecord.
+struct FailureWord {
+  std::uint32_t code, rank, third;
+};
+__host__ __device__ constexpr std::uint32_t pack(FailureWord f) { return (f.third << 16) | (f.rank << 8) | f.code; }
+__host__ __device__ constexpr FailureWord unpack(std::uint32_t word) {
+  return {word & 0xff, (word >> 8) & 0xff, (word >> 16) & 0xff};
+}
+static_assert(kMaxRanks <= 0x100, "a rank takes 8 bits of a FailureWord");
+static_assert(unpack(pack({kPeerMismatch, kMaxRanks - 1, kMaxRanks - 2})).third == kMaxRanks - 2);
+
 /// Where a rank's kernels report the first failure (host memory mapped into the device): one
-/// word, (call << 32) | (third rank << 16) | (peer << 8) | Failure, written once.
+/// word, (call << 32) | pack(FailureWord), written once.
 struct ErrorRecord {
   unsigned long long packed;
 };
