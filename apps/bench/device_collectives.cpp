@@ -11,7 +11,9 @@
 //                     CUDA graphs, against NCCL where built ("nccl", "nccl-graph") and against
 //                     the staged path (cudaMemcpy, native host collective, cudaMemcpy);
 //                     "lavaflow-staged": CudaCollectives on the path a group spanning hosts
-//                     takes (pinned slots, pipelined pieces, the native host collective).
+//                     takes (pinned slots, pipelined pieces, the native host collective);
+//                     "lavaflow-window": large all_gather and broadcast into a registered
+//                     window, which the peers write in place.
 // A row's p50/p99 are over rounds of calls; each round's time is the slowest rank's. busbw
 // follows NCCL's convention: all_reduce size/t × 2(n−1)/n; all_gather and reduce_scatter
 // n·size/t × (n−1)/n; broadcast size/t. Rows of calls enqueued on a stream (CUDA) also give the
@@ -235,6 +237,10 @@ Streamed time_stream(Communicator& host, cudaStream_t stream, int calls, bool gr
   return s;
 }
 
+/// Outputs of at least this size per rank lie in a window in the "lavaflow-window" rows (smaller
+/// calls take the staging or LL lines either way).
+constexpr std::uint64_t kWindowFrom = 16 << 20;
+
 int run_cuda(Communicator& host, std::uint64_t max_size, std::uint64_t chunk, bool with_staged,
              std::vector<Row>& rows) {
   int devices = 0;
@@ -267,6 +273,14 @@ int run_cuda(Communicator& host, std::uint64_t max_size, std::uint64_t chunk, bo
     nccl = nullptr;
   }
 #endif
+  // A registered window as large as the largest output: all_gather and broadcast above the LL
+  // lines into it are written by the peers in place ("lavaflow-window").
+  void* window = nullptr;
+  bool windowed = max_size >= kWindowFrom && cudaMalloc(&window, max_size * n) == cudaSuccess;
+  if (windowed) {
+    auto s = (*c)->register_window(window, max_size * n);
+    if (!s) return std::fprintf(stderr, "lavaflow-bench device-collectives: %s\n", s.error().message().c_str()), 1;
+  }
   void *send = nullptr, *recv = nullptr;
   std::vector<std::byte> host_buf;
   for (std::uint64_t size = 8; size <= max_size; size = size * 4 > max_size && size < max_size ? max_size : size * 4) {
@@ -334,6 +348,21 @@ int run_cuda(Communicator& host, std::uint64_t max_size, std::uint64_t chunk, bo
                  1;
         rows.push_back(summarize("lavaflow", op, t, size, n, plain));
         rows.push_back(summarize("lavaflow-graph", op, t, size, n, graphed));
+        if (windowed && size >= kWindowFrom && (op == Op::AllGather || op == Op::Broadcast)) {
+          auto in_window = [&] {
+            return (op == Op::AllGather ? (*c)->all_gather(send, window, size, t, stream)
+                                        : (*c)->broadcast(window, size, 0, t, stream))
+                .has_value();
+          };
+          auto wp = time_stream(host, stream, calls, false, in_window);
+          auto wg = time_stream(host, stream, calls, true, in_window);
+          if (wp.empty() || wg.empty() || !(*c)->check())
+            return std::fprintf(stderr, "lavaflow-bench device-collectives: %s of %llu bytes into a window failed\n",
+                                op_name(op), static_cast<unsigned long long>(size)),
+                   1;
+          rows.push_back(summarize("lavaflow-window", op, t, size, n, wp));
+          rows.push_back(summarize("lavaflow-window-graph", op, t, size, n, wg));
+        }
         if (with_staged) rows.push_back(summarize("staged", op, t, size, n, staged));
         if (with_staged) rows.push_back(summarize("lavaflow-staged", op, t, size, n, pipelined));
 #if LAVAFLOW_BENCH_NCCL
@@ -363,6 +392,8 @@ int run_cuda(Communicator& host, std::uint64_t max_size, std::uint64_t chunk, bo
   }
   (void)cudaFree(send);
   (void)cudaFree(recv);
+  c->reset();  // the window stays registered while the communicator lives
+  (void)cudaFree(window);
 #if LAVAFLOW_BENCH_NCCL
   if (nccl) (void)ncclCommDestroy(nccl);
 #endif
@@ -423,10 +454,10 @@ int main(int argc, char** argv) {
   nlohmann::json targets = nlohmann::json::array();
   for (const auto& r : rows) {
     if (r.name != "lavaflow" && r.name != "lavaflow-vulkan" && r.name != "lavaflow-vulkan-host" &&
-        r.name != "lavaflow-graph" && r.name != "lavaflow-staged")
+        r.name != "lavaflow-graph" && r.name != "lavaflow-staged" && !r.name.starts_with("lavaflow-window"))
       continue;
     // The staged path's pipelining is measured against the plain staged calls.
-    const std::string base = r.name == "lavaflow-graph"    ? "nccl-graph"
+    const std::string base = r.name.ends_with("-graph")    ? "nccl-graph"
                              : r.name == "lavaflow-staged" ? "staged"
                              : find(rows, "nccl", r)       ? "nccl"
                                                            : "staged";

@@ -2,7 +2,7 @@
 // CUDA collectives in a job started by lavaflow-launch (rank r on CUDA device r mod the device
 // count): every op × element type × reduce op as kernels over the peers' mapped staging, one-shot
 // and two-shot, in place, captured in a CUDA graph and replayed; results checked against the
-// reference on every rank.
+// reference on every rank; outputs in registered windows, which the peers write in place.
 //   lavaflow-launch -n N mesh_cuda            every rank prints "mesh-cuda rank R: OK"
 //   lavaflow-launch -n N mesh_cuda mismatch   rank 0 calls another op: every rank's check()
 //                                             reports InvalidArgument naming a peer
@@ -310,6 +310,124 @@ void several_steps(CudaCollectives& c, cudaStream_t st) {
   gather_and_broadcast(c, st, (std::size_t{9} << 20) + 7, 0);
 }
 
+/// Outputs in a registered window, which the peers write in place (all_gather and broadcast of
+/// 16 MiB a rank and more): at two offsets (one unaligned), in place, replayed from a CUDA graph,
+/// beside calls outside the window; registrations refused on every rank for memory that cannot be a window; and
+/// ranks whose outputs lie at different offsets refused before anything is written. On the staged
+/// path a window is refused (Unsupported).
+void windows(Communicator& host, int device, cudaStream_t st, bool staged) {
+  auto opened = CudaCollectives::open(host, {.device = device, .chunk_bytes = 1 << 20, .stage_through_host = staged});
+  expect(static_cast<bool>(opened), opened ? "" : "open for windows: " + opened.error().message());
+  if (!opened) return;
+  CudaCollectives& c = **opened;
+  const std::uint32_t n = c.size(), r = c.rank();
+  // Written in place from 16 MiB a rank (kWindowBytes); smaller calls into a window take the
+  // staging.
+  const std::size_t least = (std::size_t{16} << 20) + 5, most = least + (std::size_t{1} << 20) + 2, skew = 4096 + 3;
+  DeviceBytes window(n * most + skew);
+  auto reg = c.register_window(window.p, window.n);
+  if (staged) {
+    expect(!reg && reg.error().code() == Errc::Unsupported,
+           reg ? "a window on the staged path" : "not Unsupported: " + reg.error().message());
+    return;
+  }
+  expect(static_cast<bool>(reg), reg ? "" : "register_window: " + reg.error().message());
+  if (!reg) return;
+  auto refused = [&](const Status& got, const std::string& what, std::string_view names) {
+    expect(
+        !got && got.error().code() == Errc::InvalidArgument && got.error().message().find(names) != std::string::npos,
+        got ? what + " was registered"
+            : what + ": not InvalidArgument naming '" + std::string(names) + "': " + got.error().message());
+  };
+  std::vector<std::byte> pageable(4096);
+  DeviceBytes other(std::size_t{1} << 20);
+  refused(c.register_window(pageable.data(), pageable.size()), "host memory", "not CUDA device memory");
+  refused(c.register_window(other.p, other.n + (std::size_t{8} << 20)), "a window past its allocation",
+          "run past their CUDA allocation");
+  refused(c.register_window(window.p + 16, 4096), "a window inside another", "overlap window 0");
+  refused(c.register_window(other.p, r == 0 ? 4096 : 8192), "windows of different sizes",
+          r == 0 ? "registered a window of 8192 bytes" : "registered a window of 4096 bytes");
+  auto read_at = [&](std::size_t at, std::size_t len) {
+    std::vector<std::byte> out(len);
+    (void)cudaMemcpy(out.data(), window.p + at, len, cudaMemcpyDeviceToHost);
+    return out;
+  };
+  auto write_at = [&](std::size_t at, const std::vector<std::byte>& bytes) {
+    (void)cudaMemcpy(window.p + at, bytes.data(), bytes.size(), cudaMemcpyHostToDevice);
+    (void)cudaDeviceSynchronize();
+  };
+  for (const std::size_t count : {std::size_t{600'001}, least, most})
+    for (const std::size_t at : {std::size_t{0}, skew}) {
+      const std::string where = str_format("{} bytes at offset {} of a window", count, at);
+      (void)cudaMemset(window.p, 0, window.n);
+      const auto mine = encode(inputs(r, count, DType::U8), DType::U8);
+      const auto want = gathered(n, count, DType::U8);
+      DeviceBytes send(count, mine);
+      auto s = c.all_gather(send.p, window.p + at, count, DType::U8, st);
+      if (s) s = finish(c, st);
+      expect(s && read_at(at, want.size()) == want,
+             "all_gather of " + where + (s ? difference(read_at(at, want.size()), want) : ": " + s.error().message()));
+      const std::uint32_t root = n - 1;
+      const auto root_data = encode(inputs(root + 5, count, DType::U8), DType::U8);
+      write_at(at, r == root ? root_data : std::vector<std::byte>(count));
+      s = c.broadcast(window.p + at, count, root, DType::U8, st);
+      if (s) s = finish(c, st);
+      expect(s && read_at(at, count) == root_data, "broadcast of " + where + (s ? "" : ": " + s.error().message()));
+    }
+  {
+    // In place: this rank's input is its block of the output.
+    const std::size_t count = least;
+    const auto want = gathered(n, count, DType::U8);
+    (void)cudaMemset(window.p, 0, window.n);
+    write_at(r * count, encode(inputs(r, count, DType::U8), DType::U8));
+    auto s = c.all_gather(window.p + r * count, window.p, count, DType::U8, st);
+    if (s) s = finish(c, st);
+    expect(s && read_at(0, want.size()) == want,
+           "in-place all_gather into a window" + (s ? std::string() : ": " + s.error().message()));
+  }
+  {
+    // Captured once, replayed with new inputs: the window and offset are in the captured call.
+    const std::size_t count = least + 4;
+    DeviceBytes send(count);
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    bool ok = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+    const auto s = c.all_gather(send.p, window.p + skew, count, DType::U8, st);
+    ok = cudaStreamEndCapture(st, &graph) == cudaSuccess && s && ok;
+    ok = ok && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
+    for (std::uint32_t replay = 0; replay < 2 && ok; ++replay) {
+      send.write(encode(inputs(r + 10 * replay, count, DType::U8), DType::U8));
+      ok = cudaGraphLaunch(exec, st) == cudaSuccess && finish(c, st);
+      std::vector<std::byte> want;
+      for (std::uint32_t q = 0; q < n; ++q) {
+        const auto part = encode(inputs(q + 10 * replay, count, DType::U8), DType::U8);
+        want.insert(want.end(), part.begin(), part.end());
+      }
+      expect(ok && read_at(skew, want.size()) == want,
+             str_format("graph replay {} of an all_gather into a window", replay));
+    }
+    if (exec) (void)cudaGraphExecDestroy(exec);
+    if (graph) (void)cudaGraphDestroy(graph);
+    expect(ok, "capture and replay of a call into a window");
+  }
+  gather_and_broadcast(c, st, 600'001, 0);  // outputs outside any window, through the staging
+  {
+    // Rank 0's output at another offset than its peers': every rank stops before writing.
+    (void)cudaMemset(window.p, 0x5a, window.n);
+    (void)cudaDeviceSynchronize();
+    const std::size_t count = least;
+    DeviceBytes send(count, encode(inputs(r, count, DType::U8), DType::U8));
+    auto s = c.all_gather(send.p, window.p + (r == 0 ? 0 : skew), count, DType::U8, st,
+                          {.timeout = std::chrono::seconds(5)});
+    if (s) s = finish(c, st);
+    expect(!s && s.error().code() == Errc::InvalidArgument,
+           s ? "all_gathers at different offsets succeeded" : "not InvalidArgument: " + s.error().message());
+    const auto after = read_at(0, window.n);
+    expect(std::ranges::all_of(after, [](std::byte b) { return b == std::byte{0x5a}; }),
+           "a window written by calls that did not match");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -413,6 +531,7 @@ int main(int argc, char** argv) {
   every_op(**c, st);
   back_to_back(**c, st);
   varying_sizes(**c, st);
+  windows(**host, device, st, staged);
   {
     // Destroyed right after a call whose stream is gone: the destructor's wait must not need that
     // stream, and the opens below then work. The buffer outlives it: freeing the buffer would wait

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 #include "lavaflow/mesh_cuda/cuda_collectives.hpp"
 
+#include <cuda.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <cstddef>
 #include <cstring>
 #include <deque>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <thread>
@@ -30,11 +32,9 @@ namespace k = cuda_kernels;
 
 /// Tells apart calls that would exchange differently: the same on every rank for the same call.
 /// Its top bit is never set. Mixed from the numbers, not formatted: it is on every call's path.
-std::uint32_t call_signature(std::uint32_t kind, std::uint32_t dtype, std::uint32_t op, std::uint64_t bytes,
-                             std::uint32_t root) {
+std::uint32_t call_signature(std::initializer_list<std::uint64_t> values) {
   std::uint64_t h = 0x9e3779b97f4a7c15ull;
-  for (const std::uint64_t v :
-       {std::uint64_t{kind}, std::uint64_t{dtype}, std::uint64_t{op}, bytes, std::uint64_t{root}}) {
+  for (const std::uint64_t v : values) {
     h = (h ^ v) * 0xff51afd7ed558ccdull;
     h ^= h >> 33;
   }
@@ -96,6 +96,7 @@ class Collectives final : public CudaCollectives {
     if (!ended) return;
     for (std::uint32_t q = 0; q < regions_.size(); ++q)
       if (q != me_ && regions_[q]) (void)cudaIpcCloseMemHandle(regions_[q]);
+    for (const Window& w : windows_) unmap(w);
     if (region_) (void)cudaFree(region_);
     if (slots_) (void)cudaFreeHost(slots_);
     for (cudaEvent_t e : filled_)
@@ -133,7 +134,7 @@ class Collectives final : public CudaCollectives {
     mine.pid = static_cast<std::int32_t>(::getpid());
     mine.chunk = chunk_;
     mine.stage = o.stage_through_host ? 1 : 0;
-    auto exchanged = exchange(mine, made, o, call);
+    auto exchanged = exchange(mine, made, o.attach_timeout, call);
     if (!exchanged) return std::unexpected(exchanged.error());
     const std::vector<Card>& cards = *exchanged;
     reason_ = "every rank runs on this host: kernels over the peers' mapped staging";
@@ -171,7 +172,7 @@ class Collectives final : public CudaCollectives {
         LF_TRY_STATUS(cuda_ok(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate"));
       return {};
     }();
-    LF_TRY_STATUS(agree(made, o, call));
+    LF_TRY_STATUS(agree(made, o.attach_timeout, call));
     opened_ = true;
     return {};
   }
@@ -179,14 +180,13 @@ class Collectives final : public CudaCollectives {
   /// Every rank's record (`mine` with its `ok` set from `made`); this rank's failure first, then
   /// `code` naming the first rank whose `ok` is not set and what it `failed` at.
   template <class Record>
-  Result<std::vector<Record>> exchange(Record mine, const Status& made, const CudaCollectiveOptions& o,
-                                       const char* call, Errc code = Errc::PeerLost,
-                                       std::string_view failed = "failed to set up") {
+  Result<std::vector<Record>> exchange(Record mine, const Status& made, Duration timeout, const char* call,
+                                       Errc code = Errc::PeerLost, std::string_view failed = "failed to set up") {
     mine.ok = made ? 1 : 0;
     std::vector<Record> all(n_);
     auto exchanged = host_
                          .all_gather(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(all)),
-                                     DType::U8, {.timeout = o.attach_timeout})
+                                     DType::U8, {.timeout = timeout})
                          .wait();
     if (!exchanged) return std::unexpected(exchanged.error().within(call));
     if (!made) return std::unexpected(made.error().within(call));
@@ -196,12 +196,12 @@ class Collectives final : public CudaCollectives {
   }
 
   /// Every rank learns whether all succeeded at a step of opening (an exchange of `ok` alone).
-  Status agree(const Status& mine, const CudaCollectiveOptions& o, const char* call, Errc code = Errc::PeerLost,
+  Status agree(const Status& mine, Duration timeout, const char* call, Errc code = Errc::PeerLost,
                std::string_view failed = "failed to set up") {
     struct Ok {
       std::int32_t ok = 0;
     };
-    LF_TRY_STATUS(exchange(Ok{}, mine, o, call, code, failed));
+    LF_TRY_STATUS(exchange(Ok{}, mine, timeout, call, code, failed));
     return {};
   }
 
@@ -222,7 +222,7 @@ class Collectives final : public CudaCollectives {
       LF_TRY_STATUS(cuda_ok(cudaIpcGetMemHandle(&mine.handle, region_), "cudaIpcGetMemHandle"));
       return cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     }();
-    auto exchanged = exchange(mine, made, o, call);
+    auto exchanged = exchange(mine, made, o.attach_timeout, call);
     if (!exchanged) return std::unexpected(exchanged.error());
     const std::vector<Staging>& all = *exchanged;
     int major = 0;
@@ -257,7 +257,7 @@ class Collectives final : public CudaCollectives {
       else
         regions_[q] = static_cast<unsigned char*>(p);
     }
-    LF_TRY_STATUS(agree(mapped, o, call, Errc::Unsupported, "cannot map its peers' CUDA memory"));
+    LF_TRY_STATUS(agree(mapped, o.attach_timeout, call, Errc::Unsupported, "cannot map its peers' CUDA memory"));
     k::Group group{};
     for (std::uint32_t q = 0; q < n_; ++q) group.regions[q] = regions_[q];
     // Waited for on the whole device: a copy from pageable memory can return before it lands, and
@@ -265,7 +265,7 @@ class Collectives final : public CudaCollectives {
     Status written = cuda_ok(
         cudaMemcpy(region_ + offsetof(k::Flags, group), &group, sizeof group, cudaMemcpyHostToDevice), "cudaMemcpy");
     if (written) written = cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-    LF_TRY_STATUS(agree(written, o, call));
+    LF_TRY_STATUS(agree(written, o.attach_timeout, call));
     opened_ = true;
     return {};
   }
@@ -291,6 +291,110 @@ class Collectives final : public CudaCollectives {
   Status broadcast(void* buffer, std::uint64_t bytes, std::uint32_t root, DType type, cudaStream_t stream,
                    CallOptions options) override {
     return enqueue(k::kBroadcast, buffer, buffer, bytes, type, ReduceOp::Sum, root, stream, options);
+  }
+
+  Status register_window(void* base, std::uint64_t bytes, CallOptions options) override {
+    constexpr const char* call = "CudaCollectives::register_window";
+    if (staged_)
+      return fail(Errc::Unsupported, call,
+                  str_format("group '{}' stages through host memory ({}): its peers cannot map a window", host_.group(),
+                             reason_));
+    // What every rank publishes: its window's size, and the IPC handle and offset that map it.
+    struct WindowCard {
+      std::int32_t ok = 0;
+      std::int32_t pid = 0;
+      std::uint64_t bytes = 0;
+      std::uint64_t offset = 0;  ///< of the window in its allocation, which the handle maps whole
+      cudaIpcMemHandle_t handle{};
+    } mine;
+    mine.pid = static_cast<std::int32_t>(::getpid());
+    mine.bytes = bytes;
+    const auto at = reinterpret_cast<std::uintptr_t>(base);
+    Status made = [&]() -> Status {
+      if (!base || bytes == 0) return fail(Errc::InvalidArgument, call, "an empty window");
+      if (windows_.size() >= k::kMaxWindows)
+        return fail(Errc::InvalidArgument, call,
+                    str_format("{} windows are registered already, the most a communicator holds", windows_.size()));
+      if (bytes > UINTPTR_MAX - at)
+        return fail(Errc::InvalidArgument, call, str_format("{} bytes from {} wrap the address space", bytes, base));
+      for (std::size_t w = 0; w < windows_.size(); ++w)
+        if (at < windows_[w].at + windows_[w].bytes && windows_[w].at < at + bytes)
+          return fail(Errc::InvalidArgument, call,
+                      str_format("{} bytes at {} overlap window {} ({} bytes at {:#x})", bytes, base, w,
+                                 windows_[w].bytes, windows_[w].at));
+      const DeviceScope on(device_);
+      LF_TRY_STATUS(on.status());
+      cudaPointerAttributes a{};
+      if (cudaPointerGetAttributes(&a, base) != cudaSuccess || a.type != cudaMemoryTypeDevice || a.device != device_) {
+        (void)cudaGetLastError();
+        return fail(Errc::InvalidArgument, call,
+                    str_format("{} is not CUDA device memory of this rank's device {}", base, device_));
+      }
+      // Through the runtime's entry point: linking the driver would tie the library to a machine
+      // with one.
+      using AddressRange = CUresult (*)(CUdeviceptr*, std::size_t*, CUdeviceptr);
+      void* entry = nullptr;
+      cudaDriverEntryPointQueryResult found{};
+      if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &entry, 12000, cudaEnableDefault, &found) !=
+              cudaSuccess ||
+          found != cudaDriverEntryPointSuccess || !entry)
+        return fail(Errc::Unsupported, call, "the CUDA driver offers no cuMemGetAddressRange");
+      CUdeviceptr start = 0;
+      std::size_t size = 0;
+      if (reinterpret_cast<AddressRange>(entry)(&start, &size, static_cast<CUdeviceptr>(at)) != CUDA_SUCCESS)
+        return fail(Errc::InvalidArgument, call, str_format("no CUDA allocation holds {}", base));
+      if (bytes > start + size - at)
+        return fail(Errc::InvalidArgument, call,
+                    str_format("{} bytes at {} run past their CUDA allocation ({} bytes at {:#x})", bytes, base, size,
+                               static_cast<std::uint64_t>(start)));
+      mine.offset = at - start;
+      if (const auto e = cudaIpcGetMemHandle(&mine.handle, base); e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return fail(Errc::InvalidArgument, call,
+                    str_format("cudaIpcGetMemHandle: {} (a window must be cudaMalloc memory)", cudaGetErrorString(e)));
+      }
+      return {};
+    }();
+    auto exchanged =
+        exchange(mine, made, options.timeout, call, Errc::InvalidArgument, "could not register its window");
+    if (!exchanged) return std::unexpected(exchanged.error());
+    const std::vector<WindowCard>& all = *exchanged;
+    for (std::uint32_t q = 0; q < n_; ++q)
+      if (all[q].bytes != bytes)
+        return fail(Errc::InvalidArgument, call,
+                    str_format("rank {} of group '{}' registered a window of {} bytes, this rank one of {}", q,
+                               host_.group(), all[q].bytes, bytes));
+    Window w{at, bytes, std::vector<unsigned char*>(n_, nullptr), std::vector<unsigned char*>(n_, nullptr)};
+    w.mapped[me_] = static_cast<unsigned char*>(base);
+    Status mapped;
+    for (std::uint32_t q = 0; q < n_ && mapped; ++q) {
+      if (q == me_) continue;
+      void* p = nullptr;
+      if (const auto e = cudaIpcOpenMemHandle(&p, all[q].handle, cudaIpcMemLazyEnablePeerAccess); e != cudaSuccess)
+        mapped = std::unexpected(
+            cuda_ok(e, "cudaIpcOpenMemHandle").error().within(str_format("rank {} (pid {})'s window", q, all[q].pid)));
+      else {
+        w.opened[q] = static_cast<unsigned char*>(p);
+        w.mapped[q] = w.opened[q] + all[q].offset;
+      }
+    }
+    Status ready = agree(mapped, options.timeout, call, Errc::Unsupported, "cannot map its peers' windows");
+    if (ready) {
+      std::array<unsigned char*, k::kMaxRanks> row{};
+      std::ranges::copy(w.mapped, row.begin());
+      const std::size_t where = offsetof(k::Flags, windows) + windows_.size() * sizeof row;
+      // Synchronous, as at open: no kernel reads this row before the next call.
+      Status written =
+          cuda_ok(cudaMemcpy(region_ + where, row.data(), sizeof row, cudaMemcpyHostToDevice), "cudaMemcpy");
+      if (written) written = cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+      ready = agree(written, options.timeout, call);
+    }
+    if (!ready) {
+      unmap(w);
+      return std::unexpected(ready.error());
+    }
+    windows_.push_back(std::move(w));
+    return {};
   }
 
   Status check() const override {
@@ -342,10 +446,10 @@ class Collectives final : public CudaCollectives {
       return fail(Errc::InvalidArgument, std::string(call), str_format("root {} is not a rank of {}", root, n_));
     LF_TRY_STATUS(check());
     if (bytes == 0) return {};
-    const std::uint32_t signature =
-        call_signature(kind, static_cast<std::uint32_t>(type),
-                       kind == k::kAllReduce || kind == k::kReduceScatter ? static_cast<std::uint32_t>(op) : 0, bytes,
-                       kind == k::kBroadcast ? root : 0);
+    const std::uint64_t reduced =
+        kind == k::kAllReduce || kind == k::kReduceScatter ? static_cast<std::uint64_t>(op) : 0;
+    std::uint32_t signature =
+        call_signature({kind, static_cast<std::uint64_t>(type), reduced, bytes, kind == k::kBroadcast ? root : 0u});
     if (staged_) return staged_call({signature, kind, bytes, type, options.timeout, stream}, send, recv, op, root);
     k::Launch l{};
     l.kind = kind;
@@ -356,6 +460,12 @@ class Collectives final : public CudaCollectives {
     l.root = root;
     l.call = ++calls_;
     l.blocks = blocks_;
+    // Written by the peers in place: the window and the offset are part of the call, so that ranks
+    // that disagree stop before any write.
+    if (const auto [w, offset] = window_of(kind, recv, bytes); w) {
+      l.window = w;
+      signature = call_signature({signature, w, offset});
+    }
     l.signature = signature;
     l.group = &reinterpret_cast<const k::Flags*>(region_)->group;
     l.send = send;
@@ -387,6 +497,31 @@ class Collectives final : public CudaCollectives {
     }
     if (!s) return std::unexpected(s.error().within(call));
     return {};
+  }
+
+  /// A registered window: where it is here, and where every rank's is mapped in this process.
+  struct Window {
+    std::uintptr_t at;
+    std::uint64_t bytes;
+    std::vector<unsigned char*> mapped;  ///< this rank's: its own memory
+    std::vector<unsigned char*> opened;  ///< peers': the start of the allocation their handle maps
+  };
+
+  void unmap(const Window& w) const {
+    for (unsigned char* p : w.opened)
+      if (p) (void)cudaIpcCloseMemHandle(p);
+  }
+
+  /// The window (1 + its index; 0: none) holding a call's whole output, and the output's offset
+  /// in it: only all_gather and broadcast of at least kWindowBytes are written in place.
+  std::pair<std::uint32_t, std::uint64_t> window_of(std::uint32_t kind, const void* recv, std::uint64_t bytes) const {
+    if ((kind != k::kAllGather && kind != k::kBroadcast) || bytes < k::kWindowBytes) return {0, 0};
+    const auto at = reinterpret_cast<std::uintptr_t>(recv);
+    const std::uint64_t total = kind == k::kAllGather ? bytes * n_ : bytes;
+    for (std::size_t w = 0; w < windows_.size(); ++w)
+      if (at >= windows_[w].at && total <= windows_[w].bytes && at - windows_[w].at <= windows_[w].bytes - total)
+        return {static_cast<std::uint32_t>(w + 1), at - windows_[w].at};
+    return {0, 0};
   }
 
   /// Makes `stream` wait for this rank's last call when that ran on another stream, and gives
@@ -584,6 +719,7 @@ class Collectives final : public CudaCollectives {
   bool early_launch_ = false;          ///< k::launch's `early`: compute capability 9.0+, no GPU shared by ranks
   unsigned char* region_ = nullptr;
   std::vector<unsigned char*> regions_;
+  std::vector<Window> windows_;
   k::ErrorRecord* error_ = nullptr;  // written by the GPU: read through a volatile pointer
   bool opened_ = false;
   cudaEvent_t done_ = nullptr;                     ///< recorded after this rank's last call

@@ -141,7 +141,8 @@ __device__ bool await(const Launch& l, std::uint32_t round, std::uint32_t epoch)
         // A peer is at most one step ahead (it waits for this rank's next step), and only in round
         // 0: it has passed this step, so it made this call too. Round 0 is written every step the
         // block runs (a small call may run fewer blocks: their slots only fall behind), so anything
-        // further is not a peer's slot; round 1 only in two-shot steps, however long ago.
+        // further is not a peer's slot; round 1 only in two-shot steps and window calls, however
+        // long ago.
         if (round == 0 && e == next_epoch(epoch)) break;
         if (round == 0 && static_cast<std::int32_t>(e - epoch) > 0) {
           ok = fail(l, kCorrupt, q);
@@ -371,6 +372,34 @@ __device__ void copy(unsigned char* dst, const unsigned char* src, std::uint64_t
     done = vectors * 16;
   }
   for (std::uint64_t b = done + threadIdx.x; b < n; b += blockDim.x) dst[b] = peer ? __ldcv(src + b) : src[b];
+}
+
+/// dsts[0 … k)[0, n) = src[0, n), by the block, each byte read once: a window call writes one
+/// input to every peer (and its own output) in one pass.
+__device__ void copy_out(unsigned char* const* dsts, std::uint32_t k, const unsigned char* src, std::uint64_t n) {
+  std::uintptr_t any = reinterpret_cast<std::uintptr_t>(src);
+  for (std::uint32_t j = 0; j < k; ++j) any |= reinterpret_cast<std::uintptr_t>(dsts[j]);
+  std::uint64_t done = 0;
+  if ((any & 15) == 0) {
+    const std::uint64_t vectors = n / 16, stride = blockDim.x;
+    const uint4* s = reinterpret_cast<const uint4*>(src);
+    std::uint64_t v = threadIdx.x;
+    for (; v + (kUnroll - 1) * stride < vectors; v += kUnroll * stride) {
+      uint4 r[kUnroll];
+      for (std::uint32_t u = 0; u < kUnroll; ++u) r[u] = s[v + u * stride];
+      for (std::uint32_t j = 0; j < k; ++j)
+        for (std::uint32_t u = 0; u < kUnroll; ++u) reinterpret_cast<uint4*>(dsts[j])[v + u * stride] = r[u];
+    }
+    for (; v < vectors; v += stride) {
+      const uint4 r = s[v];
+      for (std::uint32_t j = 0; j < k; ++j) reinterpret_cast<uint4*>(dsts[j])[v] = r;
+    }
+    done = vectors * 16;
+  }
+  for (std::uint64_t b = done + threadIdx.x; b < n; b += blockDim.x) {
+    const unsigned char c = src[b];
+    for (std::uint32_t j = 0; j < k; ++j) dsts[j][b] = c;
+  }
 }
 
 // ---- LL: small calls (see kLLBytes) ----
@@ -618,6 +647,43 @@ std::uint32_t small_blocks(std::uint64_t bytes, std::uint32_t blocks) {
   return static_cast<std::uint32_t>(lesser(blocks, lesser(kBlocks, (bytes + kLLBytesPerBlock - 1) / kLLBytesPerBlock)));
 }
 
+/// A larger all_gather or broadcast whose output lies in a registered window at the same offset
+/// on every rank: each rank writes its share straight into its peers' outputs, with no staging and
+/// no steps. Round 0 says a rank has entered the call (its stream's work before it, which may
+/// still use the output, has ended), round 1 that its writes into the peers have landed; a rank
+/// writes into a peer only after that peer's round 0, and ends after every peer's round 1. The
+/// signature covers the window and offset, so ranks that disagree stop at round 0, before any
+/// write. One step: a block's epoch advances once. Bytes are bytes here: one kernel for every
+/// type.
+__global__ void __launch_bounds__(kThreads) window_collective(Launch l) {
+  if (!begin_call(l)) return;
+  __shared__ unsigned char* outs[kMaxRanks];
+  const std::uint32_t n = l.ranks, me = l.me;
+  if (threadIdx.x < n) {
+    unsigned char* const* mapped = flags(l, me)->windows[l.window - 1];
+    outs[threadIdx.x] = mapped[threadIdx.x] + (static_cast<unsigned char*>(l.recv) - mapped[me]);
+  }
+  Flags* mine = flags(l, me);
+  const std::uint32_t epoch = next_epoch(mine->epoch[blockIdx.x]);
+  publish(l, 0, epoch);
+  if (!await(l, 0, epoch)) return;
+  const Range s = slice(l.bytes, blockIdx.x, l.blocks);
+  // This rank's input, to every peer's output (and its own, unless in place) in one pass; the
+  // peers in turn from the next rank, so that the ranks' writes spread over the links.
+  const bool gather = l.kind == kAllGather;
+  const std::uint64_t at = (gather ? me * l.bytes : 0) + s.at;
+  const auto* in = gather ? static_cast<const unsigned char*>(l.send) + s.at : outs[me] + s.at;
+  unsigned char* dsts[kMaxRanks];
+  std::uint32_t k = 0;
+  if (gather || me == l.root)
+    for (std::uint32_t d = 1; d < n; ++d) dsts[k++] = outs[(me + d) % n] + at;
+  if (gather && outs[me] + at != in) dsts[k++] = outs[me] + at;
+  copy_out(dsts, k, in, s.len);
+  publish(l, 1, epoch);
+  if (!await(l, 1, epoch)) return;
+  if (threadIdx.x == 0) mine->epoch[blockIdx.x] = epoch;
+}
+
 /// A larger call, through the staging, of elements T (Launch::dtype): a kernel per type keeps
 /// each one's registers to what its own reduction needs.
 template <class T>
@@ -775,6 +841,7 @@ cudaError_t launch(const Launch& l, cudaStream_t stream, bool early) {
   config.attrs = &attribute;
   config.numAttrs = early ? 1 : 0;
   if (small) return cudaLaunchKernelEx(&config, small_collective, l);
+  if (l.window) return cudaLaunchKernelEx(&config, window_collective, l);
   if (l.dtype >= std::size(kStaged)) return cudaErrorInvalidValue;
   return cudaLaunchKernelEx(&config, kStaged[l.dtype], l);
 }
@@ -782,6 +849,7 @@ cudaError_t launch(const Launch& l, cudaStream_t stream, bool early) {
 cudaError_t preload() {
   cudaFuncAttributes a{};
   if (auto e = cudaFuncGetAttributes(&a, small_collective); e != cudaSuccess) return e;
+  if (auto e = cudaFuncGetAttributes(&a, window_collective); e != cudaSuccess) return e;
   for (Kernel k : kStaged)
     if (auto e = cudaFuncGetAttributes(&a, k); e != cudaSuccess) return e;
   return cudaSuccess;
@@ -791,7 +859,7 @@ cudaError_t resident_blocks(int device, std::int32_t* blocks) {
   int per_sm = 0, sms = 0;
   if (auto e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, small_collective, kThreads, 0); e != cudaSuccess)
     return e;
-  for (Kernel k : kStaged) {
+  for (Kernel k : {kStaged[0], kStaged[1], kStaged[2], kStaged[3], kStaged[4], kStaged[5], window_collective}) {
     int n = 0;
     if (auto e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, kThreads, 0); e != cudaSuccess) return e;
     per_sm = n < per_sm ? n : per_sm;

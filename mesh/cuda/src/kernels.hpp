@@ -39,6 +39,13 @@ __host__ __device__ constexpr std::uint64_t ll_area_bytes(std::uint32_t ranks) {
 /// synchronisation); above it each rank reduces one part and pushes the result (two). Between two
 /// ranks both move the same bytes, and the second synchronisation is what two-shot adds.
 inline constexpr std::uint64_t kOneShotBytes = 4 << 20;
+/// Windows a communicator registers at most (CudaCollectives::register_window).
+inline constexpr std::uint32_t kMaxWindows = 32;
+/// An all_gather or broadcast of at least this many bytes per rank whose output lies in a window
+/// is written by the peers in place. Smaller ones take the staging even so: writing in place
+/// needs a second synchronisation (the peers' writes have landed), which costs a mid-sized call
+/// more than the staging's copy out (measured on NVLink; about even at half this size).
+inline constexpr std::uint64_t kWindowBytes = 16 << 20;
 
 enum Kind : std::uint32_t { kAllReduce = 1, kAllGather, kReduceScatter, kBroadcast };
 /// kPeerMismatch: a peer found that a third rank made another call (this rank cannot tell which of
@@ -85,6 +92,9 @@ struct Flags {
   std::uint32_t failed;
   /// This rank's Group, which its kernels read.
   Group group;
+  /// Where each registered window of every rank is mapped in this process (this rank's own is its
+  /// pointer): written when the window is registered, read by this rank's kernels only.
+  unsigned char* windows[kMaxWindows][kMaxRanks];
 };
 static_assert(sizeof(Flags) <= kFlagBytes);
 
@@ -95,6 +105,9 @@ struct Launch {
   std::uint32_t signature;  ///< the same on every rank for the same call
   std::uint32_t call;       ///< the call's number, for errors
   std::uint32_t blocks;     ///< the communicator's blocks, 1 … kBlocks, the same on every rank
+  /// 1 + the registered window that holds `recv` at the same offset on every rank (all_gather and
+  /// broadcast of at least kWindowBytes: the peers write into it directly), or 0.
+  std::uint32_t window;
   const Group* group;
   const void* send;
   void* recv;

@@ -81,6 +81,19 @@ class CudaCollectives {
   [[nodiscard]] virtual Status broadcast(void* buffer, std::uint64_t bytes, std::uint32_t root, DType type,
                                          cudaStream_t stream, CallOptions options = {}) = 0;
 
+  /// Registers this rank's CUDA memory [base, base + bytes) as a window, collectively: every rank
+  /// registers one of the same size, in the same order. A large all_gather or broadcast (note 0019
+  /// gives the size) whose output lies in a window at the same offset on every rank is written by
+  /// the peers straight into that output: no staging and no steps. The output must lie so on every
+  /// rank or on none (ranks that take different paths made different calls: InvalidArgument from
+  /// check()). The memory must be `cudaMalloc` memory of this rank's device, which CUDA IPC maps,
+  /// and stay allocated while this object lives; a window lasts as long as the object.
+  /// InvalidArgument: memory that is not that, a window overlapping another, sizes that differ
+  /// between ranks, more than 32 windows. Unsupported: on the staged path (peers on other hosts
+  /// cannot map it) or when a peer cannot map it. PeerLost/Timeout: a peer did not register in
+  /// `options.timeout`.
+  [[nodiscard]] virtual Status register_window(void* base, std::uint64_t bytes, CallOptions options = {}) = 0;
+
   /// The first failure of a call whose kernel has run, if any (does not wait for the GPU).
   [[nodiscard]] virtual Status check() const = 0;
 };
