@@ -273,11 +273,13 @@ int run_cuda(Communicator& host, std::uint64_t max_size, std::uint64_t chunk, bo
     nccl = nullptr;
   }
 #endif
-  // A registered window as large as the largest output: all_gather and broadcast above the LL
-  // lines into it are written by the peers in place ("lavaflow-window").
+  // A registered window as large as the largest output: large all_gather and broadcast into it
+  // are written by the peers in place ("lavaflow-window"). Registered on every rank or refused on
+  // every rank (after a failed cudaMalloc this rank registers nothing, which every rank hears of).
   void* window = nullptr;
-  bool windowed = max_size >= kWindowFrom && cudaMalloc(&window, max_size * n) == cudaSuccess;
+  const bool windowed = max_size >= kWindowFrom;
   if (windowed) {
+    if (cudaMalloc(&window, max_size * n) != cudaSuccess) window = nullptr;
     auto s = (*c)->register_window(window, max_size * n);
     if (!s) return std::fprintf(stderr, "lavaflow-bench device-collectives: %s\n", s.error().message().c_str()), 1;
   }
@@ -392,7 +394,7 @@ int run_cuda(Communicator& host, std::uint64_t max_size, std::uint64_t chunk, bo
   }
   (void)cudaFree(send);
   (void)cudaFree(recv);
-  c->reset();  // the window stays registered while the communicator lives
+  c->reset();  // the window stays mapped in the peers while the communicator lives
   (void)cudaFree(window);
 #if LAVAFLOW_BENCH_NCCL
   if (nccl) (void)ncclCommDestroy(nccl);

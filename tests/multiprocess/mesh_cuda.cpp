@@ -310,22 +310,29 @@ void several_steps(CudaCollectives& c, cudaStream_t st) {
   gather_and_broadcast(c, st, (std::size_t{9} << 20) + 7, 0);
 }
 
-/// Outputs in a registered window, which the peers write in place (all_gather and broadcast of
-/// 16 MiB a rank and more): at two offsets (one unaligned), in place, replayed from a CUDA graph,
-/// beside calls outside the window; registrations refused on every rank for memory that cannot be a window; and
-/// ranks whose outputs lie at different offsets refused before anything is written. On the staged
-/// path a window is refused (Unsupported).
+/// Outputs in a registered window that starts inside its allocation, which the peers write in
+/// place (all_gather and broadcast of 16 MiB a rank and more, in whole vectors): at three offsets
+/// and four sizes (those not in whole vectors take the staging), in place, back to back with small
+/// and staged calls, replayed from a CUDA graph, beside calls outside the window, after
+/// deregistering and registering again; registrations refused on every rank for memory that
+/// cannot be a window; and ranks whose outputs lie at different offsets refused before anything
+/// is written. On the staged path a window is refused (Unsupported).
 void windows(Communicator& host, int device, cudaStream_t st, bool staged) {
+  // Written in place from 16 MiB a rank (kWindowBytes) where the offset and an all_gather's size
+  // are whole 16-byte vectors; other calls into a window take the staging.
+  const std::size_t least = (std::size_t{16} << 20) + 48, most = least + (std::size_t{1} << 20) + 16, odd = least + 5;
+  const std::size_t skew = 4096 + 16, odd_at = 4096 + 3;
+  // Declared before the communicator, which the peers' mappings of it must not outlive. The window
+  // starts inside its allocation: the peers map the allocation and find the window at its offset.
+  const std::uint32_t n = host.size(), r = host.rank();
+  const std::size_t lead = 4096, bytes = (n + 1) * most + skew;
+  DeviceBytes memory(lead + bytes);
+  std::byte* const window = memory.p + lead;
   auto opened = CudaCollectives::open(host, {.device = device, .chunk_bytes = 1 << 20, .stage_through_host = staged});
   expect(static_cast<bool>(opened), opened ? "" : "open for windows: " + opened.error().message());
   if (!opened) return;
   CudaCollectives& c = **opened;
-  const std::uint32_t n = c.size(), r = c.rank();
-  // Written in place from 16 MiB a rank (kWindowBytes); smaller calls into a window take the
-  // staging.
-  const std::size_t least = (std::size_t{16} << 20) + 5, most = least + (std::size_t{1} << 20) + 2, skew = 4096 + 3;
-  DeviceBytes window(n * most + skew);
-  auto reg = c.register_window(window.p, window.n);
+  auto reg = c.register_window(window, bytes);
   if (staged) {
     expect(!reg && reg.error().code() == Errc::Unsupported,
            reg ? "a window on the staged path" : "not Unsupported: " + reg.error().message());
@@ -344,55 +351,88 @@ void windows(Communicator& host, int device, cudaStream_t st, bool staged) {
   refused(c.register_window(pageable.data(), pageable.size()), "host memory", "not CUDA device memory");
   refused(c.register_window(other.p, other.n + (std::size_t{8} << 20)), "a window past its allocation",
           "run past their CUDA allocation");
-  refused(c.register_window(window.p + 16, 4096), "a window inside another", "overlap window 0");
+  refused(c.register_window(window + 16, 4096), "a window inside another", "overlap window 0");
   refused(c.register_window(other.p, r == 0 ? 4096 : 8192), "windows of different sizes",
           r == 0 ? "registered a window of 8192 bytes" : "registered a window of 4096 bytes");
   auto read_at = [&](std::size_t at, std::size_t len) {
     std::vector<std::byte> out(len);
-    (void)cudaMemcpy(out.data(), window.p + at, len, cudaMemcpyDeviceToHost);
+    (void)cudaMemcpy(out.data(), window + at, len, cudaMemcpyDeviceToHost);
     return out;
   };
-  auto write_at = [&](std::size_t at, const std::vector<std::byte>& bytes) {
-    (void)cudaMemcpy(window.p + at, bytes.data(), bytes.size(), cudaMemcpyHostToDevice);
+  auto write_at = [&](std::size_t at, const std::vector<std::byte>& data) {
+    (void)cudaMemcpy(window + at, data.data(), data.size(), cudaMemcpyHostToDevice);
     (void)cudaDeviceSynchronize();
   };
-  for (const std::size_t count : {std::size_t{600'001}, least, most})
-    for (const std::size_t at : {std::size_t{0}, skew}) {
+  auto clear = [&](int value) {
+    (void)cudaMemset(window, value, bytes);
+    (void)cudaDeviceSynchronize();
+  };
+  // An all_gather of `count` bytes a rank into the window at `at`, checked.
+  auto gather_at = [&](std::size_t count, std::size_t at, const std::string& where) {
+    clear(0);
+    const auto want = gathered(n, count, DType::U8);
+    DeviceBytes send(count, encode(inputs(r, count, DType::U8), DType::U8));
+    auto s = c.all_gather(send.p, window + at, count, DType::U8, st);
+    if (s) s = finish(c, st);
+    expect(s && read_at(at, want.size()) == want,
+           "all_gather of " + where + (s ? difference(read_at(at, want.size()), want) : ": " + s.error().message()));
+  };
+  for (const std::size_t count : {std::size_t{600'001}, least, most, odd})
+    for (const std::size_t at : {std::size_t{0}, skew, odd_at}) {
       const std::string where = str_format("{} bytes at offset {} of a window", count, at);
-      (void)cudaMemset(window.p, 0, window.n);
-      const auto mine = encode(inputs(r, count, DType::U8), DType::U8);
-      const auto want = gathered(n, count, DType::U8);
-      DeviceBytes send(count, mine);
-      auto s = c.all_gather(send.p, window.p + at, count, DType::U8, st);
-      if (s) s = finish(c, st);
-      expect(s && read_at(at, want.size()) == want,
-             "all_gather of " + where + (s ? difference(read_at(at, want.size()), want) : ": " + s.error().message()));
+      gather_at(count, at, where);
       const std::uint32_t root = n - 1;
       const auto root_data = encode(inputs(root + 5, count, DType::U8), DType::U8);
       write_at(at, r == root ? root_data : std::vector<std::byte>(count));
-      s = c.broadcast(window.p + at, count, root, DType::U8, st);
+      auto s = c.broadcast(window + at, count, root, DType::U8, st);
       if (s) s = finish(c, st);
       expect(s && read_at(at, count) == root_data, "broadcast of " + where + (s ? "" : ": " + s.error().message()));
     }
   {
     // In place: this rank's input is its block of the output.
-    const std::size_t count = least;
-    const auto want = gathered(n, count, DType::U8);
-    (void)cudaMemset(window.p, 0, window.n);
-    write_at(r * count, encode(inputs(r, count, DType::U8), DType::U8));
-    auto s = c.all_gather(window.p + r * count, window.p, count, DType::U8, st);
+    const auto want = gathered(n, least, DType::U8);
+    clear(0);
+    write_at(r * least, encode(inputs(r, least, DType::U8), DType::U8));
+    auto s = c.all_gather(window + r * least, window, least, DType::U8, st);
     if (s) s = finish(c, st);
     expect(s && read_at(0, want.size()) == want,
            "in-place all_gather into a window" + (s ? std::string() : ": " + s.error().message()));
   }
   {
+    // Back to back on one stream with no wait between: a call in place, a small one, a staged one
+    // and another in place, each checked at the end.
+    clear(0);
+    const std::size_t after = n * least, small = 64;
+    const std::uint32_t root = 0;
+    const auto root_data = encode(inputs(root + 7, least, DType::U8), DType::U8);
+    if (r == root) write_at(after, root_data);
+    DeviceBytes send(least, encode(inputs(r, least, DType::U8), DType::U8));
+    DeviceBytes tiny(small * 4, encode(inputs(r, small, DType::F32), DType::F32));
+    DeviceBytes outside(n * 600'001);
+    DeviceBytes part(600'001, encode(inputs(r + 3, 600'001, DType::U8), DType::U8));
+    auto s = c.all_gather(send.p, window, least, DType::U8, st);
+    if (s) s = c.all_reduce(tiny.p, tiny.p, small * 4, DType::F32, ReduceOp::Sum, st);
+    if (s) s = c.all_gather(part.p, outside.p, 600'001, DType::U8, st);
+    if (s) s = c.broadcast(window + after, least, root, DType::U8, st);
+    if (s) s = finish(c, st);
+    std::vector<std::byte> staged_want;
+    for (std::uint32_t q = 0; q < n; ++q) {
+      const auto p = encode(inputs(q + 3, 600'001, DType::U8), DType::U8);
+      staged_want.insert(staged_want.end(), p.begin(), p.end());
+    }
+    expect(s && read_at(0, n * least) == gathered(n, least, DType::U8) &&
+               tiny.read() == expected(n, small, DType::F32, ReduceOp::Sum) && outside.read() == staged_want &&
+               read_at(after, least) == root_data,
+           "calls in place, small and staged back to back" + (s ? std::string() : ": " + s.error().message()));
+  }
+  {
     // Captured once, replayed with new inputs: the window and offset are in the captured call.
-    const std::size_t count = least + 4;
+    const std::size_t count = least + 16;
     DeviceBytes send(count);
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
     bool ok = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
-    const auto s = c.all_gather(send.p, window.p + skew, count, DType::U8, st);
+    const auto s = c.all_gather(send.p, window + skew, count, DType::U8, st);
     ok = cudaStreamEndCapture(st, &graph) == cudaSuccess && s && ok;
     ok = ok && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
     for (std::uint32_t replay = 0; replay < 2 && ok; ++replay) {
@@ -412,18 +452,29 @@ void windows(Communicator& host, int device, cudaStream_t st, bool staged) {
   }
   gather_and_broadcast(c, st, 600'001, 0);  // outputs outside any window, through the staging
   {
+    // Deregistered, the same memory is an ordinary output again; a second deregistration is
+    // refused on every rank; registered again, it takes the freed row.
+    auto ended = c.deregister_window(window);
+    expect(static_cast<bool>(ended), ended ? "" : "deregister_window: " + ended.error().message());
+    gather_at(least, 0, "memory that was a window");
+    auto twice = c.deregister_window(window);
+    expect(!twice && twice.error().code() == Errc::NotFound,
+           twice ? "a window deregistered twice" : "not NotFound: " + twice.error().message());
+    auto back = c.register_window(window, bytes);
+    expect(static_cast<bool>(back), back ? "" : "register_window again: " + back.error().message());
+    gather_at(least, skew, "a window registered again");
+  }
+  {
     // Rank 0's output at another offset than its peers': every rank stops before writing.
-    (void)cudaMemset(window.p, 0x5a, window.n);
-    (void)cudaDeviceSynchronize();
-    const std::size_t count = least;
-    DeviceBytes send(count, encode(inputs(r, count, DType::U8), DType::U8));
-    auto s = c.all_gather(send.p, window.p + (r == 0 ? 0 : skew), count, DType::U8, st,
-                          {.timeout = std::chrono::seconds(5)});
+    clear(0x5a);
+    DeviceBytes send(least, encode(inputs(r, least, DType::U8), DType::U8));
+    auto s =
+        c.all_gather(send.p, window + (r == 0 ? 0 : skew), least, DType::U8, st, {.timeout = std::chrono::seconds(5)});
     if (s) s = finish(c, st);
     expect(!s && s.error().code() == Errc::InvalidArgument,
            s ? "all_gathers at different offsets succeeded" : "not InvalidArgument: " + s.error().message());
-    const auto after = read_at(0, window.n);
-    expect(std::ranges::all_of(after, [](std::byte b) { return b == std::byte{0x5a}; }),
+    const auto untouched = read_at(0, bytes);
+    expect(std::ranges::all_of(untouched, [](std::byte b) { return b == std::byte{0x5a}; }),
            "a window written by calls that did not match");
   }
 }

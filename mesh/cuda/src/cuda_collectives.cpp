@@ -97,6 +97,8 @@ class Collectives final : public CudaCollectives {
     for (std::uint32_t q = 0; q < regions_.size(); ++q)
       if (q != me_ && regions_[q]) (void)cudaIpcCloseMemHandle(regions_[q]);
     for (const Window& w : windows_) unmap(w);
+    // Freed once every peer has unmapped it, and so may the callers' windows be once this returns.
+    if (opened_ && region_ && !host_.barrier({.timeout = std::chrono::seconds(10)}).wait()) return;
     if (region_) (void)cudaFree(region_);
     if (slots_) (void)cudaFreeHost(slots_);
     for (cudaEvent_t e : filled_)
@@ -310,11 +312,18 @@ class Collectives final : public CudaCollectives {
     mine.pid = static_cast<std::int32_t>(::getpid());
     mine.bytes = bytes;
     const auto at = reinterpret_cast<std::uintptr_t>(base);
+    // On this rank's device throughout: the peers' windows are mapped into its context.
+    const DeviceScope on(device_);
+    if (!on.status()) return std::unexpected(on.status().error().within(call));
+    // The first free row: every rank registers and deregisters in the same order, so every rank
+    // picks the same one.
+    const std::size_t slot =
+        static_cast<std::size_t>(std::ranges::find(windows_, std::uint64_t{0}, &Window::bytes) - windows_.begin());
     Status made = [&]() -> Status {
       if (!base || bytes == 0) return fail(Errc::InvalidArgument, call, "an empty window");
-      if (windows_.size() >= k::kMaxWindows)
+      if (slot >= k::kMaxWindows)
         return fail(Errc::InvalidArgument, call,
-                    str_format("{} windows are registered already, the most a communicator holds", windows_.size()));
+                    str_format("{} windows are registered already, the most a communicator holds", k::kMaxWindows));
       if (bytes > UINTPTR_MAX - at)
         return fail(Errc::InvalidArgument, call, str_format("{} bytes from {} wrap the address space", bytes, base));
       for (std::size_t w = 0; w < windows_.size(); ++w)
@@ -322,8 +331,6 @@ class Collectives final : public CudaCollectives {
           return fail(Errc::InvalidArgument, call,
                       str_format("{} bytes at {} overlap window {} ({} bytes at {:#x})", bytes, base, w,
                                  windows_[w].bytes, windows_[w].at));
-      const DeviceScope on(device_);
-      LF_TRY_STATUS(on.status());
       cudaPointerAttributes a{};
       if (cudaPointerGetAttributes(&a, base) != cudaSuccess || a.type != cudaMemoryTypeDevice || a.device != device_) {
         (void)cudaGetLastError();
@@ -348,7 +355,7 @@ class Collectives final : public CudaCollectives {
                     str_format("{} bytes at {} run past their CUDA allocation ({} bytes at {:#x})", bytes, base, size,
                                static_cast<std::uint64_t>(start)));
       mine.offset = at - start;
-      if (const auto e = cudaIpcGetMemHandle(&mine.handle, base); e != cudaSuccess) {
+      if (const auto e = cudaIpcGetMemHandle(&mine.handle, reinterpret_cast<void*>(start)); e != cudaSuccess) {
         (void)cudaGetLastError();
         return fail(Errc::InvalidArgument, call,
                     str_format("cudaIpcGetMemHandle: {} (a window must be cudaMalloc memory)", cudaGetErrorString(e)));
@@ -364,7 +371,8 @@ class Collectives final : public CudaCollectives {
         return fail(Errc::InvalidArgument, call,
                     str_format("rank {} of group '{}' registered a window of {} bytes, this rank one of {}", q,
                                host_.group(), all[q].bytes, bytes));
-    Window w{at, bytes, std::vector<unsigned char*>(n_, nullptr), std::vector<unsigned char*>(n_, nullptr)};
+    Window w{at, bytes, true, std::vector<unsigned char*>(n_, nullptr), std::vector<unsigned char*>(n_, nullptr)};
+    for (const WindowCard& card : all) w.aligned = w.aligned && card.offset % 16 == 0;
     w.mapped[me_] = static_cast<unsigned char*>(base);
     Status mapped;
     for (std::uint32_t q = 0; q < n_ && mapped; ++q) {
@@ -382,7 +390,7 @@ class Collectives final : public CudaCollectives {
     if (ready) {
       std::array<unsigned char*, k::kMaxRanks> row{};
       std::ranges::copy(w.mapped, row.begin());
-      const std::size_t where = offsetof(k::Flags, windows) + windows_.size() * sizeof row;
+      const std::size_t where = offsetof(k::Flags, windows) + slot * sizeof row;
       // Synchronous, as at open: no kernel reads this row before the next call.
       Status written =
           cuda_ok(cudaMemcpy(region_ + where, row.data(), sizeof row, cudaMemcpyHostToDevice), "cudaMemcpy");
@@ -393,8 +401,43 @@ class Collectives final : public CudaCollectives {
       unmap(w);
       return std::unexpected(ready.error());
     }
-    windows_.push_back(std::move(w));
+    if (slot == windows_.size())
+      windows_.push_back(std::move(w));
+    else
+      windows_[slot] = std::move(w);
     return {};
+  }
+
+  Status deregister_window(void* base, CallOptions options) override {
+    constexpr const char* call = "CudaCollectives::deregister_window";
+    const auto at = reinterpret_cast<std::uintptr_t>(base);
+    const DeviceScope on(device_);
+    if (!on.status()) return std::unexpected(on.status().error().within(call));
+    const auto found = std::ranges::find_if(windows_, [&](const Window& w) { return w.bytes && w.at == at; });
+    Status known = found != windows_.end()
+                       ? Status{}
+                       : fail(Errc::NotFound, call, str_format("no window of this rank starts at {}", base));
+    // First every rank learns that every rank has the window, so that none unmaps alone.
+    LF_TRY_STATUS(agree(known, options.timeout, call, Errc::NotFound, "has no window at the address it named"));
+    // This rank's calls write into the peers' windows, and the peers' calls that write into this
+    // rank's end before this rank's do (a window call waits for its peers' writes).
+    Status ended = [&]() -> Status {
+      const Deadline d(options.timeout);
+      for (;;) {
+        const auto q = cudaEventQuery(done_);
+        if (q == cudaSuccess) return {};
+        if (q != cudaErrorNotReady) return cuda_ok(q, "cudaEventQuery");
+        if (d.passed())
+          return fail(Errc::Timeout, call, "this rank's last call did not end within the timeout: the window stays");
+        std::this_thread::yield();
+      }
+    }();
+    if (ended) {
+      unmap(*found);
+      *found = Window{};
+    }
+    // Then every rank has unmapped its peers' windows: the memory may be freed once this returns.
+    return agree(ended, options.timeout, call, Errc::PeerLost, "could not end its calls");
   }
 
   Status check() const override {
@@ -501,26 +544,33 @@ class Collectives final : public CudaCollectives {
 
   /// A registered window: where it is here, and where every rank's is mapped in this process.
   struct Window {
-    std::uintptr_t at;
-    std::uint64_t bytes;
+    std::uintptr_t at = 0;
+    std::uint64_t bytes = 0;             ///< 0: a free row
+    bool aligned = false;                ///< every rank's window starts on 16 bytes (allocations start on more)
     std::vector<unsigned char*> mapped;  ///< this rank's: its own memory
     std::vector<unsigned char*> opened;  ///< peers': the start of the allocation their handle maps
   };
 
-  void unmap(const Window& w) const {
+  static void unmap(const Window& w) {
     for (unsigned char* p : w.opened)
       if (p) (void)cudaIpcCloseMemHandle(p);
   }
 
   /// The window (1 + its index; 0: none) holding a call's whole output, and the output's offset
-  /// in it: only all_gather and broadcast of at least kWindowBytes are written in place.
+  /// in it: only all_gather and broadcast of at least kWindowBytes are written in place, and only
+  /// where every peer's output (and an all_gather's block in it) starts on 16 bytes — the kernel
+  /// writes across the link in 16-byte vectors or else byte by byte. Decided from what is the
+  /// same on every rank for the same call, so every rank decides alike.
   std::pair<std::uint32_t, std::uint64_t> window_of(std::uint32_t kind, const void* recv, std::uint64_t bytes) const {
     if ((kind != k::kAllGather && kind != k::kBroadcast) || bytes < k::kWindowBytes) return {0, 0};
     const auto at = reinterpret_cast<std::uintptr_t>(recv);
     const std::uint64_t total = kind == k::kAllGather ? bytes * n_ : bytes;
     for (std::size_t w = 0; w < windows_.size(); ++w)
-      if (at >= windows_[w].at && total <= windows_[w].bytes && at - windows_[w].at <= windows_[w].bytes - total)
-        return {static_cast<std::uint32_t>(w + 1), at - windows_[w].at};
+      if (at >= windows_[w].at && total <= windows_[w].bytes && at - windows_[w].at <= windows_[w].bytes - total) {
+        const std::uint64_t offset = at - windows_[w].at;
+        const bool aligned = windows_[w].aligned && offset % 16 == 0 && (kind == k::kBroadcast || bytes % 16 == 0);
+        return aligned ? std::pair{static_cast<std::uint32_t>(w + 1), offset} : std::pair{0u, std::uint64_t{0}};
+      }
     return {0, 0};
   }
 

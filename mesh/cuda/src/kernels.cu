@@ -141,8 +141,8 @@ __device__ bool await(const Launch& l, std::uint32_t round, std::uint32_t epoch)
         // A peer is at most one step ahead (it waits for this rank's next step), and only in round
         // 0: it has passed this step, so it made this call too. Round 0 is written every step the
         // block runs (a small call may run fewer blocks: their slots only fall behind), so anything
-        // further is not a peer's slot; round 1 only in two-shot steps and window calls, however
-        // long ago.
+        // further is not a peer's slot; rounds 1 and 2 only in two-shot steps and window calls,
+        // however long ago.
         if (round == 0 && e == next_epoch(epoch)) break;
         if (round == 0 && static_cast<std::int32_t>(e - epoch) > 0) {
           ok = fail(l, kCorrupt, q);
@@ -650,11 +650,13 @@ std::uint32_t small_blocks(std::uint64_t bytes, std::uint32_t blocks) {
 /// A larger all_gather or broadcast whose output lies in a registered window at the same offset
 /// on every rank: each rank writes its share straight into its peers' outputs, with no staging and
 /// no steps. Round 0 says a rank has entered the call (its stream's work before it, which may
-/// still use the output, has ended), round 1 that its writes into the peers have landed; a rank
-/// writes into a peer only after that peer's round 0, and ends after every peer's round 1. The
-/// signature covers the window and offset, so ranks that disagree stop at round 0, before any
-/// write. One step: a block's epoch advances once. Bytes are bytes here: one kernel for every
-/// type.
+/// still use the output, has ended); round 1 that it has seen every peer enter, so that it will
+/// wait for their writes rather than give up; round 2 that its writes into the peers have landed.
+/// A rank writes into a peer only after that peer's round 1: a rank that gave up waiting for a
+/// late peer in round 0 has returned an error and may use its output again, and the late peer,
+/// finding this rank's round 0 in place, must not write into it. The signature covers the window
+/// and offset, so ranks that disagree stop at round 0. One step: a block's epoch advances once.
+/// Bytes are bytes here: one kernel for every type.
 __global__ void __launch_bounds__(kThreads) window_collective(Launch l) {
   if (!begin_call(l)) return;
   __shared__ unsigned char* outs[kMaxRanks];
@@ -667,6 +669,8 @@ __global__ void __launch_bounds__(kThreads) window_collective(Launch l) {
   const std::uint32_t epoch = next_epoch(mine->epoch[blockIdx.x]);
   publish(l, 0, epoch);
   if (!await(l, 0, epoch)) return;
+  publish(l, 1, epoch);
+  if (!await(l, 1, epoch)) return;
   const Range s = slice(l.bytes, blockIdx.x, l.blocks);
   // This rank's input, to every peer's output (and its own, unless in place) in one pass; the
   // peers in turn from the next rank, so that the ranks' writes spread over the links.
@@ -679,8 +683,8 @@ __global__ void __launch_bounds__(kThreads) window_collective(Launch l) {
     for (std::uint32_t d = 1; d < n; ++d) dsts[k++] = outs[(me + d) % n] + at;
   if (gather && outs[me] + at != in) dsts[k++] = outs[me] + at;
   copy_out(dsts, k, in, s.len);
-  publish(l, 1, epoch);
-  if (!await(l, 1, epoch)) return;
+  publish(l, 2, epoch);
+  if (!await(l, 2, epoch)) return;
   if (threadIdx.x == 0) mine->epoch[blockIdx.x] = epoch;
 }
 

@@ -82,7 +82,8 @@ struct Flags {
   /// Per sender, block and round: (epoch << 32) | call signature, written by that sender's block
   /// into this rank's region when its data of that round is in place here (this rank polls its
   /// own memory; the sender's store crosses the link once).
-  unsigned long long slot[kMaxRanks][kBlocks][2];
+  /// Rounds 0 and 1 serve the staging's steps, and a window call's three rounds all three.
+  unsigned long long slot[kMaxRanks][kBlocks][3];
   /// Steps this rank's block has run: the same for every block between calls (a small call that
   /// runs fewer blocks sets the others' too). Read by that block only.
   std::uint32_t epoch[kBlocks];
