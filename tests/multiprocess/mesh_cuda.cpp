@@ -399,8 +399,8 @@ void windows(Communicator& host, int device, cudaStream_t st, bool staged) {
            "in-place all_gather into a window" + (s ? std::string() : ": " + s.error().message()));
   }
   {
-    // Back to back on one stream with no wait between: a call in place, a small one, a staged one
-    // and another in place, each checked at the end.
+    // Back to back on one stream with no wait between: a call into the window, a small one, a
+    // staged one and another into the window, each checked at the end.
     clear(0);
     const std::size_t after = n * least, small = 64;
     const std::uint32_t root = 0;

@@ -92,12 +92,19 @@ class Collectives final : public CudaCollectives {
       while (cudaEventQuery(done_) == cudaErrorNotReady && !d.passed()) std::this_thread::yield();
       ended = cudaEventQuery(done_) == cudaSuccess;
     }
-    if (opened_ && region_ && !host_.barrier({.timeout = std::chrono::seconds(10)}).wait()) return;
-    if (!ended) return;
+    // Every rank learns whether every rank's work ended, in the same exchanges on every rank, and
+    // none unmaps or frees unless all did.
+    if (opened_ && region_) {
+      const Status mine = ended ? Status{} : fail(Errc::Timeout, "~CudaCollectives", "this rank's calls did not end");
+      if (!agree(mine, std::chrono::seconds(10), "~CudaCollectives")) return;
+    } else if (!ended) {
+      return;
+    }
     for (std::uint32_t q = 0; q < regions_.size(); ++q)
       if (q != me_ && regions_[q]) (void)cudaIpcCloseMemHandle(regions_[q]);
     for (const Window& w : windows_) unmap(w);
-    // Freed once every peer has unmapped it, and so may the callers' windows be once this returns.
+    // Freed once every peer has unmapped it, and so may the callers' windows be once this returns
+    // (when an exchange fails, nothing is freed: a peer may still map it).
     if (opened_ && region_ && !host_.barrier({.timeout = std::chrono::seconds(10)}).wait()) return;
     if (region_) (void)cudaFree(region_);
     if (slots_) (void)cudaFreeHost(slots_);
@@ -307,6 +314,7 @@ class Collectives final : public CudaCollectives {
       std::int32_t pid = 0;
       std::uint64_t bytes = 0;
       std::uint64_t offset = 0;  ///< of the window in its allocation, which the handle maps whole
+      std::uint64_t slot = 0;    ///< the row it takes: the same on every rank
       cudaIpcMemHandle_t handle{};
     } mine;
     mine.pid = static_cast<std::int32_t>(::getpid());
@@ -314,12 +322,13 @@ class Collectives final : public CudaCollectives {
     const auto at = reinterpret_cast<std::uintptr_t>(base);
     // On this rank's device throughout: the peers' windows are mapped into its context.
     const DeviceScope on(device_);
-    if (!on.status()) return std::unexpected(on.status().error().within(call));
     // The first free row: every rank registers and deregisters in the same order, so every rank
     // picks the same one.
     const std::size_t slot =
         static_cast<std::size_t>(std::ranges::find(windows_, std::uint64_t{0}, &Window::bytes) - windows_.begin());
+    mine.slot = slot;
     Status made = [&]() -> Status {
+      if (!on.status()) return std::unexpected(on.status().error().within(call));
       if (!base || bytes == 0) return fail(Errc::InvalidArgument, call, "an empty window");
       if (slot >= k::kMaxWindows)
         return fail(Errc::InvalidArgument, call,
@@ -366,11 +375,17 @@ class Collectives final : public CudaCollectives {
         exchange(mine, made, options.timeout, call, Errc::InvalidArgument, "could not register its window");
     if (!exchanged) return std::unexpected(exchanged.error());
     const std::vector<WindowCard>& all = *exchanged;
-    for (std::uint32_t q = 0; q < n_; ++q)
+    for (std::uint32_t q = 0; q < n_; ++q) {
       if (all[q].bytes != bytes)
         return fail(Errc::InvalidArgument, call,
                     str_format("rank {} of group '{}' registered a window of {} bytes, this rank one of {}", q,
                                host_.group(), all[q].bytes, bytes));
+      if (all[q].slot != slot)
+        return fail(Errc::InvalidArgument, call,
+                    str_format("rank {} of group '{}' holds other windows than this rank (its new window would be "
+                               "number {}, here {}): register and deregister in the same order on every rank",
+                               q, host_.group(), all[q].slot, slot));
+    }
     Window w{at, bytes, true, std::vector<unsigned char*>(n_, nullptr), std::vector<unsigned char*>(n_, nullptr)};
     for (const WindowCard& card : all) w.aligned = w.aligned && card.offset % 16 == 0;
     w.mapped[me_] = static_cast<unsigned char*>(base);
@@ -412,32 +427,40 @@ class Collectives final : public CudaCollectives {
     constexpr const char* call = "CudaCollectives::deregister_window";
     const auto at = reinterpret_cast<std::uintptr_t>(base);
     const DeviceScope on(device_);
-    if (!on.status()) return std::unexpected(on.status().error().within(call));
     const auto found = std::ranges::find_if(windows_, [&](const Window& w) { return w.bytes && w.at == at; });
-    Status known = found != windows_.end()
+    Status known = !on.status() ? std::unexpected(on.status().error().within(call))
+                   : found != windows_.end()
                        ? Status{}
                        : fail(Errc::NotFound, call, str_format("no window of this rank starts at {}", base));
-    // First every rank learns that every rank has the window, so that none unmaps alone.
-    LF_TRY_STATUS(agree(known, options.timeout, call, Errc::NotFound, "has no window at the address it named"));
-    // This rank's calls write into the peers' windows, and the peers' calls that write into this
-    // rank's end before this rank's do (a window call waits for its peers' writes).
+    // Three exchanges on every rank whatever happens here: first every rank has the window, then
+    // every rank's calls have ended (a rank's calls write into its peers' windows, and its peers'
+    // calls that write into its own end before its own do: a window call waits for the writes),
+    // and only then does any rank unmap.
+    LF_TRY_STATUS(agree(known, options.timeout, call, Errc::NotFound, "could not deregister the window it named"));
     Status ended = [&]() -> Status {
       const Deadline d(options.timeout);
       for (;;) {
         const auto q = cudaEventQuery(done_);
         if (q == cudaSuccess) return {};
         if (q != cudaErrorNotReady) return cuda_ok(q, "cudaEventQuery");
-        if (d.passed())
-          return fail(Errc::Timeout, call, "this rank's last call did not end within the timeout: the window stays");
+        if (d.passed()) return fail(Errc::Timeout, call, "this rank's last call did not end within the timeout");
         std::this_thread::yield();
       }
     }();
-    if (ended) {
-      unmap(*found);
-      *found = Window{};
-    }
+    LF_TRY_STATUS(agree(ended, options.timeout, call, Errc::Timeout,
+                        "did not end its calls in time: every rank keeps the window"));
+    unmap(*found);
+    // The row is cleared: a graph replayed after this (which the API forbids) faults rather than
+    // writing through a row that another window takes later.
+    const std::size_t slot = static_cast<std::size_t>(found - windows_.begin());
+    const std::array<unsigned char*, k::kMaxRanks> row{};
+    Status cleared = cuda_ok(cudaMemcpy(region_ + offsetof(k::Flags, windows) + slot * sizeof row, row.data(),
+                                        sizeof row, cudaMemcpyHostToDevice),
+                             "cudaMemcpy");
+    if (cleared) cleared = cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    *found = Window{};
     // Then every rank has unmapped its peers' windows: the memory may be freed once this returns.
-    return agree(ended, options.timeout, call, Errc::PeerLost, "could not end its calls");
+    return agree(cleared, options.timeout, call);
   }
 
   Status check() const override {

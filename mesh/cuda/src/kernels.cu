@@ -650,13 +650,14 @@ std::uint32_t small_blocks(std::uint64_t bytes, std::uint32_t blocks) {
 /// A larger all_gather or broadcast whose output lies in a registered window at the same offset
 /// on every rank: each rank writes its share straight into its peers' outputs, with no staging and
 /// no steps. Round 0 says a rank has entered the call (its stream's work before it, which may
-/// still use the output, has ended); round 1 that it has seen every peer enter, so that it will
-/// wait for their writes rather than give up; round 2 that its writes into the peers have landed.
-/// A rank writes into a peer only after that peer's round 1: a rank that gave up waiting for a
-/// late peer in round 0 has returned an error and may use its output again, and the late peer,
-/// finding this rank's round 0 in place, must not write into it. The signature covers the window
-/// and offset, so ranks that disagree stop at round 0. One step: a block's epoch advances once.
-/// Bytes are bytes here: one kernel for every type.
+/// still use the output, has ended); round 1 that it has seen every peer enter; round 2 that its
+/// writes into the peers have landed. A rank writes into a peer only after that peer's round 1: a
+/// rank that gave up waiting for a late peer in round 0 has returned an error and may use its
+/// output again, and the late peer, finding this rank's round 0 in place, must not write into it.
+/// A rank that fails later (in round 1 or 2, or because another of its blocks failed) may still
+/// be written by peers that got past round 1 until their kernels end: the API says so. The
+/// signature covers the window and offset, so ranks that disagree stop at round 0. One step: a
+/// block's epoch advances once. Bytes are bytes here: one kernel for every type.
 __global__ void __launch_bounds__(kThreads) window_collective(Launch l) {
   if (!begin_call(l)) return;
   __shared__ unsigned char* outs[kMaxRanks];

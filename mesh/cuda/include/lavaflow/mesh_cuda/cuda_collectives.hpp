@@ -87,8 +87,10 @@ class CudaCollectives {
   /// the peers straight into that output: no staging and no steps — where every rank's window and
   /// the offset start on 16 bytes and an all_gather's `bytes` is a multiple of 16 (others take the
   /// staging). The output must lie so on every rank or on none (ranks that take different paths
-  /// made different calls: InvalidArgument from check()). After a failed call into a window, peers
-  /// that had seen every rank enter it may still be writing its output until their kernels end.
+  /// made different calls: InvalidArgument from check()). A send buffer not on 16 bytes is still
+  /// correct there, but crosses the link byte by byte. After a failed call into a window, peers
+  /// that had seen every rank enter it may still be writing its output until their kernels end:
+  /// destroy the object (which waits for every rank's work) before reusing the memory.
   /// The memory must be `cudaMalloc` memory of this rank's device, which CUDA IPC maps,
   /// and stay allocated until deregister_window() or the object's end. InvalidArgument: memory
   /// that is not that, a window overlapping another, sizes that differ between ranks, more than 32
@@ -96,10 +98,13 @@ class CudaCollectives {
   /// a peer cannot map it. PeerLost/Timeout: a peer did not register in `options.timeout`.
   [[nodiscard]] virtual Status register_window(void* base, std::uint64_t bytes, CallOptions options = {}) = 0;
   /// Ends the window that starts at `base`, collectively (every rank its own, in the same order):
-  /// waits for this rank's last call enqueued on a stream, and returns once every rank has unmapped
+  /// waits for every rank's last call enqueued on a stream, and returns once every rank has unmapped
   /// its peers' windows — the memory may then be freed. Graphs holding calls into the window must
-  /// not be replayed after it. NotFound on every rank when a rank has no window there; Timeout when
-  /// this rank's last call does not end in `options.timeout` (the window stays here).
+  /// not be replayed after it. NotFound on every rank when a rank has no window there (or cannot
+  /// make its device current); Timeout on every rank when a rank's last call does not end in
+  /// `options.timeout` (every rank keeps the window). The destructor also waits for every rank
+  /// before it unmaps; when a peer is lost it leaves everything mapped, and windows must then stay
+  /// allocated.
   [[nodiscard]] virtual Status deregister_window(void* base, CallOptions options = {}) = 0;
 
   /// The first failure of a call whose kernel has run, if any (does not wait for the GPU).
