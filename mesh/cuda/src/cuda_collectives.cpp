@@ -86,12 +86,8 @@ class Collectives final : public CudaCollectives {
     // still use its slots: every rank's work ends, then all leave together. Both bounded: a lost
     // peer must not hang the destructor, and then this rank's memory is left mapped rather than
     // freed under a peer (or a copy) that may still use it.
-    bool ended = true;
-    if (done_) {
-      const Deadline d(std::chrono::seconds(10));
-      while (cudaEventQuery(done_) == cudaErrorNotReady && !d.passed()) std::this_thread::yield();
-      ended = cudaEventQuery(done_) == cudaSuccess;
-    }
+    const bool ended =
+        !done_ || wait_event(done_, Deadline(std::chrono::seconds(10)), "~CudaCollectives", "calls did not end");
     // Every rank learns whether every rank's work ended, in the same exchanges on every rank, and
     // none unmaps or frees unless all did.
     if (opened_ && region_) {
@@ -269,12 +265,7 @@ class Collectives final : public CudaCollectives {
     LF_TRY_STATUS(agree(mapped, o.attach_timeout, call, Errc::Unsupported, "cannot map its peers' CUDA memory"));
     k::Group group{};
     for (std::uint32_t q = 0; q < n_; ++q) group.regions[q] = regions_[q];
-    // Waited for on the whole device: a copy from pageable memory can return before it lands, and
-    // the callers' streams need not wait for the legacy stream.
-    Status written = cuda_ok(
-        cudaMemcpy(region_ + offsetof(k::Flags, group), &group, sizeof group, cudaMemcpyHostToDevice), "cudaMemcpy");
-    if (written) written = cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-    LF_TRY_STATUS(agree(written, o.attach_timeout, call));
+    LF_TRY_STATUS(agree(write_flags(offsetof(k::Flags, group), &group, sizeof group), o.attach_timeout, call));
     opened_ = true;
     return {};
   }
@@ -386,9 +377,11 @@ class Collectives final : public CudaCollectives {
                                "number {}, here {}): register and deregister in the same order on every rank",
                                q, host_.group(), all[q].slot, slot));
     }
-    Window w{at, bytes, true, std::vector<unsigned char*>(n_, nullptr), std::vector<unsigned char*>(n_, nullptr)};
+    Window w{at, bytes, true, std::vector<unsigned char*>(n_, nullptr)};
     for (const WindowCard& card : all) w.aligned = w.aligned && card.offset % 16 == 0;
-    w.mapped[me_] = static_cast<unsigned char*>(base);
+    // This rank's row: where every rank's window is mapped here (its own is its own memory).
+    Row row{};
+    row[me_] = static_cast<unsigned char*>(base);
     Status mapped;
     for (std::uint32_t q = 0; q < n_ && mapped; ++q) {
       if (q == me_) continue;
@@ -398,20 +391,12 @@ class Collectives final : public CudaCollectives {
             cuda_ok(e, "cudaIpcOpenMemHandle").error().within(str_format("rank {} (pid {})'s window", q, all[q].pid)));
       else {
         w.opened[q] = static_cast<unsigned char*>(p);
-        w.mapped[q] = w.opened[q] + all[q].offset;
+        row[q] = w.opened[q] + all[q].offset;
       }
     }
     Status ready = agree(mapped, options.timeout, call, Errc::Unsupported, "cannot map its peers' windows");
-    if (ready) {
-      std::array<unsigned char*, k::kMaxRanks> row{};
-      std::ranges::copy(w.mapped, row.begin());
-      const std::size_t where = offsetof(k::Flags, windows) + slot * sizeof row;
-      // Synchronous, as at open: no kernel reads this row before the next call.
-      Status written =
-          cuda_ok(cudaMemcpy(region_ + where, row.data(), sizeof row, cudaMemcpyHostToDevice), "cudaMemcpy");
-      if (written) written = cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-      ready = agree(written, options.timeout, call);
-    }
+    // No kernel reads this row before the next call.
+    if (ready) ready = agree(write_flags(row_offset(slot), row.data(), sizeof row), options.timeout, call);
     if (!ready) {
       unmap(w);
       return std::unexpected(ready.error());
@@ -437,27 +422,16 @@ class Collectives final : public CudaCollectives {
     // calls that write into its own end before its own do: a window call waits for the writes),
     // and only then does any rank unmap.
     LF_TRY_STATUS(agree(known, options.timeout, call, Errc::NotFound, "could not deregister the window it named"));
-    Status ended = [&]() -> Status {
-      const Deadline d(options.timeout);
-      for (;;) {
-        const auto q = cudaEventQuery(done_);
-        if (q == cudaSuccess) return {};
-        if (q != cudaErrorNotReady) return cuda_ok(q, "cudaEventQuery");
-        if (d.passed()) return fail(Errc::Timeout, call, "this rank's last call did not end within the timeout");
-        std::this_thread::yield();
-      }
-    }();
+    const Status ended =
+        wait_event(done_, Deadline(options.timeout), call, "this rank's last call did not end within the timeout");
     LF_TRY_STATUS(agree(ended, options.timeout, call, Errc::Timeout,
                         "did not end its calls in time: every rank keeps the window"));
     unmap(*found);
     // The row is cleared: a graph replayed after this (which the API forbids) faults rather than
     // writing through a row that another window takes later.
-    const std::size_t slot = static_cast<std::size_t>(found - windows_.begin());
-    const std::array<unsigned char*, k::kMaxRanks> row{};
-    Status cleared = cuda_ok(cudaMemcpy(region_ + offsetof(k::Flags, windows) + slot * sizeof row, row.data(),
-                                        sizeof row, cudaMemcpyHostToDevice),
-                             "cudaMemcpy");
-    if (cleared) cleared = cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    const Row row{};
+    const Status cleared =
+        write_flags(row_offset(static_cast<std::size_t>(found - windows_.begin())), row.data(), sizeof row);
     *found = Window{};
     // Then every rank has unmapped its peers' windows: the memory may be freed once this returns.
     return agree(cleared, options.timeout, call);
@@ -565,14 +539,26 @@ class Collectives final : public CudaCollectives {
     return {};
   }
 
-  /// A registered window: where it is here, and where every rank's is mapped in this process.
+  /// A registered window: where it is here, and the peers' mappings to close (where each rank's
+  /// window lies in them is in the window's row of the flag area, which only the kernels read).
   struct Window {
     std::uintptr_t at = 0;
     std::uint64_t bytes = 0;             ///< 0: a free row
     bool aligned = false;                ///< every rank's window starts on 16 bytes (allocations start on more)
-    std::vector<unsigned char*> mapped;  ///< this rank's: its own memory
     std::vector<unsigned char*> opened;  ///< peers': the start of the allocation their handle maps
   };
+  /// A window's row in the flag area (Flags::windows): every rank's window, mapped here.
+  using Row = std::array<unsigned char*, k::kMaxRanks>;
+  static_assert(sizeof(Row) == sizeof(k::Flags::windows[0]));
+  static std::size_t row_offset(std::size_t slot) { return offsetof(k::Flags, windows) + slot * sizeof(Row); }
+
+  /// Writes `bytes` of `data` into this rank's flag area at `offset` and waits for the whole
+  /// device: a copy from pageable memory can return before it lands, and the callers' streams need
+  /// not wait for the legacy stream.
+  Status write_flags(std::size_t offset, const void* data, std::size_t bytes) {
+    LF_TRY_STATUS(cuda_ok(cudaMemcpy(region_ + offset, data, bytes, cudaMemcpyHostToDevice), "cudaMemcpy"));
+    return cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  }
 
   static void unmap(const Window& w) {
     for (unsigned char* p : w.opened)
@@ -762,7 +748,10 @@ class Collectives final : public CudaCollectives {
     for (std::uint64_t i = 0; i < pieces; ++i) {
       // Each piece waits for its peers at most the call's timeout, as each step of a kernel does.
       const Deadline d(c.timeout);
-      LF_TRY_STATUS(wait_filled(filled_[i & 1], d));
+      // The stream runs the caller's work before the piece's copy into its slot.
+      LF_TRY_STATUS(wait_event(filled_[i & 1], d, "cudaEventQuery",
+                               "the stream did not reach the call's copy to host memory within its timeout (work "
+                               "before it on the stream had not ended)"));
       LF_TRY_STATUS(staging::carried(carry(i * len, bytes(i), slot(i), d.left())));
       LF_TRY_STATUS(out(i * len, bytes(i), slot(i)));
       if (i + 2 < pieces) LF_TRY_STATUS(fill(i + 2));
@@ -770,16 +759,13 @@ class Collectives final : public CudaCollectives {
     return {};
   }
 
-  /// Waits for a piece's copy into its slot: the stream runs the caller's work before it first.
-  static Status wait_filled(cudaEvent_t e, const Deadline& d) {
+  /// Waits for `e` until `d`; Timeout from `call`, saying `late`, when it has not completed then.
+  static Status wait_event(cudaEvent_t e, const Deadline& d, std::string_view call, std::string_view late) {
     for (;;) {
       const auto q = cudaEventQuery(e);
       if (q == cudaSuccess) return {};
       if (q != cudaErrorNotReady) return cuda_ok(q, "cudaEventQuery");
-      if (d.passed())
-        return fail(Errc::Timeout, "cudaEventQuery",
-                    "the stream did not reach the call's copy to host memory within its timeout (work before it "
-                    "on the stream had not ended)");
+      if (d.passed()) return fail(Errc::Timeout, std::string(call), std::string(late));
       std::this_thread::yield();
     }
   }
