@@ -348,58 +348,39 @@ __device__ void reduce_op(const Launch& l, unsigned char* const* outs, std::uint
     reduce<T, kAnyOp>(l, outs, nouts, in, len);
 }
 
-/// Vectors v, v + stride, ... of d = s (stride = blockDim.x), U independent ones per thread and
-/// pass from `v` while all U fit (loads in flight together); returns where this thread stopped.
-template <std::uint32_t U>
-__device__ std::uint64_t copy_vectors(uint4* d, const uint4* s, std::uint64_t v, std::uint64_t vectors, bool peer) {
-  const std::uint64_t stride = blockDim.x;
-  for (; v + (U - 1) * stride < vectors; v += U * stride) {
-    uint4 r[U];
-    for (std::uint32_t u = 0; u < U; ++u) r[u] = peer ? __ldcv(s + v + u * stride) : s[v + u * stride];
-    for (std::uint32_t u = 0; u < U; ++u) d[v + u * stride] = r[u];
-  }
-  return v;
-}
-
-/// dst[0, n) = src[0, n), by the block; `peer` reads src past L1.
-__device__ void copy(unsigned char* dst, const unsigned char* src, std::uint64_t n, bool peer) {
-  std::uint64_t done = 0;
-  if (((reinterpret_cast<std::uintptr_t>(dst) | reinterpret_cast<std::uintptr_t>(src)) & 15) == 0) {
-    const std::uint64_t vectors = n / 16;
-    const uint4* s = reinterpret_cast<const uint4*>(src);
-    uint4* d = reinterpret_cast<uint4*>(dst);
-    copy_vectors<1>(d, s, copy_vectors<kUnroll>(d, s, threadIdx.x, vectors, peer), vectors, peer);
-    done = vectors * 16;
-  }
-  for (std::uint64_t b = done + threadIdx.x; b < n; b += blockDim.x) dst[b] = peer ? __ldcv(src + b) : src[b];
-}
-
-/// dsts[0 … k)[0, n) = src[0, n), by the block, each byte read once: a window call writes one
-/// input to every peer (and its own output) in one pass.
-__device__ void copy_out(unsigned char* const* dsts, std::uint32_t k, const unsigned char* src, std::uint64_t n) {
+/// dsts[0 … k)[0, n) = src[0, n), by the block, each byte of src read once: a rank's input goes
+/// to every peer (and its own output) in one pass. `peer` reads src past L1 (a peer's writes).
+__device__ void copy(unsigned char* const* dsts, std::uint32_t k, const unsigned char* src, std::uint64_t n,
+                     bool peer) {
   std::uintptr_t any = reinterpret_cast<std::uintptr_t>(src);
   for (std::uint32_t j = 0; j < k; ++j) any |= reinterpret_cast<std::uintptr_t>(dsts[j]);
   std::uint64_t done = 0;
   if ((any & 15) == 0) {
     const std::uint64_t vectors = n / 16, stride = blockDim.x;
     const uint4* s = reinterpret_cast<const uint4*>(src);
+    auto load = [&](std::uint64_t v) { return peer ? __ldcv(s + v) : s[v]; };
     std::uint64_t v = threadIdx.x;
+    // kUnroll independent loads in flight per thread while they all fit, then one at a time.
     for (; v + (kUnroll - 1) * stride < vectors; v += kUnroll * stride) {
       uint4 r[kUnroll];
-      for (std::uint32_t u = 0; u < kUnroll; ++u) r[u] = s[v + u * stride];
+      for (std::uint32_t u = 0; u < kUnroll; ++u) r[u] = load(v + u * stride);
       for (std::uint32_t j = 0; j < k; ++j)
         for (std::uint32_t u = 0; u < kUnroll; ++u) reinterpret_cast<uint4*>(dsts[j])[v + u * stride] = r[u];
     }
     for (; v < vectors; v += stride) {
-      const uint4 r = s[v];
+      const uint4 r = load(v);
       for (std::uint32_t j = 0; j < k; ++j) reinterpret_cast<uint4*>(dsts[j])[v] = r;
     }
     done = vectors * 16;
   }
   for (std::uint64_t b = done + threadIdx.x; b < n; b += blockDim.x) {
-    const unsigned char c = src[b];
+    const unsigned char c = peer ? __ldcv(src + b) : src[b];
     for (std::uint32_t j = 0; j < k; ++j) dsts[j][b] = c;
   }
+}
+
+__device__ void copy(unsigned char* dst, const unsigned char* src, std::uint64_t n, bool peer) {
+  copy(&dst, 1, src, n, peer);
 }
 
 // ---- LL: small calls (see kLLBytes) ----
@@ -683,7 +664,7 @@ __global__ void __launch_bounds__(kThreads) window_collective(Launch l) {
   if (gather || me == l.root)
     for (std::uint32_t d = 1; d < n; ++d) dsts[k++] = outs[(me + d) % n] + at;
   if (gather && outs[me] + at != in) dsts[k++] = outs[me] + at;
-  copy_out(dsts, k, in, s.len);
+  copy(dsts, k, in, s.len, false);
   publish(l, 2, epoch);
   if (!await(l, 2, epoch)) return;
   if (threadIdx.x == 0) mine->epoch[blockIdx.x] = epoch;
@@ -794,9 +775,11 @@ __global__ void __launch_bounds__(kThreads) collective(Launch l) {
       }
       case kAllGather: {
         const Range s = clip(slice(first, i, l.blocks), len);
+        std::uint32_t k = 0;
         for (std::uint32_t q = 0; q < n; ++q)
-          if (q != me) copy(stages[q] + to_slot(me, q) * per_peer + s.at, in + at + s.at, s.len, false);
-        copy(out + me * l.bytes + at + s.at, in + at + s.at, s.len, false);
+          if (q != me) targets[k++] = stages[q] + to_slot(me, q) * per_peer + s.at;
+        targets[k++] = out + me * l.bytes + at + s.at;
+        copy(targets, k, in + at + s.at, s.len, false);
         publish(l, 0, epoch);
         if (!await(l, 0, epoch)) return;
         for (std::uint32_t q = 0; q < n; ++q)
@@ -806,9 +789,12 @@ __global__ void __launch_bounds__(kThreads) collective(Launch l) {
       default: {  // broadcast: from the root into every peer's staging, in place on every rank
         const Range s = clip(slice(first, i, l.blocks), len);
         auto* buffer = static_cast<unsigned char*>(l.recv);
-        if (me == l.root)
+        if (me == l.root) {
+          std::uint32_t k = 0;
           for (std::uint32_t q = 0; q < n; ++q)
-            if (q != me) copy(stages[q] + s.at, buffer + at + s.at, s.len, false);
+            if (q != me) targets[k++] = stages[q] + s.at;
+          copy(targets, k, buffer + at + s.at, s.len, false);
+        }
         publish(l, 0, epoch);
         if (!await(l, 0, epoch)) return;
         if (me != l.root) copy(buffer + at + s.at, mine + s.at, s.len, true);
@@ -864,11 +850,15 @@ cudaError_t resident_blocks(int device, std::int32_t* blocks) {
   int per_sm = 0, sms = 0;
   if (auto e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, small_collective, kThreads, 0); e != cudaSuccess)
     return e;
-  for (Kernel k : {kStaged[0], kStaged[1], kStaged[2], kStaged[3], kStaged[4], kStaged[5], window_collective}) {
+  auto fewest = [&](Kernel k) {
     int n = 0;
-    if (auto e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, kThreads, 0); e != cudaSuccess) return e;
+    const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, kThreads, 0);
     per_sm = n < per_sm ? n : per_sm;
-  }
+    return e;
+  };
+  for (Kernel k : kStaged)
+    if (auto e = fewest(k); e != cudaSuccess) return e;
+  if (auto e = fewest(window_collective); e != cudaSuccess) return e;
   if (auto e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess) return e;
   *blocks = per_sm * sms;
   return cudaSuccess;
