@@ -43,7 +43,7 @@ function(lavaflow_print_backend_summary)
 endfunction()
 
 # Warnings and sanitizers for every target of ours.
-function(lavaflow_target_defaults target)
+function(lavaflow_target_flags target)
   target_compile_options(${target} PRIVATE -Wall -Wextra -Wpedantic -Wshadow -Wconversion
                                            -Wno-sign-conversion
                                            # g++ 12 flags designated initializers that rely on
@@ -58,6 +58,46 @@ function(lavaflow_target_defaults target)
     target_compile_options(${target} PRIVATE -fsanitize=address,undefined -fno-omit-frame-pointer
                                              -fno-sanitize-recover=undefined)
     target_link_options(${target} PRIVATE -fsanitize=address,undefined)
+  endif()
+endfunction()
+
+# Vulkan-Hpp is most of the parse time of most of our sources: its headers (and the standard
+# headers nearly every file uses) are precompiled once for position-independent code and once for
+# the rest, and every target of ours reuses the matching one. The carriers get the same flags as
+# the targets that reuse them; g++ refuses a header compiled with other code-generation options,
+# and CMake's -Winvalid-pch (an error under LAVAFLOW_WERROR) says so at build time.
+# Called once, after the options and find_package(Vulkan), before any target of ours.
+function(lavaflow_add_precompiled_headers)
+  if(NOT LAVAFLOW_PRECOMPILE_HEADERS)
+    return()
+  endif()
+  foreach(pic IN ITEMS ON OFF)
+    add_library(lavaflow_pch_pic_${pic} OBJECT ${PROJECT_SOURCE_DIR}/cmake/precompiled.cpp)
+    set_target_properties(lavaflow_pch_pic_${pic} PROPERTIES POSITION_INDEPENDENT_CODE ${pic})
+    target_compile_features(lavaflow_pch_pic_${pic} PRIVATE cxx_std_23)
+    target_link_libraries(lavaflow_pch_pic_${pic} PRIVATE Vulkan::Vulkan)
+    target_precompile_headers(lavaflow_pch_pic_${pic} PRIVATE
+      <vulkan/vulkan_raii.hpp> <algorithm> <chrono> <cstdint> <cstring> <functional> <memory> <optional>
+      <span> <string> <string_view> <thread> <vector>)
+    lavaflow_target_flags(lavaflow_pch_pic_${pic})
+  endforeach()
+endfunction()
+
+# lavaflow_target_flags, and for a target with C++ sources the precompiled headers, unless it sets
+# DISABLE_PRECOMPILE_HEADERS (one whose options differ from the carriers', e.g. hidden visibility).
+function(lavaflow_target_defaults target)
+  lavaflow_target_flags(${target})
+  get_target_property(sources ${target} SOURCES)
+  list(FILTER sources INCLUDE REGEX "\\.cpp$")
+  if(NOT LAVAFLOW_PRECOMPILE_HEADERS OR NOT sources)
+    return()
+  endif()
+  get_target_property(type ${target} TYPE)
+  get_target_property(pic ${target} POSITION_INDEPENDENT_CODE)
+  if(type STREQUAL "SHARED_LIBRARY" OR type STREQUAL "MODULE_LIBRARY" OR pic)
+    target_precompile_headers(${target} REUSE_FROM lavaflow_pch_pic_ON)
+  else()
+    target_precompile_headers(${target} REUSE_FROM lavaflow_pch_pic_OFF)
   endif()
 endfunction()
 

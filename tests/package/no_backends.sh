@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A build with every optional backend OFF (LAVAFLOW_WITH_MPI/CUDA/OPENCL/OPENGL=OFF) still has all
+# A build with every optional backend OFF (LAVAFLOW_WITH_<X>=OFF for each) still has all
 # local channels: configures the tree so, checks that no optional library was built and that
 # lavaflow-demo needs no MPI, then runs its local job (producer and consumer processes) through
 # shared memory and through Vulkan IPC; installs it and checks that the package has no component
@@ -9,7 +9,8 @@ set -euo pipefail
 src=$1 bin=$2 generator=$3 cxx=$4
 cmake -S "$src" -B "$bin" -G "$generator" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=Release \
       -DLAVAFLOW_BUILD_TESTS=OFF -DLAVAFLOW_INSTALL=ON -DLAVAFLOW_WERROR=ON \
-      -DLAVAFLOW_WITH_MPI=OFF -DLAVAFLOW_WITH_CUDA=OFF -DLAVAFLOW_WITH_OPENCL=OFF -DLAVAFLOW_WITH_OPENGL=OFF > "$bin.configure.log" ||
+      -DLAVAFLOW_WITH_MPI=OFF -DLAVAFLOW_WITH_CUDA=OFF -DLAVAFLOW_WITH_OPENCL=OFF -DLAVAFLOW_WITH_OPENGL=OFF \
+      -DLAVAFLOW_WITH_GLOO=OFF -DLAVAFLOW_WITH_NCCL=OFF -DLAVAFLOW_WITH_PYTHON=OFF > "$bin.configure.log" ||
   { cat "$bin.configure.log"; echo "FAILED: configure with every optional backend OFF"; exit 1; }
 grep "lavaflow:" "$bin.configure.log"
 cmake --build "$bin" --target lavaflow-demo lavaflow-info > "$bin.build.log" 2>&1 ||
