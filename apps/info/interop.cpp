@@ -194,17 +194,17 @@ InteropReport interop_report(const std::vector<lavaflow::DeviceCapabilities>& vk
 #if LAVAFLOW_INFO_CUDA
   cuda_rows(vk, r);
 #else
-  r.notes.push_back("CUDA: adapter not built (LAVAFLOW_WITH_CUDA)");
+  r.notes.emplace_back("CUDA: adapter not built (LAVAFLOW_WITH_CUDA)");
 #endif
 #if LAVAFLOW_INFO_OPENCL
   opencl_rows(vk, r);
 #else
-  r.notes.push_back("OpenCL: adapter not built (LAVAFLOW_WITH_OPENCL)");
+  r.notes.emplace_back("OpenCL: adapter not built (LAVAFLOW_WITH_OPENCL)");
 #endif
 #if LAVAFLOW_INFO_OPENGL
   opengl_rows(vk, r);
 #else
-  r.notes.push_back("OpenGL: adapter not built (LAVAFLOW_WITH_OPENGL)");
+  r.notes.emplace_back("OpenGL: adapter not built (LAVAFLOW_WITH_OPENGL)");
 #endif
   return r;
 }
