@@ -367,20 +367,27 @@ void windows(Communicator& host, int device, cudaStream_t st, bool staged) {
     (void)cudaMemset(window, value, bytes);
     (void)cudaDeviceSynchronize();
   };
-  // An all_gather of `count` bytes a rank into the window at `at`, checked.
-  auto gather_at = [&](std::size_t count, std::size_t at, const std::string& where) {
+  // An all_gather of `count` bytes a rank, from `from` bytes into the send buffer, into the
+  // window at `at`, checked.
+  auto gather_at = [&](std::size_t count, std::size_t at, std::size_t from, const std::string& where) {
     clear(0);
     const auto want = gathered(n, count, DType::U8);
-    DeviceBytes send(count, encode(inputs(r, count, DType::U8), DType::U8));
-    auto s = c.all_gather(send.p, window + at, count, DType::U8, st);
+    auto data = encode(inputs(r, count, DType::U8), DType::U8);
+    data.insert(data.begin(), from, std::byte{0});
+    DeviceBytes send(from + count, data);
+    auto s = c.all_gather(send.p + from, window + at, count, DType::U8, st);
     if (s) s = finish(c, st);
     expect(s && read_at(at, want.size()) == want,
            "all_gather of " + where + (s ? difference(read_at(at, want.size()), want) : ": " + s.error().message()));
   };
+  // Offsets in whole 16-byte vectors (in place), in 8- and 4-byte words and in bytes (through the
+  // staging, whose copies take the widest words the pointers allow); at `skew` the send buffer
+  // is off 16 bytes too.
   for (const std::size_t count : {std::size_t{600'001}, least, most, odd})
-    for (const std::size_t at : {std::size_t{0}, skew, odd_at}) {
-      const std::string where = str_format("{} bytes at offset {} of a window", count, at);
-      gather_at(count, at, where);
+    for (const std::size_t at : {std::size_t{0}, skew, skew + 8, skew + 4, odd_at}) {
+      const std::size_t from = at == skew ? 8 : 0;
+      const std::string where = str_format("{} bytes at offset {} of a window (input at {})", count, at, from);
+      gather_at(count, at, from, where);
       const std::uint32_t root = n - 1;
       const auto root_data = encode(inputs(root + 5, count, DType::U8), DType::U8);
       write_at(at, r == root ? root_data : std::vector<std::byte>(count));
@@ -456,13 +463,13 @@ void windows(Communicator& host, int device, cudaStream_t st, bool staged) {
     // refused on every rank; registered again, it takes the freed row.
     auto ended = c.deregister_window(window);
     expect(static_cast<bool>(ended), ended ? "" : "deregister_window: " + ended.error().message());
-    gather_at(least, 0, "memory that was a window");
+    gather_at(least, 0, 0, "memory that was a window");
     auto twice = c.deregister_window(window);
     expect(!twice && twice.error().code() == Errc::NotFound,
            twice ? "a window deregistered twice" : "not NotFound: " + twice.error().message());
     auto back = c.register_window(window, bytes);
     expect(static_cast<bool>(back), back ? "" : "register_window again: " + back.error().message());
-    gather_at(least, skew, "a window registered again");
+    gather_at(least, skew, 0, "a window registered again");
   }
   {
     // Rank 0's output at another offset than its peers': every rank stops before writing.

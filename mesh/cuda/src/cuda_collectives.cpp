@@ -568,8 +568,9 @@ class Collectives final : public CudaCollectives {
   /// The window (1 + its index; 0: none) holding a call's whole output, and the output's offset
   /// in it: only all_gather and broadcast of at least kWindowBytes are written in place, and only
   /// where every peer's output (and an all_gather's block in it) starts on 16 bytes — the kernel
-  /// writes across the link in 16-byte vectors or else byte by byte. Decided from what is the
-  /// same on every rank for the same call, so every rank decides alike.
+  /// writes across the link in the widest words every pointer allows; an output off 16 bytes
+  /// takes the staging. Decided from what is the same on every rank for the same call, so every
+  /// rank decides alike.
   std::pair<std::uint32_t, std::uint64_t> window_of(std::uint32_t kind, const void* recv, std::uint64_t bytes) const {
     if ((kind != k::kAllGather && kind != k::kBroadcast) || bytes < k::kWindowBytes) return {0, 0};
     const auto at = reinterpret_cast<std::uintptr_t>(recv);

@@ -348,35 +348,60 @@ __device__ void reduce_op(const Launch& l, unsigned char* const* outs, std::uint
     reduce<T, kAnyOp>(l, outs, nouts, in, len);
 }
 
+/// The words W of dsts[0 … k)[0, n) = src[0, n), by the block; returns the bytes done (whole words).
+/// `peer` reads src past L1 (a peer's writes).
+template <class W>
+__device__ std::uint64_t copy_words(unsigned char* const* dsts, std::uint32_t k, const unsigned char* src,
+                                    std::uint64_t n, bool peer) {
+  const std::uint64_t words = n / sizeof(W), stride = blockDim.x;
+  const W* s = reinterpret_cast<const W*>(src);
+  auto load = [&](std::uint64_t v) { return peer ? __ldcv(s + v) : s[v]; };
+  std::uint64_t v = threadIdx.x;
+  // kUnroll independent loads in flight per thread while they all fit, then one at a time.
+  for (; v + (kUnroll - 1) * stride < words; v += kUnroll * stride) {
+    W r[kUnroll];
+    for (std::uint32_t u = 0; u < kUnroll; ++u) r[u] = load(v + u * stride);
+    for (std::uint32_t j = 0; j < k; ++j)
+      for (std::uint32_t u = 0; u < kUnroll; ++u) reinterpret_cast<W*>(dsts[j])[v + u * stride] = r[u];
+  }
+  for (; v < words; v += stride) {
+    const W r = load(v);
+    for (std::uint32_t j = 0; j < k; ++j) reinterpret_cast<W*>(dsts[j])[v] = r;
+  }
+  return words * sizeof(W);
+}
+
+/// dsts[0 … k)[done, n) = src[done, n) byte by byte.
+__device__ void copy_bytes(unsigned char* const* dsts, std::uint32_t k, const unsigned char* src, std::uint64_t done,
+                           std::uint64_t n, bool peer) {
+  for (std::uint64_t b = done + threadIdx.x; b < n; b += blockDim.x) {
+    const unsigned char c = peer ? __ldcv(src + b) : src[b];
+    for (std::uint32_t j = 0; j < k; ++j) dsts[j][b] = c;
+  }
+}
+
+/// copy() where some pointer is off 16 bytes: in the widest words they all allow (a user's buffer
+/// at an element offset still moves in 4- or 8-byte words, not bytes), then bytes. Not inlined:
+/// the staging kernels call copy() at several places, and these loops inlined at each would cost
+/// their common path registers.
+__device__ __noinline__ void copy_narrow(unsigned char* const* dsts, std::uint32_t k, const unsigned char* src,
+                                         std::uint64_t n, bool peer, std::uintptr_t any) {
+  std::uint64_t done = 0;
+  if ((any & 7) == 0)
+    done = copy_words<uint2>(dsts, k, src, n, peer);
+  else if ((any & 3) == 0)
+    done = copy_words<unsigned int>(dsts, k, src, n, peer);
+  copy_bytes(dsts, k, src, done, n, peer);
+}
+
 /// dsts[0 … k)[0, n) = src[0, n), by the block, each byte of src read once: a rank's input goes
 /// to every peer (and its own output) in one pass. `peer` reads src past L1 (a peer's writes).
 __device__ void copy(unsigned char* const* dsts, std::uint32_t k, const unsigned char* src, std::uint64_t n,
                      bool peer) {
   std::uintptr_t any = reinterpret_cast<std::uintptr_t>(src);
   for (std::uint32_t j = 0; j < k; ++j) any |= reinterpret_cast<std::uintptr_t>(dsts[j]);
-  std::uint64_t done = 0;
-  if ((any & 15) == 0) {
-    const std::uint64_t vectors = n / 16, stride = blockDim.x;
-    const uint4* s = reinterpret_cast<const uint4*>(src);
-    auto load = [&](std::uint64_t v) { return peer ? __ldcv(s + v) : s[v]; };
-    std::uint64_t v = threadIdx.x;
-    // kUnroll independent loads in flight per thread while they all fit, then one at a time.
-    for (; v + (kUnroll - 1) * stride < vectors; v += kUnroll * stride) {
-      uint4 r[kUnroll];
-      for (std::uint32_t u = 0; u < kUnroll; ++u) r[u] = load(v + u * stride);
-      for (std::uint32_t j = 0; j < k; ++j)
-        for (std::uint32_t u = 0; u < kUnroll; ++u) reinterpret_cast<uint4*>(dsts[j])[v + u * stride] = r[u];
-    }
-    for (; v < vectors; v += stride) {
-      const uint4 r = load(v);
-      for (std::uint32_t j = 0; j < k; ++j) reinterpret_cast<uint4*>(dsts[j])[v] = r;
-    }
-    done = vectors * 16;
-  }
-  for (std::uint64_t b = done + threadIdx.x; b < n; b += blockDim.x) {
-    const unsigned char c = peer ? __ldcv(src + b) : src[b];
-    for (std::uint32_t j = 0; j < k; ++j) dsts[j][b] = c;
-  }
+  if ((any & 15) != 0) return copy_narrow(dsts, k, src, n, peer, any);
+  copy_bytes(dsts, k, src, copy_words<uint4>(dsts, k, src, n, peer), n, peer);
 }
 
 __device__ void copy(unsigned char* dst, const unsigned char* src, std::uint64_t n, bool peer) {
