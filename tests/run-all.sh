@@ -20,7 +20,7 @@ run_config() {
   grep -h "LAVAFLOW-SKIP" "$build/Testing/Temporary/LastTest.log" | sort -u || true
 }
 
-run_config ci -DCMAKE_BUILD_TYPE=RelWithDebInfo
+run_config ci -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLAVAFLOW_FUZZ_SECONDS=15
 if [ "${LAVAFLOW_SKIP_SANITIZE:-0}" != 1 ]; then
   # No CUDA here: its code only compiles on a machine without a GPU, which the plain configuration
   # already does; the sanitizers look at code that runs.
