@@ -83,8 +83,8 @@ function(lavaflow_add_precompiled_headers)
   endforeach()
 endfunction()
 
-# lavaflow_target_flags, and for a target with C++ sources the precompiled headers, unless it sets
-# DISABLE_PRECOMPILE_HEADERS (one whose options differ from the carriers', e.g. hidden visibility).
+# lavaflow_target_flags, and for a target with C++ sources the precompiled headers (C-only targets
+# would need a C carrier).
 function(lavaflow_target_defaults target)
   lavaflow_target_flags(${target})
   get_target_property(sources ${target} SOURCES)
