@@ -345,6 +345,41 @@ class Engine : public std::enable_shared_from_this<Engine> {
     return {count * j / nlocal * es, count * (j + 1) / nlocal * es};
   }
 
+  /// One rank on every host: nothing to share in memory, so the leaders' exchange runs on the
+  /// callers' buffers, the whole call at once (every host takes this path, or none does).
+  [[nodiscard]] bool one_per_host(Kind kind) const { return nhosts == n && nhosts > 1 && kind != Kind::Barrier; }
+  /// The phase of such a call once its exchange is posted.
+  static constexpr int kDirectPosted = 1;
+
+  /// An f16/bf16 all_reduce across hosts carries the hosts' partials in f32 and rounds once at
+  /// the end, as on one host: partials in the type's own width would round at every exchange,
+  /// and a sum could leave the type's range where the average does not.
+  /// Min and Max are exact in the type (and keep the mesh's NaN rule only there): not widened.
+  [[nodiscard]] bool widens(Kind kind, DType type, ReduceOp op) const {
+    return nhosts > 1 && kind == Kind::AllReduce && (type == DType::F16 || type == DType::BF16) &&
+           op != ReduceOp::Min && op != ReduceOp::Max;
+  }
+
+  /// Posts the exchange of a call with one rank per host (one that does not widen).
+  Status post_direct(Kind kind, std::span<const std::byte> send, std::span<std::byte> recv, DType type, ReduceOp op,
+                     std::uint32_t root) {
+    switch (kind) {
+      case Kind::AllReduce:  // Average sums here and divides at the end
+        return link->start_direct_all_reduce(send, recv, type, op == ReduceOp::Average ? ReduceOp::Sum : op);
+      case Kind::ReduceScatter:
+        return link->start_direct_reduce_scatter(send, recv, type, op);  // it averages
+      case Kind::AllGather:
+        return link->start_direct_all_gather(send, recv);
+      default:
+        return link->start_broadcast(recv, hosts[root]);
+    }
+  }
+  /// What a call with one rank per host does once its exchange has ended (one that does not widen).
+  Status end_direct(Kind kind, std::span<std::byte> recv, DType type, ReduceOp op) const {
+    if (kind == Kind::AllReduce && op == ReduceOp::Average) return divide(recv, type, n);
+    return {};
+  }
+
   // Every case below either moves to a later phase or returns false (waiting); `true` once the
   // whole call is done. Each step ends in a barrier that every local rank reaches only after its
   // last read of that step's buffers, so the step after next may reuse them (double buffering).
@@ -353,12 +388,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
     const std::size_t es = size_of(c.type);
     const bool multi = nhosts > 1;
     const ReduceOp local_op = multi && c.op == ReduceOp::Average ? ReduceOp::Sum : c.op;
-    // An f16/bf16 all_reduce across hosts carries the hosts' partials in f32 and rounds once at
-    // the end, as on one host: partials in the type's own width would round at every exchange,
-    // and a sum could leave the type's range where the average does not.
-    // Min and Max are exact in the type (and keep the mesh's NaN rule only there): not widened.
-    const bool wide = multi && c.kind == Kind::AllReduce && (c.type == DType::F16 || c.type == DType::BF16) &&
-                      c.op != ReduceOp::Min && c.op != ReduceOp::Max;
+    const bool wide = widens(c.kind, c.type, c.op);
     const float divisor = c.op == ReduceOp::Average ? static_cast<float>(n) : 1.0f;
     for (;;) {
       const std::uint64_t p = step & 1;
@@ -368,38 +398,23 @@ class Engine : public std::enable_shared_from_this<Engine> {
         c.phase = 0;
         return c.done >= c.unit;
       };
-      // One rank on every host: nothing to share in memory, so the leaders' exchange runs on the
-      // caller's buffers, the whole call at once (every host takes this path, or none does).
-      if (nhosts == n && nhosts > 1 && c.kind != Kind::Barrier) {
+      if (one_per_host(c.kind)) {
         if (c.phase == 0) {
-          switch (c.kind) {
-            case Kind::AllReduce:
-              if (wide) {
-                c.wide = widen(c.send, c.type);
-                const auto values = std::as_writable_bytes(std::span(c.wide));
-                LF_TRY_STATUS(link->start_direct_all_reduce(values, values, DType::F32, local_op));
-              } else {
-                LF_TRY_STATUS(link->start_direct_all_reduce(c.send, c.recv, c.type, local_op));
-              }
-              break;
-            case Kind::ReduceScatter:
-              LF_TRY_STATUS(link->start_direct_reduce_scatter(c.send, c.recv, c.type, c.op));  // it averages
-              break;
-            case Kind::AllGather:
-              LF_TRY_STATUS(link->start_direct_all_gather(c.send, c.recv));
-              break;
-            default:
-              LF_TRY_STATUS(link->start_broadcast(c.recv, hosts[c.root]));
-              break;
+          if (wide) {
+            c.wide = widen(c.send, c.type);
+            const auto values = std::as_writable_bytes(std::span(c.wide));
+            LF_TRY_STATUS(link->start_direct_all_reduce(values, values, DType::F32, local_op));
+          } else {
+            LF_TRY_STATUS(post_direct(c.kind, c.send, c.recv, c.type, c.op, c.root));
           }
-          c.phase = 6;
+          c.phase = kDirectPosted;
         }
         auto r = link_done(c);
         if (!r || !*r) return r;
         if (wide)
           narrow(c.wide, c.recv, c.type, divisor);
-        else if (c.kind == Kind::AllReduce && c.op == ReduceOp::Average)
-          LF_TRY_STATUS(divide(c.recv, c.type, n));
+        else
+          LF_TRY_STATUS(end_direct(c.kind, c.recv, c.type, c.op));
         return true;
       }
       switch (c.phase) {
@@ -705,33 +720,80 @@ class Engine : public std::enable_shared_from_this<Engine> {
                      str_format("group '{}' was closed with this call in flight", group)));
   }
 
-  /// A collective: with nothing else in flight it runs here for a few microseconds (a small
-  /// collective of ranks that are all present ends in that time) on the caller's stack, and only
-  /// then becomes a Work to wait on.
+  /// Runs `test` for a few microseconds (a small collective of ranks that are all present ends
+  /// in that time): its result once it is an error or true, nullopt if it was still false.
+  /// The clock is read every 8 tests, which keeps the spin's limits in time when a test is an
+  /// MPI_Test (between hosts) as well as a shared-memory load. Past a few microseconds (longer
+  /// than a small exchange with peers that are all there) the core goes to whoever else waits for
+  /// it between tests: a peer on the same core would otherwise wait out the whole spin. A yield is
+  /// a system call, so yielding sooner would delay most small calls.
+  template <class Test>
+  static std::optional<Result<bool>> spin(Test&& test) {
+    std::optional<Clock::time_point> began;
+    for (std::uint32_t i = 1;; ++i) {
+      Result<bool> r = test();
+      if (!r || *r) return r;
+      if ((i & 7) != 0) continue;
+      const auto now = Clock::now();
+      if (!began) began = now;
+      if (now - *began >= std::chrono::microseconds(20)) return std::nullopt;
+      if (now - *began >= std::chrono::microseconds(5)) std::this_thread::yield();
+    }
+  }
+
+  /// A collective: with nothing else in flight it runs here for a few microseconds on the
+  /// caller's stack, and only then becomes a Work to wait on.
   Work start(Collective&& c) {
     {
       std::unique_lock lock(mutex);
       if (queue.empty() && p2p.empty()) {
-        // Spinning, the clock is read every 8 tests, which keeps the spin's limits in time when a
-        // test is an MPI_Test (between hosts) as well as a shared-memory load. Past a few
-        // microseconds (longer than a small exchange with peers that are all there) the core goes
-        // to whoever else waits for it between tests: a peer on the same core would otherwise wait
-        // out the whole spin. A yield is a system call, so yielding sooner would delay most small
-        // calls.
-        std::optional<Clock::time_point> began;
-        for (std::uint32_t i = 1;; ++i) {
-          Result<bool> r = broken ? Result<bool>(std::unexpected(*broken)) : advance(c);
-          if (!r || *r) return Work::done(conclude(c, r));
-          if ((i & 7) != 0) continue;
-          const auto now = Clock::now();
-          if (!began) began = now;
-          if (now - *began >= std::chrono::microseconds(20)) break;
-          if (now - *began >= std::chrono::microseconds(5)) std::this_thread::yield();
-        }
+        auto r = spin([&] { return broken ? Result<bool>(std::unexpected(*broken)) : advance(c); });
+        if (r) return Work::done(conclude(c, *r));
       }
     }
     // Nothing holds the call's address (only its buffers'), so it may move.
     return enqueue(std::make_unique<Collective>(std::move(c)), true);
+  }
+
+  /// A call with one rank per host (one_per_host, not widening) when nothing else is in flight:
+  /// posted and spun on here with no Collective of its own — building and dropping one is a
+  /// noticeable share of a small exchange between hosts. A call still under way after the spin
+  /// becomes a Collective past its posting, queued like any other. nullopt: `start` takes it
+  /// (calls in flight, or the engine broken).
+  std::optional<Work> start_direct(Kind kind, std::span<const std::byte> send, std::span<std::byte> recv,
+                                   std::uint64_t unit, DType type, ReduceOp op, std::uint32_t root,
+                                   const CallOptions& o) {
+    std::uint64_t call_no = 0;
+    {
+      std::unique_lock lock(mutex);
+      if (!queue.empty() || !p2p.empty() || broken) return std::nullopt;
+      call_no = current_call = calls++;
+      if (Status posted = post_direct(kind, send, recv, type, op, root); !posted)
+        return Work::done(std::unexpected(break_with(posted.error())));
+      auto r = spin([&]() -> Result<bool> {
+        auto t = link->test();
+        if (!t) return std::unexpected(break_with(t.error()));
+        return *t;
+      });
+      if (r) {
+        if (!*r) return Work::done(std::unexpected(r->error()));
+        Status ended = end_direct(kind, recv, type, op);
+        if (!ended) return Work::done(std::unexpected(break_with(ended.error())));
+        return Work::done({});
+      }
+    }
+    auto c = std::make_unique<Collective>();
+    c->kind = kind;
+    c->type = type;
+    c->op = op;
+    c->root = root;
+    c->send = send;
+    c->recv = recv;
+    c->unit = unit;
+    c->call_no = call_no;
+    c->deadline = LazyDeadline(o.timeout);
+    c->phase = kDirectPosted;
+    return enqueue(std::move(c), true);
   }
 
   Work enqueue(std::unique_ptr<Op> op, bool collective) {
@@ -882,6 +944,7 @@ class NativeCommunicator final : public Communicator {
     if (send.data() != recv.data() && send.data() < recv.data() + recv.size() &&
         recv.data() < send.data() + send.size())
       return bad("all_reduce", "send and recv overlap without being the same bytes (in place is send == recv)");
+    if (auto w = direct(Kind::AllReduce, send, recv, send.size(), type, op, 0, o)) return std::move(*w);
     auto c = make(Kind::AllReduce, send, recv, send.size(), type, op, 0, o);
     if (!c) return Work::done(std::unexpected(c.error()));
     if (send.empty()) return Work::done({});
@@ -970,13 +1033,18 @@ class NativeCommunicator final : public Communicator {
     return Work::done(fail(Errc::InvalidArgument, str_format("mesh::{}", what), std::move(why)));
   }
 
-  Result<Collective> make(Kind kind, std::span<const std::byte> send, std::span<std::byte> recv, std::uint64_t unit,
-                          DType type, ReduceOp op, std::uint32_t root, const CallOptions& o) {
+  static Status valid(Kind kind, std::uint64_t unit, DType type, ReduceOp op) {
     if (type > DType::U8 || op > ReduceOp::Average)
       return fail(Errc::InvalidArgument, str_format("mesh::{}", to_string(kind)), "unknown element type or reduce op");
-    if (unit % size_of(type) != 0)
+    if ((unit & (size_of(type) - 1)) != 0)  // element sizes are powers of two
       return fail(Errc::InvalidArgument, str_format("mesh::{}", to_string(kind)),
                   str_format("{} bytes are not a whole number of {} elements", unit, to_string(type)));
+    return {};
+  }
+
+  Result<Collective> make(Kind kind, std::span<const std::byte> send, std::span<std::byte> recv, std::uint64_t unit,
+                          DType type, ReduceOp op, std::uint32_t root, const CallOptions& o) {
+    LF_TRY_STATUS(valid(kind, unit, type, op));
     Result<Collective> c(std::in_place);
     c->kind = kind;
     c->type = type;
@@ -990,8 +1058,18 @@ class NativeCommunicator final : public Communicator {
     return c;
   }
 
+  /// A call that goes straight between the hosts (Engine::start_direct); nullopt: the general path.
+  std::optional<Work> direct(Kind kind, std::span<const std::byte> send, std::span<std::byte> recv, std::uint64_t unit,
+                             DType type, ReduceOp op, std::uint32_t root, const CallOptions& o) {
+    if (unit == 0 || !e_->one_per_host(kind)) return std::nullopt;
+    if (Status ok = valid(kind, unit, type, op); !ok) return Work::done(std::unexpected(ok.error()));
+    if (e_->widens(kind, type, op)) return std::nullopt;
+    return e_->start_direct(kind, send, recv, unit, type, op, root, o);
+  }
+
   Work collective(Kind kind, std::span<const std::byte> send, std::span<std::byte> recv, std::uint64_t unit, DType type,
                   ReduceOp op, std::uint32_t root, const CallOptions& o) {
+    if (auto w = direct(kind, send, recv, unit, type, op, root, o)) return std::move(*w);
     auto c = make(kind, send, recv, unit, type, op, root, o);
     if (!c) return Work::done(std::unexpected(c.error()));
     if (unit == 0 && kind != Kind::Barrier) return Work::done({});  // nothing to move, on every rank alike

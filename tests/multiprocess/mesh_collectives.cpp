@@ -181,6 +181,25 @@ void check_moves(Communicator& c, Checker& k, std::size_t count, DType t) {
   }
 }
 
+/// Calls that one rank joins late: the others' calls outlast the few microseconds a call spins on
+/// the caller's stack and go on as queued work (on every layout: with one rank per host, after
+/// the exchange was posted).
+void check_late(Communicator& c, Checker& k) {
+  const std::uint32_t n = c.size(), r = c.rank();
+  constexpr std::size_t count = 5;
+  const auto mine = encode(inputs(r, count, DType::I32), DType::I32);
+  std::vector<std::byte> sum(mine.size()), all(mine.size() * n);
+  if (r == n - 1) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  Work reduced = c.all_reduce(mine, sum, DType::I32, ReduceOp::Sum);
+  Work gather = c.all_gather(mine, all, DType::I32);
+  k.status(reduced.wait(), label(c, "all_reduce with a late rank", DType::I32, ReduceOp::Sum, count));
+  k.status(gather.wait(), label(c, "all_gather with a late rank", DType::I32, ReduceOp::Sum, count));
+  k.expect(sum == expected(n, count, DType::I32, ReduceOp::Sum),
+           label(c, "all_reduce with a late rank: result", DType::I32, ReduceOp::Sum, count));
+  k.expect(all == gathered(n, count, DType::I32),
+           label(c, "all_gather with a late rank: result", DType::I32, ReduceOp::Sum, count));
+}
+
 void check_point_to_point(Communicator& c, Checker& k) {
   const std::uint32_t n = c.size(), r = c.rank();
   for (std::size_t bytes : {std::size_t{100}, std::size_t{200'000}}) {
@@ -400,6 +419,7 @@ void run_all(const mpi::Communicator& job, Checker& k) {
         for (std::size_t count : {std::size_t{1}, std::size_t{9}, std::size_t{50'001}}) check_moves(*c, k, count, t);
       k.status(c->barrier().wait(), str_format("{} barrier on '{}'", c->backend(), c->group()));
       check_nan_wins(*c, k);
+      check_late(*c, k);
       check_point_to_point(*c, k);
       check_overlap(*c, k);
       if (b == Backend::Native) check_zero_copy(*c, k);
