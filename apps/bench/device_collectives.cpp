@@ -12,8 +12,9 @@
 //                     the staged path (cudaMemcpy, native host collective, cudaMemcpy);
 //                     "lavaflow-staged": CudaCollectives on the path a group spanning hosts
 //                     takes (pinned slots, pipelined pieces, the native host collective);
-//                     "lavaflow-window": large all_gather and broadcast into a registered
-//                     window, which the peers write in place.
+//                     "lavaflow-window": large calls in a registered window: all_gather and
+//                     broadcast into it, which the peers write in place; all_reduce from it into
+//                     it and reduce_scatter from it, which read the peers' inputs where they are.
 // A row's p50/p99 are over rounds of calls; each round's time is the slowest rank's. busbw
 // follows NCCL's convention: all_reduce size/t × 2(n−1)/n; all_gather and reduce_scatter
 // n·size/t × (n−1)/n; broadcast size/t. Rows of calls enqueued on a stream (CUDA) also give the
@@ -237,7 +238,7 @@ Streamed time_stream(Communicator& host, cudaStream_t stream, int calls, bool gr
   return s;
 }
 
-/// Outputs of at least this size per rank lie in a window in the "lavaflow-window" rows (smaller
+/// Calls of at least this size per rank run in a window in the "lavaflow-window" rows (smaller
 /// calls take the staging or LL lines either way).
 constexpr std::uint64_t kWindowFrom = 16 << 20;
 
@@ -273,8 +274,8 @@ int run_cuda(Communicator& host, std::uint64_t max_size, std::uint64_t chunk, bo
     nccl = nullptr;
   }
 #endif
-  // A registered window as large as the largest output: large all_gather and broadcast into it
-  // are written by the peers in place ("lavaflow-window"). Registered on every rank or refused on
+  // A registered window as large as the largest output (and an all_reduce's input and output
+  // side by side): the "lavaflow-window" rows. Registered on every rank or refused on
   // every rank (after a failed cudaMalloc this rank registers nothing, which every rank hears of).
   void* window = nullptr;
   const bool windowed = max_size >= kWindowFrom;
@@ -350,16 +351,24 @@ int run_cuda(Communicator& host, std::uint64_t max_size, std::uint64_t chunk, bo
                  1;
         rows.push_back(summarize("lavaflow", op, t, size, n, plain));
         rows.push_back(summarize("lavaflow-graph", op, t, size, n, graphed));
-        if (windowed && size >= kWindowFrom && (op == Op::AllGather || op == Op::Broadcast)) {
+        if (windowed && size >= kWindowFrom) {
           auto in_window = [&] {
-            return (op == Op::AllGather ? (*c)->all_gather(send, window, size, t, stream)
-                                        : (*c)->broadcast(window, size, 0, t, stream))
-                .has_value();
+            auto* w = static_cast<std::byte*>(window);
+            switch (op) {
+              case Op::AllReduce:
+                return (*c)->all_reduce(w, w + size, size, t, ReduceOp::Sum, stream).has_value();
+              case Op::AllGather:
+                return (*c)->all_gather(send, w, size, t, stream).has_value();
+              case Op::ReduceScatter:
+                return (*c)->reduce_scatter(w, recv, size, t, ReduceOp::Sum, stream).has_value();
+              default:
+                return (*c)->broadcast(w, size, 0, t, stream).has_value();
+            }
           };
           auto wp = time_stream(host, stream, calls, false, in_window);
           auto wg = time_stream(host, stream, calls, true, in_window);
           if (wp.empty() || wg.empty() || !(*c)->check())
-            return std::fprintf(stderr, "lavaflow-bench device-collectives: %s of %llu bytes into a window failed\n",
+            return std::fprintf(stderr, "lavaflow-bench device-collectives: %s of %llu bytes in a window failed\n",
                                 op_name(op), static_cast<unsigned long long>(size)),
                    1;
           rows.push_back(summarize("lavaflow-window", op, t, size, n, wp));

@@ -312,7 +312,8 @@ void several_steps(CudaCollectives& c, cudaStream_t st) {
 
 /// Outputs in a registered window that starts inside its allocation, which the peers write in
 /// place (all_gather and broadcast of 16 MiB a rank and more, in whole vectors): at three offsets
-/// and four sizes (those not in whole vectors take the staging), in place, back to back with small
+/// and four sizes (those not in whole vectors take the staging), in place; all_reduce and
+/// reduce_scatter reading their peers' inputs in the window; back to back with small
 /// and staged calls, replayed from a CUDA graph, beside calls outside the window, after
 /// deregistering and registering again; registrations refused on every rank for memory that
 /// cannot be a window; and ranks whose outputs lie at different offsets refused before anything
@@ -404,6 +405,42 @@ void windows(Communicator& host, int device, cudaStream_t st, bool staged) {
     if (s) s = finish(c, st);
     expect(s && read_at(0, want.size()) == want,
            "in-place all_gather into a window" + (s ? std::string() : ": " + s.error().message()));
+  }
+  {
+    // Reductions whose inputs the peers read where they are: all_reduce from the window into it,
+    // out of place (a size not in whole vectors among them) and in place, in three types and
+    // ops; reduce_scatter from the window into ordinary memory. Each over 16 MiB a rank.
+    struct Case {
+      DType type;
+      ReduceOp op;
+      std::size_t count, from, to;
+    };
+    const std::size_t out_at = skew + most;
+    for (const Case& k : {Case{DType::F32, ReduceOp::Sum, least / 4 + 1, 0, out_at},
+                          Case{DType::BF16, ReduceOp::Average, least / 2, skew, out_at},
+                          Case{DType::I64, ReduceOp::Max, least / 8, skew, skew}}) {
+      clear(0);
+      const std::size_t len = k.count * size_of(k.type);
+      write_at(k.from, encode(inputs(r, k.count, k.type), k.type));
+      auto s = c.all_reduce(window + k.from, window + k.to, len, k.type, k.op, st);
+      if (s) s = finish(c, st);
+      const auto want = expected(n, k.count, k.type, k.op);
+      expect(s && read_at(k.to, len) == want,
+             str_format("all_reduce of {} {} ({}) in a window from offset {} to {}", k.count, to_string(k.type),
+                        to_string(k.op), k.from, k.to) +
+                 (s ? difference(read_at(k.to, len), want) : ": " + s.error().message()));
+    }
+    const std::size_t count = least / 4;
+    clear(0);
+    write_at(skew, encode(inputs(r, count * n, DType::F32), DType::F32));
+    DeviceBytes block(count * 4);
+    auto s = c.reduce_scatter(window + skew, block.p, count * 4, DType::F32, ReduceOp::Sum, st);
+    if (s) s = finish(c, st);
+    const auto sums = expected(n, count * n, DType::F32, ReduceOp::Sum);
+    const std::vector<std::byte> want(sums.begin() + static_cast<std::ptrdiff_t>(r * count * 4),
+                                      sums.begin() + static_cast<std::ptrdiff_t>((r + 1) * count * 4));
+    expect(s && block.read() == want,
+           str_format("reduce_scatter of {} floats a rank from a window{}", count, outcome(s, block, want)));
   }
   {
     // Back to back on one stream with no wait between: a call into the window, a small one, a

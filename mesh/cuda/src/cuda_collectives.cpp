@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -502,9 +503,10 @@ class Collectives final : public CudaCollectives {
     l.blocks = blocks_;
     // Written by the peers in place: the window and the offset are part of the call, so that ranks
     // that disagree stop before any write.
-    if (const auto [w, offset] = window_of(kind, recv, bytes); w) {
-      l.window = w;
-      signature = call_signature({signature, w, offset});
+    if (const InWindows w = windows_of(kind, send, recv, bytes); w.out || w.in) {
+      l.window = w.out;
+      l.window_in = w.in;
+      signature = call_signature({signature, w.out, w.out_at, w.in, w.in_at});
     }
     l.signature = signature;
     l.group = &reinterpret_cast<const k::Flags*>(region_)->group;
@@ -565,23 +567,55 @@ class Collectives final : public CudaCollectives {
       if (p) (void)cudaIpcCloseMemHandle(p);
   }
 
-  /// The window (1 + its index; 0: none) holding a call's whole output, and the output's offset
-  /// in it: only all_gather and broadcast of at least kWindowBytes are written in place, and only
-  /// where every peer's output (and an all_gather's block in it) starts on 16 bytes — the kernel
-  /// writes across the link in the widest words every pointer allows; an output off 16 bytes
-  /// takes the staging. Decided from what is the same on every rank for the same call, so every
-  /// rank decides alike.
-  std::pair<std::uint32_t, std::uint64_t> window_of(std::uint32_t kind, const void* recv, std::uint64_t bytes) const {
-    if ((kind != k::kAllGather && kind != k::kBroadcast) || bytes < k::kWindowBytes) return {0, 0};
-    const auto at = reinterpret_cast<std::uintptr_t>(recv);
-    const std::uint64_t total = kind == k::kAllGather ? bytes * n_ : bytes;
+  /// The window (1 + its index; 0: none) holding `total` bytes at `p`, where every rank's copy
+  /// starts on 16 bytes, and the offset in it.
+  std::pair<std::uint32_t, std::uint64_t> window_at(const void* p, std::uint64_t total) const {
+    const auto at = reinterpret_cast<std::uintptr_t>(p);
     for (std::size_t w = 0; w < windows_.size(); ++w)
       if (at >= windows_[w].at && total <= windows_[w].bytes && at - windows_[w].at <= windows_[w].bytes - total) {
         const std::uint64_t offset = at - windows_[w].at;
-        const bool aligned = windows_[w].aligned && offset % 16 == 0 && (kind == k::kBroadcast || bytes % 16 == 0);
-        return aligned ? std::pair{static_cast<std::uint32_t>(w + 1), offset} : std::pair{0u, std::uint64_t{0}};
+        if (!windows_[w].aligned || offset % 16 != 0) break;
+        return {static_cast<std::uint32_t>(w + 1), offset};
       }
     return {0, 0};
+  }
+
+  /// The windows of a call that moves through them (1 + index, 0: none) and its buffers' offsets.
+  struct InWindows {
+    std::uint32_t out = 0, in = 0;
+    std::uint64_t out_at = 0, in_at = 0;
+  };
+  /// Calls of at least kWindowBytes: an all_gather or broadcast whose output lies in a window is
+  /// written by the peers in place; an all_reduce whose input and output both lie in windows, or a
+  /// reduce_scatter whose input does, reads its peers' inputs where they are. Only where every
+  /// rank's buffer (and an all_gather's or reduce_scatter's blocks in it) starts on 16 bytes — the
+  /// kernels move the widest words every pointer allows, across the link too; a buffer off 16
+  /// bytes takes the staging. Decided from what is the same on every rank for the same call, so
+  /// every rank decides alike.
+  InWindows windows_of(std::uint32_t kind, const void* send, const void* recv, std::uint64_t bytes) const {
+    if (bytes < k::kWindowBytes) return {};
+    InWindows w;
+    switch (kind) {
+      case k::kAllGather:
+        if (bytes % 16 == 0) std::tie(w.out, w.out_at) = window_at(recv, bytes * n_);
+        break;
+      case k::kBroadcast:
+        std::tie(w.out, w.out_at) = window_at(recv, bytes);
+        break;
+      case k::kAllReduce:
+        std::tie(w.in, w.in_at) = window_at(send, bytes);
+        std::tie(w.out, w.out_at) = window_at(recv, bytes);
+        // Partly overlapping buffers: a rank's writes of its part could land in a part a peer
+        // still reads.
+        if (!w.in || !w.out ||
+            (send != recv && w.in == w.out && w.in_at < w.out_at + bytes && w.out_at < w.in_at + bytes))
+          return {};
+        break;
+      default:  // reduce_scatter
+        if (bytes % 16 == 0) std::tie(w.in, w.in_at) = window_at(send, bytes * n_);
+        break;
+    }
+    return w;
   }
 
   /// Makes `stream` wait for this rank's last call when that ran on another stream, and gives

@@ -653,6 +653,16 @@ std::uint32_t small_blocks(std::uint64_t bytes, std::uint32_t blocks) {
   return static_cast<std::uint32_t>(lesser(blocks, lesser(kBlocks, (bytes + kLLBytesPerBlock - 1) / kLLBytesPerBlock)));
 }
 
+/// Where each rank's window `w` (1 + its index) holds what `mine` points at in this rank's: the
+/// window's row, offset as `mine` is in this rank's window. Into shared `at`, by the first threads
+/// (visible after the block's next __syncthreads).
+__device__ void window_pointers(const Launch& l, std::uint32_t w, const void* mine, unsigned char** at) {
+  if (threadIdx.x < l.ranks) {
+    unsigned char* const* mapped = flags(l, l.me)->windows[w - 1];
+    at[threadIdx.x] = mapped[threadIdx.x] + (static_cast<const unsigned char*>(mine) - mapped[l.me]);
+  }
+}
+
 /// A larger all_gather or broadcast whose output lies in a registered window at the same offset
 /// on every rank: each rank writes its share straight into its peers' outputs, with no staging and
 /// no steps. Round 0 says a rank has entered the call (its stream's work before it, which may
@@ -668,10 +678,7 @@ __global__ void __launch_bounds__(kThreads) window_collective(Launch l) {
   if (!begin_call(l)) return;
   __shared__ unsigned char* outs[kMaxRanks];
   const std::uint32_t n = l.ranks, me = l.me;
-  if (threadIdx.x < n) {
-    unsigned char* const* mapped = flags(l, me)->windows[l.window - 1];
-    outs[threadIdx.x] = mapped[threadIdx.x] + (static_cast<unsigned char*>(l.recv) - mapped[me]);
-  }
+  window_pointers(l, l.window, l.recv, outs);
   Flags* mine = flags(l, me);
   const std::uint32_t epoch = next_epoch(mine->epoch[blockIdx.x]);
   publish(l, 0, epoch);
@@ -690,6 +697,54 @@ __global__ void __launch_bounds__(kThreads) window_collective(Launch l) {
     for (std::uint32_t d = 1; d < n; ++d) dsts[k++] = outs[(me + d) % n] + at;
   if (gather && outs[me] + at != in) dsts[k++] = outs[me] + at;
   copy(dsts, k, in, s.len, false);
+  publish(l, 2, epoch);
+  if (!await(l, 2, epoch)) return;
+  if (threadIdx.x == 0) mine->epoch[blockIdx.x] = epoch;
+}
+
+/// A larger all_reduce or reduce_scatter whose input lies in a registered window at the same
+/// offset on every rank (an all_reduce's output in one too): each rank reduces its part reading
+/// every peer's input where it is, with no staging and no steps. An all_reduce's part is written
+/// straight into every rank's output; a reduce_scatter's part is this rank's own output. The
+/// rounds are window_collective's: round 0, a rank has entered the call (its input is written);
+/// round 1, it has seen every peer enter, so peers may write into its output; round 2, its reads
+/// of the peers' inputs are done and its writes into their outputs have landed, so each may use
+/// both again. A reduce_scatter writes nothing into its peers and skips round 1. In place is
+/// safe: only rank p reads and writes part p anywhere, each thread its own elements, reading
+/// before writing. Launch bounds (…, 1): one block per SM is all a call needs, and without it
+/// ptxas holds some of the types to half the registers and spills.
+template <class T>
+__global__ void __launch_bounds__(kThreads, 1) window_reduce(Launch l) {
+  if (!begin_call(l)) return;
+  __shared__ unsigned char* ins[kMaxRanks];
+  __shared__ unsigned char* outs[kMaxRanks];
+  const std::uint32_t n = l.ranks, me = l.me;
+  const bool all_reduce = l.kind == kAllReduce;
+  window_pointers(l, l.window_in, l.send, ins);
+  if (all_reduce) window_pointers(l, l.window, l.recv, outs);
+  Flags* mine = flags(l, me);
+  const std::uint32_t epoch = next_epoch(mine->epoch[blockIdx.x]);
+  publish(l, 0, epoch);
+  if (!await(l, 0, epoch)) return;
+  if (all_reduce) {
+    publish(l, 1, epoch);
+    if (!await(l, 1, epoch)) return;
+  }
+  // An all_reduce's part: rank me's share of the input, cut on 16 bytes; a reduce_scatter's:
+  // block me of every input. Slice i of it is block i's.
+  const std::uint64_t part = all_reduce ? ((l.bytes + n - 1) / n + 15) & ~std::uint64_t{15} : l.bytes;
+  const std::uint64_t p0 = all_reduce ? lesser(l.bytes, me * part) : me * l.bytes;
+  const std::uint64_t plen = all_reduce ? lesser(l.bytes, p0 + part) - p0 : l.bytes;
+  const Range s = slice(plen, blockIdx.x, l.blocks);
+  const unsigned char* sources[kMaxRanks];
+  unsigned char* targets[kMaxRanks];
+  for (std::uint32_t r = 0; r < n; ++r) sources[r] = ins[r] + p0 + s.at;
+  std::uint32_t k = 0;
+  if (all_reduce)  // the peers from the next rank on, so that the ranks' writes spread over the links
+    for (std::uint32_t d = 0; d < n; ++d) targets[k++] = outs[(me + d) % n] + p0 + s.at;
+  else
+    targets[k++] = static_cast<unsigned char*>(l.recv) + s.at;
+  reduce_op<T>(l, targets, k, sources, s.len);
   publish(l, 2, epoch);
   if (!await(l, 2, epoch)) return;
   if (threadIdx.x == 0) mine->epoch[blockIdx.x] = epoch;
@@ -836,6 +891,10 @@ __global__ void __launch_bounds__(kThreads) collective(Launch l) {
 using Kernel = void (*)(Launch);
 constexpr Kernel kStaged[] = {collective<float>,        collective<__half>,       collective<__nv_bfloat16>,
                               collective<std::int32_t>, collective<std::int64_t>, collective<std::uint8_t>};
+/// The window reductions' kernel of each DType, in its order.
+constexpr Kernel kWindowReduce[] = {window_reduce<float>,         window_reduce<__half>,
+                                    window_reduce<__nv_bfloat16>, window_reduce<std::int32_t>,
+                                    window_reduce<std::int64_t>,  window_reduce<std::uint8_t>};
 
 }  // namespace
 
@@ -857,8 +916,9 @@ cudaError_t launch(const Launch& l, cudaStream_t stream, bool early) {
   config.attrs = &attribute;
   config.numAttrs = early ? 1 : 0;
   if (small) return cudaLaunchKernelEx(&config, small_collective, l);
-  if (l.window) return cudaLaunchKernelEx(&config, window_collective, l);
   if (l.dtype >= std::size(kStaged)) return cudaErrorInvalidValue;
+  if (l.window_in) return cudaLaunchKernelEx(&config, kWindowReduce[l.dtype], l);
+  if (l.window) return cudaLaunchKernelEx(&config, window_collective, l);
   return cudaLaunchKernelEx(&config, kStaged[l.dtype], l);
 }
 
@@ -867,6 +927,8 @@ cudaError_t preload() {
   if (auto e = cudaFuncGetAttributes(&a, small_collective); e != cudaSuccess) return e;
   if (auto e = cudaFuncGetAttributes(&a, window_collective); e != cudaSuccess) return e;
   for (Kernel k : kStaged)
+    if (auto e = cudaFuncGetAttributes(&a, k); e != cudaSuccess) return e;
+  for (Kernel k : kWindowReduce)
     if (auto e = cudaFuncGetAttributes(&a, k); e != cudaSuccess) return e;
   return cudaSuccess;
 }
@@ -882,6 +944,8 @@ cudaError_t resident_blocks(int device, std::int32_t* blocks) {
     return e;
   };
   for (Kernel k : kStaged)
+    if (auto e = fewest(k); e != cudaSuccess) return e;
+  for (Kernel k : kWindowReduce)
     if (auto e = fewest(k); e != cudaSuccess) return e;
   if (auto e = fewest(window_collective); e != cudaSuccess) return e;
   if (auto e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess) return e;
