@@ -13,8 +13,8 @@
 //                     "lavaflow-staged": CudaCollectives on the path a group spanning hosts
 //                     takes (pinned slots, pipelined pieces, the native host collective);
 //                     "lavaflow-window": large calls in a registered window: all_gather and
-//                     broadcast into it, which the peers write in place; all_reduce from it into
-//                     it and reduce_scatter from it, which read the peers' inputs where they are.
+//                     broadcast into it, which the peers write in place; reduce_scatter from it,
+//                     which reads the peers' inputs where they are.
 // A row's p50/p99 are over rounds of calls; each round's time is the slowest rank's. busbw
 // follows NCCL's convention: all_reduce size/t × 2(n−1)/n; all_gather and reduce_scatter
 // n·size/t × (n−1)/n; broadcast size/t. Rows of calls enqueued on a stream (CUDA) also give the
@@ -274,8 +274,8 @@ int run_cuda(Communicator& host, std::uint64_t max_size, std::uint64_t chunk, bo
     nccl = nullptr;
   }
 #endif
-  // A registered window as large as the largest output (and an all_reduce's input and output
-  // side by side): the "lavaflow-window" rows. Registered on every rank or refused on
+  // A registered window as large as the largest output or reduce_scatter input: the
+  // "lavaflow-window" rows. Registered on every rank or refused on
   // every rank (after a failed cudaMalloc this rank registers nothing, which every rank hears of).
   void* window = nullptr;
   const bool windowed = max_size >= kWindowFrom;
@@ -351,12 +351,10 @@ int run_cuda(Communicator& host, std::uint64_t max_size, std::uint64_t chunk, bo
                  1;
         rows.push_back(summarize("lavaflow", op, t, size, n, plain));
         rows.push_back(summarize("lavaflow-graph", op, t, size, n, graphed));
-        if (windowed && size >= kWindowFrom) {
+        if (windowed && size >= kWindowFrom && op != Op::AllReduce) {
           auto in_window = [&] {
             auto* w = static_cast<std::byte*>(window);
             switch (op) {
-              case Op::AllReduce:
-                return (*c)->all_reduce(w, w + size, size, t, ReduceOp::Sum, stream).has_value();
               case Op::AllGather:
                 return (*c)->all_gather(send, w, size, t, stream).has_value();
               case Op::ReduceScatter:

@@ -312,8 +312,8 @@ void several_steps(CudaCollectives& c, cudaStream_t st) {
 
 /// Outputs in a registered window that starts inside its allocation, which the peers write in
 /// place (all_gather and broadcast of 16 MiB a rank and more, in whole vectors): at three offsets
-/// and four sizes (those not in whole vectors take the staging), in place; all_reduce and
-/// reduce_scatter reading their peers' inputs in the window; back to back with small
+/// and four sizes (those not in whole vectors take the staging), in place; reduce_scatter reading
+/// its peers' inputs in the window; back to back with small
 /// and staged calls, replayed from a CUDA graph, beside calls outside the window, after
 /// deregistering and registering again; registrations refused on every rank for memory that
 /// cannot be a window; and ranks whose outputs lie at different offsets refused before anything
@@ -407,40 +407,48 @@ void windows(Communicator& host, int device, cudaStream_t st, bool staged) {
            "in-place all_gather into a window" + (s ? std::string() : ": " + s.error().message()));
   }
   {
-    // Reductions whose inputs the peers read where they are: all_reduce from the window into it,
-    // out of place (a size not in whole vectors among them) and in place, in three types and
-    // ops; reduce_scatter from the window into ordinary memory. Each over 16 MiB a rank.
+    // reduce_scatter reading the peers' inputs where they are, in three types and ops, from
+    // offsets in whole vectors into ordinary memory and into the window; an all_reduce in the
+    // window, which takes the staging.
     struct Case {
       DType type;
       ReduceOp op;
-      std::size_t count, from, to;
+      std::size_t count, from;
     };
-    const std::size_t out_at = skew + most;
-    for (const Case& k : {Case{DType::F32, ReduceOp::Sum, least / 4 + 1, 0, out_at},
-                          Case{DType::BF16, ReduceOp::Average, least / 2, skew, out_at},
-                          Case{DType::I64, ReduceOp::Max, least / 8, skew, skew}}) {
+    for (const Case& k :
+         {Case{DType::F32, ReduceOp::Sum, least / 4, 0}, Case{DType::BF16, ReduceOp::Average, least / 2, skew},
+          Case{DType::I64, ReduceOp::Max, least / 8, skew}}) {
       clear(0);
-      const std::size_t len = k.count * size_of(k.type);
-      write_at(k.from, encode(inputs(r, k.count, k.type), k.type));
-      auto s = c.all_reduce(window + k.from, window + k.to, len, k.type, k.op, st);
+      const std::size_t block = k.count * size_of(k.type);
+      write_at(k.from, encode(inputs(r, k.count * n, k.type), k.type));
+      DeviceBytes out(block);
+      auto s = c.reduce_scatter(window + k.from, out.p, block, k.type, k.op, st);
       if (s) s = finish(c, st);
-      const auto want = expected(n, k.count, k.type, k.op);
-      expect(s && read_at(k.to, len) == want,
-             str_format("all_reduce of {} {} ({}) in a window from offset {} to {}", k.count, to_string(k.type),
-                        to_string(k.op), k.from, k.to) +
-                 (s ? difference(read_at(k.to, len), want) : ": " + s.error().message()));
+      const auto all = expected(n, k.count * n, k.type, k.op);
+      const std::vector<std::byte> want(all.begin() + static_cast<std::ptrdiff_t>(r * block),
+                                        all.begin() + static_cast<std::ptrdiff_t>((r + 1) * block));
+      expect(s && out.read() == want,
+             str_format("reduce_scatter of {} {} ({}) a rank from offset {} of a window{}", k.count, to_string(k.type),
+                        to_string(k.op), k.from, outcome(s, out, want)));
     }
-    const std::size_t count = least / 4;
+    const std::size_t count = least / 4 + 1, len = count * 4, to = (n * len + 31) & ~std::size_t{15};
     clear(0);
-    write_at(skew, encode(inputs(r, count * n, DType::F32), DType::F32));
-    DeviceBytes block(count * 4);
-    auto s = c.reduce_scatter(window + skew, block.p, count * 4, DType::F32, ReduceOp::Sum, st);
+    write_at(0, encode(inputs(r, count * n, DType::F32), DType::F32));
+    auto s = c.reduce_scatter(window, window + to, len, DType::F32, ReduceOp::Sum, st);  // not in whole vectors
     if (s) s = finish(c, st);
     const auto sums = expected(n, count * n, DType::F32, ReduceOp::Sum);
-    const std::vector<std::byte> want(sums.begin() + static_cast<std::ptrdiff_t>(r * count * 4),
-                                      sums.begin() + static_cast<std::ptrdiff_t>((r + 1) * count * 4));
-    expect(s && block.read() == want,
-           str_format("reduce_scatter of {} floats a rank from a window{}", count, outcome(s, block, want)));
+    const std::vector<std::byte> want(sums.begin() + static_cast<std::ptrdiff_t>(r * len),
+                                      sums.begin() + static_cast<std::ptrdiff_t>((r + 1) * len));
+    expect(s && read_at(to, len) == want, "reduce_scatter of a block not in whole vectors into a window" +
+                                              (s ? difference(read_at(to, len), want) : ": " + s.error().message()));
+    clear(0);
+    write_at(skew, encode(inputs(r, count, DType::F32), DType::F32));
+    s = c.all_reduce(window + skew, window + skew, len, DType::F32, ReduceOp::Sum, st);
+    if (s) s = finish(c, st);
+    const auto reduced = expected(n, count, DType::F32, ReduceOp::Sum);
+    expect(
+        s && read_at(skew, len) == reduced,
+        "in-place all_reduce in a window" + (s ? difference(read_at(skew, len), reduced) : ": " + s.error().message()));
   }
   {
     // Back to back on one stream with no wait between: a call into the window, a small one, a

@@ -702,51 +702,28 @@ __global__ void __launch_bounds__(kThreads) window_collective(Launch l) {
   if (threadIdx.x == 0) mine->epoch[blockIdx.x] = epoch;
 }
 
-/// A larger all_reduce or reduce_scatter whose input lies in a registered window at the same
-/// offset on every rank (an all_reduce's output in one too): each rank reduces its part reading
-/// every peer's input where it is, with no staging and no steps. An all_reduce's part is written
-/// straight into every rank's output; a reduce_scatter's part is this rank's own output. The
-/// rounds are window_collective's: round 0, a rank has entered the call (its input is written);
-/// round 1, it has seen every peer enter, so peers may write into its output; round 2, its reads
-/// of the peers' inputs are done and its writes into their outputs have landed, so each may use
-/// both again. A reduce_scatter writes nothing into its peers and skips round 1. In place is
-/// safe: only rank p reads and writes part p anywhere, each thread its own elements, reading
-/// before writing. Launch bounds (…, 1): one block per SM is all a call needs, and without it
-/// ptxas holds some of the types to half the registers and spills.
+/// A larger reduce_scatter whose input lies in a registered window at the same offset on every
+/// rank: each rank reduces its own block reading every peer's input where it is, with no staging
+/// and no steps, into its own output. Round 0 says a rank has entered the call (its input is
+/// written); round 1 that its reads of the peers' inputs are done, so each may use its input again.
+/// Nothing is written into a peer. Launch bounds (…, 1): one block per SM is all a call needs, and
+/// without it ptxas holds some of the types to half the registers and spills.
 template <class T>
 __global__ void __launch_bounds__(kThreads, 1) window_reduce(Launch l) {
   if (!begin_call(l)) return;
   __shared__ unsigned char* ins[kMaxRanks];
-  __shared__ unsigned char* outs[kMaxRanks];
-  const std::uint32_t n = l.ranks, me = l.me;
-  const bool all_reduce = l.kind == kAllReduce;
   window_pointers(l, l.window_in, l.send, ins);
-  if (all_reduce) window_pointers(l, l.window, l.recv, outs);
-  Flags* mine = flags(l, me);
+  Flags* mine = flags(l, l.me);
   const std::uint32_t epoch = next_epoch(mine->epoch[blockIdx.x]);
   publish(l, 0, epoch);
   if (!await(l, 0, epoch)) return;
-  if (all_reduce) {
-    publish(l, 1, epoch);
-    if (!await(l, 1, epoch)) return;
-  }
-  // An all_reduce's part: rank me's share of the input, cut on 16 bytes; a reduce_scatter's:
-  // block me of every input. Slice i of it is block i's.
-  const std::uint64_t part = all_reduce ? ((l.bytes + n - 1) / n + 15) & ~std::uint64_t{15} : l.bytes;
-  const std::uint64_t p0 = all_reduce ? lesser(l.bytes, me * part) : me * l.bytes;
-  const std::uint64_t plen = all_reduce ? lesser(l.bytes, p0 + part) - p0 : l.bytes;
-  const Range s = slice(plen, blockIdx.x, l.blocks);
+  const Range s = slice(l.bytes, blockIdx.x, l.blocks);
   const unsigned char* sources[kMaxRanks];
-  unsigned char* targets[kMaxRanks];
-  for (std::uint32_t r = 0; r < n; ++r) sources[r] = ins[r] + p0 + s.at;
-  std::uint32_t k = 0;
-  if (all_reduce)  // the peers from the next rank on, so that the ranks' writes spread over the links
-    for (std::uint32_t d = 0; d < n; ++d) targets[k++] = outs[(me + d) % n] + p0 + s.at;
-  else
-    targets[k++] = static_cast<unsigned char*>(l.recv) + s.at;
-  reduce_op<T>(l, targets, k, sources, s.len);
-  publish(l, 2, epoch);
-  if (!await(l, 2, epoch)) return;
+  for (std::uint32_t r = 0; r < l.ranks; ++r) sources[r] = ins[r] + l.me * l.bytes + s.at;
+  unsigned char* out = static_cast<unsigned char*>(l.recv) + s.at;
+  reduce_op<T>(l, &out, 1, sources, s.len);
+  publish(l, 1, epoch);
+  if (!await(l, 1, epoch)) return;
   if (threadIdx.x == 0) mine->epoch[blockIdx.x] = epoch;
 }
 
@@ -891,7 +868,7 @@ __global__ void __launch_bounds__(kThreads) collective(Launch l) {
 using Kernel = void (*)(Launch);
 constexpr Kernel kStaged[] = {collective<float>,        collective<__half>,       collective<__nv_bfloat16>,
                               collective<std::int32_t>, collective<std::int64_t>, collective<std::uint8_t>};
-/// The window reductions' kernel of each DType, in its order.
+/// The window reduce_scatter's kernel of each DType, in its order.
 constexpr Kernel kWindowReduce[] = {window_reduce<float>,         window_reduce<__half>,
                                     window_reduce<__nv_bfloat16>, window_reduce<std::int32_t>,
                                     window_reduce<std::int64_t>,  window_reduce<std::uint8_t>};

@@ -42,8 +42,8 @@ inline constexpr std::uint64_t kOneShotBytes = 4 << 20;
 /// Windows a communicator registers at most (CudaCollectives::register_window).
 inline constexpr std::uint32_t kMaxWindows = 32;
 /// An all_gather or broadcast of at least this many bytes per rank whose output lies in a window
-/// is written by the peers in place, and an all_reduce or reduce_scatter whose input lies in one
-/// (an all_reduce's output too) reads its peers' inputs where they are. Smaller ones take the staging even so: writing
+/// is written by the peers in place, and a reduce_scatter whose input lies in one reads its peers'
+/// inputs where they are. Smaller ones take the staging even so: writing
 /// in place needs a second synchronisation (the peers' writes have landed), which costs a mid-sized call more than the
 /// staging's copy out (measured on NVLink; about even at half this size).
 inline constexpr std::uint64_t kWindowBytes = 16 << 20;
@@ -108,11 +108,10 @@ struct Launch {
   std::uint32_t call;       ///< the call's number, for errors
   std::uint32_t blocks;     ///< the communicator's blocks, 1 … kBlocks, the same on every rank
   /// 1 + the registered window that holds `recv` at the same offset on every rank (all_gather and
-  /// broadcast of at least kWindowBytes, and an all_reduce with window_in: the peers write into it
-  /// directly), or 0.
+  /// broadcast of at least kWindowBytes: the peers write into it directly), or 0.
   std::uint32_t window;
-  /// 1 + the registered window that holds `send` at the same offset on every rank (all_reduce and
-  /// reduce_scatter of at least kWindowBytes: the peers read it where it is), or 0.
+  /// 1 + the registered window that holds `send` at the same offset on every rank (reduce_scatter
+  /// of at least kWindowBytes: the peers read it where it is), or 0.
   std::uint32_t window_in;
   const Group* group;
   const void* send;

@@ -86,10 +86,10 @@ class CudaCollectives {
   /// gives the size) whose output lies in a window at the same offset on every rank is written by
   /// the peers straight into that output: no staging and no steps — where every rank's window and
   /// the offset start on 16 bytes and an all_gather's `bytes` is a multiple of 16 (others take the
-  /// staging). Likewise a large all_reduce whose input and output both lie in windows, and a large
-  /// reduce_scatter whose input does (its `bytes` a multiple of 16): each rank reduces its part
-  /// reading its peers' inputs where they are, and an all_reduce writes that part straight into
-  /// every rank's output (in place too). A window buffer must lie so on every rank or on none
+  /// staging). Likewise a large reduce_scatter whose input lies in a window (its `bytes` a
+  /// multiple of 16): each rank reduces its block reading its peers' inputs where they are. (An
+  /// all_reduce takes the staging: reading the peers' inputs measured no faster on NVLink.) A
+  /// window buffer must lie so on every rank or on none
   /// (ranks that take different paths made different calls: InvalidArgument from check()). A send
   /// buffer not on 16 bytes is still correct there, but crosses the link in the narrower words (8,
   /// 4 or 1 bytes) its address allows. After a failed call into a window, peers that had seen
