@@ -328,14 +328,22 @@ class Engine : public std::enable_shared_from_this<Engine> {
     if (*t) return true;
     if ((++polls & 63) != 0) return false;  // the clock now and then: a read costs as much as a test
     if (c.expired()) {
+      // Whom the exchange still waits for, named by the ranks on those hosts.
+      const auto silent = link->silent_hosts();
+      std::vector<std::uint32_t> ranks;
+      for (std::uint32_t r = 0; r < n; ++r)
+        if (std::ranges::find(silent, hosts[r]) != silent.end()) ranks.push_back(r);
       link->abandon();  // no late peer's message lands in the caller's buffers after this
       // An exchange MPI cannot cancel may still write into (or read) the call's f32 partials:
       // they stay allocated for the communicator's life, never freed under it.
       if (!c.wide.empty()) abandoned_partials.push_back(std::move(c.wide));
-      return std::unexpected(
-          break_with(Error(Errc::Timeout, str_format("mesh::{}", to_string(c.kind)),
-                           str_format("the exchange between the {} hosts of group '{}' did not end in time (call #{})",
-                                      nhosts, group, c.call_no))));
+      return std::unexpected(break_with(
+          Error(Errc::Timeout, str_format("mesh::{}", to_string(c.kind)),
+                str_format("the exchange between the {} hosts of group '{}' did not end in time (call #{}){}", nhosts,
+                           group, c.call_no,
+                           ranks.empty() ? std::string()
+                                         : str_format(": nothing came from the host{} of {}",
+                                                      silent.size() == 1 ? "" : "s", ranks_text(ranks, world))))));
     }
     return false;
   }

@@ -4,7 +4,8 @@
 # backend reduces inside each host in shared memory and between the hosts' leaders over MPI; then
 # one rank per host on two, three and five hosts, where the leaders exchange straight from the
 # callers' buffers (small all_reduces point to point, by recursive doubling: three hosts take its
-# path for host counts that are not a power of two, five also doubles twice).
+# path for host counts that are not a power of two, five also doubles twice); then a rank late
+# for a call on a host of its own, whom the other host's timeout must name.
 #   mesh_collectives_hosts.sh MPIEXEC MESH_COLLECTIVES
 # Exit 77 (skipped) when this machine cannot make UTS namespaces.
 set -uo pipefail
@@ -20,3 +21,9 @@ for shape in "2 1" "1 1" "1 1 1" "1 1 1 1 1"; do
   done
   "$mpiexec" "${args[@]}" || { echo "FAILED: the ${shape// / + } job exited $?"; exit 1; }
 done
+# A rank late for a call on a host of its own: the other host's timeout names it. (With more
+# ranks on that host, those that are not its leader name the leader, which waits on the others.)
+echo "--- timeout, ranks per host: 1 + 1"
+"$mpiexec" -n 1 unshare -u sh -c "hostname simhost-0 && exec $prog timeout" : \
+           -n 1 unshare -u sh -c "hostname simhost-1 && exec $prog timeout" ||
+  { echo "FAILED: the 1 + 1 timeout job exited $?"; exit 1; }

@@ -244,6 +244,11 @@ class MpiHostLink final : public HostLink {
     direct_.abandon();
     // A non-blocking collective cannot be cancelled: MPI frees it with the communicator.
   }
+  std::vector<std::uint32_t> silent_hosts() const override {
+    if (doubling_.active()) return doubling_.silent();
+    if (direct_.active()) return direct_.silent();
+    return {};  // inside MPI's collective: it does not say whom it waits for
+  }
   Result<bool> test() override {
     if (doubling_.active()) {
       auto r = doubling_.advance();
@@ -261,6 +266,14 @@ class MpiHostLink final : public HostLink {
   }
 
  private:
+  /// Whether a receive has completed, without completing it (MPI_Testall leaves every request as
+  /// it was unless all have).
+  static bool arrived(MPI_Request request) {
+    int flag = 0;
+    MPI_Request_get_status(request, &flag, MPI_STATUS_IGNORE);
+    return flag != 0;
+  }
+
   /// Up to this many bytes an all_reduce goes point to point.
   static constexpr std::size_t kPointToPointMax = 32u << 10;
 
@@ -292,6 +305,12 @@ class MpiHostLink final : public HostLink {
       }
       if (requests_[1] != MPI_REQUEST_NULL) MPI_Request_free(&requests_[1]);
       active_ = false;
+    }
+
+    /// The host whose message this step still waits for (none between steps).
+    [[nodiscard]] std::vector<std::uint32_t> silent() const {
+      if (active_ && requests_[0] != MPI_REQUEST_NULL && !arrived(requests_[0])) return {from_};
+      return {};
     }
 
     /// true once this host holds the result.
@@ -345,6 +364,7 @@ class MpiHostLink final : public HostLink {
         case Stage::Pair:
           if (vrank_ < 0) {  // even host of a pair: sent; now the result comes back
             stage_ = Stage::Result;
+            from_ = host_ + 1;
             LF_TRY_STATUS(check(MPI_Irecv(data_.data(), static_cast<int>(data_.size()), MPI_BYTE,
                                           static_cast<int>(host_ + 1), kTag, comm_, &requests_[0]),
                                 "MPI_Irecv(all_reduce)"));
@@ -408,9 +428,11 @@ class MpiHostLink final : public HostLink {
       combine_ = receive;
       mine_lower_ = mine_lower;
       std::byte* into = first_ != data_.data() ? data_.data() : incoming_.data();
-      if (receive)
+      if (receive) {
+        from_ = static_cast<std::uint32_t>(peer);
         LF_TRY_STATUS(check(MPI_Irecv(into, static_cast<int>(data_.size()), MPI_BYTE, peer, kTag, comm_, &requests_[0]),
                             "MPI_Irecv(all_reduce)"));
+      }
       if (send)
         LF_TRY_STATUS(
             check(MPI_Isend(first_, static_cast<int>(data_.size()), MPI_BYTE, peer, kTag, comm_, &requests_[1]),
@@ -425,6 +447,7 @@ class MpiHostLink final : public HostLink {
     DType type_ = DType::U8;
     ReduceOp op_ = ReduceOp::Sum;
     std::uint32_t pow2_ = 1, extra_ = 0, host_ = 0, mask_ = 1;
+    std::uint32_t from_ = 0;  // the host of the receive in flight
     int vrank_ = 0;
     Stage stage_ = Stage::Doubling;
     MPI_Request requests_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
@@ -448,7 +471,8 @@ class MpiHostLink final : public HostLink {
     /// Receives are posted before sends.
     Status receive(std::byte* into, std::uint64_t bytes, std::uint32_t peer) {
       requests_.push_back(MPI_REQUEST_NULL);
-      ++receives_;
+      if (from_.size() < ++receives_) from_.resize(receives_);
+      from_[receives_ - 1] = peer;
       return check(
           MPI_Irecv(into, static_cast<int>(bytes), MPI_BYTE, static_cast<int>(peer), kTag, comm_, &requests_.back()),
           "MPI_Irecv");
@@ -474,6 +498,13 @@ class MpiHostLink final : public HostLink {
       reduce_ = true;
     }
     [[nodiscard]] std::byte* incoming(std::uint32_t i) { return incoming_.data() + i * out_.size(); }
+    /// The hosts whose messages have not arrived.
+    [[nodiscard]] std::vector<std::uint32_t> silent() const {
+      std::vector<std::uint32_t> hosts;
+      for (std::size_t i = 0; i < receives_; ++i)
+        if (requests_[i] != MPI_REQUEST_NULL && !arrived(requests_[i])) hosts.push_back(from_[i]);
+      return hosts;
+    }
 
     Result<bool> test() {
       int done = 0;
@@ -517,6 +548,7 @@ class MpiHostLink final : public HostLink {
     MPI_Comm comm_ = MPI_COMM_NULL;
     std::vector<MPI_Request> requests_;
     std::size_t receives_ = 0;
+    std::vector<std::uint32_t> from_;  // the host of each receive (the first receives_)
     bool active_ = false, reduce_ = false;
     std::span<const std::byte> mine_;
     std::span<std::byte> out_;

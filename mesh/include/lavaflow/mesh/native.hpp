@@ -46,6 +46,9 @@ class HostLink {
   /// Gives up the exchange in flight (its deadline passed): receives that can be cancelled are,
   /// so that they write nothing later; the rest is left to the transport.
   virtual void abandon() = 0;
+  /// The hosts whose messages of the exchange in flight have not arrived, for a timeout's message
+  /// (before abandon()); empty when the transport cannot tell.
+  [[nodiscard]] virtual std::vector<std::uint32_t> silent_hosts() const { return {}; }
 };
 
 struct NativeOptions {
