@@ -96,6 +96,11 @@ struct Op {
 class Engine;
 
 struct Collective : Op {
+  Collective(Kind kind_, std::span<const std::byte> send_, std::span<std::byte> recv_, std::uint64_t unit_, DType type_,
+             ReduceOp op_, std::uint32_t root_, std::uint64_t call_no_, Duration timeout)
+      : kind(kind_), type(type_), op(op_), root(root_), send(send_), recv(recv_), unit(unit_), call_no(call_no_) {
+    deadline = LazyDeadline(timeout);
+  }
   Kind kind = Kind::Barrier;
   DType type = DType::U8;
   ReduceOp op = ReduceOp::Sum;
@@ -790,16 +795,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
         return Work::done({});
       }
     }
-    auto c = std::make_unique<Collective>();
-    c->kind = kind;
-    c->type = type;
-    c->op = op;
-    c->root = root;
-    c->send = send;
-    c->recv = recv;
-    c->unit = unit;
-    c->call_no = call_no;
-    c->deadline = LazyDeadline(o.timeout);
+    auto c = std::make_unique<Collective>(kind, send, recv, unit, type, op, root, call_no, o.timeout);
     c->phase = kDirectPosted;
     return enqueue(std::move(c), true);
   }
@@ -1053,17 +1049,7 @@ class NativeCommunicator final : public Communicator {
   Result<Collective> make(Kind kind, std::span<const std::byte> send, std::span<std::byte> recv, std::uint64_t unit,
                           DType type, ReduceOp op, std::uint32_t root, const CallOptions& o) {
     LF_TRY_STATUS(valid(kind, unit, type, op));
-    Result<Collective> c(std::in_place);
-    c->kind = kind;
-    c->type = type;
-    c->op = op;
-    c->root = root;
-    c->send = send;
-    c->recv = recv;
-    c->unit = unit;
-    c->call_no = e_->calls++;
-    c->deadline = LazyDeadline(o.timeout);
-    return c;
+    return Result<Collective>(std::in_place, kind, send, recv, unit, type, op, root, e_->calls++, o.timeout);
   }
 
   /// A call that goes straight between the hosts (Engine::start_direct); nullopt: the general path.

@@ -478,7 +478,7 @@ void run_timeout(const mpi::Communicator& job, Checker& k) {
       // Late: the native group is broken by now and says why; MPI's call completes the others'.
       // Between hosts nothing tells the late rank of its peers' timeout (they share no memory):
       // its exchange may still end with what they had sent before they gave up, and its next
-      // call fails.
+      // call times out.
       auto s = one().wait(std::chrono::seconds(5));
       if (b == Backend::Native && !across)
         k.expect(!s && s.error().code() == Errc::Timeout, "the late rank learns the group timed out");

@@ -587,11 +587,10 @@ class Collectives final : public CudaCollectives {
   };
   /// Calls of at least kWindowBytes: an all_gather or broadcast whose output lies in a window is
   /// written by the peers in place; a reduce_scatter whose input does reads its peers' inputs where
-  /// they are. Only where every
-  /// rank's buffer (and an all_gather's or reduce_scatter's blocks in it) starts on 16 bytes — the
-  /// kernels move the widest words every pointer allows, across the link too; a buffer off 16
-  /// bytes takes the staging. Decided from what is the same on every rank for the same call, so
-  /// every rank decides alike.
+  /// they are. Only where every rank's buffer (and an all_gather's or reduce_scatter's blocks in
+  /// it) starts on 16 bytes — the kernels move the widest words every pointer allows, across the
+  /// link too; a buffer off 16 bytes takes the staging. Decided from what is the same on every
+  /// rank for the same call, so every rank decides alike.
   InWindows windows_of(std::uint32_t kind, const void* send, const void* recv, std::uint64_t bytes) const {
     if (bytes < k::kWindowBytes) return {};
     InWindows w;

@@ -89,12 +89,12 @@ class CudaCollectives {
   /// staging). Likewise a large reduce_scatter whose input lies in a window (its `bytes` a
   /// multiple of 16): each rank reduces its block reading its peers' inputs where they are. (An
   /// all_reduce takes the staging: reading the peers' inputs measured no faster on NVLink.) A
-  /// window buffer must lie so on every rank or on none
-  /// (ranks that take different paths made different calls: InvalidArgument from check()). A send
-  /// buffer not on 16 bytes is still correct there, but crosses the link in the narrower words (8,
-  /// 4 or 1 bytes) its address allows. After a failed call into a window, peers that had seen
-  /// every rank enter it may still be reading its input or writing its output until their kernels
-  /// end: destroy the object (which waits for every rank's work) before reusing the memory.
+  /// window buffer must lie so on every rank or on none (ranks that take different paths made
+  /// different calls: InvalidArgument from check()). A send buffer not on 16 bytes is still
+  /// correct there, but crosses the link in the narrower words (8, 4 or 1 bytes) its address
+  /// allows. After a failed call into a window, peers that had seen every rank enter it may still
+  /// be reading its input or writing its output until their kernels end: destroy the object
+  /// (which waits for every rank's work) before reusing the memory.
   /// The memory must be `cudaMalloc` memory of this rank's device, which CUDA IPC maps,
   /// and stay allocated until deregister_window() or the object's end. InvalidArgument: memory
   /// that is not that, a window overlapping another, sizes that differ between ranks, more than 32
