@@ -155,13 +155,13 @@ TEST_CASE("GL import and destroy cycles leave the open-fd count unchanged") {
   auto buf = lftest::ok(GpuBuffer::allocate(f.vk, {.size = 65536}));
   auto img = lftest::ok(GpuImage::allocate(f.vk, {.width = 64, .height = 64}));
   { auto warm = lftest::ok(f.gl.gl.import_buffer(buf)); }
-  const int before = lftest::open_fds();
+  const int before = lftest::steady_fds();
   for (int i = 0; i < 1000; ++i) {
     auto b = lftest::ok(f.gl.gl.import_buffer(buf));
     auto t = lftest::ok(f.gl.gl.import_image(img));
   }
   glFinish();
-  CHECK(lftest::open_fds() == before);
+  CHECK(lftest::fds_settled(before) <= before);
 }
 
 TEST_CASE("a consumer process reads every channel message through GL, importing each ring buffer once") {

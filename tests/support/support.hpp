@@ -84,6 +84,31 @@ inline std::filesystem::path channel_dir() {
 
 inline int open_fds() { return *lavaflow::count_open_fds(); }
 
+/// The open-fd count once it is back at or under `before`, or the last count after two seconds.
+/// Drivers' own threads (Mesa's shader cache writer, for one) open and close files on their own
+/// schedule, so one sample can catch a file of theirs that is open for a moment; a leak stays.
+inline int fds_settled(int before) {
+  int now = open_fds();
+  for (int i = 0; i < 200 && now > before; ++i) {
+    ::usleep(10000);
+    now = open_fds();
+  }
+  return now;
+}
+
+/// An open-fd count taken when no driver thread holds a file for a moment: the same count seen
+/// three times in a row.
+inline int steady_fds() {
+  int last = open_fds(), same = 0;
+  for (int i = 0; i < 200 && same < 2; ++i) {
+    ::usleep(2000);
+    const int now = open_fds();
+    same = now == last ? same + 1 : 0;
+    last = now;
+  }
+  return last;
+}
+
 inline bool fd_is_open(int fd) { return fd >= 0 && ::fcntl(fd, F_GETFD) >= 0; }
 
 /// Starts `path args...` with `keep_fd` inherited (its number passed as the last argument).
