@@ -1,13 +1,16 @@
 // SPDX-License-Identifier: MIT
 // libFuzzer target for every decoder that reads bytes from a peer: the channel handshake (Hello /
-// Welcome / Refuse, with any fd count), export descriptors and process locations. A decoder may
-// refuse input; it must never crash, hang, read out of bounds or accept inconsistent values.
+// Welcome / Refuse, with any fd count), buffer and image export descriptors and process locations.
+// A decoder may refuse input; it must never crash, hang, read out of bounds or accept inconsistent
+// values.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <span>
 
 #include "handshake.hpp"
+#include "lavaflow/core/gpu_image.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
@@ -36,6 +39,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   if (auto d = lavaflow::ExportDescriptor::deserialize(bytes); d && (d->offset + d->size > d->buffer_size))
     std::abort();
+  // An accepted image descriptor is one a peer could have written: valid, its pixels fit its
+  // allocation, and it encodes back to the same bytes.
+  if (auto d = lavaflow::ImageDescriptor::deserialize(bytes); d) {
+    if (!d->validate() || d->packed_size() > d->allocation_size) std::abort();
+    const auto again = d->serialize();
+    if (again.size() != bytes.size() || !std::equal(again.begin(), again.end(), bytes.begin())) std::abort();
+  }
   (void)lavaflow::ProcessLocation::deserialize(bytes);
   return 0;
 }
