@@ -14,6 +14,10 @@
 //     same-process  the same ping-pong on two streams of one process, ordered by events (the floor)
 // gpu-stream: A fills frames with a kernel, B verifies every word with a kernel; throughput and the
 //   interval between B's checks, against the same fill + verify on two streams of one process.
+//   Each side orders its frames in batches (cuda::ChannelImports): B queues one wait for the
+//   batch's last frame and A and B each queue one signal per batch, the other frames' signals
+//   deferred into it; variants "timeline" and "flag". The "-per-message" variants wait and signal
+//   for every frame.
 #include "gpu_handoff.hpp"
 
 #include <sys/socket.h>
@@ -100,24 +104,26 @@ ConsumerOptions gpu_consumer(const VulkanContext& vk, const std::string& dir) {
 /// One side's writing half: loan, wait for the consumers' GPU reads of the slot, `write` on the
 /// GPU, signal, publish — no CPU waits for a GPU.
 template <class Write>
-Status gpu_publish(Producer& out, cuda::ChannelImports& imports, cudaStream_t s, std::uint64_t size, Write write) {
+Status gpu_publish(Producer& out, cuda::ChannelImports& imports, cudaStream_t s, std::uint64_t size, Write write,
+                   cuda::ChannelImports::Queue when) {
   LF_TRY(auto loan, out.loan(10s));
   LF_TRY(const auto* dst, imports.buffer(loan));
   LF_TRY_STATUS(imports.wait(s, loan));
   GPU_OK(write(dst->data()));
-  LF_TRY_STATUS(imports.signal(s, loan));
+  LF_TRY_STATUS(imports.signal(s, loan, when));
   LF_TRY(auto info, out.publish(std::move(loan), {.size = size}));
   (void)info;
   return {};
 }
 
 /// Takes message `seq` on the CPU (its GPU read is queued already) and releases it on the GPU.
-Status gpu_release(Consumer& in, cuda::ChannelImports& imports, cudaStream_t s, std::uint64_t seq) {
+Status gpu_release(Consumer& in, cuda::ChannelImports& imports, cudaStream_t s, std::uint64_t seq,
+                   cuda::ChannelImports::Queue when = cuda::ChannelImports::Queue::Now) {
   LF_TRY(auto r, in.receive(10s));
   if (r.info().sequence != seq)
     return fail(Errc::Malformed, "gpu hand-off",
                 str_format("received message {}, expected {}", r.info().sequence, seq));
-  return imports.release(s, r);
+  return imports.release(s, r, when);
 }
 
 /// The device of this process's Vulkan context, for the peer (same GPU as the parent's).
@@ -373,8 +379,18 @@ GpuRow stream_row(std::string name, std::string variant, std::uint64_t size, boo
   return row;
 }
 
+/// Whether frame `i` of `frames` ends a batch of `batch`: its signal is queued, not deferred.
+cuda::ChannelImports::Queue batch_end(int i, int frames, int batch) {
+  return (i + 1) % batch == 0 || i + 1 == frames ? cuda::ChannelImports::Queue::Now
+                                                 : cuda::ChannelImports::Queue::Deferred;
+}
+
+std::string stream_variant(GpuSyncKind kind, int batch) {
+  return std::string(variant_of(kind)) + (batch == 1 ? "-per-message" : "");
+}
+
 Result<GpuRow> stream_lavaflow(const VulkanContext& vk, const cuda::Interop& cu, std::uint64_t size, int frames,
-                               std::uint32_t slots, bool mps, GpuSyncKind kind) {
+                               std::uint32_t slots, int batch, bool mps, GpuSyncKind kind) {
   constexpr const char* call = "gpu-stream lavaflow";
   TempDir dir;
   if (dir.path().empty()) return std::unexpected(from_errno(errno, "mkdtemp"));
@@ -383,7 +399,7 @@ Result<GpuRow> stream_lavaflow(const VulkanContext& vk, const cuda::Interop& cu,
     return std::unexpected(from_errno(errno, "socketpair"));
   UniqueFd mine(sv[0]), theirs(sv[1]);
   Peer peer(spawn_self({"lavaflow-bench", "interop-peer", "stream-lavaflow", dir.path(), std::to_string(size),
-                        std::to_string(frames), std::to_string(theirs.get())},
+                        std::to_string(frames), std::to_string(theirs.get()), std::to_string(batch)},
                        theirs.get()));
   theirs.reset();
   if (!peer.started()) return fail(Errc::System, "posix_spawn", "cannot start the peer process");
@@ -396,8 +412,9 @@ Result<GpuRow> stream_lavaflow(const VulkanContext& vk, const cuda::Interop& cu,
   LF_TRY_STATUS(create(s));
   LF_TRY_STATUS(load_kernels(s.s));
   for (int i = 0; i < frames; ++i)
-    LF_TRY_STATUS(gpu_publish(*out, imports, s.s, size,
-                              [&](void* dst) { return lf_kernel_fill_frame(dst, size, std::uint64_t(i), s.s); }));
+    LF_TRY_STATUS(gpu_publish(
+        *out, imports, s.s, size, [&](void* dst) { return lf_kernel_fill_frame(dst, size, std::uint64_t(i), s.s); },
+        batch_end(i, frames, batch)));
   LF_TRY_STATUS(finish(s.s, 120s, call));
   LF_TRY_STATUS(out->flush(120s));
   StreamReport r;
@@ -405,10 +422,10 @@ Result<GpuRow> stream_lavaflow(const VulkanContext& vk, const cuda::Interop& cu,
     return fail(Errc::PeerLost, call, "the verifying process sent no report");
   out.reset();
   LF_TRY_STATUS(peer.join(call));
-  return stream_row("gpu-stream-lavaflow", variant_of(kind), size, mps, r);
+  return stream_row("gpu-stream-lavaflow", stream_variant(kind, batch), size, mps, r);
 }
 
-Status stream_lavaflow_peer(const std::string& dir, std::uint64_t size, int frames, int fd) {
+Status stream_lavaflow_peer(const std::string& dir, std::uint64_t size, int frames, int fd, int batch) {
   LF_TRY(auto vk, peer_context());
   LF_TRY(auto cu, cuda::Interop::create(vk));
   LF_TRY(auto in, Consumer::open("frames", gpu_consumer(vk, dir)));
@@ -423,10 +440,14 @@ Status stream_lavaflow_peer(const std::string& dir, std::uint64_t size, int fram
   for (int i = 0; i < frames; ++i) {
     LF_TRY(auto up, in->upcoming(first + std::uint64_t(i)));
     LF_TRY(const auto* src, imports.buffer(up));
-    LF_TRY_STATUS(imports.wait(s.s, up));
+    if (i % batch == 0) {  // one wait, for the batch's last frame, covers the batch
+      LF_TRY(auto last, in->upcoming(first + std::uint64_t(std::min(i + batch, frames) - 1)));
+      LF_TRY_STATUS(imports.wait(s.s, last));
+    }
+    LF_TRY_STATUS(imports.wait(s.s, up));  // covered already: nothing is queued
     GPU_OK(lf_kernel_check_frame(src->data(), size, std::uint64_t(i), 0, errors.words(), nullptr, stamps.words() + i,
                                  s.s));
-    LF_TRY_STATUS(gpu_release(*in, imports, s.s, first + std::uint64_t(i)));
+    LF_TRY_STATUS(gpu_release(*in, imports, s.s, first + std::uint64_t(i), batch_end(i, frames, batch)));
   }
   GPU_OK(lf_kernel_stamp(stamps.words() + frames, s.s));
   LF_TRY_STATUS(finish(s.s, 120s, "gpu-stream peer"));
@@ -492,14 +513,20 @@ Result<std::vector<GpuRow>> gpu_pingpong(const VulkanContext& vk, const cuda::In
 }
 
 Result<std::vector<GpuRow>> gpu_stream(const VulkanContext& vk, const cuda::Interop& cu, std::uint64_t size, int frames,
-                                       std::uint32_t slots, bool mps) {
+                                       std::uint32_t slots, int batch, bool mps) {
   if (size == 0 || size % 8 != 0)
     return fail(Errc::InvalidArgument, "gpu-stream", str_format("frame size {} is not a multiple of 8", size));
   if (slots == 0 || slots > 62) return fail(Errc::InvalidArgument, "gpu-stream", str_format("{} slots", slots));
+  if (batch < 1 || std::uint32_t(batch) > slots / 2)
+    return fail(Errc::InvalidArgument, "gpu-stream",
+                str_format("batches of {} frames in a ring of {} (at most half the ring)", batch, slots));
   std::vector<GpuRow> rows;
-  for (auto kind : {GpuSyncKind::Semaphore, GpuSyncKind::Flag}) {
-    LF_TRY(auto lf, stream_lavaflow(vk, cu, size, frames, slots, mps, kind));
-    rows.push_back(std::move(lf));
+  for (int b : {batch, 1}) {
+    for (auto kind : {GpuSyncKind::Semaphore, GpuSyncKind::Flag}) {
+      LF_TRY(auto lf, stream_lavaflow(vk, cu, size, frames, slots, b, mps, kind));
+      rows.push_back(std::move(lf));
+    }
+    if (batch == 1) break;
   }
   LF_TRY(auto same, stream_same_process(size, frames, slots, mps));
   rows.push_back(std::move(same));
@@ -516,7 +543,8 @@ int gpu_handoff_peer(int argc, char** argv) {
   for (auto kind : {GpuSyncKind::Semaphore, GpuSyncKind::Flag})
     if (mode == pingpong_mode(kind)) ok = pingpong_lavaflow_peer(argv[3], size, count, kind);
   if (mode == "pingpong-cuda-ipc") ok = pingpong_cuda_ipc_peer(std::stoi(argv[3]), size, count);
-  if (mode == "stream-lavaflow" && argc == 7) ok = stream_lavaflow_peer(argv[3], size, count, std::stoi(argv[6]));
+  if (mode == "stream-lavaflow" && argc == 8)
+    ok = stream_lavaflow_peer(argv[3], size, count, std::stoi(argv[6]), std::stoi(argv[7]));
   if (!ok) {
     std::fprintf(stderr, "interop-peer %s: %s\n", mode.c_str(), ok.error().message().c_str());
     return 1;

@@ -26,11 +26,13 @@ struct GpuRow {
 [[nodiscard]] lavaflow::Result<std::vector<GpuRow>> gpu_pingpong(const lavaflow::VulkanContext& vk,
                                                                  const lavaflow::cuda::Interop& cu, std::uint64_t size,
                                                                  int rounds, bool mps);
-/// The two stream rows for `size`-byte frames: `frames` frames filled by one process's kernel and
-/// verified by the other's, through a channel of `slots` ring buffers.
+/// The stream rows for `size`-byte frames: `frames` frames filled by one process's kernel and
+/// verified by the other's, through a channel of `slots` ring buffers, ordered in batches of
+/// `batch` frames (at most half the ring) and, unless `batch` is 1, frame by frame too; then the
+/// same in one process.
 [[nodiscard]] lavaflow::Result<std::vector<GpuRow>> gpu_stream(const lavaflow::VulkanContext& vk,
                                                                const lavaflow::cuda::Interop& cu, std::uint64_t size,
-                                                               int frames, std::uint32_t slots, bool mps);
+                                                               int frames, std::uint32_t slots, int batch, bool mps);
 /// The second process of these measurements (`lavaflow-bench gpu-peer MODE …`).
 int gpu_handoff_peer(int argc, char** argv);
 

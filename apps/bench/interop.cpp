@@ -131,9 +131,9 @@ int bench_interop(const InteropOptions& o) {
   // Both stream rows use the ring a GPU channel gets by default, unless told otherwise.
   const std::uint32_t slots = o.slots != 0 ? o.slots : ProducerOptions::kGpuSlots;
   for (std::uint64_t size : {std::uint64_t{1} << 20, std::uint64_t{16} << 20}) {
-    progress(str_format("gpu-stream {} B, {} slots", size, slots).c_str());
+    progress(str_format("gpu-stream {} B, {} slots, batches of {}", size, slots, o.batch).c_str());
     const int frames = size > (1u << 20) ? std::max(o.frames / 4, 16) : o.frames;
-    auto r = gpu_stream(*vk, *cu, size, frames, slots, dev.mps);
+    auto r = gpu_stream(*vk, *cu, size, frames, slots, o.batch, dev.mps);
     if (!r)
       errors.push_back(r.error().message());
     else
@@ -170,7 +170,10 @@ int bench_interop(const InteropOptions& o) {
       }
     }
     for (std::uint64_t size : {std::uint64_t{1} << 20, std::uint64_t{16} << 20}) {
-      const auto *lf = find("gpu-stream-lavaflow", size, variant), *same = find("gpu-stream-same-process", size);
+      // Frames ordered in batches (the --batch rows) unless the run ordered them one by one only.
+      const auto* lf = find("gpu-stream-lavaflow", size, variant);
+      if (!lf) lf = find("gpu-stream-lavaflow", size, std::string(variant) + "-per-message");
+      const auto* same = find("gpu-stream-same-process", size);
       if (!lf || !same) continue;
       const double limit = dev.mps ? (size > (1u << 20) ? 0.9 : 0.8) : 0.5;
       if (!dev.mps && size == (1u << 20)) continue;  // no target without MPS at 1 MiB

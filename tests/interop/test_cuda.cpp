@@ -32,6 +32,33 @@ Fixture setup() {
 
 #define CU_OK(expr) REQUIRE((expr) == cudaSuccess)
 
+/// A writer's and a reader's stream, and a device word the reader's checks count wrong words in.
+struct TwoStreams {
+  cudaStream_t writer = nullptr, reader = nullptr;
+  unsigned long long* errors = nullptr;
+  TwoStreams() {
+    CU_OK(cudaStreamCreateWithFlags(&writer, cudaStreamNonBlocking));
+    CU_OK(cudaStreamCreateWithFlags(&reader, cudaStreamNonBlocking));
+    CU_OK(cudaMalloc(reinterpret_cast<void**>(&errors), sizeof *errors));
+    CU_OK(cudaMemset(errors, 0, sizeof *errors));
+    CU_OK(cudaDeviceSynchronize());
+  }
+  TwoStreams(const TwoStreams&) = delete;
+  TwoStreams& operator=(const TwoStreams&) = delete;
+  ~TwoStreams() {
+    cudaFree(errors);
+    cudaStreamDestroy(writer);
+    cudaStreamDestroy(reader);
+  }
+  /// Words found wrong, once both streams are done.
+  unsigned long long wrong() const {
+    unsigned long long bad = ~0ull;
+    if (cudaStreamSynchronize(writer) != cudaSuccess || cudaStreamSynchronize(reader) != cudaSuccess) return bad;
+    (void)cudaMemcpy(&bad, errors, sizeof bad, cudaMemcpyDeviceToHost);
+    return bad;
+  }
+};
+
 /// A producer whose GPU waits for its consumers' GPU releases itself (no host wait), ordered by
 /// `kind`; a visible skip where the device cannot order GPU work that way.
 std::unique_ptr<Producer> gpu_ordered_producer(const Fixture& f, const std::string& name, std::uint32_t slots,
@@ -302,13 +329,9 @@ TEST_CASE("CUDA writes and reads every message ordered on the GPU both ways: a s
   auto con = lftest::ok(Consumer::open("cuda-both", {.host_wait_for_gpu = false, .vulkan = &f.vk, .directory = dir}));
   REQUIRE(con->gpu_sync() == kind);
   cuda::ChannelImports out(f.cu), in(f.cu);
-  cudaStream_t ps, cs;
-  CU_OK(cudaStreamCreateWithFlags(&ps, cudaStreamNonBlocking));
-  CU_OK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
-  unsigned long long* errors = nullptr;
-  CU_OK(cudaMalloc(reinterpret_cast<void**>(&errors), sizeof *errors));
-  CU_OK(cudaMemset(errors, 0, sizeof *errors));
-  CU_OK(cudaDeviceSynchronize());
+  TwoStreams t;
+  cudaStream_t ps = t.writer, cs = t.reader;
+  unsigned long long* errors = t.errors;
   // The reader sleeps before reading, so a writer that did not wait for its release would
   // overwrite the slot under it; nothing on the host waits for either stream in the loop.
   constexpr std::uint64_t kCount = 300;
@@ -329,11 +352,7 @@ TEST_CASE("CUDA writes and reads every message ordered on the GPU both ways: a s
     CU_OK(lf_kernel_check_frame(src->data(), kBytes, i, 20'000, errors, nullptr, nullptr, cs));
     lftest::ok(in.release(cs, r));
   }
-  CU_OK(cudaStreamSynchronize(ps));
-  CU_OK(cudaStreamSynchronize(cs));
-  unsigned long long bad = 1;
-  CU_OK(cudaMemcpy(&bad, errors, sizeof bad, cudaMemcpyDeviceToHost));
-  CHECK(bad == 0);
+  CHECK(t.wrong() == 0);
   // Every reuse of a slot waits for the GPU read, on the GPU, unless that read was already done
   // when the slot was loaned (then there is nothing to wait on); the sleeping reader keeps most
   // reads in flight.
@@ -344,9 +363,75 @@ TEST_CASE("CUDA writes and reads every message ordered on the GPU both ways: a s
   const std::size_t flags = kind == GpuSyncKind::Flag ? 2 : 0;
   CHECK(in.imported() == kSlots + flags);
   CHECK(out.imported() == kSlots + flags);
-  CU_OK(cudaFree(errors));
-  CU_OK(cudaStreamDestroy(ps));
-  CU_OK(cudaStreamDestroy(cs));
+}
+
+TEST_CASE(
+    "CUDA streams order a channel in batches: one wait per batch, the other signals deferred into the batch's last") {
+  auto f = setup();
+  const auto dir = lftest::channel_dir();
+  constexpr std::uint32_t kSlots = 8;
+  constexpr std::uint64_t kBytes = 1 << 20, kBatch = 3, kCount = 300;
+  using Queue = cuda::ChannelImports::Queue;
+  const auto kind = GENERATE(GpuSyncKind::Semaphore, GpuSyncKind::Flag);
+  auto prod = gpu_ordered_producer(f, "cuda-batch", kSlots, kBytes, kind, dir);
+  auto con = lftest::ok(Consumer::open("cuda-batch", {.host_wait_for_gpu = false, .vulkan = &f.vk, .directory = dir}));
+  cuda::ChannelImports out(f.cu), in(f.cu);
+  TwoStreams t;
+  cudaStream_t ps = t.writer, cs = t.reader;
+  unsigned long long* errors = t.errors;
+  // The reader sleeps before each read, so a writer that rewrote a slot before its (deferred)
+  // release would be caught; no host thread waits for either stream in the loop.
+  std::uint64_t waits_ahead = 0;
+  for (std::uint64_t b = 0; b < kCount; b += kBatch) {
+    // The consumer's stream waits for the batch's last message before any of it is written.
+    const auto last = lftest::ok(con->upcoming(b + kBatch - 1));
+    lftest::ok(in.wait(cs, last));
+    for (std::uint64_t i = b; i < b + kBatch; ++i) {
+      auto loan = lftest::ok(prod->loan(std::chrono::seconds(20)));
+      for (const auto& w : loan.gpu_waits()) waits_ahead += w.ahead > w.value;
+      const auto* dst = lftest::ok(out.buffer(loan));
+      lftest::ok(out.wait(ps, loan));
+      CU_OK(lf_kernel_fill_frame(dst->data(), kBytes, i, ps));
+      const bool end = i + 1 == b + kBatch;
+      lftest::ok(out.signal(ps, loan, end ? Queue::Now : Queue::Deferred));
+      CHECK(out.deferred() == (end ? 0u : 1u));
+      lftest::ok(prod->publish(std::move(loan)));
+    }
+    for (std::uint64_t i = b; i < b + kBatch; ++i) {
+      auto r = lftest::ok(con->receive(std::chrono::seconds(20)));
+      REQUIRE(r.info().sequence == i);
+      const auto* src = lftest::ok(in.buffer(r));
+      lftest::ok(in.wait(cs, r));  // covered by the batch's wait
+      CU_OK(lf_kernel_check_frame(src->data(), kBytes, i, 20'000, errors, nullptr, nullptr, cs));
+      const bool end = i + 1 == b + kBatch;
+      lftest::ok(in.release(cs, r, end ? Queue::Now : Queue::Deferred));
+      CHECK(in.deferred() == (end ? 0u : 1u));
+    }
+  }
+  CHECK(t.wrong() == 0);
+  // Some slots were loaned while their reads were in flight, and a later promised release
+  // covered the waits of the loans after them.
+  CHECK(waits_ahead > 0);
+  // A deferred release is queued when its ChannelImports goes: nothing is left promised and never
+  // signalled.
+  {
+    auto loan = lftest::ok(prod->loan(std::chrono::seconds(20)));
+    const auto* dst = lftest::ok(out.buffer(loan));
+    lftest::ok(out.wait(ps, loan));
+    CU_OK(lf_kernel_fill_frame(dst->data(), kBytes, kCount, ps));
+    lftest::ok(out.signal(ps, loan));
+    lftest::ok(prod->publish(std::move(loan)));
+    auto r = lftest::ok(con->receive(std::chrono::seconds(20)));
+    const auto point = lftest::ok(r.gpu_release_point());
+    lftest::ok(in.wait(cs, r));
+    lftest::ok(in.release(cs, r, Queue::Deferred));
+    CHECK(in.deferred() == 1);
+    CU_OK(cudaStreamSynchronize(cs));
+    CHECK(lftest::ok(gpu_sync_value(point)) < point.value);
+    { auto gone = std::move(in); }
+    CHECK(in.deferred() == 0);
+    lftest::ok(wait_on_host(point, std::chrono::seconds(10)));
+  }
 }
 
 TEST_CASE("unified buffer: CUDA works on the device side through the adapter, ordered by the buffer's timeline") {

@@ -509,7 +509,14 @@ struct detail::ProducerState {
       if (!counter) continue;
       if (c.gpu_release[slot].load(std::memory_order_acquire) != expect) continue;
       if (auto now = counter.value(); now && *now >= expect) continue;  // read long done: nothing to wait on
-      waits.push_back(counter.at(expect));
+      auto sync = counter.at(expect);
+      // The newest release this consumer has promised, up to a quarter of the ring further on.
+      for (std::uint64_t v = expect + options.slots / 4; v > expect; --v)
+        if (c.gpu_release[(v - 1) % options.slots].load(std::memory_order_acquire) == v) {
+          sync.ahead = v;
+          break;
+        }
+      waits.push_back(sync);
     }
   }
 

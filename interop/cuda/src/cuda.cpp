@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "lavaflow/core/detail/format.hpp"
 #include "pci.hpp"
@@ -542,6 +543,45 @@ Result<UniqueFd> ExportableAllocation::export_fd() const {
 
 // ----- channel imports
 
+namespace {
+
+/// Whether `stream` is being captured into a graph, whose operations run later in its own order
+/// (unknown counts as captured: no shortcuts then).
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) return true;
+  return status != cudaStreamCaptureStatusNone;
+}
+
+/// How many (stream, counter) waits are remembered; past that the memory starts again (a wait
+/// forgotten is only queued once more).
+constexpr std::size_t kMaxWaited = 64;
+
+}  // namespace
+
+ChannelImports::~ChannelImports() { (void)flush(); }
+
+ChannelImports::ChannelImports(ChannelImports&& o) noexcept
+    : cuda_(o.cuda_),
+      waited_(std::exchange(o.waited_, {})),
+      deferred_(std::exchange(o.deferred_, {})),
+      cache_(std::move(o.cache_)),
+      semaphores_(std::move(o.semaphores_)),
+      copied_(std::move(o.copied_)) {}
+
+ChannelImports& ChannelImports::operator=(ChannelImports&& o) noexcept {
+  if (this != &o) {
+    (void)flush();
+    cuda_ = o.cuda_;
+    waited_ = std::exchange(o.waited_, {});
+    deferred_ = std::exchange(o.deferred_, {});
+    cache_ = std::move(o.cache_);
+    semaphores_ = std::move(o.semaphores_);
+    copied_ = std::move(o.copied_);
+  }
+  return *this;
+}
+
 Result<const ExternalBuffer*> ChannelImports::import(const lavaflow::Buffer& buffer) {
   if (auto it = cache_.find(&buffer); it != cache_.end()) return &it->second;
   auto imported = cuda_->import_buffer(buffer);
@@ -572,19 +612,87 @@ Result<CUdeviceptr> ChannelImports::flag_address(const GpuSync& sync) {
   return reinterpret_cast<CUdeviceptr>(b->data()) + sync.flag_offset;
 }
 
-Status ChannelImports::wait(cudaStream_t stream, const GpuSync& sync) {
+Result<ChannelImports::CounterKey> ChannelImports::counter_key(const GpuSync& sync) {
   if (sync.kind() == GpuSyncKind::Flag) {
     LF_TRY(const auto at, flag_address(sync));
-    return cuda_->driver_->check(
-        cuda_->driver_->wait_value(reinterpret_cast<CUstream>(stream), at, sync.value, CU_STREAM_WAIT_VALUE_GEQ),
-        "cuStreamWaitValue64");
+    return reinterpret_cast<CounterKey>(at);
   }
-  LF_TRY(const auto* sem, semaphore(sync));
-  return sem->wait(stream, sync.value);
+  if (sync.source == nullptr)
+    return fail(Errc::InvalidArgument, "cuda::ChannelImports", "GPU sync point without its semaphore");
+  return static_cast<CounterKey>(sync.source);
+}
+
+// Deferred signals of the stream go first: a signal held back behind this wait could be what the
+// wait (through the peer) is waiting for.
+Status ChannelImports::wait(cudaStream_t stream, const GpuSync& sync) {
+  LF_TRY(const auto key, counter_key(sync));
+  unsigned long long id = 0;
+  const bool remember = !capturing(stream) && cudaStreamGetId(stream, &id) == cudaSuccess;
+  auto seen = waited_.end();
+  if (remember) {
+    seen = std::ranges::find_if(waited_, [&](const Waited& w) { return w.stream_id == id && w.counter == key; });
+    if (seen != waited_.end() && seen->value >= sync.value) return {};
+  }
+  for (auto it = deferred_.begin(); it != deferred_.end();)
+    if (it->stream == stream) {
+      LF_TRY_STATUS(queue_signal(it->stream, it->sync));
+      it = deferred_.erase(it);
+    } else {
+      ++it;
+    }
+  if (sync.kind() == GpuSyncKind::Flag) {
+    LF_TRY(const auto at, flag_address(sync));
+    LF_TRY_STATUS(cuda_->driver_->check(
+        cuda_->driver_->wait_value(reinterpret_cast<CUstream>(stream), at, sync.value, CU_STREAM_WAIT_VALUE_GEQ),
+        "cuStreamWaitValue64"));
+  } else {
+    LF_TRY(const auto* sem, semaphore(sync));
+    LF_TRY_STATUS(sem->wait(stream, sync.value));
+  }
+  if (!remember) return {};
+  if (seen != waited_.end()) {
+    seen->value = sync.value;
+  } else {
+    if (waited_.size() >= kMaxWaited) waited_.clear();
+    waited_.push_back({id, key, sync.value});
+  }
+  return {};
+}
+
+Status ChannelImports::signal(cudaStream_t stream, const GpuSync& sync) {
+  LF_TRY(const auto key, counter_key(sync));
+  // A signal deferred on this counter is covered by this one when it comes later in the same
+  // stream (the counter only moves up); from another stream it is queued there first.
+  if (auto it = std::ranges::find(deferred_, key, &Deferred::counter); it != deferred_.end()) {
+    if (it->stream != stream || capturing(stream)) LF_TRY_STATUS(queue_signal(it->stream, it->sync));
+    deferred_.erase(it);
+  }
+  return queue_signal(stream, sync);
+}
+
+Status ChannelImports::raise(cudaStream_t stream, const GpuSync& sync, Queue when) {
+  if (when == Queue::Now || capturing(stream)) return signal(stream, sync);
+  LF_TRY(const auto key, counter_key(sync));
+  auto it = std::ranges::find(deferred_, key, &Deferred::counter);
+  if (it == deferred_.end()) {
+    deferred_.push_back({stream, key, sync});
+    return {};
+  }
+  if (it->stream != stream) LF_TRY_STATUS(queue_signal(it->stream, it->sync));
+  *it = {stream, key, sync};
+  return {};
+}
+
+Status ChannelImports::flush() {
+  Status first;
+  for (const auto& d : deferred_)
+    if (auto ok = queue_signal(d.stream, d.sync); !ok && first) first = std::unexpected(ok.error());
+  deferred_.clear();
+  return first;
 }
 
 // The default write orders the kernels' memory writes before the flag (a fence precedes it).
-Status ChannelImports::signal(cudaStream_t stream, const GpuSync& sync) {
+Status ChannelImports::queue_signal(cudaStream_t stream, const GpuSync& sync) {
   if (sync.kind() == GpuSyncKind::Flag) {
     LF_TRY(const auto at, flag_address(sync));
     return cuda_->driver_->check(
@@ -610,26 +718,30 @@ Status ChannelImports::wait(cudaStream_t stream, const Received& message) {
   return wait(stream, *sync);
 }
 
+// A wait for a promised later value covers the next loans' waits, which are then skipped.
 Status ChannelImports::wait(cudaStream_t stream, const Loan& loan) {
-  for (const auto& sync : loan.gpu_waits()) LF_TRY_STATUS(wait(stream, sync));
+  for (auto sync : loan.gpu_waits()) {
+    if (sync.ahead > sync.value) sync.value = sync.ahead;
+    LF_TRY_STATUS(wait(stream, sync));
+  }
   return {};
 }
 
-// The signal is queued before the channel is told of it: should queuing fail, nobody is left
-// waiting for a signal that will never come.
-Status ChannelImports::signal(cudaStream_t stream, Loan& loan) {
+// The signal is queued (or deferred) before the channel is told of it: should that fail, nobody
+// is left waiting for a signal that will never come.
+Status ChannelImports::signal(cudaStream_t stream, Loan& loan, Queue when) {
   const auto sync = loan.gpu_signal_point();
   if (!sync)
     return fail(Errc::Unsupported, "cuda::ChannelImports::signal",
                 "the channel has no GPU ordering (timeline or flags): synchronise the stream before publishing");
-  LF_TRY_STATUS(signal(stream, *sync));
+  LF_TRY_STATUS(raise(stream, *sync, when));
   (void)loan.gpu_signal();
   return {};
 }
 
-Status ChannelImports::release(cudaStream_t stream, Received& message) {
+Status ChannelImports::release(cudaStream_t stream, Received& message, Queue when) {
   LF_TRY(auto sync, message.gpu_release_point());
-  LF_TRY_STATUS(signal(stream, sync));
+  LF_TRY_STATUS(raise(stream, sync, when));
   (void)message.gpu_release();
   return {};
 }

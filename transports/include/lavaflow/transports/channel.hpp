@@ -132,6 +132,11 @@ struct GpuSync {
   /// Raise it in the order of `value` (one stream, or streams ordered among themselves).
   const Buffer* flag_buffer = nullptr;
   std::uint64_t flag_offset = 0;
+  /// In Loan::gpu_waits(): a later value of the same counter whose signal is promised already
+  /// (0 when none). Waiting for it instead costs the slot a little of the ring's slack and covers
+  /// the waits of the loans that follow, which an adapter that remembers its waits then skips
+  /// (cuda::ChannelImports does).
+  std::uint64_t ahead = 0;
   [[nodiscard]] GpuSyncKind kind() const { return flag_buffer ? GpuSyncKind::Flag : GpuSyncKind::Semaphore; }
 };
 

@@ -250,9 +250,32 @@ class Interop {
 /// has nothing to wait for, and signal() and release() are Unsupported: then synchronise the
 /// stream before publishing or releasing. One ChannelImports serves one channel object; it must
 /// not outlive it.
+///
+/// Batches. Every wait, signal and release is a GPU operation in the stream beside the kernels,
+/// and between processes each costs the stream about as much as a small kernel. Two things let a
+/// stream pay for one per batch of messages instead of one per message:
+/// - A wait that the same stream already has queued for the same counter at an equal or higher
+///   value is not queued again (the counters only move up). So a consumer that queues the wait for
+///   the last message of a batch first (upcoming(last)) has the others' waits for free.
+/// - signal() and release() with Queue::Deferred tell the channel at once (the message is
+///   published, or its slot promised back) but queue the GPU operation later, as one that covers
+///   every deferred one of that counter: at the next Queue::Now call on the counter, at flush(),
+///   or when the ChannelImports is destroyed. The peer's GPU waits for a deferred message until
+///   then, so end every batch with Queue::Now (or flush()) and keep each batch well under the
+///   ring's slots. A deferred signal is queued on the stream it was deferred on: a later call on
+///   the same counter from another stream queues it there first.
+/// Neither applies while a stream is being captured into a CUDA graph (the graph runs later, in
+/// its own order): then every call queues its own operation.
 class ChannelImports {
  public:
+  /// When signal() and release() queue their GPU operation.
+  enum class Queue : std::uint8_t { Now, Deferred };
   explicit ChannelImports(const Interop& cuda) : cuda_(&cuda) {}
+  /// Queues what is deferred (errors are dropped: call flush() to see them).
+  ~ChannelImports();
+  ChannelImports(ChannelImports&& o) noexcept;
+  /// Queues what this one had deferred first.
+  ChannelImports& operator=(ChannelImports&& o) noexcept;
   [[nodiscard]] Result<const ExternalBuffer*> buffer(const Received& message);
   [[nodiscard]] Result<const ExternalBuffer*> buffer(const Loan& loan);
   [[nodiscard]] Result<const ExternalBuffer*> buffer(const Consumer::Upcoming& message);
@@ -264,10 +287,14 @@ class ChannelImports {
   /// Makes `stream` wait until every consumer's GPU is done with the slot's previous message.
   [[nodiscard]] Status wait(cudaStream_t stream, const Loan& loan);
   /// The message is written once the work queued in `stream` so far is done (Loan::gpu_signal).
-  [[nodiscard]] Status signal(cudaStream_t stream, Loan& loan);
+  [[nodiscard]] Status signal(cudaStream_t stream, Loan& loan, Queue when = Queue::Now);
   /// The message's slot may be written again once the work queued in `stream` so far is done
   /// (Received::gpu_release); the message can then be dropped at once.
-  [[nodiscard]] Status release(cudaStream_t stream, Received& message);
+  [[nodiscard]] Status release(cudaStream_t stream, Received& message, Queue when = Queue::Now);
+  /// Queues every deferred signal and release now.
+  [[nodiscard]] Status flush();
+  /// Signals and releases deferred and not yet queued.
+  [[nodiscard]] std::size_t deferred() const { return deferred_.size(); }
   /// Work after this in `stream` waits until the point is reached (either kind of GpuSync).
   [[nodiscard]] Status wait(cudaStream_t stream, const GpuSync& sync);
   /// Raises the point once the work queued in `stream` so far is done. Prefer signal(loan) and
@@ -301,7 +328,25 @@ class ChannelImports {
   Result<const ExternalBuffer*> import(const lavaflow::Buffer& buffer);
   Result<unsigned long long> flag_address(const GpuSync& sync);  // CUdeviceptr of a flag
   Result<const ExternalSemaphore*> semaphore(const GpuSync& sync);
+  /// A counter a stream waits on or signals: its semaphore, or its flag's device address.
+  using CounterKey = const void*;
+  Result<CounterKey> counter_key(const GpuSync& sync);
+  /// `sync` to be signalled in `stream`, now or (Queue::Deferred) later.
+  Status raise(cudaStream_t stream, const GpuSync& sync, Queue when);
+  Status queue_signal(cudaStream_t stream, const GpuSync& sync);
+  struct Waited {  // the highest value a stream has queued a wait for, by counter
+    unsigned long long stream_id;
+    CounterKey counter;
+    std::uint64_t value;
+  };
+  struct Deferred {  // a counter's signal promised but not queued yet
+    cudaStream_t stream;
+    CounterKey counter;
+    GpuSync sync;
+  };
   const Interop* cuda_;
+  std::vector<Waited> waited_;
+  std::vector<Deferred> deferred_;
   std::unordered_map<const lavaflow::Buffer*, ExternalBuffer> cache_;
   std::unordered_map<const GpuSemaphore*, ExternalSemaphore> semaphores_;
   // copy_to_peer's last copy, on the ring's GPU. One serves every call: a stream's wait on an
