@@ -156,9 +156,9 @@ Result<GpuRow> pingpong_lavaflow(const VulkanContext& vk, const cuda::Interop& c
     return fail(Errc::Unsupported, call, str_format("the channel cannot order GPU work with {}s", variant_of(kind)));
   LF_TRY(auto pong, Consumer::open("pong", gpu_consumer(vk, dir.path())));
   LF_TRY_STATUS(ping->wait_for_consumers(1, 30s));
-  cuda::ChannelImports out(cu), in(cu);
   StreamOwner s;
   LF_TRY_STATUS(create(s));
+  cuda::ChannelImports out(cu), in(cu);
   LF_TRY_STATUS(load_kernels(s.s));
   DeviceMemory seed, stamps;
   LF_TRY_STATUS(allocate(seed, size));
@@ -202,9 +202,9 @@ Status pingpong_lavaflow_peer(const std::string& dir, std::uint64_t size, int to
   LF_TRY(auto ping, Consumer::open("ping", gpu_consumer(vk, dir)));
   LF_TRY(auto pong, Producer::create("pong", gpu_producer(vk, dir, size, kPingPongSlots, kind)));
   LF_TRY_STATUS(pong->wait_for_consumers(1, 30s));
-  cuda::ChannelImports out(cu), in(cu);
   StreamOwner s;
   LF_TRY_STATUS(create(s));
+  cuda::ChannelImports out(cu), in(cu);
   LF_TRY_STATUS(load_kernels(s.s));
   for (int i = 0; i < total; ++i) {
     LF_TRY(auto loan, pong->loan(10s));
@@ -407,9 +407,9 @@ Result<GpuRow> stream_lavaflow(const VulkanContext& vk, const cuda::Interop& cu,
   if (out->gpu_sync() != kind)
     return fail(Errc::Unsupported, call, str_format("the channel cannot order GPU work with {}s", variant_of(kind)));
   LF_TRY_STATUS(out->wait_for_consumers(1, 30s));
-  cuda::ChannelImports imports(cu);
   StreamOwner s;
   LF_TRY_STATUS(create(s));
+  cuda::ChannelImports imports(cu);
   LF_TRY_STATUS(load_kernels(s.s));
   for (int i = 0; i < frames; ++i)
     LF_TRY_STATUS(gpu_publish(
@@ -429,9 +429,9 @@ Status stream_lavaflow_peer(const std::string& dir, std::uint64_t size, int fram
   LF_TRY(auto vk, peer_context());
   LF_TRY(auto cu, cuda::Interop::create(vk));
   LF_TRY(auto in, Consumer::open("frames", gpu_consumer(vk, dir)));
-  cuda::ChannelImports imports(cu);
   StreamOwner s;
   LF_TRY_STATUS(create(s));
+  cuda::ChannelImports imports(cu);
   LF_TRY_STATUS(load_kernels(s.s));
   DeviceMemory errors, stamps;
   LF_TRY_STATUS(allocate(errors, sizeof(unsigned long long)));

@@ -903,6 +903,35 @@ TEST_CASE("flag channel: a consumer's release counter is its own, and a reused i
   CHECK(e_rel.value == 2);
 }
 
+TEST_CASE(
+    "flag channel: a slot's release wait reaches ahead to promised releases, and reads queue at most 3/4 ring ahead") {
+  auto ctx = lftest::context_or_skip();
+  auto dir = lftest::channel_dir();
+  auto o = flag_popts(dir, ctx, 8);
+  o.host_wait_for_gpu_release = false;
+  auto p = lftest::ok(Producer::create("flagahead", o));
+  auto c = lftest::ok(Consumer::open("flagahead", copts(dir)));
+  lftest::ok(p->wait_for_consumers(1, 5s));
+  // Eight slots: GPU reads may be queued up to five messages beyond the oldest unreleased one, so
+  // that no release the producer's GPU may wait for (a quarter of the ring ahead) is queued
+  // behind a wait for a message that needs it.
+  CHECK(c->upcoming(5).has_value());
+  const auto far = lftest::err(c->upcoming(6));
+  CHECK(far.code() == Errc::InvalidArgument);
+  CHECK(far.cause().find("at most 5 ahead") != std::string::npos);
+  for (std::uint64_t i = 0; i < 8; ++i) publish(*p, i, 16);
+  for (std::uint64_t i = 0; i < 8; ++i) {
+    auto r = lftest::ok(c->receive(5s));
+    (void)lftest::ok(r.gpu_release());  // promised; nothing raises the counter here
+  }
+  // Message 8 goes where message 0 was: its read (release value 1) is what the slot needs, and the
+  // releases promised since, up to 8 / 4 further, are what a wait may cover instead.
+  auto loan = lftest::ok(p->loan(1s));
+  REQUIRE(loan.gpu_waits().size() == 1);
+  CHECK(loan.gpu_waits()[0].value == 1);
+  CHECK(loan.gpu_waits()[0].ahead == 3);
+}
+
 TEST_CASE("flag channel: producer-side GPU waits, a dead consumer's owed releases, a dead producer's writes") {
   auto ctx = lftest::context_or_skip();
   auto dir = lftest::channel_dir();

@@ -1583,6 +1583,13 @@ Result<Consumer::Upcoming> Consumer::upcoming(std::uint64_t sequence) {
     return fail(Errc::InvalidArgument, call,
                 str_format("message {} would go into the slot of message {}, which this consumer has not released",
                            sequence, sequence - m.slots));
+  // The producer's GPU may wait for a release up to a quarter of the ring beyond the one a slot
+  // needs (GpuSync::ahead); a release queued behind a wait this far ahead would wait for itself.
+  if (const std::uint64_t reach = m.slots - m.slots / 4; sequence - m.released >= reach)
+    return fail(Errc::InvalidArgument, call,
+                str_format("message {} is {} messages beyond the oldest this consumer has not released ({}); with {} "
+                           "slots GPU work may be queued at most {} ahead",
+                           sequence, sequence - m.released, m.released, m.slots, reach - 1));
   m.raise_gpu_wait(sequence + 1);
   const auto slot = static_cast<std::uint32_t>(sequence % m.slots);
   return Upcoming{sequence, m.ring[slot].get(), m.written().at(sequence + 1)};

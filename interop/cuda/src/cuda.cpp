@@ -549,37 +549,61 @@ namespace {
 /// (unknown counts as captured: no shortcuts then).
 bool capturing(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) return true;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+    (void)cudaGetLastError();  // ours, not the caller's
+    return true;
+  }
   return status != cudaStreamCaptureStatusNone;
+}
+
+/// Handles that name a different stream by calling thread or current device (the legacy and
+/// per-thread default streams): a signal deferred there could later be queued on another stream.
+bool thread_dependent(cudaStream_t stream) {
+  return stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread;
 }
 
 /// How many (stream, counter) waits are remembered; past that the memory starts again (a wait
 /// forgotten is only queued once more).
 constexpr std::size_t kMaxWaited = 64;
 
+constexpr const char* kCaptured = "signals deferred there are not queued yet: flush() before capturing the stream";
+
 }  // namespace
 
-ChannelImports::~ChannelImports() { (void)flush(); }
+ChannelImports::~ChannelImports() { settle(); }
 
 ChannelImports::ChannelImports(ChannelImports&& o) noexcept
     : cuda_(o.cuda_),
       waited_(std::exchange(o.waited_, {})),
       deferred_(std::exchange(o.deferred_, {})),
+      waits_skipped_(std::exchange(o.waits_skipped_, 0)),
       cache_(std::move(o.cache_)),
       semaphores_(std::move(o.semaphores_)),
-      copied_(std::move(o.copied_)) {}
+      copied_(std::move(o.copied_)),
+      ordered_(std::move(o.ordered_)) {}
 
 ChannelImports& ChannelImports::operator=(ChannelImports&& o) noexcept {
   if (this != &o) {
-    (void)flush();
+    settle();
     cuda_ = o.cuda_;
     waited_ = std::exchange(o.waited_, {});
     deferred_ = std::exchange(o.deferred_, {});
+    waits_skipped_ = std::exchange(o.waits_skipped_, 0);
     cache_ = std::move(o.cache_);
     semaphores_ = std::move(o.semaphores_);
     copied_ = std::move(o.copied_);
+    ordered_ = std::move(o.ordered_);
   }
   return *this;
+}
+
+// The semaphores and flag blocks are freed next: each deferred signal is queued and its stream
+// finished first (no CUDA object may go with an operation on it pending). One that cannot be
+// queued is left to the channel's end, which signals what a departed peer owed.
+void ChannelImports::settle() noexcept {
+  for (const auto& d : deferred_)
+    if (!capturing(d.stream) && queue_signal(d.stream, d.sync)) (void)cudaStreamSynchronize(d.stream);
+  deferred_.clear();
 }
 
 Result<const ExternalBuffer*> ChannelImports::import(const lavaflow::Buffer& buffer) {
@@ -626,20 +650,22 @@ Result<ChannelImports::CounterKey> ChannelImports::counter_key(const GpuSync& sy
 // wait (through the peer) is waiting for.
 Status ChannelImports::wait(cudaStream_t stream, const GpuSync& sync) {
   LF_TRY(const auto key, counter_key(sync));
+  const bool captured = capturing(stream);
   unsigned long long id = 0;
-  const bool remember = !capturing(stream) && cudaStreamGetId(stream, &id) == cudaSuccess;
+  bool remember = false;
+  if (!captured) {
+    remember = cudaStreamGetId(stream, &id) == cudaSuccess;
+    if (!remember) (void)cudaGetLastError();
+  }
   auto seen = waited_.end();
   if (remember) {
     seen = std::ranges::find_if(waited_, [&](const Waited& w) { return w.stream_id == id && w.counter == key; });
-    if (seen != waited_.end() && seen->value >= sync.value) return {};
-  }
-  for (auto it = deferred_.begin(); it != deferred_.end();)
-    if (it->stream == stream) {
-      LF_TRY_STATUS(queue_signal(it->stream, it->sync));
-      it = deferred_.erase(it);
-    } else {
-      ++it;
+    if (seen != waited_.end() && seen->value >= sync.value) {
+      ++waits_skipped_;
+      return {};
     }
+  }
+  LF_TRY_STATUS(queue_deferred(stream, captured));
   if (sync.kind() == GpuSyncKind::Flag) {
     LF_TRY(const auto at, flag_address(sync));
     LF_TRY_STATUS(cuda_->driver_->check(
@@ -659,35 +685,82 @@ Status ChannelImports::wait(cudaStream_t stream, const GpuSync& sync) {
   return {};
 }
 
-Status ChannelImports::signal(cudaStream_t stream, const GpuSync& sync) {
-  LF_TRY(const auto key, counter_key(sync));
-  // A signal deferred on this counter is covered by this one when it comes later in the same
-  // stream (the counter only moves up); from another stream it is queued there first.
-  if (auto it = std::ranges::find(deferred_, key, &Deferred::counter); it != deferred_.end()) {
-    if (it->stream != stream || capturing(stream)) LF_TRY_STATUS(queue_signal(it->stream, it->sync));
-    deferred_.erase(it);
+Status ChannelImports::queue_deferred(cudaStream_t stream, bool captured) {
+  for (auto it = deferred_.begin(); it != deferred_.end();) {
+    if (it->stream != stream) {
+      ++it;
+      continue;
+    }
+    if (captured) return fail(Errc::InvalidArgument, "cuda::ChannelImports::wait", kCaptured);
+    LF_TRY_STATUS(queue_signal(it->stream, it->sync));
+    it = deferred_.erase(it);
   }
-  return queue_signal(stream, sync);
+  return {};
 }
 
-Status ChannelImports::raise(cudaStream_t stream, const GpuSync& sync, Queue when) {
-  if (when == Queue::Now || capturing(stream)) return signal(stream, sync);
+Status ChannelImports::order_after(cudaStream_t earlier, cudaStream_t later) {
+  if (!ordered_) {
+    cudaEvent_t e = nullptr;
+    if (auto err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming); err != cudaSuccess)
+      return std::unexpected(to_error(err, "cudaEventCreateWithFlags"));
+    ordered_.reset(e);
+  }
+  if (auto err = cudaEventRecord(ordered_.get(), earlier); err != cudaSuccess)
+    return std::unexpected(to_error(err, "cudaEventRecord"));
+  if (auto err = cudaStreamWaitEvent(later, ordered_.get(), 0); err != cudaSuccess)
+    return std::unexpected(to_error(err, "cudaStreamWaitEvent"));
+  return {};
+}
+
+// A signal deferred on the counter is covered by this one, which comes after it in the same
+// stream, or in another stream made to wait for the first one's work so far (the counter only
+// moves up). It is dropped only once this one is queued.
+Status ChannelImports::signal(cudaStream_t stream, const GpuSync& sync) {
+  constexpr const char* call = "cuda::ChannelImports::signal";
   LF_TRY(const auto key, counter_key(sync));
-  auto it = std::ranges::find(deferred_, key, &Deferred::counter);
+  const auto it = std::ranges::find(deferred_, key, &Deferred::counter);
+  if (it != deferred_.end()) {
+    if (capturing(stream) || capturing(it->stream)) return fail(Errc::InvalidArgument, call, kCaptured);
+    if (it->stream != stream) LF_TRY_STATUS(order_after(it->stream, stream));
+  }
+  LF_TRY_STATUS(queue_signal(stream, sync));
+  if (it != deferred_.end()) deferred_.erase(it);
+  return {};
+}
+
+// Everything a later queue_signal needs is imported here, before the channel is told: a promise
+// is not broken for want of an import.
+Status ChannelImports::raise(cudaStream_t stream, const GpuSync& sync, Queue when) {
+  if (when == Queue::Now || thread_dependent(stream) || capturing(stream)) return signal(stream, sync);
+  LF_TRY(const auto key, counter_key(sync));
+  if (sync.kind() == GpuSyncKind::Semaphore)
+    if (auto sem = semaphore(sync); !sem) return std::unexpected(sem.error());
+  const auto it = std::ranges::find(deferred_, key, &Deferred::counter);
   if (it == deferred_.end()) {
     deferred_.push_back({stream, key, sync});
     return {};
   }
-  if (it->stream != stream) LF_TRY_STATUS(queue_signal(it->stream, it->sync));
+  if (it->stream != stream) {
+    if (capturing(it->stream)) return fail(Errc::InvalidArgument, "cuda::ChannelImports::signal", kCaptured);
+    LF_TRY_STATUS(order_after(it->stream, stream));
+  }
   *it = {stream, key, sync};
   return {};
 }
 
 Status ChannelImports::flush() {
   Status first;
-  for (const auto& d : deferred_)
-    if (auto ok = queue_signal(d.stream, d.sync); !ok && first) first = std::unexpected(ok.error());
-  deferred_.clear();
+  for (auto it = deferred_.begin(); it != deferred_.end();) {
+    const Status ok = capturing(it->stream) ? fail(Errc::InvalidArgument, "cuda::ChannelImports::flush",
+                                                   "a stream with deferred signals is being captured")
+                                            : queue_signal(it->stream, it->sync);
+    if (ok) {
+      it = deferred_.erase(it);
+      continue;
+    }
+    if (first) first = std::unexpected(ok.error());
+    ++it;
+  }
   return first;
 }
 

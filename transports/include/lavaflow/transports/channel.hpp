@@ -364,7 +364,9 @@ class Consumer {
   /// message on the GPU (Loan::gpu_signal): ahead of a message published otherwise the queued
   /// work waits for the next GPU-ordered one. Unsupported without GPU ordering and under
   /// FullPolicy::DropOldest (the producer may skip the slot); InvalidArgument for a message
-  /// already received or one whose slot still holds a message this consumer has not released.
+  /// already received, or one at least slots − slots/4 beyond the oldest message this consumer
+  /// has not released (its slot may still hold that message, and a producer's GPU may wait for
+  /// releases up to a quarter of the ring ahead: GpuSync::ahead).
   /// Should the producer die first, the queued work is let go (what it reads is then undefined;
   /// the next receive() says PeerLost).
   [[nodiscard]] Result<Upcoming> upcoming(std::uint64_t sequence);

@@ -259,13 +259,18 @@ class Interop {
 ///   the last message of a batch first (upcoming(last)) has the others' waits for free.
 /// - signal() and release() with Queue::Deferred tell the channel at once (the message is
 ///   published, or its slot promised back) but queue the GPU operation later, as one that covers
-///   every deferred one of that counter: at the next Queue::Now call on the counter, at flush(),
-///   or when the ChannelImports is destroyed. The peer's GPU waits for a deferred message until
-///   then, so end every batch with Queue::Now (or flush()) and keep each batch well under the
-///   ring's slots. A deferred signal is queued on the stream it was deferred on: a later call on
-///   the same counter from another stream queues it there first.
+///   every deferred one of that counter: at the next Queue::Now call on the counter, before the
+///   next wait queued on the same stream, at flush(), or when the ChannelImports goes (which then
+///   also waits for those streams). The peer waits for a deferred message until then — its GPU,
+///   or its host where it waits there (ConsumerOptions::host_wait_for_gpu,
+///   ProducerOptions::host_wait_for_gpu_release) — so end every batch with Queue::Now (or
+///   flush()) and keep batches at most half the ring. A later call on the same counter from
+///   another stream makes that stream wait for the first one's work so far, and its signal then
+///   covers the deferred one. The default streams (null, cudaStreamLegacy, cudaStreamPerThread),
+///   which name a different stream by thread or device, never defer.
 /// Neither applies while a stream is being captured into a CUDA graph (the graph runs later, in
-/// its own order): then every call queues its own operation.
+/// its own order): then every call queues its own operation, and a call that would have to queue
+/// a signal deferred before the capture into it fails instead (flush() before capturing).
 class ChannelImports {
  public:
   /// When signal() and release() queue their GPU operation.
@@ -291,10 +296,12 @@ class ChannelImports {
   /// The message's slot may be written again once the work queued in `stream` so far is done
   /// (Received::gpu_release); the message can then be dropped at once.
   [[nodiscard]] Status release(cudaStream_t stream, Received& message, Queue when = Queue::Now);
-  /// Queues every deferred signal and release now.
+  /// Queues every deferred signal and release now (one that fails stays deferred).
   [[nodiscard]] Status flush();
-  /// Signals and releases deferred and not yet queued.
+  /// Counters with a signal deferred and not yet queued.
   [[nodiscard]] std::size_t deferred() const { return deferred_.size(); }
+  /// Waits not queued because their stream already waited for as much.
+  [[nodiscard]] std::uint64_t waits_skipped() const { return waits_skipped_; }
   /// Work after this in `stream` waits until the point is reached (either kind of GpuSync).
   [[nodiscard]] Status wait(cudaStream_t stream, const GpuSync& sync);
   /// Raises the point once the work queued in `stream` so far is done. Prefer signal(loan) and
@@ -334,6 +341,12 @@ class ChannelImports {
   /// `sync` to be signalled in `stream`, now or (Queue::Deferred) later.
   Status raise(cudaStream_t stream, const GpuSync& sync, Queue when);
   Status queue_signal(cudaStream_t stream, const GpuSync& sync);
+  /// Queues the signals deferred on `stream` (refused while it is `captured`).
+  Status queue_deferred(cudaStream_t stream, bool captured);
+  /// Work queued in `later` from now on waits for the work queued in `earlier` so far.
+  Status order_after(cudaStream_t earlier, cudaStream_t later);
+  /// Queues what is deferred and waits for those streams (destruction, move-assignment).
+  void settle() noexcept;
   struct Waited {  // the highest value a stream has queued a wait for, by counter
     unsigned long long stream_id;
     CounterKey counter;
@@ -347,11 +360,13 @@ class ChannelImports {
   const Interop* cuda_;
   std::vector<Waited> waited_;
   std::vector<Deferred> deferred_;
+  std::uint64_t waits_skipped_ = 0;
   std::unordered_map<const lavaflow::Buffer*, ExternalBuffer> cache_;
   std::unordered_map<const GpuSemaphore*, ExternalSemaphore> semaphores_;
   // copy_to_peer's last copy, on the ring's GPU. One serves every call: a stream's wait on an
   // event takes the record made before it, so recording it again later changes no wait queued.
   UniqueHandle<EventTraits> copied_;
+  UniqueHandle<EventTraits> ordered_;  // order_after's
 };
 
 /// A MemoryPool whose GpuDeviceLocal buffers are exportable CUDA memory of `interop`'s device:
