@@ -40,6 +40,10 @@ struct TwoStreams {
     CU_OK(cudaStreamCreateWithFlags(&writer, cudaStreamNonBlocking));
     CU_OK(cudaStreamCreateWithFlags(&reader, cudaStreamNonBlocking));
     CU_OK(cudaMalloc(reinterpret_cast<void**>(&errors), sizeof *errors));
+    // Each kernel runs once first: modules load lazily, and loading one while a stream of the
+    // process waits for a signal not queued yet can deadlock.
+    CU_OK(lf_kernel_fill_frame(errors, sizeof *errors, 0, writer));
+    CU_OK(lf_kernel_check_frame(errors, sizeof *errors, 0, 0, errors, nullptr, nullptr, writer));
     CU_OK(cudaMemset(errors, 0, sizeof *errors));
     CU_OK(cudaDeviceSynchronize());
   }

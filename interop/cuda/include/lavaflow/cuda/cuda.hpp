@@ -240,6 +240,9 @@ class Interop {
 ///
 /// A GPU-resident consumer queues its reads ahead (Consumer::upcoming: wait(stream, upcoming),
 /// kernels read buffer(upcoming)), then receives each message later and releases it on the GPU.
+/// Run each kernel once before queuing a wait whose signal is not queued yet: CUDA loads modules
+/// lazily (unless CUDA_MODULE_LOADING=EAGER), and a load while a stream of the process waits
+/// like that can deadlock.
 ///
 /// (Producers set ProducerOptions::host_wait_for_gpu_release = false and consumers
 /// ConsumerOptions::host_wait_for_gpu = false, or the channel waits on the host for them.)
