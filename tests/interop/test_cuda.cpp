@@ -44,6 +44,7 @@ struct TwoStreams {
     // process waits for a signal not queued yet can deadlock.
     CU_OK(lf_kernel_fill_frame(errors, sizeof *errors, 0, writer));
     CU_OK(lf_kernel_check_frame(errors, sizeof *errors, 0, 0, errors, nullptr, nullptr, writer));
+    CU_OK(cudaStreamSynchronize(writer));  // a non-blocking stream: the memset does not wait for it
     CU_OK(cudaMemset(errors, 0, sizeof *errors));
     CU_OK(cudaDeviceSynchronize());
   }
