@@ -666,21 +666,24 @@ Status ChannelImports::wait(cudaStream_t stream, const GpuSync& sync) {
     }
   }
   LF_TRY_STATUS(queue_deferred(stream, captured));
+  // A promised later value (a loan's GpuSync::ahead) is waited for instead: it covers the next
+  // loans' waits, which are then skipped.
+  const std::uint64_t target = std::max(sync.value, sync.ahead);
   if (sync.kind() == GpuSyncKind::Flag) {
     LF_TRY(const auto at, flag_address(sync));
     LF_TRY_STATUS(cuda_->driver_->check(
-        cuda_->driver_->wait_value(reinterpret_cast<CUstream>(stream), at, sync.value, CU_STREAM_WAIT_VALUE_GEQ),
+        cuda_->driver_->wait_value(reinterpret_cast<CUstream>(stream), at, target, CU_STREAM_WAIT_VALUE_GEQ),
         "cuStreamWaitValue64"));
   } else {
     LF_TRY(const auto* sem, semaphore(sync));
-    LF_TRY_STATUS(sem->wait(stream, sync.value));
+    LF_TRY_STATUS(sem->wait(stream, target));
   }
   if (!remember) return {};
   if (seen != waited_.end()) {
-    seen->value = sync.value;
+    seen->value = target;
   } else {
     if (waited_.size() >= kMaxWaited) waited_.clear();
-    waited_.push_back({id, key, sync.value});
+    waited_.push_back({id, key, target});
   }
   return {};
 }
@@ -791,12 +794,8 @@ Status ChannelImports::wait(cudaStream_t stream, const Received& message) {
   return wait(stream, *sync);
 }
 
-// A wait for a promised later value covers the next loans' waits, which are then skipped.
 Status ChannelImports::wait(cudaStream_t stream, const Loan& loan) {
-  for (auto sync : loan.gpu_waits()) {
-    if (sync.ahead > sync.value) sync.value = sync.ahead;
-    LF_TRY_STATUS(wait(stream, sync));
-  }
+  for (const auto& sync : loan.gpu_waits()) LF_TRY_STATUS(wait(stream, sync));
   return {};
 }
 

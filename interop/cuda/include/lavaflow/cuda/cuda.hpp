@@ -305,7 +305,8 @@ class ChannelImports {
   [[nodiscard]] std::size_t deferred() const { return deferred_.size(); }
   /// Waits not queued because their stream already waited for as much.
   [[nodiscard]] std::uint64_t waits_skipped() const { return waits_skipped_; }
-  /// Work after this in `stream` waits until the point is reached (either kind of GpuSync).
+  /// Work after this in `stream` waits until the point is reached (either kind of GpuSync; one
+  /// with a later promised value, GpuSync::ahead, waits for that instead).
   [[nodiscard]] Status wait(cudaStream_t stream, const GpuSync& sync);
   /// Raises the point once the work queued in `stream` so far is done. Prefer signal(loan) and
   /// release(message), which also tell the channel.
