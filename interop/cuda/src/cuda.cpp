@@ -9,6 +9,7 @@
 
 #include "lavaflow/core/detail/format.hpp"
 #include "pci.hpp"
+#include "runtime.hpp"
 
 namespace lavaflow::cuda {
 
@@ -702,17 +703,15 @@ Status ChannelImports::queue_deferred(cudaStream_t stream, bool captured) {
 }
 
 Status ChannelImports::order_after(cudaStream_t earlier, cudaStream_t later) {
+  constexpr const char* call = "cuda::ChannelImports::signal";
   if (!ordered_) {
     cudaEvent_t e = nullptr;
-    if (auto err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming); err != cudaSuccess)
-      return std::unexpected(to_error(err, "cudaEventCreateWithFlags"));
+    LF_TRY_STATUS(
+        detail::cuda_step(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags", call));
     ordered_.reset(e);
   }
-  if (auto err = cudaEventRecord(ordered_.get(), earlier); err != cudaSuccess)
-    return std::unexpected(to_error(err, "cudaEventRecord"));
-  if (auto err = cudaStreamWaitEvent(later, ordered_.get(), 0); err != cudaSuccess)
-    return std::unexpected(to_error(err, "cudaStreamWaitEvent"));
-  return {};
+  LF_TRY_STATUS(detail::cuda_step(cudaEventRecord(ordered_.get(), earlier), "cudaEventRecord", call));
+  return detail::cuda_step(cudaStreamWaitEvent(later, ordered_.get(), 0), "cudaStreamWaitEvent", call);
 }
 
 // A signal deferred on the counter is covered by this one, which comes after it in the same
