@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -112,15 +113,27 @@ int bench_interop(const InteropOptions& o) {
   auto progress = [&](const char* what) {
     if (!o.json) std::fprintf(stderr, "interop: %s...\n", what);
   };
-  progress("copy kernel");
-  auto copy = copy_bandwidth(*vk, *cu, o.size, 20);
-  progress("import cost");
-  auto imp = import_cost_us(*vk, *cu, 64 << 20, 200);
+  auto wanted = [&](const char* part) { return o.parts.empty() || o.parts.contains(part); };
   std::vector<GpuRow> rows;
   std::vector<std::string> errors;
-  for (auto* e : {copy ? nullptr : &copy.error(), imp ? nullptr : &imp.error()})
-    if (e) errors.push_back(e->message());
+  std::optional<CopyResult> copy;
+  if (wanted("copy")) {
+    progress("copy kernel");
+    if (auto c = copy_bandwidth(*vk, *cu, o.size, 20))
+      copy = *c;
+    else
+      errors.push_back(c.error().message());
+  }
+  std::optional<double> imp;
+  if (wanted("import")) {
+    progress("import cost");
+    if (auto i = import_cost_us(*vk, *cu, 64 << 20, 200))
+      imp = *i;
+    else
+      errors.push_back(i.error().message());
+  }
   for (std::uint64_t size : {std::uint64_t{64}, std::uint64_t{1} << 20, std::uint64_t{16} << 20}) {
+    if (!wanted("pingpong")) break;
     progress(str_format("gpu-pingpong {} B", size).c_str());
     auto r = gpu_pingpong(*vk, *cu, size, o.rounds, dev.mps);
     if (!r)
@@ -131,6 +144,7 @@ int bench_interop(const InteropOptions& o) {
   // Both stream rows use the ring a GPU channel gets by default, unless told otherwise.
   const std::uint32_t slots = o.slots != 0 ? o.slots : ProducerOptions::kGpuSlots;
   for (std::uint64_t size : {std::uint64_t{1} << 20, std::uint64_t{16} << 20}) {
+    if (!wanted("stream")) break;
     progress(str_format("gpu-stream {} B, {} slots, batches of {}", size, slots, o.batch).c_str());
     const int frames = size > (1u << 20) ? std::max(o.frames / 4, 16) : o.frames;
     auto r = gpu_stream(*vk, *cu, size, frames, slots, o.batch, dev.mps);

@@ -429,6 +429,9 @@ int main(int argc, char** argv) {
   lfapp::add_whole(*interop, "--slots", io.slots, "gpu-stream ring buffers (0: the channel's default)", 0, 62);
   lfapp::add_whole(*interop, "--batch", io.batch, "gpu-stream frames per GPU wait and signal (at most half the ring)",
                    1, 31);
+  interop->add_option("--parts", io.parts, "rows to measure (default: all)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"copy", "import", "pingpong", "stream"}));
   interop->add_flag("--json", io.json, "JSON rows");
 
   lfbench::P2POptions p2p_options;
