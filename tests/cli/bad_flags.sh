@@ -100,6 +100,9 @@ check_whole --size 1048576 68719476736 "$bench" interop
 check_whole --frames 16 1000000 "$bench" interop
 check_whole --slots 0 62 "$bench" interop
 check_whole --rounds 10 10000000 "$bench" interop
+check_whole --batch 1 31 "$bench" interop
+expect_usage_error --parts "$bench" interop --parts stream,bogus
+expect_usage_error --parts "$bench" interop --parts ""
 check_unknown "$bench" collectives
 check_whole --ranks 2 64 "$bench" collectives
 check_whole --max-size 8 1073741824 "$bench" collectives
