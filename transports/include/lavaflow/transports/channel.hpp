@@ -54,7 +54,7 @@ enum class GpuSyncKind : std::uint8_t {
 
 struct ProducerOptions {
   static constexpr std::uint32_t kHostSlots = 8;
-  static constexpr std::uint32_t kGpuSlots = 32;
+  static constexpr std::uint32_t kGpuSlots = 62;
   /// Ring length N (1..62); 0 chooses: kGpuSlots for a ring in GPU memory, kHostSlots otherwise.
   /// A GPU ring is deeper because a GPU time-slices between processes: the deeper the ring, the
   /// more frames each side handles per context switch (design note 0015 has the trade of ring
