@@ -503,6 +503,10 @@ struct detail::ProducerState {
     const std::uint64_t expect = seq - options.slots + 1;
     for (std::uint32_t i = 0; i < slots_used; ++i) {
       const auto& c = control->consumers[i];
+      // A consumer that promised no GPU release of the slot's previous message adds no wait. This
+      // is looked at before `state`, whose line the consumer writes on every receive: a loan of a
+      // channel read on the CPU then touches no line the consumers write.
+      if (c.gpu_release[slot].load(std::memory_order_relaxed) != expect) continue;
       // The state first: an admission sets the index's counter (flags: its word) before it.
       if (c.state.load(std::memory_order_acquire) != 1) continue;
       const auto counter = released_by(i);
