@@ -133,7 +133,7 @@ int bench_interop(const InteropOptions& o) {
       errors.push_back(i.error().message());
   }
   for (std::uint64_t size : {std::uint64_t{64}, std::uint64_t{1} << 20, std::uint64_t{16} << 20}) {
-    if (!wanted("pingpong")) break;
+    if (!wanted("pingpong")) continue;
     progress(str_format("gpu-pingpong {} B", size).c_str());
     auto r = gpu_pingpong(*vk, *cu, size, o.rounds, dev.mps);
     if (!r)

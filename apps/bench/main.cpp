@@ -426,7 +426,8 @@ int main(int argc, char** argv) {
   lfapp::add_whole(*interop, "--size", io.size, "bytes the copy kernel moves", 1 << 20, 1ull << 36);
   lfapp::add_whole(*interop, "--rounds", io.rounds, "gpu-pingpong round trips per row", 10, 10'000'000);
   lfapp::add_whole(*interop, "--frames", io.frames, "gpu-stream frames at 1 MiB (a quarter at 16 MiB)", 16, 1'000'000);
-  lfapp::add_whole(*interop, "--slots", io.slots, "gpu-stream ring buffers (0: the channel's default)", 0, 62);
+  lfapp::add_whole(*interop, "--slots", io.slots, "gpu-stream ring buffers (0: the channel's default)", 0,
+                   ProducerOptions::kMaxSlots);
   lfapp::add_whole(*interop, "--batch", io.batch, "gpu-stream frames per GPU wait and signal (at most half the ring)",
                    1, 31);
   interop->add_option("--parts", io.parts, "rows to measure (default: all)")

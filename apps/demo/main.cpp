@@ -43,7 +43,7 @@ constexpr std::uint64_t kMaxCount = 1ull << 40;
 constexpr std::uint64_t kMaxSeconds = 7ull * 24 * 3600;
 constexpr std::uint64_t kMaxMessageBytes = 1ull << 32;
 constexpr std::uint32_t kMaxConsumers = 16;
-constexpr std::uint32_t kMaxSlots = 62;
+constexpr std::uint32_t kMaxSlots = ProducerOptions::kMaxSlots;
 /// user_tag of the end-of-stream message a timed producer (--seconds) sends last; its sequence
 /// number is the count of data messages before it, which the consumer checks.
 constexpr std::uint64_t kEndOfStream = ~0ull;

@@ -507,7 +507,8 @@ struct detail::ProducerState {
       // is looked at before `state`, whose line the consumer writes on every receive: a loan of a
       // channel read on the CPU then touches no line the consumers write.
       if (c.gpu_release[slot].load(std::memory_order_relaxed) != expect) continue;
-      // The state first: an admission sets the index's counter (flags: its word) before it.
+      // The state before the counter and a second look at the promise: an admission sets the
+      // index's counter (flags: its word) and clears its promises before it sets the state.
       if (c.state.load(std::memory_order_acquire) != 1) continue;
       const auto counter = released_by(i);
       if (!counter) continue;

@@ -16,12 +16,13 @@
 
 #include "lavaflow/core/buffer.hpp"
 #include "lavaflow/core/location.hpp"
+#include "lavaflow/transports/channel.hpp"
 
 namespace lavaflow::detail {
 
 inline constexpr std::uint32_t kHandshakeMagic = 0x48434c46;  // "FLCH"
 inline constexpr std::uint16_t kHandshakeVersion = 4;
-inline constexpr std::uint32_t kMaxSlots = 62;  // + control + two semaphores or blocks: one frame of fds
+inline constexpr std::uint32_t kMaxSlots = ProducerOptions::kMaxSlots;
 /// A flag channel's counters are 64-bit words, each on its own cache line: the written counter in
 /// a block every consumer maps, and each consumer's release counter in a block of its own.
 inline constexpr std::uint64_t kFlagStride = 64;

@@ -53,9 +53,12 @@ enum class GpuSyncKind : std::uint8_t {
 };
 
 struct ProducerOptions {
+  /// The longest ring: its buffers' fds, the control block's and two counters' go to a consumer
+  /// in one message.
+  static constexpr std::uint32_t kMaxSlots = 62;
   static constexpr std::uint32_t kHostSlots = 8;
-  static constexpr std::uint32_t kGpuSlots = 62;
-  /// Ring length N (1..62); 0 chooses: kGpuSlots for a ring in GPU memory, kHostSlots otherwise.
+  static constexpr std::uint32_t kGpuSlots = kMaxSlots;
+  /// Ring length N (1..kMaxSlots); 0 chooses: kGpuSlots for a ring in GPU memory, kHostSlots otherwise.
   /// A GPU ring is deeper because a GPU time-slices between processes: the deeper the ring, the
   /// more frames each side handles per context switch (design note 0015 has the trade of ring
   /// memory for throughput).
