@@ -1,10 +1,8 @@
 // SPDX-License-Identifier: MIT
 #include "lavaflow/core/pool.hpp"
 
-#include <linux/membarrier.h>
 #include <sched.h>
 #include <sys/mman.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +16,7 @@
 
 #include "lavaflow/core/cpu_buffer.hpp"
 #include "lavaflow/core/detail/format.hpp"
+#include "lavaflow/core/detail/process_fence.hpp"
 #include "lavaflow/core/gpu_buffer.hpp"
 #include "round_up.hpp"
 #include "stats_server.hpp"
@@ -305,7 +304,7 @@ PoolStats collect_stats(const PoolState& s);
 struct PoolState : std::enable_shared_from_this<PoolState> {
   PoolOptions options;
   CpuTopology topology;
-  bool membarrier = false;  // asymmetric fence available: the return path needs no fence of its own
+  ProcessFence fence;  // the return path against closing, trims against owners
   std::uint64_t page_bytes = 4096;
   // Blocks a thread keeps per small class: thread_cache_bytes worth, at least two (so a rent and
   // return in turn never take the lock), at most kThreadCacheMaxBlocks.
@@ -718,7 +717,8 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
       tc->owner->state.compare_exchange_strong(expected, nullptr, std::memory_order_relaxed);
       asked = true;
     }
-    if (!asked || !membarrier || ::syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) != 0) return;
+    // Owners fence nothing between `busy` and `trim`: only an expedited membarrier orders them.
+    if (!asked || !fence.expedited() || !fence.heavy()) return;
     for (auto* tc : caches)
       if (tc != self && tc->owner->busy.load(std::memory_order_acquire) == 0) flush_large(*tc);
   }
@@ -803,10 +803,7 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
     // Dekker with ~MemoryPool: it stores `closing` and then counts the returns; this thread counts
     // its return and then loads `closing`. One of the two sees the other. membarrier() on the
     // closing side makes the fence here a compiler fence only.
-    if (membarrier)
-      std::atomic_signal_fence(std::memory_order_seq_cst);
-    else
-      std::atomic_thread_fence(std::memory_order_seq_cst);
+    fence.light();
     if (closing.load(std::memory_order_relaxed)) [[unlikely]]
       finish_if_last();
   }
@@ -1112,12 +1109,7 @@ MemoryPool::~MemoryPool() {
   s.stats_server.reset();  // its thread reads the state: before anything here changes it
   std::lock_guard lock(s.mutex);
   s.closing.store(true, std::memory_order_seq_cst);
-  bool fenced = true;
-  if (s.membarrier)
-    fenced = ::syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0 ||
-             ::syscall(SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0) == 0;
-  else
-    std::atomic_thread_fence(std::memory_order_seq_cst);
+  const bool fenced = s.fence.heavy();
   // Without a barrier a concurrent return may be missed: keep the memory (a leak) rather than risk
   // freeing it under that return.
   if (fenced && s.outstanding() == 0)
@@ -1154,7 +1146,6 @@ Result<MemoryPool> MemoryPool::create(PoolOptions o) {
                              ? 0
                              : std::clamp<std::uint64_t>(s->options.thread_cache_bytes / detail::class_size(c), 2,
                                                          detail::kThreadCacheMaxBlocks);
-  s->membarrier = ::syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
   if (const long page = ::sysconf(_SC_PAGESIZE); page > 0) s->page_bytes = static_cast<std::uint64_t>(page);
   const std::size_t nslots = detail::kKindSlots + static_cast<std::size_t>(std::max(1, s->topology.numa_nodes));
   s->slots.resize(nslots);

@@ -108,6 +108,55 @@ TEST_CASE("fan-out: every consumer sees every message") {
   CHECK(good == 3);
 }
 
+TEST_CASE("consumers that join while the producer streams each see a gapless run of intact messages") {
+  // A joining consumer starts at a head the producer's next scan of the ring cannot overwrite:
+  // its run of messages has no gap, no message of another sequence and no torn bytes.
+  auto dir = lftest::channel_dir();
+  auto o = popts(dir);
+  o.slot_size = 64;
+  auto p = lftest::ok(Producer::create("join", o));
+  auto steady = lftest::ok(Consumer::open("join", copts(dir)));
+  lftest::ok(p->wait_for_consumers(1, 5s));
+  std::atomic<bool> stop{false}, written{false};
+  std::thread writer([&] {
+    for (std::uint64_t i = 0; !stop.load(std::memory_order_relaxed); ++i) {
+      auto loan = p->loan(5s);
+      if (!loan) break;
+      std::memset(loan->bytes().data(), static_cast<int>(i & 0xff), 64);
+      if (!p->publish(std::move(*loan), {.size = 64, .user_tag = i})) break;
+    }
+    written = true;
+  });
+  std::thread drain([&] {  // keeps the ring moving until the writer is done
+    while (!written.load(std::memory_order_relaxed)) (void)steady->receive(100ms);
+  });
+  int joins = 0, bad = 0;
+  for (; joins < 100; ++joins) {
+    auto c = Consumer::open("join", copts(dir));
+    if (!c) {
+      ++bad;
+      continue;
+    }
+    std::optional<std::uint64_t> last;
+    for (int k = 0; k < 20; ++k) {
+      auto r = (*c)->receive(5s);
+      if (!r || r->missed() != 0 || r->info().user_tag != r->info().sequence ||
+          (last && r->info().sequence != *last + 1) ||
+          r->bytes()[0] != static_cast<std::byte>(r->info().sequence & 0xff) ||
+          r->bytes()[63] != static_cast<std::byte>(r->info().sequence & 0xff)) {
+        ++bad;
+        break;
+      }
+      last = r->info().sequence;
+    }
+  }
+  stop = true;
+  writer.join();
+  drain.join();
+  CHECK(joins == 100);
+  CHECK(bad == 0);
+}
+
 TEST_CASE("full ring: Block waits with a timeout, FailFast says would-block, DropOldest skips and reports the gap") {
   auto dir = lftest::channel_dir();
   SECTION("block") {

@@ -29,6 +29,7 @@
 #include "lavaflow/core/cpu_buffer.hpp"
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/detail/private_dir.hpp"
+#include "lavaflow/core/detail/process_fence.hpp"
 #include "lavaflow/core/detail/vk_call.hpp"
 #include "lavaflow/core/detail/wait.hpp"
 #include "lavaflow/core/gpu_buffer.hpp"
@@ -298,6 +299,7 @@ struct detail::ProducerState {
   std::uint64_t min_released = 0;            // cached lower bound of every active consumer's `released`
   std::uint32_t write_slot = 0;              // write_seq % slots, kept incrementally (no division per message)
   std::atomic<std::uint32_t> slots_used{0};  // consumer entries ever handed out (service thread raises it)
+  ProcessFence admission_fence;              // orders a publish's head against an admission's state
   std::optional<GpuSemaphore> timeline;      // value n + 1: message n's GPU writes are done
   // By consumer index (created at its first admission, reused by later consumers there): value
   // n + 1 when that consumer's GPU is done reading message n. Set before the index's state turns
@@ -439,10 +441,13 @@ struct detail::ProducerState {
   }
 
   /// Whether slot `seq % slots` is free for every active consumer. The cached minimum only ever
-  /// underestimates (a joining consumer starts at the head), so the fast path reads no consumer's
-  /// cache line; they are re-read only when the ring looks full.
+  /// underestimates (a joining consumer starts at a head this scan has published; see admit), so
+  /// the fast path reads no consumer's cache line; they are re-read only when the ring looks full.
   [[nodiscard]] bool slot_free(std::uint64_t seq) {
     if (seq - min_released < options.slots) return true;
+    // The head `seq` was stored by the last publish; an admission stores a state and then loads
+    // the head. One of the two must see the other's store.
+    admission_fence.light();
     std::uint64_t lowest = seq;
     for (std::uint32_t i = 0; i < slots_used; ++i) {
       const auto& c = control->consumers[i];
@@ -650,14 +655,33 @@ void detail::ProducerState::admit(UniqueFd sock) {
     exports.push_back(std::move(*rex));
     fds.push_back(exports.back().fd.get());
   }
-  // Start the consumer at the current head: it sees every message published from now on.
+  // Start the consumer at the head: it sees every message published from now on. The producer
+  // stores the head and later scans the states without a fence of its own between the two, so
+  // the head read before the state is set may be stale: a scan that missed this state may already
+  // have let the producer overwrite messages up to the head that scan had published. The state is
+  // set with a lower bound of the head (the producer then waits on it at worst), every thread is
+  // fenced, and the head read after that is where the consumer starts: a scan that missed the
+  // state published no later head than that one, and every later scan sees the state.
   auto& c = control->consumers[index];
   for (auto& v : c.gpu_release) v.store(0, std::memory_order_relaxed);
-  const std::uint64_t head = control->write_seq.load(std::memory_order_seq_cst);
-  c.next.store(head, std::memory_order_seq_cst);
-  c.released.store(head, std::memory_order_seq_cst);
+  const std::uint64_t early = control->write_seq.load(std::memory_order_acquire);
+  c.next.store(early, std::memory_order_seq_cst);
+  c.released.store(early, std::memory_order_seq_cst);
   if (slots_used.load() < index + 1) slots_used.store(index + 1, std::memory_order_seq_cst);
   c.state.store(1, std::memory_order_seq_cst);
+  if (!admission_fence.heavy()) {
+    c.state.store(0, std::memory_order_seq_cst);
+    futex_wake_all(control->space_futex);
+    return (void)send_refuse(sock.get(), "the kernel refused the memory barrier that admission needs");
+  }
+  const std::uint64_t head = control->write_seq.load(std::memory_order_seq_cst);
+  // Raised, not stored: a DropOldest producer may have moved them past `early` meanwhile.
+  for (auto* counter : {&c.next, &c.released}) {
+    std::uint64_t was = counter->load(std::memory_order_seq_cst);
+    while (was < head && !counter->compare_exchange_weak(was, head, std::memory_order_seq_cst)) {
+    }
+  }
+  if (head != early) futex_wake_all(control->space_futex);  // a producer that saw `early` waits on it
   if (!send_message(sock.get(), detail::encode(w), fds)) {
     c.state.store(0, std::memory_order_seq_cst);
     return;
