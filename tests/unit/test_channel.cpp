@@ -131,12 +131,13 @@ TEST_CASE("consumers that join while the producer streams each see a gapless run
     while (!written.load(std::memory_order_relaxed)) (void)steady->receive(100ms);
   });
   int joins = 0, bad = 0;
-  for (; joins < 100; ++joins) {
+  for (int attempt = 0; attempt < 100 && bad == 0 && !written; ++attempt) {
     auto c = Consumer::open("join", copts(dir));
     if (!c) {
       ++bad;
-      continue;
+      break;
     }
+    ++joins;
     std::optional<std::uint64_t> last;
     for (int k = 0; k < 20; ++k) {
       auto r = (*c)->receive(5s);

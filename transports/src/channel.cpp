@@ -661,7 +661,9 @@ void detail::ProducerState::admit(UniqueFd sock) {
   // have let the producer overwrite messages up to the head that scan had published. The state is
   // set with a lower bound of the head (the producer then waits on it at worst), every thread is
   // fenced, and the head read after that is where the consumer starts: a scan that missed the
-  // state published no later head than that one, and every later scan sees the state.
+  // state published no later head than that one, and every later scan sees the state. A scan
+  // between the two sees the early bound: should the producer have published a whole ring past
+  // it in that moment, the ring looks full until the bound is raised (FailFast: WouldBlock).
   auto& c = control->consumers[index];
   for (auto& v : c.gpu_release) v.store(0, std::memory_order_relaxed);
   const std::uint64_t early = control->write_seq.load(std::memory_order_acquire);
@@ -684,6 +686,7 @@ void detail::ProducerState::admit(UniqueFd sock) {
   if (head != early) futex_wake_all(control->space_futex);  // a producer that saw `early` waits on it
   if (!send_message(sock.get(), detail::encode(w), fds)) {
     c.state.store(0, std::memory_order_seq_cst);
+    futex_wake_all(control->space_futex);  // a producer may wait on this consumer's slots
     return;
   }
   connections.push_back({std::move(sock), index});

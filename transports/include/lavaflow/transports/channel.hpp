@@ -39,7 +39,9 @@ class MemoryPool;
 enum class FullPolicy : std::uint8_t {
   Block,       ///< producer waits for a free slot (default)
   DropOldest,  ///< the oldest message a lagging consumer has not taken yet is dropped for it
-  FailFast,    ///< loan() reports WouldBlock at once
+  /// loan() reports WouldBlock at once; also for the moment a consumer takes to join, should the
+  /// producer run a whole ring ahead during it
+  FailFast,
 };
 
 /// How a channel's GPU work is ordered across processes (design note 0015).
