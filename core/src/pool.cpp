@@ -255,6 +255,10 @@ struct LastPool {
   std::atomic<PoolState*> state{nullptr};
   ThreadCache* cache = nullptr;
   std::atomic<std::uint32_t> busy{0};
+  // The cache's slot caches of the kinds' own slots (not per NUMA node), copied here so that a
+  // fast path reaches its stack in one load from the thread pointer rather than through the cache
+  // and its vector. Valid while `state` is set: set with it, and kept when a slot cache is made.
+  std::array<SlotCache*, kKindSlots> slots{};
 };
 thread_local LastPool t_last;
 
@@ -688,6 +692,7 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
     if (t_last.state.load(std::memory_order_relaxed) != this) {
       tc = &find_cache();
       t_last.cache = tc;
+      for (std::uint32_t i = 0; i < kKindSlots; ++i) t_last.slots[i] = tc->slots[i].get();
       t_last.state.store(this, std::memory_order_relaxed);
     }
     if (tc->trim.load(std::memory_order_acquire)) [[unlikely]]
@@ -767,6 +772,7 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
       std::lock_guard lock(mutex);
       sc = std::move(fresh);
       slots[slot].used = true;
+      if (&tc == t_last.cache && slot < kKindSlots) t_last.slots[slot] = sc.get();
     }
     return *sc;
   }
@@ -830,7 +836,7 @@ inline Result<PooledBuffer> PoolState::rent(RentOptions o) {
   const auto k = static_cast<std::uint32_t>(o.kind);
   if (k - 1 < kKindSlots && o.kind != BufferKind::CpuNuma && o.numa_node == -1 &&
       t_last.state.load(std::memory_order_relaxed) == this) [[likely]] {
-    if (SlotCache* sc = t_last.cache->slots[k - 1].get()) [[likely]] {
+    if (SlotCache* sc = t_last.slots[k - 1]) [[likely]] {
       if (o.size - 1 >= MemoryPool::kSmallMax) return rent_large(o, *sc);
       const std::uint32_t cls = small_class_of(o.size);
       if (auto& stack = sc->blocks[cls]; !stack.empty()) [[likely]] {
@@ -988,7 +994,8 @@ inline void PoolState::give_back(PooledBuffer& b) noexcept {
   // slot: the block was rented by another thread.)
   if (t_last.state.load(std::memory_order_relaxed) == this) [[likely]] {
     const std::uint32_t cls = b.size_class();
-    SlotCache* sc = t_last.cache->slots[b.slot()].get();
+    const std::uint32_t slot = b.slot();
+    SlotCache* sc = slot < kKindSlots ? t_last.slots[slot] : t_last.cache->slots[slot].get();
     if (sc && cls >= kSmallClasses) return give_back_large(b, *sc);
     if (sc && sc->blocks[cls].size() < cache_limit(cls)) [[likely]] {
       sc->blocks[cls].push(Block{b.segment_, b.offset_});
