@@ -30,7 +30,9 @@ constexpr std::uint64_t kAlign = MemoryPool::kAlignment;
 constexpr std::uint32_t kSmallClasses = 44;  // 256 B .. 1 MiB: four classes per doubling above 1 KiB
 constexpr std::uint32_t kLargeBuckets = 44;  // statistics of large buffers, one bucket per doubling
 constexpr std::uint32_t kClasses = kSmallClasses + kLargeBuckets;
-constexpr std::uint32_t kKindSlots = 6;  // BufferKind values 1..6; CpuNuma's slot is per node (after these)
+// BufferKind values 1..6, the kinds a pool rents (CpuPrivate, never exported, is not one); CpuNuma's
+// slot is per node (after these).
+constexpr std::uint32_t kKindSlots = 6;
 constexpr std::size_t kThreadCacheMaxBlocks = 64;
 constexpr std::size_t kLargeCacheEntries = 4;
 constexpr std::uint64_t kRefillBytes = std::uint64_t{64} << 10;  // carved ahead per refill
@@ -865,6 +867,9 @@ Result<PooledBuffer> PoolState::rent_large(RentOptions o, SlotCache& sc) {
 Result<PooledBuffer> PoolState::rent_slow(RentOptions o) {
   constexpr const char* call = "MemoryPool::rent";
   const auto k = static_cast<std::uint8_t>(o.kind);
+  if (o.kind == BufferKind::CpuPrivate)
+    return fail(Errc::InvalidArgument, call,
+                str_format("{} memory is not pooled: a pool's buffers are shareable", to_string(o.kind)));
   if (k < 1 || k > kKindSlots) return fail(Errc::InvalidArgument, call, str_format("unknown buffer kind {}", k));
   if (o.size == 0) return fail(Errc::InvalidArgument, call, "size is 0");
   if (o.size > kMaxRent) return fail(Errc::InvalidArgument, call, str_format("size {} is beyond any memory", o.size));

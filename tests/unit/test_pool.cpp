@@ -238,6 +238,9 @@ TEST_CASE("pool: bad requests are refused with the cause") {
   CHECK(lftest::err(pool.rent(std::uint64_t{1} << 62)).code() == Errc::InvalidArgument);
   CHECK(lftest::err(pool.rent(64, static_cast<BufferKind>(0))).code() == Errc::InvalidArgument);
   CHECK(lftest::err(pool.rent(64, static_cast<BufferKind>(99))).code() == Errc::InvalidArgument);
+  const auto private_kind = lftest::err(pool.rent(64, BufferKind::CpuPrivate));
+  CHECK(private_kind.code() == Errc::InvalidArgument);
+  CHECK(private_kind.cause().find("not pooled") != std::string::npos);
   CHECK(lftest::err(pool.rent(RentOptions{64, BufferKind::CpuShared, 0})).code() == Errc::InvalidArgument);
   CHECK(lftest::err(pool.rent(RentOptions{64, BufferKind::CpuNuma, 4096})).code() == Errc::InvalidArgument);
   CHECK(lftest::err(pool.rent(RentOptions{64, BufferKind::CpuNuma, -7})).code() == Errc::InvalidArgument);
