@@ -118,6 +118,15 @@ void futex_wake_all(std::atomic<std::uint32_t>& word) {
   ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
+/// Raises `word` (a std::atomic or std::atomic_ref of a counter) to at least `value` in one
+/// read-modify-write, so that a concurrent raiser is never taken back down.
+template <class Word>
+void raise_to(Word&& word, std::uint64_t value) {
+  std::uint64_t now = word.load(std::memory_order_acquire);
+  while (now < value && !word.compare_exchange_weak(now, value, std::memory_order_seq_cst)) {
+  }
+}
+
 /// Sleeps on a futex word of the control block, announcing itself in `waiters` (Dekker-style with
 /// the waker: both seq_cst).
 struct FutexSleep {
@@ -671,24 +680,21 @@ void detail::ProducerState::admit(UniqueFd sock) {
   c.released.store(early, std::memory_order_seq_cst);
   if (slots_used.load() < index + 1) slots_used.store(index + 1, std::memory_order_seq_cst);
   c.state.store(1, std::memory_order_seq_cst);
-  if (!admission_fence.heavy()) {
+  // Not admitted after all: a producer may wait on this consumer's slots.
+  auto withdraw = [&] {
     c.state.store(0, std::memory_order_seq_cst);
     futex_wake_all(control->space_futex);
+  };
+  if (!admission_fence.heavy()) {
+    withdraw();
     return (void)send_refuse(sock.get(), "the kernel refused the memory barrier that admission needs");
   }
   const std::uint64_t head = control->write_seq.load(std::memory_order_seq_cst);
   // Raised, not stored: a DropOldest producer may have moved them past `early` meanwhile.
-  for (auto* counter : {&c.next, &c.released}) {
-    std::uint64_t was = counter->load(std::memory_order_seq_cst);
-    while (was < head && !counter->compare_exchange_weak(was, head, std::memory_order_seq_cst)) {
-    }
-  }
+  raise_to(c.next, head);
+  raise_to(c.released, head);
   if (head != early) futex_wake_all(control->space_futex);  // a producer that saw `early` waits on it
-  if (!send_message(sock.get(), detail::encode(w), fds)) {
-    c.state.store(0, std::memory_order_seq_cst);
-    futex_wake_all(control->space_futex);  // a producer may wait on this consumer's slots
-    return;
-  }
+  if (!send_message(sock.get(), detail::encode(w), fds)) return withdraw();
   connections.push_back({std::move(sock), index});
 }
 
@@ -1800,10 +1806,7 @@ Status signal_on_host(const GpuSync& sync) {
   // sequentially consistent exchange also drains a write-combining buffer before the next holder
   // of that lock reads the word. GPU writes are plain stores: a stream that wrote a lower value
   // after a host raise takes it down again (a peer's GPU work outliving the peer).
-  auto word = flag_word(sync);
-  std::uint64_t now = word.load(std::memory_order_acquire);
-  while (now < sync.value && !word.compare_exchange_weak(now, sync.value, std::memory_order_seq_cst)) {
-  }
+  raise_to(flag_word(sync), sync.value);
   return {};
 }
 
