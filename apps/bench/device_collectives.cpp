@@ -15,6 +15,9 @@
 //                     "lavaflow-window": large calls in a registered window: all_gather and
 //                     broadcast into it, which the peers write in place; reduce_scatter from it,
 //                     which reads the peers' inputs where they are.
+//   --hosts H         (cuda) the ranks on H simulated hosts, in rank order: "lavaflow" is then the
+//                     hierarchical path (in-host phases as kernels, the hosts' exchange staged) and
+//                     its baseline "lavaflow-staged" (every call staged whole); no graph rows.
 // A row's p50/p99 are over rounds of calls; each round's time is the slowest rank's. busbw
 // follows NCCL's convention: all_reduce size/t × 2(n−1)/n; all_gather and reduce_scatter
 // n·size/t × (n−1)/n; broadcast size/t. Rows of calls enqueued on a stream (CUDA) also give the
@@ -242,16 +245,21 @@ Streamed time_stream(Communicator& host, cudaStream_t stream, int calls, bool gr
 /// calls take the staging or LL lines either way).
 constexpr std::uint64_t kWindowFrom = 16 << 20;
 
-int run_cuda(Communicator& host, std::uint64_t max_size, std::uint64_t chunk, bool with_staged,
-             std::vector<Row>& rows) {
+int run_cuda(Communicator& host, const ProcessGroup& world, const LaunchedJob& job, std::uint64_t max_size,
+             std::uint64_t chunk, bool with_staged, std::uint32_t hosts, std::vector<Row>& rows) {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0)
     return std::printf("LAVAFLOW-SKIP: device-collectives: no CUDA device\n"), 77;
   const std::uint32_t n = host.size(), me = host.rank();
   const int device = static_cast<int>(me % static_cast<std::uint32_t>(devices));
   (void)cudaSetDevice(device);
-  auto c = CudaCollectives::open(host, chunk ? CudaCollectiveOptions{.device = device, .chunk_bytes = chunk}
-                                             : CudaCollectiveOptions{.device = device});
+  CudaCollectiveOptions options{.device = device};
+  if (chunk) options.chunk_bytes = chunk;
+  if (hosts > 1) {
+    options.host = str_format("bench-{}", me * hosts / n);
+    options.open_group = subgroups(world, me, launched_communicators(job, 4u << 20));
+  }
+  auto c = CudaCollectives::open(host, options);
   if (!c) return std::fprintf(stderr, "lavaflow-bench device-collectives: %s\n", c.error().message().c_str()), 1;
   // The path a group spanning hosts takes (pinned slots, pipelined pieces), on this host.
   auto piped = !with_staged ? decltype(c)(nullptr)
@@ -278,7 +286,7 @@ int run_cuda(Communicator& host, std::uint64_t max_size, std::uint64_t chunk, bo
   // "lavaflow-window" rows. Registered on every rank or refused on
   // every rank (after a failed cudaMalloc this rank registers nothing, which every rank hears of).
   void* window = nullptr;
-  const bool windowed = max_size >= kWindowFrom;
+  const bool windowed = max_size >= kWindowFrom && !(*c)->staged();
   if (windowed) {
     if (cudaMalloc(&window, max_size * n) != cudaSuccess) window = nullptr;
     auto s = (*c)->register_window(window, max_size * n);
@@ -314,7 +322,8 @@ int run_cuda(Communicator& host, std::uint64_t max_size, std::uint64_t chunk, bo
         auto ours = [&] { return call(**c); };
         const int calls = std::max(1, calls_for(size) / 5);
         auto plain = time_stream(host, stream, calls, false, ours);
-        auto graphed = time_stream(host, stream, calls, true, ours);
+        // A group spanning hosts waits on the host for the hosts' exchange: no graphs.
+        auto graphed = (*c)->staged() ? Streamed{} : time_stream(host, stream, calls, true, ours);
         // Staged: the data through host memory and the native host collective.
         auto staged = !with_staged ? std::vector<double>{} : time_sync(host, calls, [&] {
           if (cudaMemcpy(host_buf.data(), send, sb, cudaMemcpyDeviceToHost) != cudaSuccess) return false;
@@ -343,14 +352,14 @@ int run_cuda(Communicator& host, std::uint64_t max_size, std::uint64_t chunk, bo
         auto pipelined = !with_staged ? std::vector<double>{} : time_sync(host, calls, [&] {
           return call(**piped) && cudaStreamSynchronize(stream) == cudaSuccess;
         });
-        if (plain.empty() || graphed.empty() || (with_staged && (staged.empty() || pipelined.empty())) ||
-            !(*c)->check())
+        if (plain.empty() || (graphed.empty() && !(*c)->staged()) ||
+            (with_staged && (staged.empty() || pipelined.empty())) || !(*c)->check())
           return std::fprintf(stderr, "lavaflow-bench device-collectives: %s of %llu bytes failed: %s\n", op_name(op),
                               static_cast<unsigned long long>(size),
                               (*c)->check() ? "" : (*c)->check().error().message().c_str()),
                  1;
         rows.push_back(summarize("lavaflow", op, t, size, n, plain));
-        rows.push_back(summarize("lavaflow-graph", op, t, size, n, graphed));
+        if (!graphed.empty()) rows.push_back(summarize("lavaflow-graph", op, t, size, n, graphed));
         if (windowed && size >= kWindowFrom && op != Op::AllReduce) {
           auto in_window = [&] {
             auto* w = static_cast<std::byte*>(window);
@@ -434,6 +443,8 @@ int main(int argc, char** argv) {
   bool no_staged = false;
   app.add_flag("--no-staged", no_staged,
                "cuda: leave out the staged rows (slow at large sizes; NCCL is the baseline where it runs)");
+  std::uint32_t hosts = 1;
+  lfapp::add_whole(app, "--hosts", hosts, "cuda: simulated hosts (ranks in rank order)", 1, 8);
   if (auto rc = lfapp::parse(app, argc, argv)) return *rc;
   if (max_size == 0) max_size = backend == "vulkan" ? (16u << 20) : (256u << 20);
   auto job = launched_job();
@@ -452,7 +463,7 @@ int main(int argc, char** argv) {
     rc = run_vulkan(**host, *job, max_size, rows);
   } else {
 #if LAVAFLOW_BENCH_DEVICE_CUDA
-    rc = run_cuda(**host, max_size, chunk, !no_staged, rows);
+    rc = run_cuda(**host, **mesh->get_group("world"), *job, max_size, chunk, !no_staged, hosts, rows);
 #else
     std::printf("LAVAFLOW-SKIP: device-collectives: the CUDA collectives are not built (LAVAFLOW_WITH_CUDA)\n");
     rc = 77;
@@ -466,10 +477,12 @@ int main(int argc, char** argv) {
         r.name != "lavaflow-graph" && r.name != "lavaflow-staged" && !r.name.starts_with("lavaflow-window"))
       continue;
     // The staged path's pipelining is measured against the plain staged calls.
-    const std::string base = r.name.ends_with("-graph")    ? "nccl-graph"
-                             : r.name == "lavaflow-staged" ? "staged"
-                             : find(rows, "nccl", r)       ? "nccl"
-                                                           : "staged";
+    // With simulated hosts the hierarchical calls against the same group staged whole.
+    const std::string base = r.name.ends_with("-graph")          ? "nccl-graph"
+                             : r.name == "lavaflow-staged"       ? "staged"
+                             : hosts > 1 && r.name == "lavaflow" ? "lavaflow-staged"
+                             : find(rows, "nccl", r)             ? "nccl"
+                                                                 : "staged";
     const Row* b = find(rows, base, r);
     if (!b) continue;
     targets.push_back({{"name", str_format("{} {} {} B {} vs {}", r.op, r.dtype, r.size, r.name, base)},

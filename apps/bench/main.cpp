@@ -407,6 +407,11 @@ int main(int argc, char** argv) {
   bool dev_no_staged = false;
   device_coll->add_flag("--no-staged", dev_no_staged,
                         "cuda: leave out the staged rows (slow at large sizes; NCCL is the baseline where it runs)");
+  std::uint64_t dev_hosts = 1;
+  lfapp::add_whole(*device_coll, "--hosts", dev_hosts,
+                   "cuda: simulated hosts, each holding as many of the ranks (in rank order): hierarchical calls "
+                   "against the same group staged whole",
+                   1, 8);
 
   lfbench::PoolBenchOptions pool_options;
   auto* pool = app.add_subcommand(
@@ -515,6 +520,13 @@ int main(int argc, char** argv) {
                           "256 MiB\n",
                           static_cast<unsigned long long>(dev_chunk)),
              2;
+    if (dev_ranks % dev_hosts || dev_ranks / dev_hosts < 2)
+      return std::fprintf(
+                 stderr,
+                 "lavaflow-bench device-collectives: --hosts %llu does not split --ranks %llu into hosts of two "
+                 "or more ranks each\n",
+                 static_cast<unsigned long long>(dev_hosts), static_cast<unsigned long long>(dev_ranks)),
+             2;
     // lavaflow-launch is installed beside lavaflow-bench, and in the build tree under apps/launch.
     std::string launch = sibling("lavaflow-launch");
     if (::access(launch.c_str(), X_OK) != 0) launch = sibling("../launch/lavaflow-launch");
@@ -525,6 +537,7 @@ int main(int argc, char** argv) {
     if (json) args.emplace_back("--json");
     if (dev_no_staged) args.emplace_back("--no-staged");
     if (dev_chunk) args.insert(args.end(), {"--chunk-bytes", std::to_string(dev_chunk)});
+    if (dev_hosts > 1) args.insert(args.end(), {"--hosts", std::to_string(dev_hosts)});
     std::vector<char*> raw;
     for (auto& a : args) raw.push_back(a.data());
     raw.push_back(nullptr);

@@ -138,4 +138,20 @@ Result<std::unique_ptr<Communicator>> DeviceMesh::communicator(std::string_view 
   return open(*g, rank_);
 }
 
+SubgroupOpener subgroups(ProcessGroup group, std::uint32_t world_rank, CommunicatorFactory open) {
+  return
+      [group = std::move(group), world_rank, open = std::move(open)](
+          const std::string& name, const std::vector<std::uint32_t>& ranks) -> Result<std::unique_ptr<Communicator>> {
+        ProcessGroup sub{name, {}, group.backend};
+        for (const std::uint32_t r : ranks) {
+          if (r >= group.ranks.size())
+            return fail(
+                Errc::InvalidArgument, "mesh::subgroups",
+                str_format("subgroup '{}' names rank {} of group '{}' of {}", name, r, group.name, group.ranks.size()));
+          sub.ranks.push_back(group.ranks[r]);
+        }
+        return open(sub, world_rank);
+      };
+}
+
 }  // namespace lavaflow::mesh

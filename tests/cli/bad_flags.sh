@@ -112,6 +112,9 @@ check_whole --max-size 0 1073741824 "$bench" device-collectives
 check_whole --chunk-bytes 0 268435456 "$bench" device-collectives
 expect_usage_error --chunk-bytes "$bench" device-collectives --chunk-bytes 65535
 expect_usage_error --chunk-bytes "$bench" device-collectives --chunk-bytes 100000
+check_whole --hosts 1 8 "$bench" device-collectives
+expect_usage_error --hosts "$bench" device-collectives --ranks 4 --hosts 3
+expect_usage_error --hosts "$bench" device-collectives --ranks 2 --hosts 2
 check_unknown "$bench" run --out /nonexistent/run
 check_whole --repeat 1 50 "$bench" run --out /nonexistent/run
 expect_usage_error --suites "$bench" run --out /nonexistent/run --suites local,nosuch

@@ -13,6 +13,10 @@
 //                                             native host collective, as across hosts
 //   lavaflow-launch -n N mesh_cuda staged-late  "late" on the staged path
 //   lavaflow-launch -n N mesh_cuda staged-mismatch  "mismatch" on it, and calls of other lengths
+//   lavaflow-launch -n 4 mesh_cuda hosts      "all" on two simulated hosts (ranks 0-1 and 2-3):
+//                                             hierarchical, in-host phases as kernels
+//   lavaflow-launch -n 4 mesh_cuda hosts-mixed  the same with hosts {0, 3} and {1, 2}
+//   lavaflow-launch -n 4 mesh_cuda hosts-late   "late" on two simulated hosts
 // Exit 77 (a visible skip) without a CUDA device.
 #include <cuda_runtime_api.h>
 #include <unistd.h>
@@ -87,7 +91,9 @@ void every_op(CudaCollectives& c, cudaStream_t st) {
   DeviceBytes send_probe(64), recv_probe(64);
   for (DType t : kTypes)
     for (ReduceOp op : kOps)
-      for (std::size_t count : {std::size_t{3}, std::size_t{40'001}, std::size_t{600'001}}) {
+      for (std::size_t count :
+           {std::size_t{3}, std::size_t{40'001}, std::size_t{600'001}, std::size_t{c.hierarchical() ? 600'000u : 0u}}) {
+        if (count == 0) continue;
         const std::string what = str_format("{} {} × {}", to_string(t), to_string(op), count);
         const auto mine = encode(inputs(r, count, t), t);
         DeviceBytes send(mine.size(), mine), recv(mine.size());
@@ -318,7 +324,7 @@ void several_steps(CudaCollectives& c, cudaStream_t st) {
 /// deregistering and registering again; registrations refused on every rank for memory that
 /// cannot be a window; and ranks whose outputs lie at different offsets refused before anything
 /// is written. On the staged path a window is refused (Unsupported).
-void windows(Communicator& host, int device, cudaStream_t st, bool staged) {
+void windows(Communicator& host, const CudaCollectiveOptions& options, cudaStream_t st) {
   // Written in place from 16 MiB a rank (kWindowBytes) where the offset and an all_gather's size
   // are whole 16-byte vectors; other calls into a window take the staging.
   const std::size_t least = (std::size_t{16} << 20) + 48, most = least + (std::size_t{1} << 20) + 16, odd = least + 5;
@@ -329,10 +335,11 @@ void windows(Communicator& host, int device, cudaStream_t st, bool staged) {
   const std::size_t lead = 4096, bytes = (n + 1) * most + skew;
   DeviceBytes memory(lead + bytes);
   std::byte* const window = memory.p + lead;
-  auto opened = CudaCollectives::open(host, {.device = device, .chunk_bytes = 1 << 20, .stage_through_host = staged});
+  auto opened = CudaCollectives::open(host, options);
   expect(static_cast<bool>(opened), opened ? "" : "open for windows: " + opened.error().message());
   if (!opened) return;
   CudaCollectives& c = **opened;
+  const bool staged = c.staged();
   auto reg = c.register_window(window, bytes);
   if (staged) {
     expect(!reg && reg.error().code() == Errc::Unsupported,
@@ -555,10 +562,25 @@ int main(int argc, char** argv) {
     return 1;
   }
   const std::uint32_t n = (*host)->size();
-  // "staged-late" is "late" with every call staged.
+  // "staged-late" is "late" with every call staged, "hosts-late" on two simulated hosts.
   const bool staged = mode.starts_with("staged");
-  const std::string base = mode.starts_with("staged-") ? mode.substr(7) : mode;
-  auto c = CudaCollectives::open(**host, {.device = device, .chunk_bytes = 1 << 20, .stage_through_host = staged});
+  const bool hosts = mode.starts_with("hosts");
+  const std::string base = mode.starts_with("staged-")                           ? mode.substr(7)
+                           : mode.starts_with("hosts-") && mode != "hosts-mixed" ? mode.substr(6)
+                                                                                 : mode;
+  // Options with `chunk` bytes of staging; on simulated hosts, each rank's host and the subgroups.
+  auto options = [&, subgroups_of = hosts ? subgroups(**mesh->get_group("world"), me, launched_communicators(*job))
+                                          : SubgroupOpener{}](std::uint64_t chunk) {
+    CudaCollectiveOptions o{.device = device, .chunk_bytes = chunk, .stage_through_host = staged};
+    if (hosts) {
+      o.open_group = subgroups_of;
+      // Host-major (0-1 | 2-3), or mixed (0, 3 | 1, 2): the blocks of a call then change order
+      // between the phases.
+      o.host = str_format("sim-{}", mode == "hosts-mixed" ? (me == 1 || me == 2) : me * 2 / n);
+    }
+    return o;
+  };
+  auto c = CudaCollectives::open(**host, options(1 << 20));
   if (!c) {
     std::printf("mesh-cuda rank %u: FAILED: open: %s\n", me, c.error().message().c_str());
     return 1;
@@ -601,7 +623,11 @@ int main(int argc, char** argv) {
     return checks.failures ? 1 : 0;
   }
   if (base == "exit" || base == "late") {
-    auto first = (*c)->all_reduce(buf.p, buf.p, 64, DType::F32, ReduceOp::Sum, st, quick);
+    // On simulated hosts a call large enough for the hierarchy (smaller ones are staged whole,
+    // as in "staged-late").
+    const std::size_t late_bytes = hosts ? std::size_t{1} << 20 : 64;
+    DeviceBytes late_buf(late_bytes);
+    auto first = (*c)->all_reduce(late_buf.p, late_buf.p, late_bytes, DType::F32, ReduceOp::Sum, st, quick);
     expect(first && finish(**c, st), "the call before");
     if (me == n - 1) {
       if (base == "exit") _exit(3);
@@ -609,12 +635,25 @@ int main(int argc, char** argv) {
       return 0;
     }
     const auto t0 = Clock::now();
-    auto s = (*c)->all_reduce(buf.p, buf.p, 64, DType::F32, ReduceOp::Sum, st, quick);
+    auto s = (*c)->all_reduce(late_buf.p, late_buf.p, late_bytes, DType::F32, ReduceOp::Sum, st, quick);
     if (s) s = finish(**c, st);
-    expect(!s && s.error().code() == Errc::Timeout &&
-               s.error().message().find(str_format("rank {}", n - 1)) != std::string::npos,
-           s ? "the call without the last rank succeeded" : "not a timeout naming it: " + s.error().message());
-    expect(Clock::now() - t0 < std::chrono::seconds(7), "the failure came within the call's timeout");
+    if (!hosts) {
+      expect(!s && s.error().code() == Errc::Timeout &&
+                 s.error().message().find(str_format("rank {}", n - 1)) != std::string::npos,
+             s ? "the call without the last rank succeeded" : "not a timeout naming it: " + s.error().message());
+      expect(Clock::now() - t0 < std::chrono::seconds(7), "the failure came within the call's timeout");
+    } else {
+      // Host 1's other rank (2) and the last rank's peer across hosts (1) name it in the subgroup
+      // they share with it; rank 0 hears from rank 2 that its host's phase failed, or, when that
+      // word is late, names rank 2 itself.
+      const std::string named = me == 0 ? "2" : "3]";
+      expect(!s && (s.error().code() == Errc::Timeout || s.error().code() == Errc::PeerLost) &&
+                 s.error().message().find(named) != std::string::npos,
+             s ? "the call without the last rank succeeded"
+               : str_format("not a timeout or lost peer naming '{}': {}", named, s.error().message()));
+      // A call's phases each wait at most its timeout; those of the two hosts overlap.
+      expect(Clock::now() - t0 < std::chrono::seconds(11), "the failure came within two of the call's timeouts");
+    }
     if (!checks.failures) std::printf("mesh-cuda rank %u: %s OK (%s)\n", me, mode.c_str(), s.error().message().c_str());
     // The peers' staging stays mapped until the process ends: the destructor's barrier would wait
     // for the rank that left.
@@ -622,7 +661,7 @@ int main(int argc, char** argv) {
     _exit(checks.failures ? 1 : 0);
   }
 
-  expect((*c)->staged() == staged, "the path: " + (*c)->path_reason());
+  expect((*c)->staged() == (staged || hosts) && (*c)->hierarchical() == hosts, "the path: " + (*c)->path_reason());
   if (mode == "staged") {
     // Ranks that open with different options are refused, every one of them.
     auto odd = CudaCollectives::open(**host, {.device = device, .chunk_bytes = 1 << 20, .stage_through_host = me == 0});
@@ -634,15 +673,14 @@ int main(int argc, char** argv) {
   every_op(**c, st);
   back_to_back(**c, st);
   varying_sizes(**c, st);
-  windows(**host, device, st, staged);
+  windows(**host, options(1 << 20), st);
   {
     // Destroyed right after a call whose stream is gone: the destructor's wait must not need that
     // stream, and the opens below then work. The buffer outlives it: freeing the buffer would wait
     // for the call first. (Freeing the staging waits for the device too, so this does not show a
     // missing wait; it shows that destruction goes through.)
     DeviceBytes big(std::size_t{3} << 20);
-    auto brief =
-        CudaCollectives::open(**host, {.device = device, .chunk_bytes = 1 << 20, .stage_through_host = staged});
+    auto brief = CudaCollectives::open(**host, options(1 << 20));
     expect(static_cast<bool>(brief), brief ? "" : "open a communicator to destroy: " + brief.error().message());
     if (brief) {
       cudaStream_t gone = nullptr;
@@ -653,14 +691,14 @@ int main(int argc, char** argv) {
     }
   }
   {
-    auto wide = CudaCollectives::open(**host, {.device = device, .chunk_bytes = 4 << 20, .stage_through_host = staged});
+    auto wide = CudaCollectives::open(**host, options(4 << 20));
     expect(static_cast<bool>(wide), wide ? "" : "open with 4 MiB of staging: " + wide.error().message());
     if (wide) several_steps(**wide, st);
   }
   {
     // The default 16 MiB steps, where a large all_reduce is two-shot (with 4 MiB steps every
     // all_reduce is one-shot).
-    auto wider = CudaCollectives::open(**host, {.device = device, .stage_through_host = staged});
+    auto wider = CudaCollectives::open(**host, options(16 << 20));
     expect(static_cast<bool>(wider), wider ? "" : "open with 16 MiB of staging: " + wider.error().message());
     // Two-shot for any number of ranks but one (each would receive more than the one-shot limit
     // per step).

@@ -18,7 +18,9 @@
 #include <utility>
 #include <vector>
 
+#include "calls.hpp"
 #include "cuda_util.hpp"
+#include "hierarchical.hpp"
 #include "kernels.hpp"
 #include "lavaflow/core/detail/format.hpp"
 #include "lavaflow/core/location.hpp"
@@ -42,19 +44,8 @@ std::uint32_t call_signature(std::initializer_list<std::uint64_t> values) {
   return static_cast<std::uint32_t>(h) & 0x7fffffffu;
 }
 
-/// "CudaCollectives::all_reduce" and so on: the API call's name.
-std::string_view call_name(std::uint32_t kind) {
-  switch (kind) {
-    case k::kAllReduce:
-      return "CudaCollectives::all_reduce";
-    case k::kAllGather:
-      return "CudaCollectives::all_gather";
-    case k::kReduceScatter:
-      return "CudaCollectives::reduce_scatter";
-    default:
-      return "CudaCollectives::broadcast";
-  }
-}
+using cuda_calls::call_name;
+using cuda_calls::wait_event;
 
 std::string_view kind_name(std::uint32_t kind) { return call_name(kind).substr(sizeof("CudaCollectives::") - 1); }
 
@@ -64,7 +55,8 @@ struct Card {
   std::uint64_t chunk = 0;  ///< every rank locates its peers' staging with its own: they must agree
   std::int32_t pid = 0;
   std::int32_t ok = 0;
-  std::int32_t stage = 0;  ///< asked to stage through host memory
+  std::int32_t stage = 0;    ///< asked to stage through host memory
+  std::int32_t grouped = 0;  ///< given CudaCollectiveOptions::open_group
   char device_uuid[16]{};
 };
 
@@ -135,21 +127,27 @@ class Collectives final : public CudaCollectives {
       return cuda_ok(cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_device_), error_, 0),
                      "cudaHostGetDevicePointer");
     }();
-    auto here = HostIdentity::detect();
-    mine.host = here ? name_hash(here->hostname + "/" + here->boot_id) : 0;
+    if (!o.host.empty()) {
+      mine.host = name_hash("simulated/" + o.host);
+    } else {
+      auto here = HostIdentity::detect();
+      mine.host = here ? name_hash(here->hostname + "/" + here->boot_id) : 0;
+    }
     mine.pid = static_cast<std::int32_t>(::getpid());
     mine.chunk = chunk_;
     mine.stage = o.stage_through_host ? 1 : 0;
+    mine.grouped = o.open_group ? 1 : 0;
     auto exchanged = exchange(mine, made, o.attach_timeout, call);
     if (!exchanged) return std::unexpected(exchanged.error());
     const std::vector<Card>& cards = *exchanged;
     reason_ = "every rank runs on this host: kernels over the peers' mapped staging";
     for (std::uint32_t q = 0; q < n_; ++q) {
-      if (cards[q].chunk != chunk_ || cards[q].stage != mine.stage)
+      if (cards[q].chunk != chunk_ || cards[q].stage != mine.stage || cards[q].grouped != mine.grouped)
         return fail(Errc::InvalidArgument, call,
-                    str_format("rank {} of group '{}' opened with chunk_bytes {} and stage_through_host {}, this rank "
-                               "with {} and {}",
-                               q, host_.group(), cards[q].chunk, cards[q].stage != 0, chunk_, mine.stage != 0));
+                    str_format("rank {} of group '{}' opened with chunk_bytes {}, stage_through_host {} and {}"
+                               "open_group, this rank with {}, {} and {}",
+                               q, host_.group(), cards[q].chunk, cards[q].stage != 0, cards[q].grouped ? "an" : "no",
+                               chunk_, mine.stage != 0, mine.grouped ? "an" : "no"));
       if ((cards[q].host != mine.host || !mine.host) && !staged_) {
         staged_ = true;
         reason_ = str_format(
@@ -164,7 +162,44 @@ class Collectives final : public CudaCollectives {
           "asked to stage through host memory: every call goes through pinned host memory and the group's "
           "host collective";
     }
+    if (staged_ && !mine.stage && made) {
+      // Across hosts: hierarchical where the subgroups can be opened and every host holds as many
+      // of the group's ranks (the in-host phases split the data evenly among them).
+      // Where it does, the staged path opened below still serves the calls too small for it.
+      if (!o.open_group)
+        reason_ += " (no open_group for in-host kernels)";
+      else if (auto why = hosts_of(cards); !why.empty())
+        reason_ += " (not hierarchical: " + why + ")";
+    }
     return staged_ ? open_staged(o, call) : open_mapped(o, cards, call);
+  }
+
+  /// Group rank → host index (hosts numbered in the order of their lowest rank) when the group
+  /// runs on several hosts; empty until init() finds it hierarchical.
+  [[nodiscard]] const std::vector<std::uint32_t>& hosts() const { return hosts_; }
+
+  /// Fills hosts_ from the cards when a hierarchical path fits them; else says why it does not.
+  std::string hosts_of(const std::vector<Card>& cards) {
+    std::vector<std::uint64_t> seen;
+    std::vector<std::uint32_t> index(n_), count;
+    for (std::uint32_t q = 0; q < n_; ++q) {
+      if (!cards[q].host) return str_format("rank {} does not know its host", q);
+      auto at = std::ranges::find(seen, cards[q].host);
+      if (at == seen.end()) {
+        seen.push_back(cards[q].host);
+        count.push_back(0);
+        at = seen.end() - 1;
+      }
+      index[q] = static_cast<std::uint32_t>(at - seen.begin());
+      ++count[index[q]];
+    }
+    for (std::size_t h = 0; h < count.size(); ++h) {
+      if (count[h] != count[0]) return str_format("host {} holds {} of its ranks, host 0 {}", h, count[h], count[0]);
+      if (count[h] > k::kMaxRanks) return str_format("{} ranks on a host (at most {})", count[h], k::kMaxRanks);
+    }
+    if (count[0] < 2) return "one rank per host: no in-host phase";
+    hosts_ = std::move(index);
+    return {};
   }
 
   /// Two pinned slots, each room for a piece of every rank and one more (all_gather and
@@ -275,6 +310,7 @@ class Collectives final : public CudaCollectives {
   std::uint32_t size() const override { return n_; }
   int device() const override { return device_; }
   bool staged() const override { return staged_; }
+  bool hierarchical() const override { return false; }
   const std::string& path_reason() const override { return reason_; }
 
   Status all_reduce(const void* send, void* recv, std::uint64_t bytes, DType type, ReduceOp op, cudaStream_t stream,
@@ -469,23 +505,9 @@ class Collectives final : public CudaCollectives {
  private:
   Status enqueue(std::uint32_t kind, const void* send, void* recv, std::uint64_t bytes, DType type, ReduceOp op,
                  std::uint32_t root, cudaStream_t stream, CallOptions options) {
-    const std::string_view call = call_name(kind);  // a string only for an error: this is every call's path
-    if (static_cast<std::uint8_t>(type) > static_cast<std::uint8_t>(DType::U8) ||
-        static_cast<std::uint8_t>(op) > static_cast<std::uint8_t>(ReduceOp::Average))
-      return fail(Errc::InvalidArgument, std::string(call), "unknown element type or reduce op");
-    if (bytes > UINT64_MAX / 2 / n_)  // the kernels address n × bytes
-      return fail(Errc::InvalidArgument, std::string(call),
-                  str_format("{} bytes per rank overflow {} ranks' buffers", bytes, n_));
-    if (bytes % size_of(type))
-      return fail(Errc::InvalidArgument, std::string(call),
-                  str_format("{} bytes are not whole {} elements", bytes, to_string(type)));
-    if (bytes && (!send || !recv)) return fail(Errc::InvalidArgument, std::string(call), "a null buffer");
-    if ((reinterpret_cast<std::uintptr_t>(send) | reinterpret_cast<std::uintptr_t>(recv)) % size_of(type))
-      return fail(Errc::InvalidArgument, std::string(call),
-                  str_format("buffers not aligned to their {}-byte {} elements", size_of(type), to_string(type)));
-    if (root >= n_)
-      return fail(Errc::InvalidArgument, std::string(call), str_format("root {} is not a rank of {}", root, n_));
+    LF_TRY_STATUS(cuda_calls::check_arguments(kind, send, recv, bytes, type, op, root, n_));
     LF_TRY_STATUS(check());
+    const std::string_view call = call_name(kind);  // a string only for an error: this is every call's path
     if (bytes == 0) return {};
     const std::uint64_t reduced =
         kind == k::kAllReduce || kind == k::kReduceScatter ? static_cast<std::uint64_t>(op) : 0;
@@ -786,17 +808,6 @@ class Collectives final : public CudaCollectives {
     return {};
   }
 
-  /// Waits for `e` until `d`; Timeout from `call`, saying `late`, when it has not completed then.
-  static Status wait_event(cudaEvent_t e, const Deadline& d, std::string_view call, std::string_view late) {
-    for (;;) {
-      const auto q = cudaEventQuery(e);
-      if (q == cudaSuccess) return {};
-      if (q != cudaErrorNotReady) return cuda_ok(q, "cudaEventQuery");
-      if (d.passed()) return fail(Errc::Timeout, std::string(call), std::string(late));
-      std::this_thread::yield();
-    }
-  }
-
   Communicator& host_;
   std::uint32_t n_ = 1, me_ = 0;
   int device_ = 0;
@@ -813,8 +824,9 @@ class Collectives final : public CudaCollectives {
   k::ErrorRecord* error_device_ = nullptr;
   std::uint32_t calls_ = 0;
   bool staged_ = false;
-  std::string reason_;              ///< why staged_ is what it is
-  unsigned char* slots_ = nullptr;  ///< staged: two pinned slots of slot_ bytes
+  std::string reason_;                ///< why staged_ is what it is
+  std::vector<std::uint32_t> hosts_;  ///< see hosts()
+  unsigned char* slots_ = nullptr;    ///< staged: two pinned slots of slot_ bytes
   std::uint64_t slot_ = 0;
   std::array<cudaEvent_t, 2> filled_{};  ///< staged: a piece's copy into slot i has ended
   Status failure_;                       ///< staged: the first failed call's error
@@ -832,6 +844,10 @@ class Collectives final : public CudaCollectives {
 Result<std::unique_ptr<CudaCollectives>> CudaCollectives::open(Communicator& host, CudaCollectiveOptions options) {
   auto c = std::make_unique<Collectives>(host);
   LF_TRY_STATUS(c->init(options));
+  if (!c->hosts().empty()) {
+    std::vector<std::uint32_t> hosts = c->hosts();
+    return detail::open_hierarchical(host, std::move(c), std::move(hosts), std::move(options));
+  }
   return std::unique_ptr<CudaCollectives>(std::move(c));
 }
 

@@ -873,6 +873,16 @@ constexpr Kernel kWindowReduce[] = {window_reduce<float>,         window_reduce<
                                     window_reduce<__nv_bfloat16>, window_reduce<std::int32_t>,
                                     window_reduce<std::int64_t>,  window_reduce<std::uint8_t>};
 
+/// Each of `count` integers divided by `by`, truncating toward zero (a hierarchical Average's last
+/// step after its Sums, which wrap in the element's width as the one-level kernels' do).
+template <class T>
+__global__ void __launch_bounds__(kThreads) divide_all(T* data, std::uint64_t count, std::uint32_t by) {
+  using Wide = std::conditional_t<std::is_signed_v<T>, std::int64_t, std::uint64_t>;
+  const std::uint64_t stride = std::uint64_t{gridDim.x} * blockDim.x;
+  for (std::uint64_t i = std::uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < count; i += stride)
+    data[i] = static_cast<T>(static_cast<Wide>(data[i]) / static_cast<Wide>(by));
+}
+
 }  // namespace
 
 cudaError_t launch(const Launch& l, cudaStream_t stream, bool early) {
@@ -907,7 +917,28 @@ cudaError_t preload() {
     if (auto e = cudaFuncGetAttributes(&a, k); e != cudaSuccess) return e;
   for (Kernel k : kWindowReduce)
     if (auto e = cudaFuncGetAttributes(&a, k); e != cudaSuccess) return e;
-  return cudaSuccess;
+  if (auto e = cudaFuncGetAttributes(&a, divide_all<std::int32_t>); e != cudaSuccess) return e;
+  if (auto e = cudaFuncGetAttributes(&a, divide_all<std::int64_t>); e != cudaSuccess) return e;
+  return cudaFuncGetAttributes(&a, divide_all<std::uint8_t>);
+}
+
+cudaError_t divide(void* data, std::uint64_t count, std::uint32_t dtype, std::uint32_t by, cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  const auto blocks = static_cast<unsigned>(lesser(std::uint64_t{kBlocks}, (count + kThreads - 1) / kThreads));
+  switch (dtype) {
+    case kI32:
+      divide_all<<<blocks, kThreads, 0, stream>>>(static_cast<std::int32_t*>(data), count, by);
+      break;
+    case kI64:
+      divide_all<<<blocks, kThreads, 0, stream>>>(static_cast<std::int64_t*>(data), count, by);
+      break;
+    case kU8:
+      divide_all<<<blocks, kThreads, 0, stream>>>(static_cast<std::uint8_t*>(data), count, by);
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
 }
 
 cudaError_t resident_blocks(int device, std::int32_t* blocks) {

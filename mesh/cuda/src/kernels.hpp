@@ -129,6 +129,9 @@ struct Launch {
 /// do not pay a kernel launch each. Not for ranks that share a GPU: all their blocks must be
 /// resident together, and blocks launched early take room.
 cudaError_t launch(const Launch& l, cudaStream_t stream, bool early);
+/// Divides each of `count` integer elements (I32, I64 or U8: `dtype` as DType) at `data` by `by`
+/// on `stream`, truncating toward zero. cudaErrorInvalidValue for another type.
+cudaError_t divide(void* data, std::uint64_t count, std::uint32_t dtype, std::uint32_t by, cudaStream_t stream);
 /// Loads the kernels' module into the current context.
 cudaError_t preload();
 /// Blocks of the collectives' kernel that `device` holds at once.

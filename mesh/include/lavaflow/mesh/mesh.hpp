@@ -47,6 +47,10 @@ struct MeshStats {
 using CommunicatorFactory =
     std::function<Result<std::unique_ptr<Communicator>>(const ProcessGroup& group, std::uint32_t world_rank)>;
 
+/// Subgroups of `group` for rank `world_rank` (a member), opened through `open` on the group's
+/// backend: group rank i stands for world rank group.ranks[i].
+[[nodiscard]] SubgroupOpener subgroups(ProcessGroup group, std::uint32_t world_rank, CommunicatorFactory open);
+
 class DeviceMesh {
  public:
   /// This rank's mesh over `ranks` (indexed by world rank, the same table on every rank). Starts

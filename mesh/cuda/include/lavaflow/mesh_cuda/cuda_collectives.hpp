@@ -29,6 +29,15 @@ struct CudaCollectiveOptions {
   /// says). Every rank must say the same.
   bool stage_through_host = false;
   Duration attach_timeout = std::chrono::seconds(30);
+  /// For a group that spans hosts: opens the communicators of its subgroups (each host's ranks, and
+  /// the ranks of each local index across hosts). Given, and with every host holding the same
+  /// number of the group's ranks (two or more), calls are hierarchical: their in-host phases are
+  /// kernels over the peers' mapped memory and only the exchange between hosts stages through host
+  /// memory (see note 0019). Without it such a group stages every call whole.
+  SubgroupOpener open_group;
+  /// This rank's host, for tests that simulate hosts on one machine: ranks that name the same host
+  /// share one. Empty: the machine's own (hostname and boot id).
+  std::string host;
 };
 
 /// One rank's CUDA collectives over `host`'s group. Calls are collective and in the same order on
@@ -64,8 +73,11 @@ class CudaCollectives {
   [[nodiscard]] virtual std::uint32_t rank() const = 0;
   [[nodiscard]] virtual std::uint32_t size() const = 0;
   [[nodiscard]] virtual int device() const = 0;
-  /// Whether calls stage through host memory, and why this path was taken.
+  /// Whether calls pass through host memory (whole, or for the exchange between hosts), and why
+  /// this path was taken. Such calls cannot be captured in a CUDA graph.
   [[nodiscard]] virtual bool staged() const = 0;
+  /// Whether calls are hierarchical: in-host phases as kernels, the hosts' exchange staged.
+  [[nodiscard]] virtual bool hierarchical() const = 0;
   [[nodiscard]] virtual const std::string& path_reason() const = 0;
 
   /// recv = op over every rank's send (`bytes` each; send may be recv).

@@ -1,0 +1,25 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+// CUDA collectives of a group that spans hosts, hierarchical: the ranks of each host run their
+// phases as the one-host kernels (CudaCollectives over the host's subgroup), and the ranks of each
+// local index exchange between hosts through the staged path (CudaCollectives over that
+// subgroup). Note 0019 gives the phases of each call.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lavaflow/mesh_cuda/cuda_collectives.hpp"
+
+namespace lavaflow::mesh::detail {
+
+/// Collective over `group`'s ranks. `staged`: the group's staged path, opened (it carries the
+/// calls too small to gain from the hierarchy, and says why the group does not run on one host);
+/// `hosts`: group rank → host index, hosts numbered in the order of their lowest rank, each
+/// holding the same number of ranks (two or more).
+[[nodiscard]] Result<std::unique_ptr<CudaCollectives>> open_hierarchical(Communicator& group,
+                                                                         std::unique_ptr<CudaCollectives> staged,
+                                                                         std::vector<std::uint32_t> hosts,
+                                                                         CudaCollectiveOptions options);
+
+}  // namespace lavaflow::mesh::detail
