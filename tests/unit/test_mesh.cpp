@@ -114,6 +114,26 @@ TEST_CASE("device mesh: topology groups, groups by hand, membership, reshape and
   CHECK(text.find("group edges (gloo): ranks 5 0 4") != std::string::npos);
 }
 
+TEST_CASE("subgroups: group ranks become the group's world ranks, on its backend; ranks outside it refused") {
+  std::vector<ProcessGroup> asked;
+  const CommunicatorFactory record = [&](const ProcessGroup& g,
+                                         std::uint32_t world_rank) -> Result<std::unique_ptr<Communicator>> {
+    asked.push_back(g);
+    CHECK(world_rank == 4);
+    return fail(Errc::Unsupported, "test", "recorded");
+  };
+  const SubgroupOpener open = subgroups({"edges", {5, 0, 4}, Backend::Gloo}, 4, record);
+  CHECK(lftest::err(open("edges[1,2]", {1, 2})).code() == Errc::Unsupported);
+  REQUIRE(asked.size() == 1);
+  CHECK(asked[0].name == "edges[1,2]");
+  CHECK(asked[0].ranks == std::vector<std::uint32_t>{0, 4});
+  CHECK(asked[0].backend == Backend::Gloo);
+  const auto outside = lftest::err(open("edges[2,3]", {2, 3}));
+  CHECK(outside.code() == Errc::InvalidArgument);
+  CHECK(outside.message().find("names rank 3 of group 'edges' of 3") != std::string::npos);
+  CHECK(asked.size() == 1);
+}
+
 TEST_CASE("host reduction: every type and op against a reference, and f16 and bf16 round to nearest even") {
   for (DType t : kTypes)
     for (ReduceOp op : kOps) {
