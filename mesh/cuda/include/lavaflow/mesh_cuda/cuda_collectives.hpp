@@ -4,9 +4,12 @@
 // several ranks on one GPU) they are GPU kernels: each rank's staging lives in CUDA memory that
 // every peer maps (CUDA IPC, peer access over NVLink/PCIe), and the kernels synchronise through
 // flags in that memory, so a call is enqueued on the caller's stream and returns at once, with no
-// host round trip, and can be captured in a CUDA graph. A group that spans hosts stages through
-// each rank's pinned host memory in pipelined pieces and the group's host collective carries the
-// exchange (the native backend's hierarchical scheme). Design note 0019 gives the algorithms.
+// host round trip, and can be captured in a CUDA graph. A group that spans hosts is hierarchical
+// where it can open its subgroups (CudaCollectiveOptions::open_group): each host's phases are
+// those kernels, and only the exchange between hosts stages through pinned host memory; else, and
+// for small calls, it stages whole through pinned host memory in pipelined pieces and the group's
+// host collective carries the exchange (the native backend's hierarchical scheme). Design note
+// 0019 gives the algorithms.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -51,6 +54,13 @@ struct CudaCollectiveOptions {
 /// piece waits for the peers at most CallOptions::timeout; ranks whose calls differ get
 /// InvalidArgument. A failure (a peer lost, late or making another call: the host communicator's
 /// error) is the call's result, and check() and every later call report it.
+///
+/// Hierarchical (a group spanning hosts, opened with open_group): the same, but a call's in-host
+/// phases are kernels and it waits on the host only around the exchange between hosts; each phase
+/// waits at most CallOptions::timeout, and an in-host phase's failure on one host is every host's
+/// call's result. Errors from a phase name the subgroup (e.g. "rank 1 of group 'world[2,3]'": the
+/// group's rank 3). Scratch device memory of up to size() × bytes per call comes from a pool of
+/// the object's own, kept until it ends.
 ///
 /// A failure in a kernel (a peer that does not arrive, a peer whose call differs, a peer that
 /// failed) ends that call and every later one at once on the GPU, and check() reports it. A call
