@@ -114,7 +114,7 @@ TEST_CASE("device mesh: topology groups, groups by hand, membership, reshape and
   CHECK(text.find("group edges (gloo): ranks 5 0 4") != std::string::npos);
 }
 
-TEST_CASE("subgroups: group ranks become the group's world ranks, on its backend; ranks outside it refused") {
+TEST_CASE("subgroups: group ranks become the group's world ranks, on its backend, ranks outside it refused") {
   std::vector<ProcessGroup> asked;
   const CommunicatorFactory record = [&](const ProcessGroup& g,
                                          std::uint32_t world_rank) -> Result<std::unique_ptr<Communicator>> {
