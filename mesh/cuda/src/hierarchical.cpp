@@ -10,6 +10,7 @@
 
 #include "calls.hpp"
 #include "cuda_util.hpp"
+#include "hierarchy.hpp"
 #include "kernels.hpp"
 #include "lavaflow/core/detail/format.hpp"
 
@@ -35,28 +36,7 @@ bool integer(DType t) { return t == DType::I32 || t == DType::I64 || t == DType:
 using cuda_calls::call_name;
 using cuda_calls::wait_event;
 
-/// "world[2,3]": a subgroup named by its ranks in the group, so that an error naming rank i of the
-/// subgroup names the group's rank too.
-std::string subgroup_name(const std::string& group, const std::vector<std::uint32_t>& ranks) {
-  std::string name = group + "[";
-  for (std::size_t i = 0; i < ranks.size(); ++i) name += (i ? "," : "") + std::to_string(ranks[i]);
-  return name + "]";
-}
-
-/// Every rank of `c` learns whether all succeeded at a step of opening; the first that did not is
-/// named.
-Status agree(Communicator& c, const Status& mine, Duration timeout, const char* call) {
-  const std::int32_t ok = mine ? 1 : 0;
-  std::vector<std::int32_t> all(c.size());
-  const Status told = c.all_gather(std::as_bytes(std::span(&ok, 1)), std::as_writable_bytes(std::span(all)), DType::I32,
-                                   {.timeout = timeout})
-                          .wait();
-  if (!told) return std::unexpected(told.error().within(call));
-  if (!mine) return std::unexpected(mine.error().within(call));
-  for (std::uint32_t q = 0; q < c.size(); ++q)
-    if (!all[q]) return fail(Errc::PeerLost, call, str_format("rank {} of group '{}' failed to set up", q, c.group()));
-  return {};
-}
+using hierarchy::agree;
 
 /// Device memory for one call from the communicator's pool, freed in the call's stream order when
 /// it goes (the next call, on any stream, comes after that in stream order).
@@ -118,17 +98,10 @@ class Hierarchical final : public CudaCollectives {
       }
     std::vector<std::uint32_t> across;
     for (std::uint32_t h = 0; h < hosts_n_; ++h) across.push_back(at_[h][j_]);
-    // Both subgroups are opened on every rank whatever the first gave: a rank that skipped one
-    // would leave its peers waiting in it.
-    auto local = o.open_group(subgroup_name(group_.group(), at_[h_]), at_[h_]);
-    auto over = o.open_group(subgroup_name(group_.group(), across), across);
-    Status made = !local  ? Status(std::unexpected(local.error()))
-                  : !over ? Status(std::unexpected(over.error()))
-                          : Status{};
-    if (made) made = make_pool();
-    LF_TRY_STATUS(agree(group_, made, o.attach_timeout, call));
-    local_group_ = std::move(*local);
-    across_group_ = std::move(*over);
+    LF_TRY(auto groups,
+           hierarchy::open_subgroups(group_, o.open_group, at_[h_], across, make_pool(), o.attach_timeout, call));
+    local_group_ = std::move(groups.local);
+    across_group_ = std::move(groups.across);
     CudaCollectiveOptions inner;
     inner.device = device_;
     inner.chunk_bytes = o.chunk_bytes;

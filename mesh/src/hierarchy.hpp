@@ -1,0 +1,58 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+// What the hierarchical GPU collectives (CUDA and Vulkan, for groups spanning hosts) share: the
+// names of their subgroups and the agreement that ends each step of opening them.
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "lavaflow/core/detail/format.hpp"
+#include "lavaflow/mesh/collectives.hpp"
+
+namespace lavaflow::mesh::hierarchy {
+
+/// "world[2,3]": a subgroup named by its ranks in the group, so that an error naming rank i of the
+/// subgroup names the group's rank too.
+inline std::string subgroup_name(const std::string& group, const std::vector<std::uint32_t>& ranks) {
+  std::string name = group + "[";
+  for (std::size_t i = 0; i < ranks.size(); ++i) name += (i ? "," : "") + std::to_string(ranks[i]);
+  return name + "]";
+}
+
+/// Every rank of `c` learns whether all succeeded at a step of opening; the first that did not is
+/// named.
+inline Status agree(Communicator& c, const Status& mine, Duration timeout, const char* call) {
+  const std::int32_t ok = mine ? 1 : 0;
+  std::vector<std::int32_t> all(c.size());
+  const Status told = c.all_gather(std::as_bytes(std::span(&ok, 1)), std::as_writable_bytes(std::span(all)), DType::I32,
+                                   {.timeout = timeout})
+                          .wait();
+  if (!told) return std::unexpected(told.error().within(call));
+  if (!mine) return std::unexpected(mine.error().within(call));
+  for (std::uint32_t q = 0; q < c.size(); ++q)
+    if (!all[q]) return fail(Errc::PeerLost, call, str_format("rank {} of group '{}' failed to set up", q, c.group()));
+  return {};
+}
+
+/// This rank's two subgroups, opened through `open` on every rank whatever the first gave (a rank
+/// that skipped one would leave its peers waiting in it), then agreed over `group`: the ranks of
+/// its host (`local`) and those of its index on every host (`across`), group ranks ascending.
+struct Subgroups {
+  std::unique_ptr<Communicator> local, across;
+};
+inline Result<Subgroups> open_subgroups(Communicator& group, const SubgroupOpener& open,
+                                        const std::vector<std::uint32_t>& local,
+                                        const std::vector<std::uint32_t>& across, const Status& ready, Duration timeout,
+                                        const char* call) {
+  auto in_host = open(subgroup_name(group.group(), local), local);
+  auto between = open(subgroup_name(group.group(), across), across);
+  Status made = !ready     ? ready
+                : !in_host ? Status(std::unexpected(in_host.error()))
+                : !between ? Status(std::unexpected(between.error()))
+                           : Status{};
+  LF_TRY_STATUS(agree(group, made, timeout, call));
+  return Subgroups{std::move(*in_host), std::move(*between)};
+}
+
+}  // namespace lavaflow::mesh::hierarchy
