@@ -15,10 +15,9 @@
 //                     "lavaflow-window": large calls in a registered window: all_gather and
 //                     broadcast into it, which the peers write in place; reduce_scatter from it,
 //                     which reads the peers' inputs where they are.
-//   --hosts H         the ranks on H simulated hosts, in rank order: "lavaflow" ("lavaflow-vulkan")
-//                     is then the hierarchical path (in-host phases as kernels or over the host's
-//                     segment, the hosts' exchange staged) and its baseline "lavaflow-staged"
-//                     ("staged": every call staged whole); no graph rows.
+//   --hosts H         (cuda) the ranks on H simulated hosts, in rank order: "lavaflow" is then the
+//                     hierarchical path (in-host phases as kernels, the hosts' exchange staged) and
+//                     its baseline "lavaflow-staged" (every call staged whole); no graph rows.
 // A row's p50/p99 are over rounds of calls; each round's time is the slowest rank's. busbw
 // follows NCCL's convention: all_reduce size/t × 2(n−1)/n; all_gather and reduce_scatter
 // n·size/t × (n−1)/n; broadcast size/t. Rows of calls enqueued on a stream (CUDA) also give the
@@ -123,16 +122,10 @@ std::vector<double> time_sync(Communicator& host, int calls, Call&& call) {
   return slowest(host, mine);
 }
 
-int run_vulkan(Communicator& host, const ProcessGroup& world, const LaunchedJob& job, std::uint64_t max_size,
-               std::uint32_t hosts, std::vector<Row>& rows) {
+int run_vulkan(Communicator& host, const LaunchedJob& job, std::uint64_t max_size, std::vector<Row>& rows) {
   auto ctx = VulkanContext::create();
   if (!ctx) return std::printf("LAVAFLOW-SKIP: device-collectives: %s\n", ctx.error().message().c_str()), 77;
-  VulkanCollectiveOptions options{.key = job.key + "-bench-vk"};
-  if (hosts > 1) {
-    options.host = str_format("bench-{}", host.rank() * hosts / host.size());
-    options.open_group = subgroups(world, host.rank(), launched_communicators(job, 4u << 20));
-  }
-  auto shared = VulkanCollectives::open(*ctx, host, options);
+  auto shared = VulkanCollectives::open(*ctx, host, {.key = job.key + "-bench-vk"});
   auto staged = VulkanCollectives::open(*ctx, host, {.key = job.key + "-bench-vk-staged", .stage_through_host = true});
   if (!shared || !staged) {
     std::fprintf(stderr, "lavaflow-bench device-collectives: %s\n",
@@ -145,7 +138,7 @@ int run_vulkan(Communicator& host, const ProcessGroup& world, const LaunchedJob&
   // Ranks on one device share its memory; the host-memory segment that any mix of devices uses
   // is measured beside it.
   std::unique_ptr<VulkanCollectives> hosted;
-  if ((*shared)->segment() == VulkanSegment::DeviceMemory && hosts == 1) {
+  if ((*shared)->segment() == VulkanSegment::DeviceMemory) {
     auto h =
         VulkanCollectives::open(*ctx, host, {.key = job.key + "-bench-vk-host", .segment = VulkanSegment::HostMemory});
     if (!h) return std::fprintf(stderr, "lavaflow-bench device-collectives: %s\n", h.error().message().c_str()), 1;
@@ -451,7 +444,7 @@ int main(int argc, char** argv) {
   app.add_flag("--no-staged", no_staged,
                "cuda: leave out the staged rows (slow at large sizes; NCCL is the baseline where it runs)");
   std::uint32_t hosts = 1;
-  lfapp::add_whole(app, "--hosts", hosts, "simulated hosts (ranks in rank order)", 1, 8);
+  lfapp::add_whole(app, "--hosts", hosts, "cuda: simulated hosts (ranks in rank order)", 1, 8);
   if (auto rc = lfapp::parse(app, argc, argv)) return *rc;
   if (max_size == 0) max_size = backend == "vulkan" ? (16u << 20) : (256u << 20);
   auto job = launched_job();
@@ -467,7 +460,7 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   int rc = 0;
   if (backend == "vulkan") {
-    rc = run_vulkan(**host, **mesh->get_group("world"), *job, max_size, hosts, rows);
+    rc = run_vulkan(**host, *job, max_size, rows);
   } else {
 #if LAVAFLOW_BENCH_DEVICE_CUDA
     rc = run_cuda(**host, **mesh->get_group("world"), *job, max_size, chunk, !no_staged, hosts, rows);

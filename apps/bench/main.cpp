@@ -409,8 +409,8 @@ int main(int argc, char** argv) {
                         "cuda: leave out the staged rows (slow at large sizes; NCCL is the baseline where it runs)");
   std::uint64_t dev_hosts = 1;
   lfapp::add_whole(*device_coll, "--hosts", dev_hosts,
-                   "simulated hosts, each holding as many of the ranks (in rank order): hierarchical calls against "
-                   "the same group staged whole",
+                   "cuda: simulated hosts, each holding as many of the ranks (in rank order): hierarchical calls "
+                   "against the same group staged whole",
                    1, 8);
 
   lfbench::PoolBenchOptions pool_options;

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 #pragma once
-// What the hierarchical GPU collectives (CUDA and Vulkan, for groups spanning hosts) share: the
-// names of their subgroups and the agreement that ends each step of opening them.
+// Subgroups for collectives that go hierarchical across hosts (the CUDA collectives): their names
+// and the agreement that ends each step of opening them.
 #include <cstdint>
 #include <span>
 #include <string>

@@ -25,7 +25,6 @@
 #include "lavaflow/core/unix_socket.hpp"
 #include "lavaflow/mesh/native.hpp"
 #include "staging.hpp"
-#include "vulkan_hierarchical.hpp"
 
 namespace lavaflow::mesh {
 
@@ -106,8 +105,7 @@ struct Peer {
   std::uint32_t uid = 0;
   std::uint8_t segment = 0;  ///< the options, which every rank must have alike
   std::uint8_t staged = 0;
-  std::uint8_t grouped = 0;  ///< given open_group
-  std::uint8_t reserved = 0;
+  std::uint16_t reserved = 0;
   std::uint64_t chunk = 0;
 };
 static_assert(sizeof(Peer) == 64);
@@ -189,7 +187,7 @@ class Collectives final : public VulkanCollectives {
  public:
   Collectives(const VulkanContext& ctx, Communicator& host) : ctx_(ctx), host_(host) {}
 
-  Status init(const VulkanCollectiveOptions& o) {
+  Status init(VulkanCollectiveOptions o) {
     constexpr const char* call = "VulkanCollectives::open";
     n_ = host_.size();
     me_ = host_.rank();
@@ -205,9 +203,8 @@ class Collectives final : public VulkanCollectives {
     // One host or several, one device or several: the ranks compare where they run.
     auto here = HostIdentity::detect();
     // A host that cannot say who it is stages: sharing a segment with a rank elsewhere would fail.
-    const Peer mine{!o.host.empty() ? name_hash("simulated/" + o.host)
-                    : here          ? name_hash(here->hostname + "/" + here->boot_id)
-                                    : name_hash(str_format("unknown host, pid {}", ::getpid())),
+    const Peer mine{here ? name_hash(here->hostname + "/" + here->boot_id)
+                         : name_hash(str_format("unknown host, pid {}", ::getpid())),
                     caps.identity.device_uuid,
                     caps.identity.driver_uuid,
                     static_cast<std::int32_t>(::getpid()),
@@ -215,7 +212,6 @@ class Collectives final : public VulkanCollectives {
                     static_cast<std::uint32_t>(::geteuid()),
                     static_cast<std::uint8_t>(o.segment),
                     o.stage_through_host ? std::uint8_t{1} : std::uint8_t{0},
-                    o.open_group ? std::uint8_t{1} : std::uint8_t{0},
                     0,
                     o.chunk_bytes};
     std::vector<Peer> peers(n_);
@@ -226,19 +222,14 @@ class Collectives final : public VulkanCollectives {
                          .wait()));
     // Ranks that open with different options would wait for each other in different places.
     for (std::uint32_t r = 0; r < n_; ++r)
-      if (peers[r].segment != mine.segment || peers[r].staged != mine.staged || peers[r].chunk != mine.chunk ||
-          peers[r].grouped != mine.grouped)
-        return fail(
-            Errc::InvalidArgument, call,
-            str_format("rank {} of group '{}' opened with other options (segment {}, staging {}, chunk_bytes "
-                       "{}, open_group {}) than this rank (segment {}, staging {}, chunk_bytes {}, open_group {})",
-                       r, host_.group(), peers[r].segment, peers[r].staged, peers[r].chunk, peers[r].grouped,
-                       mine.segment, mine.staged, mine.chunk, mine.grouped));
+      if (peers[r].segment != mine.segment || peers[r].staged != mine.staged || peers[r].chunk != mine.chunk)
+        return fail(Errc::InvalidArgument, call,
+                    str_format("rank {} of group '{}' opened with other options (segment {}, staging {}, chunk_bytes "
+                               "{}) than this rank (segment {}, staging {}, chunk_bytes {})",
+                               r, host_.group(), peers[r].segment, peers[r].staged, peers[r].chunk, mine.segment,
+                               mine.staged, mine.chunk));
     shared_ = std::ranges::all_of(peers, [&](const Peer& p) { return p.host == mine.host; }) && !o.stage_through_host;
-    if (!shared_ && !o.stage_through_host && o.open_group) hosts_ = host_major(peers);
     LF_TRY(const bool device, choose_segment(o, peers));
-    if (!shared_ && !o.stage_through_host && o.open_group && !hosts_)
-      reason_ += " (not hierarchical: the ranks are not numbered host by host, two or more on each host alike)";
 
     // The storage-buffer binding covers every rank's region (two staging buffers and a scratch)
     // when shared, this rank's own when staged; each reduce-scatter piece is at least one part.
@@ -291,20 +282,6 @@ class Collectives final : public VulkanCollectives {
     return detail::vk_call("VulkanCollectives: pipeline", [&] { make_pipeline(); });
   }
 
-  /// The number of hosts when the ranks run on several, each holding the same number L ≥ 2 of
-  /// them with rank h × L + j on host h; else 0 (and reason_ later says why).
-  std::uint32_t host_major(const std::vector<Peer>& peers) {
-    std::vector<std::uint64_t> seen;
-    for (const Peer& p : peers)
-      if (std::ranges::find(seen, p.host) == seen.end()) seen.push_back(p.host);
-    const auto hosts = static_cast<std::uint32_t>(seen.size());
-    const std::uint32_t per = n_ / hosts;
-    if (hosts < 2 || per < 2 || per * hosts != n_) return 0;
-    for (std::uint32_t r = 0; r < n_; ++r)
-      if (peers[r].host != seen[r / per]) return 0;
-    return hosts;
-  }
-
   /// Whether the ranks of this host share the device's own memory; sets segment_ and reason_.
   /// Every rank decides alike from the same records.
   Result<bool> choose_segment(const VulkanCollectiveOptions& o, const std::vector<Peer>& peers) {
@@ -339,9 +316,6 @@ class Collectives final : public VulkanCollectives {
                          ctx_.capabilities().identity.name);
     return true;
   }
-
-  /// Hosts of two or more ranks each, numbered host by host, when the group spans them; else 0.
-  [[nodiscard]] std::uint32_t hosts() const { return hosts_; }
 
   std::uint32_t rank() const override { return me_; }
   std::uint32_t size() const override { return n_; }
@@ -938,7 +912,6 @@ class Collectives final : public VulkanCollectives {
   std::uint64_t half_ = 0;  ///< the staged path's two slots, each half of this rank's region
   std::uint32_t max_groups_ = 1;
   bool shared_ = false;
-  std::uint32_t hosts_ = 0;  ///< see hosts()
   VulkanSegment segment_ = VulkanSegment::HostMemory;
   std::string reason_;
   Mapping map_;
@@ -967,9 +940,7 @@ class Collectives final : public VulkanCollectives {
 Result<std::unique_ptr<VulkanCollectives>> VulkanCollectives::open(const VulkanContext& ctx, Communicator& host,
                                                                    VulkanCollectiveOptions options) {
   auto c = std::make_unique<Collectives>(ctx, host);
-  LF_TRY_STATUS(c->init(options));
-  if (const std::uint32_t hosts = c->hosts())
-    return vulkan_hierarchy::open_vulkan_hierarchical(ctx, host, std::move(c), hosts, std::move(options));
+  LF_TRY_STATUS(c->init(std::move(options)));
   return std::unique_ptr<VulkanCollectives>(std::move(c));
 }
 

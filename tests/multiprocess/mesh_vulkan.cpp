@@ -17,8 +17,6 @@
 //                                               (neither a rank that needs the fd) connect to the
 //                                               socket again and again during open and keep the
 //                                               connections: they get nothing, every rank attaches
-//   lavaflow-launch -n 4 mesh_vulkan hosts      two simulated hosts (ranks 0-1 and 2-3): large calls
-//                                               hierarchical, each host's phases over its segment
 // Exit 77 when no device can import host memory (the test is then a visible skip).
 #include <fcntl.h>
 #include <signal.h>
@@ -120,23 +118,6 @@ void every_op(const VulkanContext& ctx, VulkanCollectives& vc, const char* how) 
   expect(!bad && bad.error().code() == Errc::InvalidArgument, "send and recv of different sizes refused");
   const auto odd = vc.all_gather(device_span(*a, 6), device_span(*a, 6 * n), DType::F32);
   expect(!odd && odd.error().code() == Errc::InvalidArgument, "a partial element refused");
-}
-
-/// all_reduce of every type and op large enough for the hierarchy (≥ 256 KiB, even counts).
-void large_all_reduce(const VulkanContext& ctx, VulkanCollectives& vc) {
-  const std::uint32_t n = vc.size(), r = vc.rank();
-  const std::size_t count = 270'000;
-  for (DType t : kTypes)
-    for (ReduceOp op : kOps) {
-      const auto mine = encode(inputs(r, count, t), t);
-      auto send = buffer_with(ctx, mine);
-      auto recv = buffer_with(ctx, {}, mine.size());
-      if (!send || !recv) return expect(false, "allocate");
-      const auto s = vc.all_reduce(device_span(*send, mine.size()), device_span(*recv, mine.size()), t, op);
-      expect(s && read(ctx, *recv, mine.size()) == expected(n, count, t, op),
-             str_format("all_reduce {} {} × {}{}", to_string(t), to_string(op), count,
-                        s ? "" : ": " + s.error().message()));
-    }
 }
 
 }  // namespace
@@ -258,22 +239,6 @@ int main(int argc, char** argv) {
       if (vc) works(**vc, "device memory opened beside a stranger");
     }
     if (!checks.failures) std::printf("mesh-vulkan rank %u: %s OK (%u ranks)\n", me, mode.c_str(), n);
-    return checks.failures ? 1 : 0;
-  }
-  if (mode == "hosts") {
-    // Two simulated hosts, ranks numbered host by host.
-    VulkanCollectiveOptions o{.key = job->key + "-vk-hosts", .chunk_bytes = 256 << 10};
-    o.open_group = subgroups(**mesh->get_group("world"), me, launched_communicators(*job));
-    o.host = str_format("sim-{}", me * 2 / n);
-    auto hv = VulkanCollectives::open(*ctx, comm, o);
-    expect(hv && !(*hv)->shared_segment() && (*hv)->segment_reason().find("hierarchical") != std::string::npos,
-           hv ? "not hierarchical: " + (*hv)->segment_reason() : "open: " + hv.error().message());
-    if (!hv) return 1;
-    every_op(*ctx, **hv, "hierarchical");
-    large_all_reduce(*ctx, **hv);
-    if (!checks.failures)
-      std::printf("mesh-vulkan rank %u: OK (%u ranks on two simulated hosts: %s)\n", me, n,
-                  (*hv)->segment_reason().c_str());
     return checks.failures ? 1 : 0;
   }
   auto vc = VulkanCollectives::open(*ctx, comm, {.key = job->key + "-vk", .chunk_bytes = 256 << 10});

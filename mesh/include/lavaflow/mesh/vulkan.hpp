@@ -8,9 +8,7 @@
 // Communicator of the same group (the native backend) orders the steps and brings timeouts,
 // lost-rank detection and call matching. When the group spans hosts, each rank's GPU stages
 // through its own pinned host memory, in pipelined pieces, and the host communicator carries the
-// exchange (the native backend's hierarchical scheme); or, opened with open_group, its large calls
-// run their in-host phases over each host's segment and stage only the exchange between hosts.
-// Design note 0019 gives the algorithms.
+// exchange (the native backend's hierarchical scheme). Design note 0019 gives the algorithms.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -71,15 +69,6 @@ struct VulkanCollectiveOptions {
   bool stage_through_host = false;
   /// What the ranks of a host share (when they do not stage).
   VulkanSegment segment = VulkanSegment::Auto;
-  /// For a group that spans hosts: opens the communicators of its subgroups (each host's ranks, and
-  /// the ranks of each local index across hosts). Given, with ranks numbered host by host and
-  /// every host holding the same number of them (two or more), large calls are hierarchical: their
-  /// in-host phases run over the host's shared segment and only the exchange between hosts stages
-  /// through host memory (note 0019). Without it such a group stages every call whole.
-  SubgroupOpener open_group;
-  /// This rank's host, for tests that simulate hosts on one machine: ranks that name the same host
-  /// share one. Empty: the machine's own (hostname and boot id).
-  std::string host;
 };
 
 /// One rank's Vulkan collectives over `host`'s group. Calls are collective and in the same order
