@@ -144,8 +144,8 @@ class Collectives final : public CudaCollectives {
     for (std::uint32_t q = 0; q < n_; ++q) {
       if (cards[q].chunk != chunk_ || cards[q].stage != mine.stage || cards[q].grouped != mine.grouped)
         return fail(Errc::InvalidArgument, call,
-                    str_format("rank {} of group '{}' opened with chunk_bytes {}, stage_through_host {} and {}"
-                               "open_group, this rank with {}, {} and {}",
+                    str_format("rank {} of group '{}' opened with chunk_bytes {}, stage_through_host {} and {} "
+                               "open_group, this rank with {}, {} and {} open_group",
                                q, host_.group(), cards[q].chunk, cards[q].stage != 0, cards[q].grouped ? "an" : "no",
                                chunk_, mine.stage != 0, mine.grouped ? "an" : "no"));
       if ((cards[q].host != mine.host || !mine.host) && !staged_) {
