@@ -16,7 +16,10 @@
 //   lavaflow-launch -n 4 mesh_cuda hosts      "all" on two simulated hosts (ranks 0-1 and 2-3):
 //                                             hierarchical, in-host phases as kernels
 //   lavaflow-launch -n 4 mesh_cuda hosts-mixed  the same with hosts {0, 3} and {1, 2}
+//   lavaflow-launch -n 4 mesh_cuda hosts-strided  the same with hosts {0, 2} and {1, 3}
+//   lavaflow-launch -n 3 mesh_cuda hosts      hosts {0, 1} and {2}: unequal, staged whole
 //   lavaflow-launch -n 4 mesh_cuda hosts-late   "late" on two simulated hosts
+//   lavaflow-launch -n 4 mesh_cuda hosts-mismatch  the hosts make calls of different types
 // Exit 77 (a visible skip) without a CUDA device.
 #include <cuda_runtime_api.h>
 #include <unistd.h>
@@ -198,6 +201,68 @@ void every_op(CudaCollectives& c, cudaStream_t st) {
   expect(!bad && bad.error().code() == Errc::InvalidArgument, "a partial element refused");
   const auto root = c.broadcast(send.p, 4, n, DType::F32, st);
   expect(!root && root.error().code() == Errc::InvalidArgument, "a root outside the group refused");
+}
+
+/// f16 and bf16 sums and averages whose partial sums round: rank 0 gives a large value and every
+/// other rank one that a partial sum of two rounds away (to nearest even), so a call that rounds
+/// anywhere but at the end parts from the reference, whichever ranks a level groups. Sizes for
+/// the one-shot, two-shot and (on simulated hosts) hierarchical paths.
+void rounded_once(CudaCollectives& c, cudaStream_t st) {
+  const std::uint32_t n = c.size(), r = c.rank();
+  for (const DType t : {DType::F16, DType::BF16})
+    for (const ReduceOp op : {ReduceOp::Sum, ReduceOp::Average})
+      for (const std::size_t count : {std::size_t{3}, std::size_t{600'000}}) {
+        // f16 holds whole numbers to 2048 and bf16 to 256: halves and ones there are ties.
+        const double big = t == DType::F16 ? 1024 : 256, small = t == DType::F16 ? 0.5 : 1;
+        const auto value = [&](std::uint32_t q) { return q == 0 ? big : small; };
+        double sum = 0;
+        for (std::uint32_t q = 0; q < n; ++q) sum += value(q);
+        const auto want = encode(std::vector<double>(count, op == ReduceOp::Average ? sum / n : sum), t);
+        const auto mine = encode(std::vector<double>(count, value(r)), t);
+        DeviceBytes send(mine.size(), mine), recv(mine.size());
+        auto s = c.all_reduce(send.p, recv.p, mine.size(), t, op, st);
+        if (s) s = finish(c, st);
+        std::string diff = outcome(s, recv, want);
+        expect(diff.empty(),
+               str_format("all_reduce of {} {} {} rounded once{}", count, to_string(t), to_string(op), diff));
+        std::vector<std::byte> blocks;
+        for (std::uint32_t q = 0; q < n; ++q) blocks.insert(blocks.end(), mine.begin(), mine.end());
+        DeviceBytes bsend(blocks.size(), blocks);
+        s = c.reduce_scatter(bsend.p, recv.p, mine.size(), t, op, st);
+        if (s) s = finish(c, st);
+        diff = outcome(s, recv, want);
+        expect(diff.empty(),
+               str_format("reduce_scatter of {} {} {} rounded once{}", count, to_string(t), to_string(op), diff));
+      }
+}
+
+/// all_gather with its input at this rank's block of the output, and reduce_scatter with its
+/// output at this rank's block of the input (as NCCL allows), f32, on every path's sizes.
+void in_place_blocks(CudaCollectives& c, cudaStream_t st) {
+  const std::uint32_t n = c.size(), r = c.rank();
+  for (const std::size_t count : {std::size_t{1'000}, std::size_t{40'001}, std::size_t{600'000}}) {
+    const std::size_t bytes = count * 4;
+    const auto all = gathered(n, count, DType::F32);
+    const auto mine = encode(inputs(r, count, DType::F32), DType::F32);
+    std::vector<std::byte> start(all.size(), std::byte{0x7f});
+    std::copy(mine.begin(), mine.end(), start.begin() + static_cast<std::ptrdiff_t>(r * bytes));
+    DeviceBytes out(all.size(), start);
+    auto s = c.all_gather(static_cast<std::byte*>(out.p) + r * bytes, out.p, bytes, DType::F32, st);
+    if (s) s = finish(c, st);
+    std::string diff = outcome(s, out, all);
+    expect(diff.empty(), str_format("in-place all_gather of {} floats{}", count, diff));
+
+    const auto big = encode(inputs(r, count * n, DType::F32), DType::F32);
+    const auto sums = expected(n, count * n, DType::F32, ReduceOp::Sum);
+    DeviceBytes io(big.size(), big);
+    s = c.reduce_scatter(io.p, static_cast<std::byte*>(io.p) + r * bytes, bytes, DType::F32, ReduceOp::Sum, st);
+    if (s) s = finish(c, st);
+    const auto got = io.read(big.size());
+    const bool same = s && std::equal(got.begin() + static_cast<std::ptrdiff_t>(r * bytes),
+                                      got.begin() + static_cast<std::ptrdiff_t>((r + 1) * bytes),
+                                      sums.begin() + static_cast<std::ptrdiff_t>(r * bytes));
+    expect(same, str_format("in-place reduce_scatter of {} floats{}", count, s ? "" : ": " + s.error().message()));
+  }
 }
 
 /// Calls one after another with no wait between them, the second on another stream: each finds
@@ -565,18 +630,22 @@ int main(int argc, char** argv) {
   // "staged-late" is "late" with every call staged, "hosts-late" on two simulated hosts.
   const bool staged = mode.starts_with("staged");
   const bool hosts = mode.starts_with("hosts");
-  const std::string base = mode.starts_with("staged-")                           ? mode.substr(7)
-                           : mode.starts_with("hosts-") && mode != "hosts-mixed" ? mode.substr(6)
-                                                                                 : mode;
+  const bool layout = mode == "hosts-mixed" || mode == "hosts-strided";
+  const std::string base = mode.starts_with("staged-")             ? mode.substr(7)
+                           : mode.starts_with("hosts-") && !layout ? mode.substr(6)
+                                                                   : mode;
   // Options with `chunk` bytes of staging; on simulated hosts, each rank's host and the subgroups.
   auto options = [&, subgroups_of = hosts ? subgroups(**mesh->get_group("world"), me, launched_communicators(*job))
                                           : SubgroupOpener{}](std::uint64_t chunk) {
     CudaCollectiveOptions o{.device = device, .chunk_bytes = chunk, .stage_through_host = staged};
     if (hosts) {
       o.open_group = subgroups_of;
-      // Host-major (0-1 | 2-3), or mixed (0, 3 | 1, 2): the blocks of a call then change order
-      // between the phases.
-      o.host = str_format("sim-{}", mode == "hosts-mixed" ? (me == 1 || me == 2) : me * 2 / n);
+      // Host-major (0-1 | 2-3; with 3 ranks 0-1 | 2, unequal hosts: staged whole), mixed (0, 3 |
+      // 1, 2: the blocks of a call change order between the phases), or strided (0, 2 | 1, 3:
+      // local-index order is rank order).
+      o.host = str_format("sim-{}", mode == "hosts-mixed"     ? (me == 1 || me == 2)
+                                    : mode == "hosts-strided" ? me % 2
+                                                              : me * 2 / n);
     }
     return o;
   };
@@ -590,6 +659,23 @@ int main(int argc, char** argv) {
   DeviceBytes buf(64, encode(inputs(me, 16, DType::F32), DType::F32));
   const CallOptions quick{.timeout = std::chrono::seconds(5)};
 
+  if (hosts && base == "mismatch") {
+    // Each host's ranks agree on their call, but the hosts differ (f32 on host 0, f16 on host 1):
+    // the in-host phases succeed, and the boundary before the exchange between hosts refuses it on
+    // every rank, naming both calls.
+    const DType t = me * 2 / n == 0 ? DType::F32 : DType::F16;
+    DeviceBytes big(std::size_t{1} << 20);
+    auto s = (*c)->all_reduce(big.p, big.p, big.n, t, ReduceOp::Sum, st, quick);
+    if (s) s = finish(**c, st);
+    const std::string message = s ? std::string() : s.error().message();
+    expect(!s && s.error().code() == Errc::InvalidArgument && message.find("makes another call") != std::string::npos &&
+               message.find("f16") != std::string::npos && message.find("f32") != std::string::npos,
+           s ? "calls that differ between hosts succeeded" : "not InvalidArgument naming both calls: " + message);
+    expect(!(*c)->all_reduce(buf.p, buf.p, 64, DType::F32, ReduceOp::Sum, st, quick) && !(*c)->check(),
+           "a call after a failure fails, and check() reports it");
+    if (!checks.failures) std::printf("mesh-cuda rank %u: %s OK (%s)\n", me, mode.c_str(), message.c_str());
+    return checks.failures ? 1 : 0;
+  }
   if (base == "mismatch") {
     CudaCollectives* on = c->get();
     std::unique_ptr<CudaCollectives> fresh;
@@ -643,16 +729,19 @@ int main(int argc, char** argv) {
              s ? "the call without the last rank succeeded" : "not a timeout naming it: " + s.error().message());
       expect(Clock::now() - t0 < std::chrono::seconds(7), "the failure came within the call's timeout");
     } else {
-      // Host 1's other rank (2) and the last rank's peer across hosts (1) name it in the subgroup
-      // they share with it; rank 0 hears from rank 2 that its host's phase failed, or, when that
-      // word is late, names rank 2 itself.
-      const std::string named = me == 0 ? "2" : "3]";
+      // Host 1's other rank (2) and the last rank's peer across hosts (1) name it as rank 1 of the
+      // subgroup they share with it; rank 0 hears from rank 2 that its host's phase failed.
+      const std::string named = me == 0   ? "rank 2 of group 'world' (host 1) failed"
+                                : me == 1 ? "group 'world[1,3]'"
+                                          : "group 'world[2,3]'";
+      const std::string message = s ? std::string() : s.error().message();
       expect(!s && (s.error().code() == Errc::Timeout || s.error().code() == Errc::PeerLost) &&
-                 s.error().message().find(named) != std::string::npos,
+                 message.find(named) != std::string::npos && (me == 0 || message.find("rank 1") != std::string::npos),
              s ? "the call without the last rank succeeded"
-               : str_format("not a timeout or lost peer naming '{}': {}", named, s.error().message()));
-      // A call's phases each wait at most its timeout; those of the two hosts overlap.
-      expect(Clock::now() - t0 < std::chrono::seconds(11), "the failure came within two of the call's timeouts");
+               : str_format("not a timeout or lost peer naming '{}': {}", named, message));
+      // The in-host phase waits at most the call's timeout, each boundary between phases twice
+      // that and two seconds.
+      expect(Clock::now() - t0 < std::chrono::seconds(19), "the failure came within three of the call's timeouts");
     }
     if (!checks.failures) std::printf("mesh-cuda rank %u: %s OK (%s)\n", me, mode.c_str(), s.error().message().c_str());
     // The peers' staging stays mapped until the process ends: the destructor's barrier would wait
@@ -661,7 +750,29 @@ int main(int argc, char** argv) {
     _exit(checks.failures ? 1 : 0);
   }
 
-  expect((*c)->staged() == (staged || hosts) && (*c)->hierarchical() == hosts, "the path: " + (*c)->path_reason());
+  expect((*c)->staged() == (staged || hosts) && (*c)->hierarchical() == (hosts && n % 2 == 0),
+         "the path: " + (*c)->path_reason());
+  if (hosts && n % 2 == 0) {
+    // An opener that numbers the ranks against its list: every rank stays staged, saying why.
+    auto reversed = options(1 << 20);
+    reversed.open_group = [open = reversed.open_group](const std::string& name, std::vector<std::uint32_t> ranks) {
+      std::ranges::reverse(ranks);
+      return open(name, ranks);
+    };
+    auto misnumbered = CudaCollectives::open(**host, reversed);
+    expect(misnumbered && !(*misnumbered)->hierarchical() &&
+               (*misnumbered)->path_reason().find("as listed") != std::string::npos,
+           misnumbered ? "not staged whole, saying so: " + (*misnumbered)->path_reason()
+                       : "open with a misnumbering opener: " + misnumbered.error().message());
+    if (misnumbered) {
+      const std::size_t count = 300'000;
+      DeviceBytes data(count * 4, encode(inputs(me, count, DType::F32), DType::F32));
+      auto s = (*misnumbered)->all_reduce(data.p, data.p, count * 4, DType::F32, ReduceOp::Sum, st);
+      if (s) s = finish(**misnumbered, st);
+      const std::string d = outcome(s, data, expected(n, count, DType::F32, ReduceOp::Sum));
+      expect(d.empty(), "an all_reduce staged whole after the levels failed to open" + d);
+    }
+  }
   if (mode == "staged") {
     // Ranks that open with different options are refused, every one of them.
     auto odd = CudaCollectives::open(**host, {.device = device, .chunk_bytes = 1 << 20, .stage_through_host = me == 0});
@@ -671,6 +782,8 @@ int main(int argc, char** argv) {
                : "not InvalidArgument naming stage_through_host: " + odd.error().message());
   }
   every_op(**c, st);
+  rounded_once(**c, st);
+  in_place_blocks(**c, st);
   back_to_back(**c, st);
   varying_sizes(**c, st);
   windows(**host, options(1 << 20), st);

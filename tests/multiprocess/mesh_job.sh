@@ -13,7 +13,7 @@ if [ "$skipped" -ge "$n" ]; then exit 77; fi
 if [ "$skipped" -gt 0 ]; then echo "FAILED: $skipped of $n ranks skipped: the others had a device"; exit 1; fi
 stay=$n want=0 token="OK ("
 case $mode in
-  mismatch | staged-mismatch | squat | stranger) token="$mode OK" ;;
+  mismatch | staged-mismatch | hosts-mismatch | squat | stranger) token="$mode OK" ;;
   exit) stay=$((n - 1)) want=3 token="exit OK" ;;
   late | late-nonblocking | staged-late | hosts-late) stay=$((n - 1)) token="$mode OK" ;;
 esac

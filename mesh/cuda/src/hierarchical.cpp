@@ -2,6 +2,7 @@
 #include "hierarchical.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <optional>
 #include <span>
@@ -33,10 +34,35 @@ constexpr std::uint64_t kBroadcastFrom = 64 << 10;
 
 bool integer(DType t) { return t == DType::I32 || t == DType::I64 || t == DType::U8; }
 
+/// How a reduction crosses the two levels so that a call gives what one level gives: f16 and bf16
+/// sums and products travel as f32 and round once at the end; averages sum at both levels and
+/// divide once by the group's size (integers truncating, floats rounding once).
+struct Carry {
+  bool wide = false;  ///< the levels carry f32 (f16/bf16 sum, product, average)
+  DType type;         ///< the levels' element type
+  ReduceOp each;      ///< the levels' op
+  std::uint32_t by;   ///< the divisor at the end (1: none)
+  bool finish;        ///< a kernel ends the call (narrow or divide)
+};
+Carry carry(DType type, ReduceOp op, std::uint32_t ranks) {
+  const bool order = op == ReduceOp::Min || op == ReduceOp::Max;  // exact in any type
+  const bool wide = !order && (type == DType::F16 || type == DType::BF16);
+  const bool average = op == ReduceOp::Average;
+  return {.wide = wide,
+          .type = wide ? DType::F32 : type,
+          .each = average ? ReduceOp::Sum : op,
+          .by = average ? ranks : 1,
+          .finish = wide || average};
+}
+
+/// Whether [a, a + an) and [b, b + bn) share a byte.
+bool overlap(const void* a, std::uint64_t an, const void* b, std::uint64_t bn) {
+  const auto x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
+  return x < y + bn && y < x + an;
+}
+
 using cuda_calls::call_name;
 using cuda_calls::wait_event;
-
-using hierarchy::agree;
 
 /// Device memory for one call from the communicator's pool, freed in the call's stream order when
 /// it goes (the next call, on any stream, comes after that in stream order).
@@ -45,8 +71,11 @@ class Scratch {
   Scratch() = default;
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
-  ~Scratch() {
+  ~Scratch() { release(); }
+  /// Back to the pool in stream order, after the work enqueued so far.
+  void release() {
     if (p_) (void)cudaFreeAsync(p_, stream_);
+    p_ = nullptr;
   }
   Status make(cudaMemPool_t pool, std::uint64_t bytes, cudaStream_t stream) {
     stream_ = stream;
@@ -72,14 +101,16 @@ class Hierarchical final : public CudaCollectives {
     // The scratch is freed in stream order and the pool goes once it is; the inner communicators
     // wait for their peers as they end.
     if (done_) (void)wait_event(done_, Deadline(std::chrono::seconds(10)), "~CudaCollectives", "calls did not end");
-    across_.reset();
-    local_.reset();
+    drop_levels();
     flat_.reset();
     if (pool_) (void)cudaMemPoolDestroy(pool_);
     if (phase_) (void)cudaEventDestroy(phase_);
     if (done_) (void)cudaEventDestroy(done_);
   }
 
+  /// Opens the two levels. Where they cannot be opened on every rank (the opener fails, a peer
+  /// cannot be mapped), every rank stays on the staged path and path_reason() says why; an error
+  /// only when the group cannot agree on that.
   Status init(const CudaCollectiveOptions& o) {
     constexpr const char* call = "CudaCollectives::open";
     n_ = group_.size();
@@ -96,25 +127,35 @@ class Hierarchical final : public CudaCollectives {
         host_major_ = host_major_ && at_[h][j] == h * per_host_ + j;
         by_index_ = by_index_ && at_[h][j] == j * hosts_n_ + h;
       }
-    std::vector<std::uint32_t> across;
-    for (std::uint32_t h = 0; h < hosts_n_; ++h) across.push_back(at_[h][j_]);
-    LF_TRY(auto groups,
-           hierarchy::open_subgroups(group_, o.open_group, at_[h_], across, make_pool(), o.attach_timeout, call));
-    local_group_ = std::move(groups.local);
-    across_group_ = std::move(groups.across);
-    CudaCollectiveOptions inner;
-    inner.device = device_;
-    inner.chunk_bytes = o.chunk_bytes;
-    inner.attach_timeout = o.attach_timeout;
-    inner.host = o.host;
-    auto in_host = CudaCollectives::open(*local_group_, inner);
-    auto between = CudaCollectives::open(*across_group_, inner);
-    Status opened = !in_host   ? Status(std::unexpected(in_host.error()))
-                    : !between ? Status(std::unexpected(between.error()))
-                               : Status{};
-    LF_TRY_STATUS(agree(group_, opened, o.attach_timeout, call));
-    local_ = std::move(*in_host);
-    across_ = std::move(*between);
+    for (std::uint32_t h = 0; h < hosts_n_; ++h) across_ranks_.push_back(at_[h][j_]);
+    LF_TRY(auto groups, hierarchy::open_subgroups(group_, o.open_group, at_[h_], across_ranks_, make_pool(),
+                                                  o.attach_timeout, call));
+    Status opened = groups.opened;
+    if (opened) {
+      local_group_ = std::move(groups.local);
+      across_group_ = std::move(groups.across);
+      CudaCollectiveOptions inner;
+      inner.device = device_;
+      inner.chunk_bytes = o.chunk_bytes;
+      inner.attach_timeout = o.attach_timeout;
+      inner.host = o.host;
+      auto in_host = CudaCollectives::open(*local_group_, inner);
+      auto between = CudaCollectives::open(*across_group_, inner);
+      if (in_host) local_ = std::move(*in_host);
+      if (between) across_ = std::move(*between);
+      const Status mine = !in_host   ? Status(std::unexpected(in_host.error()))
+                          : !between ? Status(std::unexpected(between.error()))
+                                     : Status{};
+      LF_TRY(opened, hierarchy::agreed(group_, mine, o.attach_timeout, call));
+    }
+    if (!opened) {
+      drop_levels();
+      // Calls order themselves with the events: without them this rank cannot go on at all.
+      if (!done_ || !phase_) return opened;
+      reason_ = str_format("{}; not hierarchical: {}", flat_->path_reason(), opened.error().message());
+      return {};
+    }
+    layered_ = true;
     reason_ = str_format(
         "{}: hierarchical over {} hosts of {} ranks — each host's phases are kernels over its ranks' mapped memory, "
         "and the ranks of each local index carry the exchange between hosts through pinned host memory",
@@ -126,39 +167,39 @@ class Hierarchical final : public CudaCollectives {
   std::uint32_t size() const override { return n_; }
   int device() const override { return device_; }
   bool staged() const override { return true; }
-  bool hierarchical() const override { return true; }
+  bool hierarchical() const override { return layered_; }
   const std::string& path_reason() const override { return reason_; }
 
   Status all_reduce(const void* send, void* recv, std::uint64_t bytes, DType type, ReduceOp op, cudaStream_t stream,
                     CallOptions o) override {
-    return run(k::kAllReduce, send, recv, bytes, type, op, 0, stream, [&] {
-      return bytes >= kAllReduceFrom && (bytes / size_of(type)) % per_host_ == 0
-                 ? all_reduce_phases(send, recv, bytes, type, op, stream, o)
-                 : flat_->all_reduce(send, recv, bytes, type, op, stream, o);
+    return run({k::kAllReduce, bytes, type, op, 0}, send, recv, stream, [&](Status s) {
+      if (layered_ && bytes >= kAllReduceFrom && (bytes / size_of(type)) % per_host_ == 0)
+        return all_reduce_phases(std::move(s), send, recv, bytes, type, op, stream, o);
+      return s ? flat_->all_reduce(send, recv, bytes, type, op, stream, o) : s;
     });
   }
   Status all_gather(const void* send, void* recv, std::uint64_t bytes, DType type, cudaStream_t stream,
                     CallOptions o) override {
-    return run(k::kAllGather, send, recv, bytes, type, ReduceOp::Sum, 0, stream, [&] {
-      return bytes >= kAllGatherFrom ? all_gather_phases(send, recv, bytes, type, stream, o)
-                                     : flat_->all_gather(send, recv, bytes, type, stream, o);
+    return run({k::kAllGather, bytes, type, ReduceOp::Sum, 0}, send, recv, stream, [&](Status s) {
+      if (layered_ && bytes >= kAllGatherFrom)
+        return all_gather_phases(std::move(s), send, recv, bytes, type, stream, o);
+      return s ? flat_->all_gather(send, recv, bytes, type, stream, o) : s;
     });
   }
   Status reduce_scatter(const void* send, void* recv, std::uint64_t bytes, DType type, ReduceOp op, cudaStream_t stream,
                         CallOptions o) override {
-    return run(k::kReduceScatter, send, recv, bytes, type, op, 0, stream, [&] {
-      return bytes >= kReduceScatterFrom ? reduce_scatter_phases(send, recv, bytes, type, op, stream, o)
-                                         : flat_->reduce_scatter(send, recv, bytes, type, op, stream, o);
+    return run({k::kReduceScatter, bytes, type, op, 0}, send, recv, stream, [&](Status s) {
+      if (layered_ && bytes >= kReduceScatterFrom)
+        return reduce_scatter_phases(std::move(s), send, recv, bytes, type, op, stream, o);
+      return s ? flat_->reduce_scatter(send, recv, bytes, type, op, stream, o) : s;
     });
   }
   Status broadcast(void* buffer, std::uint64_t bytes, std::uint32_t root, DType type, cudaStream_t stream,
                    CallOptions o) override {
-    return run(k::kBroadcast, buffer, buffer, bytes, type, ReduceOp::Sum, root, stream, [&]() -> Status {
-      if (bytes < kBroadcastFrom) return flat_->broadcast(buffer, bytes, root, type, stream, o);
-      const std::uint32_t host = hosts_[root];
-      const auto index = static_cast<std::uint32_t>(std::ranges::find(at_[host], root) - at_[host].begin());
-      if (j_ == index) LF_TRY_STATUS(across_->broadcast(buffer, bytes, host, type, stream, o));
-      return local_->broadcast(buffer, bytes, index, type, stream, o);
+    return run({k::kBroadcast, bytes, type, ReduceOp::Sum, root}, buffer, buffer, stream, [&](Status s) {
+      if (layered_ && bytes >= kBroadcastFrom)
+        return broadcast_phases(std::move(s), buffer, bytes, root, type, stream, o);
+      return s ? flat_->broadcast(buffer, bytes, root, type, stream, o) : s;
     });
   }
 
@@ -181,9 +222,36 @@ class Hierarchical final : public CudaCollectives {
   }
 
  private:
+  /// A call as every rank must make it: compared at each boundary between phases, since a call
+  /// that differs between hosts could pair phases that look alike.
+  struct Call {
+    std::uint32_t kind;
+    std::uint64_t bytes;
+    DType type;
+    ReduceOp op;
+    std::uint32_t root;
+    [[nodiscard]] std::string describe() const {
+      return str_format("{} of {} bytes of {}{}", call_name(kind), bytes, to_string(type),
+                        kind == k::kBroadcast   ? str_format(" from rank {}", root)
+                        : kind == k::kAllGather ? std::string()
+                                                : str_format(" ({})", to_string(op)));
+    }
+  };
+
+  void drop_levels() {
+    // The collectives before the communicators they run over.
+    across_.reset();
+    local_.reset();
+    across_group_.reset();
+    local_group_.reset();
+  }
+
+  /// The events, then the scratch pool: an error on this rank only.
   Status make_pool() {
     const DeviceScope on(device_);
     LF_TRY_STATUS(on.status());
+    LF_TRY_STATUS(cuda_ok(cudaEventCreateWithFlags(&phase_, cudaEventDisableTiming), "cudaEventCreate"));
+    LF_TRY_STATUS(cuda_ok(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate"));
     cudaMemPoolProps props{};
     props.allocType = cudaMemAllocationTypePinned;
     props.location.type = cudaMemLocationTypeDevice;
@@ -196,19 +264,17 @@ class Hierarchical final : public CudaCollectives {
     int pitch = 0;
     LF_TRY_STATUS(cuda_ok(cudaDeviceGetAttribute(&pitch, cudaDevAttrMaxPitch, device_), "cudaDeviceGetAttribute"));
     max_pitch_ = static_cast<std::uint64_t>(pitch);
-    LF_TRY_STATUS(cuda_ok(cudaEventCreateWithFlags(&phase_, cudaEventDisableTiming), "cudaEventCreate"));
-    return cuda_ok(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
+    return {};
   }
 
   /// The arguments checked as the one-host path checks them, then the call's phases, ordered after
   /// this rank's last call and recorded for the next; a failure once anything was enqueued stays.
   template <class Phases>
-  Status run(std::uint32_t kind, const void* send, const void* recv, std::uint64_t bytes, DType type, ReduceOp op,
-             std::uint32_t root, cudaStream_t stream, Phases&& phases) {
-    LF_TRY_STATUS(cuda_calls::check_arguments(kind, send, recv, bytes, type, op, root, n_));
+  Status run(const Call& call, const void* send, const void* recv, cudaStream_t stream, Phases&& phases) {
+    LF_TRY_STATUS(cuda_calls::check_arguments(call.kind, send, recv, call.bytes, call.type, call.op, call.root, n_));
     LF_TRY_STATUS(check());
-    const std::string_view name = call_name(kind);
-    if (bytes == 0) return {};
+    if (call.bytes == 0) return {};
+    const std::string_view name = call_name(call.kind);
     const CaptureModeScope relaxed;
     cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
     LF_TRY_STATUS(cuda_ok(cudaStreamIsCapturing(stream, &capturing), "cudaStreamIsCapturing"));
@@ -219,11 +285,14 @@ class Hierarchical final : public CudaCollectives {
                              group_.group(), reason_));
     const DeviceScope on(device_);
     LF_TRY_STATUS(on.status());
+    call_ = call;
     unsigned long long id = 0;
     Status s = cuda_ok(cudaStreamGetId(stream, &id), "cudaStreamGetId");
     if (s && last_stream_ && *last_stream_ != id)
       s = cuda_ok(cudaStreamWaitEvent(stream, done_, 0), "cudaStreamWaitEvent");
-    if (s) s = phases();
+    // A rank that cannot even begin still takes part in the boundaries, so that its peers hear
+    // why rather than wait out their timeouts.
+    s = phases(s);
     // Recorded whatever happened, after the scratch's release: what was enqueued still uses it.
     const Status recorded = cuda_ok(cudaEventRecord(done_, stream), "cudaEventRecord");
     last_stream_ = id;
@@ -235,39 +304,71 @@ class Hierarchical final : public CudaCollectives {
     return s;
   }
 
-  /// After an in-host phase, before the exchange between hosts: the host waits for its phase (whose
-  /// kernels end within the call's timeout, failed or not), then the ranks of this local index on
-  /// every host tell each other whether theirs succeeded, so that the exchange runs only where every
-  /// host's part is whole, and every rank learns of a failure on another host at once.
-  Status hosts_ready(cudaStream_t stream, const CallOptions& o) {
-    LF_TRY_STATUS(cuda_ok(cudaEventRecord(phase_, stream), "cudaEventRecord"));
-    constexpr std::string_view late = "the host's phase of the call did not end within its timeout";
-    Status mine = wait_event(phase_, Deadline(o.timeout), "cudaEventQuery", late);
-    // The kernels time their own waits from their start on the GPU, a moment after this wait
-    // began: a moment's grace lets a kernel that failed say why.
-    if (!mine && mine.error().code() == Errc::Timeout)
-      mine = wait_event(phase_, Deadline(std::chrono::seconds(1)), "cudaEventQuery", late);
-    if (mine) mine = local_->check();
-    const std::int32_t ok = mine ? 1 : 0;
-    std::vector<std::int32_t> all(hosts_n_);
-    const Status told = across_group_
-                            ->all_gather(std::as_bytes(std::span(&ok, 1)), std::as_writable_bytes(std::span(all)),
-                                         DType::I32, {.timeout = o.timeout})
+  /// A boundary between phases: the ranks of `level` (group ranks `ranks`, in its order) tell each
+  /// other whether their part of the call so far succeeded, and which call they make. Every one
+  /// then goes on only where all did, and learns who failed. A peer's part may have waited one
+  /// timeout (and a moment's grace) before it comes here, so the wait is longer.
+  Status boundary(Status mine, Communicator& level, const std::vector<std::uint32_t>& ranks, std::string_view part,
+                  const CallOptions& o) {
+    const std::array<std::int64_t, 4> word{
+        mine ? 1 : 0,
+        static_cast<std::int64_t>(call_.kind | std::uint32_t(call_.type) << 8 | std::uint32_t(call_.op) << 16),
+        static_cast<std::int64_t>(call_.bytes), call_.root};
+    std::vector<std::int64_t> all(word.size() * level.size());
+    const Status told = level
+                            .all_gather(std::as_bytes(std::span(word)), std::as_writable_bytes(std::span(all)),
+                                        DType::I64, {.timeout = 2 * o.timeout + std::chrono::seconds(2)})
                             .wait();
     if (!mine) return mine;
     if (!told) return told;
-    for (std::uint32_t h = 0; h < hosts_n_; ++h)
-      if (!all[h])
+    for (std::uint32_t q = 0; q < level.size(); ++q) {
+      const std::int64_t* w = all.data() + q * word.size();
+      if (!std::equal(word.begin() + 1, word.end(), w + 1)) {
+        const Call theirs{static_cast<std::uint32_t>(w[1] & 0xff), static_cast<std::uint64_t>(w[2]),
+                          static_cast<DType>(w[1] >> 8 & 0xff), static_cast<ReduceOp>(w[1] >> 16 & 0xff),
+                          static_cast<std::uint32_t>(w[3])};
+        return fail(Errc::InvalidArgument, "CudaCollectives",
+                    str_format("rank {} of group '{}' makes another call ({}) than this rank ({})", ranks[q],
+                               group_.group(), theirs.describe(), call_.describe()));
+      }
+    }
+    for (std::uint32_t q = 0; q < level.size(); ++q)
+      if (!all[q * word.size()])
         return fail(Errc::PeerLost, "CudaCollectives",
-                    str_format("rank {} of group '{}' (host {}) failed in its host's phase of the call (its host's "
-                               "ranks report why)",
-                               at_[h][j_], group_.group(), h));
+                    str_format("rank {} of group '{}' (host {}) failed in {} (its error says why)", ranks[q],
+                               group_.group(), hosts_[ranks[q]], part));
     return {};
   }
 
-  Status divided(void* data, std::uint64_t bytes, DType type, cudaStream_t stream) {
-    return cuda_ok(k::divide(data, bytes / size_of(type), static_cast<std::uint32_t>(type), n_, stream),
-                   "cudaLaunchKernel");
+  /// After an in-host phase, before the exchange between hosts: the host waits for its phase (whose
+  /// kernels end within the call's timeout, failed or not), then the ranks of this local index on
+  /// every host pass the boundary, so that the exchange runs only where every host's part is whole.
+  Status hosts_ready(Status s, cudaStream_t stream, const CallOptions& o) {
+    if (s) s = cuda_ok(cudaEventRecord(phase_, stream), "cudaEventRecord");
+    constexpr std::string_view late = "the host's phase of the call did not end within its timeout";
+    if (s) s = wait_event(phase_, Deadline(o.timeout), "cudaEventQuery", late);
+    // The kernels time their own waits from their start on the GPU, a moment after this wait
+    // began: a moment's grace lets a kernel that failed say why.
+    if (!s && s.error().code() == Errc::Timeout)
+      s = wait_event(phase_, Deadline(std::chrono::seconds(1)), "cudaEventQuery", late);
+    if (s) s = local_->check();
+    return boundary(std::move(s), *across_group_, across_ranks_, "its host's phase of the call", o);
+  }
+
+  /// After the exchange between hosts, before an in-host phase: the host's ranks pass the
+  /// boundary, so that none enqueues a kernel that would wait for a peer whose exchange failed.
+  Status host_ready(Status s, const CallOptions& o) {
+    return boundary(std::move(s), *local_group_, at_[h_], "the exchange between hosts", o);
+  }
+
+  /// The end of a reduction carried per carry(): `from` (the levels' type) divided and rounded
+  /// into `to` (the call's type); `to` may be `from` when the types are one.
+  Status finished(const Carry& c, const void* from, void* to, std::uint64_t count, DType type, cudaStream_t stream) {
+    if (integer(type))
+      return cuda_ok(k::divide(to, count, static_cast<std::uint32_t>(type), c.by, stream), "cudaLaunchKernel");
+    return cuda_ok(
+        k::narrow(static_cast<const float*>(from), to, count, static_cast<std::uint32_t>(type), c.by, stream),
+        "cudaLaunchKernel");
   }
 
   /// Copies `bytes`-long blocks between rank order and local-index order (host h's rank j at
@@ -298,56 +399,100 @@ class Hierarchical final : public CudaCollectives {
 
   /// Each host's ranks reduce and scatter, the ranks of each local index reduce their share
   /// between hosts, and each host's ranks gather the shares.
-  Status all_reduce_phases(const void* send, void* recv, std::uint64_t bytes, DType type, ReduceOp op,
+  Status all_reduce_phases(Status s, const void* send, void* recv, std::uint64_t bytes, DType type, ReduceOp op,
                            cudaStream_t stream, const CallOptions& o) {
-    // An integer Average sums in the element's width and divides once at the end, as on one host;
-    // floating-point averages average per level (the same number of ranks on every host).
-    const bool divide = op == ReduceOp::Average && integer(type);
-    const ReduceOp each = divide ? ReduceOp::Sum : op;
-    const std::uint64_t share = bytes / per_host_;
-    Scratch part;
-    LF_TRY_STATUS(part.make(pool_, share, stream));
-    LF_TRY_STATUS(local_->reduce_scatter(send, part.get(), share, type, each, stream, o));
-    LF_TRY_STATUS(hosts_ready(stream, o));
-    LF_TRY_STATUS(across_->all_reduce(part.get(), part.get(), share, type, each, stream, o));
-    if (divide) LF_TRY_STATUS(divided(part.get(), share, type, stream));
-    return local_->all_gather(part.get(), recv, share, type, stream, o);
+    const Carry c = carry(type, op, n_);
+    const std::uint64_t count = bytes / size_of(type), share = count / per_host_;
+    const std::uint64_t wide_share = share * size_of(c.type), share_bytes = share * size_of(type);
+    Scratch widened, part, out;
+    const void* in = send;
+    if (s && c.wide) {
+      s = widened.make(pool_, count * sizeof(float), stream);
+      if (s)
+        s = cuda_ok(
+            k::widen(send, reinterpret_cast<float*>(widened.get()), count, static_cast<std::uint32_t>(type), stream),
+            "cudaLaunchKernel");
+      in = widened.get();
+    }
+    if (s) s = part.make(pool_, wide_share, stream);
+    if (s) s = local_->reduce_scatter(in, part.get(), wide_share, c.type, c.each, stream, o);
+    widened.release();
+    s = hosts_ready(std::move(s), stream, o);
+    if (s) s = across_->all_reduce(part.get(), part.get(), wide_share, c.type, c.each, stream, o);
+    const unsigned char* mine = part.get();
+    if (s && c.wide) {
+      s = out.make(pool_, share_bytes, stream);
+      mine = out.get();
+    }
+    if (s && c.finish) s = finished(c, part.get(), out.get() ? out.get() : part.get(), share, type, stream);
+    s = host_ready(std::move(s), o);
+    if (!s) return s;
+    return local_->all_gather(mine, recv, share_bytes, type, stream, o);
   }
 
   /// Between hosts first (each rank carries only its own block there), then every host's ranks
   /// gather what their indices brought.
-  Status all_gather_phases(const void* send, void* recv, std::uint64_t bytes, DType type, cudaStream_t stream,
+  Status all_gather_phases(Status s, const void* send, void* recv, std::uint64_t bytes, DType type, cudaStream_t stream,
                            const CallOptions& o) {
-    Scratch row;
-    LF_TRY_STATUS(row.make(pool_, bytes * hosts_n_, stream));
-    LF_TRY_STATUS(across_->all_gather(send, row.get(), bytes, type, stream, o));
-    Scratch all;
-    if (!by_index_) LF_TRY_STATUS(all.make(pool_, bytes * n_, stream));
+    // The row of this index's blocks lies in the output where the blocks are then put back in
+    // rank order from scratch, and where it does not cover the input.
+    const bool in_output = !by_index_ && !overlap(send, bytes, recv, bytes * hosts_n_);
+    Scratch row_scratch, all;
+    if (s && !in_output) s = row_scratch.make(pool_, bytes * hosts_n_, stream);
+    unsigned char* row = in_output ? static_cast<unsigned char*>(recv) : row_scratch.get();
+    if (s) s = across_->all_gather(send, row, bytes, type, stream, o);
+    s = host_ready(std::move(s), o);
+    if (s && !by_index_) s = all.make(pool_, bytes * n_, stream);
+    if (!s) return s;
     unsigned char* out = by_index_ ? static_cast<unsigned char*>(recv) : all.get();
-    LF_TRY_STATUS(local_->all_gather(row.get(), out, bytes * hosts_n_, type, stream, o));
+    LF_TRY_STATUS(local_->all_gather(row, out, bytes * hosts_n_, type, stream, o));
     return by_index_ ? Status{} : rearrange(static_cast<unsigned char*>(recv), out, bytes, true, stream);
   }
 
   /// Inside each host first (each index reduces the blocks of its own index on every host), then
   /// between hosts.
-  Status reduce_scatter_phases(const void* send, void* recv, std::uint64_t bytes, DType type, ReduceOp op,
+  Status reduce_scatter_phases(Status s, const void* send, void* recv, std::uint64_t bytes, DType type, ReduceOp op,
                                cudaStream_t stream, const CallOptions& o) {
-    const bool divide = op == ReduceOp::Average && integer(type);
-    const ReduceOp each = divide ? ReduceOp::Sum : op;
+    const Carry c = carry(type, op, n_);
+    const std::uint64_t count = bytes / size_of(type), wide_bytes = count * size_of(c.type);
     const void* in = send;
-    Scratch arranged;
-    if (!by_index_) {
-      LF_TRY_STATUS(arranged.make(pool_, bytes * n_, stream));
-      LF_TRY_STATUS(rearrange(arranged.get(), static_cast<const unsigned char*>(send), bytes, false, stream));
+    Scratch arranged, widened, row, out;
+    if (s && !by_index_) {
+      s = arranged.make(pool_, bytes * n_, stream);
+      if (s) s = rearrange(arranged.get(), static_cast<const unsigned char*>(send), bytes, false, stream);
       in = arranged.get();
     }
-    Scratch row;
-    LF_TRY_STATUS(row.make(pool_, bytes * hosts_n_, stream));
-    LF_TRY_STATUS(local_->reduce_scatter(in, row.get(), bytes * hosts_n_, type, each, stream, o));
-    LF_TRY_STATUS(hosts_ready(stream, o));
-    LF_TRY_STATUS(across_->reduce_scatter(row.get(), recv, bytes, type, each, stream, o));
-    if (divide) LF_TRY_STATUS(divided(recv, bytes, type, stream));
-    return {};
+    if (s && c.wide) {
+      s = widened.make(pool_, wide_bytes * n_, stream);
+      if (s)
+        s = cuda_ok(
+            k::widen(in, reinterpret_cast<float*>(widened.get()), count * n_, static_cast<std::uint32_t>(type), stream),
+            "cudaLaunchKernel");
+      in = widened.get();
+      arranged.release();
+    }
+    if (s) s = row.make(pool_, wide_bytes * hosts_n_, stream);
+    if (s) s = local_->reduce_scatter(in, row.get(), wide_bytes * hosts_n_, c.type, c.each, stream, o);
+    arranged.release();
+    widened.release();
+    s = hosts_ready(std::move(s), stream, o);
+    if (s && c.wide) s = out.make(pool_, wide_bytes, stream);
+    void* result = c.wide ? static_cast<void*>(out.get()) : recv;
+    if (s) s = across_->reduce_scatter(row.get(), result, wide_bytes, c.type, c.each, stream, o);
+    if (s && c.finish) s = finished(c, result, recv, count, type, stream);
+    return s;
+  }
+
+  /// The root's index carries it between hosts; once that has succeeded, every host broadcasts
+  /// from that index (its other ranks wait on the host for it rather than in a kernel).
+  Status broadcast_phases(Status s, void* buffer, std::uint64_t bytes, std::uint32_t root, DType type,
+                          cudaStream_t stream, const CallOptions& o) {
+    const std::uint32_t host = hosts_[root];
+    const auto index = static_cast<std::uint32_t>(std::ranges::find(at_[host], root) - at_[host].begin());
+    if (s && j_ == index) s = across_->broadcast(buffer, bytes, host, type, stream, o);
+    s = host_ready(std::move(s), o);
+    if (!s) return s;
+    return local_->broadcast(buffer, bytes, index, type, stream, o);
   }
 
   Communicator& group_;
@@ -356,8 +501,10 @@ class Hierarchical final : public CudaCollectives {
   std::uint32_t n_ = 0, me_ = 0, hosts_n_ = 0, per_host_ = 0;
   std::uint32_t h_ = 0, j_ = 0;                 ///< this rank's host and its index there
   std::vector<std::vector<std::uint32_t>> at_;  ///< [host][index] → group rank
+  std::vector<std::uint32_t> across_ranks_;     ///< [host] → the group rank of this index there
   bool host_major_ = false;                     ///< rank h × per_host + j
   bool by_index_ = false;                       ///< rank j × hosts + h: local-index order is rank order
+  bool layered_ = false;                        ///< the levels opened: calls large enough use them
   std::uint64_t max_pitch_ = 0;
   // The subgroups' communicators outlive the collectives over them (members end in reverse).
   std::unique_ptr<Communicator> local_group_, across_group_;
@@ -367,6 +514,7 @@ class Hierarchical final : public CudaCollectives {
   cudaEvent_t phase_ = nullptr;  ///< the end of an in-host phase, for hosts_ready()
   cudaEvent_t done_ = nullptr;   ///< recorded after this rank's last call
   std::optional<unsigned long long> last_stream_;
+  Call call_{};  ///< the call being made
   Status failure_;
   std::string reason_;
 };

@@ -883,6 +883,27 @@ __global__ void __launch_bounds__(kThreads) divide_all(T* data, std::uint64_t co
     data[i] = static_cast<T>(static_cast<Wide>(data[i]) / static_cast<Wide>(by));
 }
 
+/// Floating-point elements as f32, and back (divided, rounded once): the hierarchical path carries
+/// f16 and bf16 sums between its levels in f32, so that a call rounds once, as on one level.
+template <class T>
+__global__ void __launch_bounds__(kThreads) widen_all(const T* from, float* to, std::uint64_t count) {
+  const std::uint64_t stride = std::uint64_t{gridDim.x} * blockDim.x;
+  for (std::uint64_t i = std::uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < count; i += stride)
+    to[i] = Elem<T>::load(from[i]);
+}
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    narrow_all(const float* from, T* to, std::uint64_t count, std::uint32_t by) {
+  const std::uint64_t stride = std::uint64_t{gridDim.x} * blockDim.x;
+  for (std::uint64_t i = std::uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < count; i += stride)
+    to[i] = Elem<T>::store(by == 1 ? from[i] : from[i] / static_cast<float>(by));
+}
+
+/// Blocks for an element-wise kernel over `count` elements.
+unsigned elementwise_blocks(std::uint64_t count) {
+  return static_cast<unsigned>(lesser(std::uint64_t{kBlocks}, (count + kThreads - 1) / kThreads));
+}
+
 }  // namespace
 
 cudaError_t launch(const Launch& l, cudaStream_t stream, bool early) {
@@ -919,12 +940,18 @@ cudaError_t preload() {
     if (auto e = cudaFuncGetAttributes(&a, k); e != cudaSuccess) return e;
   if (auto e = cudaFuncGetAttributes(&a, divide_all<std::int32_t>); e != cudaSuccess) return e;
   if (auto e = cudaFuncGetAttributes(&a, divide_all<std::int64_t>); e != cudaSuccess) return e;
-  return cudaFuncGetAttributes(&a, divide_all<std::uint8_t>);
+  if (auto e = cudaFuncGetAttributes(&a, divide_all<std::uint8_t>); e != cudaSuccess) return e;
+  if (auto e = cudaFuncGetAttributes(&a, widen_all<float>); e != cudaSuccess) return e;
+  if (auto e = cudaFuncGetAttributes(&a, widen_all<__half>); e != cudaSuccess) return e;
+  if (auto e = cudaFuncGetAttributes(&a, widen_all<__nv_bfloat16>); e != cudaSuccess) return e;
+  if (auto e = cudaFuncGetAttributes(&a, narrow_all<float>); e != cudaSuccess) return e;
+  if (auto e = cudaFuncGetAttributes(&a, narrow_all<__half>); e != cudaSuccess) return e;
+  return cudaFuncGetAttributes(&a, narrow_all<__nv_bfloat16>);
 }
 
 cudaError_t divide(void* data, std::uint64_t count, std::uint32_t dtype, std::uint32_t by, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
-  const auto blocks = static_cast<unsigned>(lesser(std::uint64_t{kBlocks}, (count + kThreads - 1) / kThreads));
+  const unsigned blocks = elementwise_blocks(count);
   switch (dtype) {
     case kI32:
       divide_all<<<blocks, kThreads, 0, stream>>>(static_cast<std::int32_t*>(data), count, by);
@@ -934,6 +961,46 @@ cudaError_t divide(void* data, std::uint64_t count, std::uint32_t dtype, std::ui
       break;
     case kU8:
       divide_all<<<blocks, kThreads, 0, stream>>>(static_cast<std::uint8_t*>(data), count, by);
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t widen(const void* from, float* to, std::uint64_t count, std::uint32_t dtype, cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  const unsigned blocks = elementwise_blocks(count);
+  switch (dtype) {
+    case kF32:
+      widen_all<<<blocks, kThreads, 0, stream>>>(static_cast<const float*>(from), to, count);
+      break;
+    case kF16:
+      widen_all<<<blocks, kThreads, 0, stream>>>(static_cast<const __half*>(from), to, count);
+      break;
+    case kBF16:
+      widen_all<<<blocks, kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(from), to, count);
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t narrow(const float* from, void* to, std::uint64_t count, std::uint32_t dtype, std::uint32_t by,
+                   cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  if (by == 0) return cudaErrorInvalidValue;
+  const unsigned blocks = elementwise_blocks(count);
+  switch (dtype) {
+    case kF32:
+      narrow_all<<<blocks, kThreads, 0, stream>>>(from, static_cast<float*>(to), count, by);
+      break;
+    case kF16:
+      narrow_all<<<blocks, kThreads, 0, stream>>>(from, static_cast<__half*>(to), count, by);
+      break;
+    case kBF16:
+      narrow_all<<<blocks, kThreads, 0, stream>>>(from, static_cast<__nv_bfloat16*>(to), count, by);
       break;
     default:
       return cudaErrorInvalidValue;

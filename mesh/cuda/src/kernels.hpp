@@ -132,6 +132,13 @@ cudaError_t launch(const Launch& l, cudaStream_t stream, bool early);
 /// Divides each of `count` integer elements (I32, I64 or U8: `dtype` as DType) at `data` by `by`
 /// on `stream`, truncating toward zero. cudaErrorInvalidValue for another type.
 cudaError_t divide(void* data, std::uint64_t count, std::uint32_t dtype, std::uint32_t by, cudaStream_t stream);
+/// Each of `count` floating-point elements (F32, F16 or BF16: `dtype` as DType) at `from` as f32
+/// at `to` on `stream`, exactly. cudaErrorInvalidValue for another type.
+cudaError_t widen(const void* from, float* to, std::uint64_t count, std::uint32_t dtype, cudaStream_t stream);
+/// Each of `count` f32 elements at `from` divided by `by` (1: not divided) and rounded once, to
+/// nearest even, into `dtype` (F32, F16 or BF16) at `to` on `stream`; `to` may be `from` for F32.
+cudaError_t narrow(const float* from, void* to, std::uint64_t count, std::uint32_t dtype, std::uint32_t by,
+                   cudaStream_t stream);
 /// Loads the kernels' module into the current context.
 cudaError_t preload();
 /// Blocks of the collectives' kernel that `device` holds at once.

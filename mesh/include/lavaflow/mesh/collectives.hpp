@@ -136,9 +136,10 @@ class Communicator {
   }
 };
 
-/// Opens this rank's communicator over some of a group's ranks (`ranks`: group ranks, ascending,
-/// this rank among them) on the group's backend, under the name `name`. Collective over those
-/// ranks. mesh::subgroups() makes one from a mesh's factory.
+/// Opens this rank's communicator over some of a group's ranks (`ranks`: group ranks, each once,
+/// this rank among them, in the order that numbers them: rank i of the result is ranks[i]) on the
+/// group's backend, under the name `name`. Collective over those ranks. mesh::subgroups() makes
+/// one from a mesh's factory.
 using SubgroupOpener = std::function<Result<std::unique_ptr<Communicator>>(const std::string& name,
                                                                            const std::vector<std::uint32_t>& ranks)>;
 
