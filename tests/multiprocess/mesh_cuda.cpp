@@ -206,12 +206,14 @@ void every_op(CudaCollectives& c, cudaStream_t st) {
 /// f16 and bf16 sums and averages whose partial sums round: rank 0 gives a large value and every
 /// other rank one that a partial sum of two rounds away (to nearest even), so a call that rounds
 /// anywhere but at the end parts from the reference, whichever ranks a level groups. Sizes for
-/// the one-shot, two-shot and (on simulated hosts) hierarchical paths.
+/// the one-shot, two-shot and (on simulated hosts) hierarchical paths, in one chunk and in several.
 void rounded_once(CudaCollectives& c, cudaStream_t st) {
   const std::uint32_t n = c.size(), r = c.rank();
   for (const DType t : {DType::F16, DType::BF16})
     for (const ReduceOp op : {ReduceOp::Sum, ReduceOp::Average})
-      for (const std::size_t count : {std::size_t{3}, std::size_t{600'000}}) {
+      for (const std::size_t count :
+           {std::size_t{3}, std::size_t{600'000}, std::size_t{c.hierarchical() ? 3'000'000u : 0u}}) {
+        if (count == 0) continue;
         // f16 holds whole numbers to 2048 and bf16 to 256: halves and ones there are ties.
         const double big = t == DType::F16 ? 1024 : 256, small = t == DType::F16 ? 0.5 : 1;
         const auto value = [&](std::uint32_t q) { return q == 0 ? big : small; };
@@ -709,9 +711,9 @@ int main(int argc, char** argv) {
     return checks.failures ? 1 : 0;
   }
   if (base == "exit" || base == "late") {
-    // On simulated hosts a call large enough for the hierarchy (smaller ones are staged whole,
-    // as in "staged-late").
-    const std::size_t late_bytes = hosts ? std::size_t{1} << 20 : 64;
+    // On simulated hosts a call large enough for the hierarchy in several chunks (smaller ones
+    // are staged whole, as in "staged-late").
+    const std::size_t late_bytes = hosts ? std::size_t{8} << 20 : 64;
     DeviceBytes late_buf(late_bytes);
     auto first = (*c)->all_reduce(late_buf.p, late_buf.p, late_bytes, DType::F32, ReduceOp::Sum, st, quick);
     expect(first && finish(**c, st), "the call before");
