@@ -65,12 +65,15 @@ struct Card {
 struct Staging {
   std::int32_t ok = 0;
   std::int32_t resident_blocks = 0;
+  /// Ranks of an enclosing group whose kernels run on this rank's GPU beside this group's (the
+  /// other simulated hosts of a hierarchical group); 0: only this group's.
+  std::int32_t sharers = 0;
   cudaIpcMemHandle_t handle{};
 };
 
 class Collectives final : public CudaCollectives {
  public:
-  explicit Collectives(Communicator& host) : host_(host) {}
+  explicit Collectives(Communicator& host, std::int32_t sharers = 0) : host_(host), sharers_(sharers) {}
 
   ~Collectives() override {
     if (!error_) return;  // nothing was made
@@ -140,6 +143,8 @@ class Collectives final : public CudaCollectives {
     auto exchanged = exchange(mine, made, o.attach_timeout, call);
     if (!exchanged) return std::unexpected(exchanged.error());
     const std::vector<Card>& cards = *exchanged;
+    on_my_gpu_ = static_cast<std::int32_t>(std::ranges::count_if(
+        cards, [&](const Card& c) { return std::memcmp(c.device_uuid, mine.device_uuid, sizeof c.device_uuid) == 0; }));
     reason_ = "every rank runs on this host: kernels over the peers' mapped staging";
     for (std::uint32_t q = 0; q < n_; ++q) {
       if (cards[q].chunk != chunk_ || cards[q].stage != mine.stage || cards[q].grouped != mine.grouped)
@@ -177,6 +182,8 @@ class Collectives final : public CudaCollectives {
   /// Group rank → host index (hosts numbered in the order of their lowest rank) when the group
   /// runs on several hosts; empty until init() finds it hierarchical.
   [[nodiscard]] const std::vector<std::uint32_t>& hosts() const { return hosts_; }
+  /// The group's ranks on this rank's GPU, this one among them (known once init() has run).
+  [[nodiscard]] std::int32_t on_my_gpu() const { return on_my_gpu_; }
 
   /// Fills hosts_ from the cards when a hierarchical path fits them; else says why it does not.
   std::string hosts_of(const std::vector<Card>& cards) {
@@ -250,6 +257,7 @@ class Collectives final : public CudaCollectives {
     if (n_ > k::kMaxRanks)
       return fail(Errc::Unsupported, call, str_format("{} ranks (at most {} on one host)", n_, k::kMaxRanks));
     Staging mine;
+    mine.sharers = sharers_;
     Status made = [&]() -> Status {
       // Loaded now, not at the first call: a lazy load while a peer's kernel waits can deadlock.
       LF_TRY_STATUS(cuda_ok(k::preload(), "cudaFuncGetAttributes"));
@@ -276,6 +284,7 @@ class Collectives final : public CudaCollectives {
       std::int32_t sharing = 0;
       for (const auto& other : cards)
         sharing += std::memcmp(other.device_uuid, cards[q].device_uuid, sizeof other.device_uuid) == 0;
+      sharing = std::max(sharing, all[q].sharers);
       if (all[q].resident_blocks < sharing)
         return fail(Errc::Unsupported, call,
                     str_format("{} ranks of group '{}' share rank {}'s GPU, which holds {} blocks of the collectives' "
@@ -813,6 +822,8 @@ class Collectives final : public CudaCollectives {
   int device_ = 0;
   std::uint64_t chunk_ = 0;
   std::uint32_t blocks_ = k::kBlocks;  ///< blocks per kernel (fewer where ranks share a GPU)
+  std::int32_t sharers_ = 0;           ///< see Staging::sharers
+  std::int32_t on_my_gpu_ = 0;         ///< see on_my_gpu()
   bool early_launch_ = false;          ///< k::launch's `early`: compute capability 9.0+, no GPU shared by ranks
   unsigned char* region_ = nullptr;
   std::vector<unsigned char*> regions_;
@@ -841,14 +852,20 @@ class Collectives final : public CudaCollectives {
 
 }  // namespace
 
-Result<std::unique_ptr<CudaCollectives>> CudaCollectives::open(Communicator& host, CudaCollectiveOptions options) {
-  auto c = std::make_unique<Collectives>(host);
+Result<std::unique_ptr<CudaCollectives>> detail::open_beside(Communicator& host, CudaCollectiveOptions options,
+                                                             std::int32_t sharers) {
+  auto c = std::make_unique<Collectives>(host, sharers);
   LF_TRY_STATUS(c->init(options));
   if (!c->hosts().empty()) {
     std::vector<std::uint32_t> hosts = c->hosts();
-    return detail::open_hierarchical(host, std::move(c), std::move(hosts), std::move(options));
+    const std::int32_t on_my_gpu = c->on_my_gpu();
+    return detail::open_hierarchical(host, std::move(c), std::move(hosts), on_my_gpu, std::move(options));
   }
   return std::unique_ptr<CudaCollectives>(std::move(c));
+}
+
+Result<std::unique_ptr<CudaCollectives>> CudaCollectives::open(Communicator& host, CudaCollectiveOptions options) {
+  return detail::open_beside(host, std::move(options), 0);
 }
 
 }  // namespace lavaflow::mesh

@@ -98,8 +98,13 @@ class Scratch {
 
 class Hierarchical final : public CudaCollectives {
  public:
-  Hierarchical(Communicator& group, std::unique_ptr<CudaCollectives> staged, std::vector<std::uint32_t> hosts)
-      : group_(group), hosts_(std::move(hosts)), device_(staged->device()), flat_(std::move(staged)) {}
+  Hierarchical(Communicator& group, std::unique_ptr<CudaCollectives> staged, std::vector<std::uint32_t> hosts,
+               std::int32_t on_my_gpu)
+      : group_(group),
+        hosts_(std::move(hosts)),
+        device_(staged->device()),
+        on_my_gpu_(on_my_gpu),
+        flat_(std::move(staged)) {}
 
   ~Hierarchical() override {
     const DeviceScope on(device_);
@@ -149,7 +154,9 @@ class Hierarchical final : public CudaCollectives {
       inner.chunk_bytes = o.chunk_bytes;
       inner.attach_timeout = o.attach_timeout;
       inner.host = o.host;
-      auto in_host = CudaCollectives::open(*local_group_, inner);
+      // Simulated hosts on one GPU run their in-host kernels side by side (under MPS): each
+      // host's then takes only its share of the GPU.
+      auto in_host = open_beside(*local_group_, inner, on_my_gpu_);
       auto between = CudaCollectives::open(*across_group_, inner);
       if (in_host) local_ = std::move(*in_host);
       if (between) across_ = std::move(*between);
@@ -545,6 +552,7 @@ class Hierarchical final : public CudaCollectives {
   Communicator& group_;
   std::vector<std::uint32_t> hosts_;  ///< group rank → host index
   int device_;
+  std::int32_t on_my_gpu_;  ///< the group's ranks on this rank's GPU
   std::uint32_t n_ = 0, me_ = 0, hosts_n_ = 0, per_host_ = 0;
   std::uint32_t h_ = 0, j_ = 0;                 ///< this rank's host and its index there
   std::vector<std::vector<std::uint32_t>> at_;  ///< [host][index] → group rank
@@ -572,9 +580,9 @@ class Hierarchical final : public CudaCollectives {
 }  // namespace
 
 Result<std::unique_ptr<CudaCollectives>> open_hierarchical(Communicator& group, std::unique_ptr<CudaCollectives> staged,
-                                                           std::vector<std::uint32_t> hosts,
+                                                           std::vector<std::uint32_t> hosts, std::int32_t on_my_gpu,
                                                            CudaCollectiveOptions options) {
-  auto c = std::make_unique<Hierarchical>(group, std::move(staged), std::move(hosts));
+  auto c = std::make_unique<Hierarchical>(group, std::move(staged), std::move(hosts), on_my_gpu);
   LF_TRY_STATUS(c->init(options));
   return std::unique_ptr<CudaCollectives>(std::move(c));
 }

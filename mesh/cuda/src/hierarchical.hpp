@@ -16,10 +16,18 @@ namespace lavaflow::mesh::detail {
 /// Collective over `group`'s ranks. `staged`: the group's staged path, opened (it carries the
 /// calls too small to gain from the hierarchy, and says why the group does not run on one host);
 /// `hosts`: group rank → host index, hosts numbered in the order of their lowest rank, each
-/// holding the same number of ranks (two or more).
+/// holding the same number of ranks (two or more); `on_my_gpu`: the group's ranks on this rank's
+/// GPU (more than its host's where simulated hosts share a GPU).
 [[nodiscard]] Result<std::unique_ptr<CudaCollectives>> open_hierarchical(Communicator& group,
                                                                          std::unique_ptr<CudaCollectives> staged,
                                                                          std::vector<std::uint32_t> hosts,
+                                                                         std::int32_t on_my_gpu,
                                                                          CudaCollectiveOptions options);
+
+/// CudaCollectives::open, for a group whose kernels share their GPUs with `sharers` ranks in all
+/// (this group's among them; 0: only this group's): each kernel then takes only its share of the
+/// blocks that the GPU holds at once, so that every rank's blocks can be resident together.
+[[nodiscard]] Result<std::unique_ptr<CudaCollectives>> open_beside(Communicator& host, CudaCollectiveOptions options,
+                                                                   std::int32_t sharers);
 
 }  // namespace lavaflow::mesh::detail
