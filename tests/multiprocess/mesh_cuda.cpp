@@ -206,7 +206,7 @@ void every_op(CudaCollectives& c, cudaStream_t st) {
 /// f16 and bf16 sums and averages whose partial sums round: rank 0 gives a large value and every
 /// other rank one that a partial sum of two rounds away (to nearest even), so a call that rounds
 /// anywhere but at the end parts from the reference, whichever ranks a level groups. Sizes for
-/// the one-shot, two-shot and (on simulated hosts) hierarchical paths, in one chunk and in several.
+/// the one-shot, two-shot and (on simulated hosts) hierarchical paths.
 void rounded_once(CudaCollectives& c, cudaStream_t st) {
   const std::uint32_t n = c.size(), r = c.rank();
   for (const DType t : {DType::F16, DType::BF16})
@@ -711,8 +711,8 @@ int main(int argc, char** argv) {
     return checks.failures ? 1 : 0;
   }
   if (base == "exit" || base == "late") {
-    // On simulated hosts a call large enough for the hierarchy in several chunks (smaller ones
-    // are staged whole, as in "staged-late").
+    // On simulated hosts a call large enough for the hierarchy (smaller ones are staged whole,
+    // as in "staged-late").
     const std::size_t late_bytes = hosts ? std::size_t{8} << 20 : 64;
     DeviceBytes late_buf(late_bytes);
     auto first = (*c)->all_reduce(late_buf.p, late_buf.p, late_bytes, DType::F32, ReduceOp::Sum, st, quick);

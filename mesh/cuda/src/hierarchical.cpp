@@ -31,11 +31,6 @@ constexpr std::uint64_t kAllReduceFrom = 256 << 10;
 constexpr std::uint64_t kAllGatherFrom = 16 << 10;
 constexpr std::uint64_t kReduceScatterFrom = 64 << 10;
 constexpr std::uint64_t kBroadcastFrom = 64 << 10;
-/// From this size an all_reduce goes in chunks, pipelined: the exchange of one chunk between hosts
-/// (the host thread and the copy engines) runs while the GPU reduces the next chunk inside the
-/// host and gathers the one before. At most kChunks, each at least kChunkBytes.
-constexpr std::uint64_t kChunkBytes = 2 << 20;
-constexpr std::uint32_t kChunks = 4;
 
 bool integer(DType t) { return t == DType::I32 || t == DType::I64 || t == DType::U8; }
 
@@ -116,11 +111,6 @@ class Hierarchical final : public CudaCollectives {
     if (pool_) (void)cudaMemPoolDestroy(pool_);
     if (phase_) (void)cudaEventDestroy(phase_);
     if (done_) (void)cudaEventDestroy(done_);
-    for (cudaEvent_t e : reduced_)
-      if (e) (void)cudaEventDestroy(e);
-    for (cudaEvent_t e : exchanged_)
-      if (e) (void)cudaEventDestroy(e);
-    if (exchange_) (void)cudaStreamDestroy(exchange_);
   }
 
   /// Opens the two levels. Where they cannot be opened on every rank (the opener fails, a peer
@@ -168,7 +158,7 @@ class Hierarchical final : public CudaCollectives {
     if (!opened) {
       drop_levels();
       // Calls order themselves with the events: without them this rank cannot go on at all.
-      if (!done_ || !phase_ || !exchange_) return opened;
+      if (!done_ || !phase_) return opened;
       reason_ = str_format("{}; not hierarchical: {}", flat_->path_reason(), opened.error().message());
       return {};
     }
@@ -269,11 +259,6 @@ class Hierarchical final : public CudaCollectives {
     LF_TRY_STATUS(on.status());
     LF_TRY_STATUS(cuda_ok(cudaEventCreateWithFlags(&phase_, cudaEventDisableTiming), "cudaEventCreate"));
     LF_TRY_STATUS(cuda_ok(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate"));
-    for (cudaEvent_t& e : reduced_)
-      LF_TRY_STATUS(cuda_ok(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate"));
-    for (cudaEvent_t& e : exchanged_)
-      LF_TRY_STATUS(cuda_ok(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate"));
-    LF_TRY_STATUS(cuda_ok(cudaStreamCreateWithFlags(&exchange_, cudaStreamNonBlocking), "cudaStreamCreate"));
     cudaMemPoolProps props{};
     props.allocType = cudaMemAllocationTypePinned;
     props.location.type = cudaMemLocationTypeDevice;
@@ -367,16 +352,12 @@ class Hierarchical final : public CudaCollectives {
   /// every host pass the boundary, so that the exchange runs only where every host's part is whole.
   Status hosts_ready(Status s, cudaStream_t stream, const CallOptions& o) {
     if (s) s = cuda_ok(cudaEventRecord(phase_, stream), "cudaEventRecord");
-    return hosts_ready(std::move(s), phase_, o);
-  }
-  /// The same for a phase whose end `phase` records.
-  Status hosts_ready(Status s, cudaEvent_t phase, const CallOptions& o) {
     constexpr std::string_view late = "the host's phase of the call did not end within its timeout";
-    if (s) s = wait_event(phase, Deadline(o.timeout), "cudaEventQuery", late);
+    if (s) s = wait_event(phase_, Deadline(o.timeout), "cudaEventQuery", late);
     // The kernels time their own waits from their start on the GPU, a moment after this wait
     // began: a moment's grace lets a kernel that failed say why.
     if (!s && s.error().code() == Errc::Timeout)
-      s = wait_event(phase, Deadline(std::chrono::seconds(1)), "cudaEventQuery", late);
+      s = wait_event(phase_, Deadline(std::chrono::seconds(1)), "cudaEventQuery", late);
     if (s) s = local_->check();
     return boundary(std::move(s), *across_group_, across_ranks_, "its host's phase of the call", o);
   }
@@ -424,24 +405,14 @@ class Hierarchical final : public CudaCollectives {
   }
 
   /// Each host's ranks reduce and scatter, the ranks of each local index reduce their share
-  /// between hosts, and each host's ranks gather the shares. A large call goes in chunks, each
-  /// those three phases over its part: the GPU reduces every chunk inside the host first (on the
-  /// caller's stream), while the host carries chunk after chunk between hosts (their copies on a
-  /// stream of the object's own), and each chunk's gather follows its exchange on the caller's
-  /// stream. Every chunk's exchange passes both boundaries, so a failure stops every rank at the
-  /// same chunk.
+  /// between hosts, and each host's ranks gather the shares.
   Status all_reduce_phases(Status s, const void* send, void* recv, std::uint64_t bytes, DType type, ReduceOp op,
                            cudaStream_t stream, const CallOptions& o) {
     const Carry c = carry(type, op, n_);
-    const std::uint64_t count = bytes / size_of(type), wide = size_of(c.type), narrow = size_of(type);
-    // Chunks of whole shares: `step` elements each (a multiple of the host's ranks), the last one
-    // shorter.
-    const std::uint64_t most =
-        std::clamp<std::uint64_t>(bytes / kChunkBytes, 1, std::min<std::uint64_t>(kChunks, count / per_host_));
-    const std::uint64_t step = ((count + most - 1) / most + per_host_ - 1) / per_host_ * per_host_;
-    const std::uint64_t chunks = (count + step - 1) / step;
+    const std::uint64_t count = bytes / size_of(type), share = count / per_host_;
+    const std::uint64_t wide_share = share * size_of(c.type), share_bytes = share * size_of(type);
     Scratch widened, part, out;
-    const unsigned char* in = static_cast<const unsigned char*>(send);
+    const void* in = send;
     if (s && c.wide) {
       s = widened.make(pool_, count * sizeof(float), stream);
       if (s)
@@ -450,38 +421,20 @@ class Hierarchical final : public CudaCollectives {
             "cudaLaunchKernel");
       in = widened.get();
     }
-    // This rank's shares of every chunk, one after another.
-    if (s) s = part.make(pool_, count / per_host_ * wide, stream);
-    if (s && c.wide) s = out.make(pool_, count / per_host_ * narrow, stream);
-    for (std::uint64_t k = 0; s && k < chunks; ++k) {
-      const std::uint64_t at = k * step, len = std::min(step, count - at);
-      s = local_->reduce_scatter(in + at * wide, part.get() + at / per_host_ * wide, len / per_host_ * wide, c.type,
-                                 c.each, stream, o);
-      if (s) s = cuda_ok(cudaEventRecord(reduced_[k], stream), "cudaEventRecord");
-    }
+    if (s) s = part.make(pool_, wide_share, stream);
+    if (s) s = local_->reduce_scatter(in, part.get(), wide_share, c.type, c.each, stream, o);
     widened.release();
-    // Every chunk's boundaries are passed (with this rank's failure, if any: then at the first)
-    // until one fails on some rank, and every rank stops at that chunk.
-    for (std::uint64_t k = 0; k < chunks; ++k) {
-      const std::uint64_t at = k * step, len = std::min(step, count - at), share = len / per_host_;
-      unsigned char* mine = part.get() + at / per_host_ * wide;
-      unsigned char* done = c.wide ? out.get() + at / per_host_ * narrow : mine;
-      s = hosts_ready(std::move(s), reduced_[k], o);
-      if (s) s = cuda_ok(cudaStreamWaitEvent(exchange_, reduced_[k], 0), "cudaStreamWaitEvent");
-      if (s) s = across_->all_reduce(mine, mine, share * wide, c.type, c.each, exchange_, o);
-      if (s && c.finish) s = finished(c, mine, done, share, type, exchange_);
-      if (s) s = cuda_ok(cudaEventRecord(exchanged_[k], exchange_), "cudaEventRecord");
-      s = host_ready(std::move(s), o);
-      if (s) s = cuda_ok(cudaStreamWaitEvent(stream, exchanged_[k], 0), "cudaStreamWaitEvent");
-      if (s)
-        s = local_->all_gather(done, static_cast<unsigned char*>(recv) + at * narrow, share * narrow, type, stream, o);
-      if (!s) break;
+    s = hosts_ready(std::move(s), stream, o);
+    if (s) s = across_->all_reduce(part.get(), part.get(), wide_share, c.type, c.each, stream, o);
+    const unsigned char* mine = part.get();
+    if (s && c.wide) {
+      s = out.make(pool_, share_bytes, stream);
+      mine = out.get();
     }
-    // The scratch goes back on the caller's stream, after whatever the exchange's stream holds.
-    const Status ordered = cuda_ok(cudaEventRecord(phase_, exchange_), "cudaEventRecord");
-    if (ordered) (void)cudaStreamWaitEvent(stream, phase_, 0);
-    if (s && !ordered) s = ordered;
-    return s;
+    if (s && c.finish) s = finished(c, part.get(), out.get() ? out.get() : part.get(), share, type, stream);
+    s = host_ready(std::move(s), o);
+    if (!s) return s;
+    return local_->all_gather(mine, recv, share_bytes, type, stream, o);
   }
 
   /// Between hosts first (each rank carries only its own block there), then every host's ranks
@@ -566,11 +519,8 @@ class Hierarchical final : public CudaCollectives {
   std::unique_ptr<CudaCollectives> local_, across_;
   std::unique_ptr<CudaCollectives> flat_;  ///< the group's staged path, for small calls
   cudaMemPool_t pool_ = nullptr;
-  cudaEvent_t phase_ = nullptr;                   ///< the end of an in-host phase, for hosts_ready()
-  cudaEvent_t done_ = nullptr;                    ///< recorded after this rank's last call
-  std::array<cudaEvent_t, kChunks> reduced_{};    ///< an all_reduce chunk's in-host reduction has ended
-  std::array<cudaEvent_t, kChunks> exchanged_{};  ///< a chunk's exchange between hosts has ended
-  cudaStream_t exchange_ = nullptr;               ///< the exchange's copies, beside the in-host kernels
+  cudaEvent_t phase_ = nullptr;  ///< the end of an in-host phase, for hosts_ready()
+  cudaEvent_t done_ = nullptr;   ///< recorded after this rank's last call
   std::optional<unsigned long long> last_stream_;
   Call call_{};  ///< the call being made
   Status failure_;

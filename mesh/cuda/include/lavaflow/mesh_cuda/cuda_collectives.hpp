@@ -56,9 +56,7 @@ struct CudaCollectiveOptions {
 /// error) is the call's result, and check() and every later call report it.
 ///
 /// Hierarchical (a group spanning hosts, opened with open_group): the same, but a call's in-host
-/// phases are kernels and it waits on the host only around the exchange between hosts; a large
-/// all_reduce goes in chunks, one carried between hosts (its copies on a stream of the object's
-/// own) while the GPU reduces and gathers the others on the caller's stream. Between a
+/// phases are kernels and it waits on the host only around the exchange between hosts. Between a
 /// phase of one level and the next, the ranks concerned tell each other on the host whether their
 /// part succeeded and which call they make, so a failure or a differing call on one host is every
 /// host's call's result (PeerLost naming the rank, InvalidArgument naming both calls), within
