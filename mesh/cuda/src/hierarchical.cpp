@@ -14,6 +14,7 @@
 #include "hierarchy.hpp"
 #include "kernels.hpp"
 #include "lavaflow/core/detail/format.hpp"
+#include "staging.hpp"
 
 namespace lavaflow::mesh::detail {
 
@@ -120,6 +121,7 @@ class Hierarchical final : public CudaCollectives {
     constexpr const char* call = "CudaCollectives::open";
     n_ = group_.size();
     me_ = group_.rank();
+    chunk_ = o.chunk_bytes;
     hosts_n_ = 1 + *std::ranges::max_element(hosts_);
     per_host_ = n_ / hosts_n_;
     at_.assign(hosts_n_, {});
@@ -157,8 +159,6 @@ class Hierarchical final : public CudaCollectives {
     }
     if (!opened) {
       drop_levels();
-      // Calls order themselves with the events: without them this rank cannot go on at all.
-      if (!done_ || !phase_) return opened;
       reason_ = str_format("{}; not hierarchical: {}", flat_->path_reason(), opened.error().message());
       return {};
     }
@@ -179,35 +179,33 @@ class Hierarchical final : public CudaCollectives {
 
   Status all_reduce(const void* send, void* recv, std::uint64_t bytes, DType type, ReduceOp op, cudaStream_t stream,
                     CallOptions o) override {
-    return run({k::kAllReduce, bytes, type, op, 0}, send, recv, stream, [&](Status s) {
-      if (layered_ && bytes >= kAllReduceFrom && (bytes / size_of(type)) % per_host_ == 0)
-        return all_reduce_phases(std::move(s), send, recv, bytes, type, op, stream, o);
-      return s ? flat_->all_reduce(send, recv, bytes, type, op, stream, o) : s;
-    });
+    return run(
+        {k::kAllReduce, bytes, type, op, 0}, send, recv, stream,
+        [&] { return bytes >= kAllReduceFrom && (bytes / size_of(type)) % per_host_ == 0; },
+        [&](Status s) { return all_reduce_phases(std::move(s), send, recv, bytes, type, op, stream, o); },
+        [&] { return flat_->all_reduce(send, recv, bytes, type, op, stream, o); });
   }
   Status all_gather(const void* send, void* recv, std::uint64_t bytes, DType type, cudaStream_t stream,
                     CallOptions o) override {
-    return run({k::kAllGather, bytes, type, ReduceOp::Sum, 0}, send, recv, stream, [&](Status s) {
-      if (layered_ && bytes >= kAllGatherFrom)
-        return all_gather_phases(std::move(s), send, recv, bytes, type, stream, o);
-      return s ? flat_->all_gather(send, recv, bytes, type, stream, o) : s;
-    });
+    return run(
+        {k::kAllGather, bytes, type, ReduceOp::Sum, 0}, send, recv, stream, [&] { return bytes >= kAllGatherFrom; },
+        [&](Status s) { return all_gather_phases(std::move(s), send, recv, bytes, type, stream, o); },
+        [&] { return flat_->all_gather(send, recv, bytes, type, stream, o); });
   }
   Status reduce_scatter(const void* send, void* recv, std::uint64_t bytes, DType type, ReduceOp op, cudaStream_t stream,
                         CallOptions o) override {
-    return run({k::kReduceScatter, bytes, type, op, 0}, send, recv, stream, [&](Status s) {
-      if (layered_ && bytes >= kReduceScatterFrom)
-        return reduce_scatter_phases(std::move(s), send, recv, bytes, type, op, stream, o);
-      return s ? flat_->reduce_scatter(send, recv, bytes, type, op, stream, o) : s;
-    });
+    return run(
+        {k::kReduceScatter, bytes, type, op, 0}, send, recv, stream, [&] { return bytes >= kReduceScatterFrom; },
+        [&](Status s) { return reduce_scatter_phases(std::move(s), send, recv, bytes, type, op, stream, o); },
+        [&] { return flat_->reduce_scatter(send, recv, bytes, type, op, stream, o); });
   }
   Status broadcast(void* buffer, std::uint64_t bytes, std::uint32_t root, DType type, cudaStream_t stream,
                    CallOptions o) override {
-    return run({k::kBroadcast, bytes, type, ReduceOp::Sum, root}, buffer, buffer, stream, [&](Status s) {
-      if (layered_ && bytes >= kBroadcastFrom)
-        return broadcast_phases(std::move(s), buffer, bytes, root, type, stream, o);
-      return s ? flat_->broadcast(buffer, bytes, root, type, stream, o) : s;
-    });
+    return run(
+        {k::kBroadcast, bytes, type, ReduceOp::Sum, root}, buffer, buffer, stream,
+        [&] { return bytes >= kBroadcastFrom; },
+        [&](Status s) { return broadcast_phases(std::move(s), buffer, bytes, root, type, stream, o); },
+        [&] { return flat_->broadcast(buffer, bytes, root, type, stream, o); });
   }
 
   Status register_window(void*, std::uint64_t, CallOptions) override {
@@ -274,37 +272,52 @@ class Hierarchical final : public CudaCollectives {
     return {};
   }
 
-  /// The arguments checked as the one-host path checks them, then the call's phases, ordered after
-  /// this rank's last call and recorded for the next; a failure once anything was enqueued stays.
-  template <class Phases>
-  Status run(const Call& call, const void* send, const void* recv, cudaStream_t stream, Phases&& phases) {
+  /// The arguments checked as the one-host path checks them, then the call: its phases where
+  /// `layered()` says so, else `whole` (the group's staged path), ordered after this rank's last
+  /// call and recorded for the next; a failure once anything was enqueued stays. Without the
+  /// levels every call is `whole`, which orders its own calls.
+  template <class Layered, class Phases, class Whole>
+  Status run(const Call& call, const void* send, const void* recv, cudaStream_t stream, Layered&& layered,
+             Phases&& phases, Whole&& whole) {
     LF_TRY_STATUS(cuda_calls::check_arguments(call.kind, send, recv, call.bytes, call.type, call.op, call.root, n_));
-    LF_TRY_STATUS(check());
-    if (call.bytes == 0) return {};
+    if (!layered_) return whole();
     const std::string_view name = call_name(call.kind);
+    Status s = check();
+    if (s && call.bytes == 0) return {};
+    const bool split = layered();
     const CaptureModeScope relaxed;
     cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    LF_TRY_STATUS(cuda_ok(cudaStreamIsCapturing(stream, &capturing), "cudaStreamIsCapturing"));
-    if (capturing != cudaStreamCaptureStatusNone)
-      return fail(Errc::Unsupported, std::string(name),
-                  str_format("group '{}' spans hosts ({}): a call waits on the host for the exchange between hosts "
-                             "and cannot be captured in a CUDA graph",
-                             group_.group(), reason_));
+    if (s) s = cuda_ok(cudaStreamIsCapturing(stream, &capturing), "cudaStreamIsCapturing");
+    // Refused on this rank only: its stream stays usable and the object sound.
+    const bool refused = s && capturing != cudaStreamCaptureStatusNone;
+    if (refused)
+      s = fail(Errc::Unsupported, std::string(name),
+               str_format("group '{}' spans hosts ({}): a call waits on the host for the exchange between hosts "
+                          "and cannot be captured in a CUDA graph",
+                          group_.group(), reason_));
     const DeviceScope on(device_);
-    LF_TRY_STATUS(on.status());
+    if (s) s = on.status();
+    // A call staged whole meets no peer on the way: a rank that cannot begin it just fails.
+    if (!split && !s) return s;
     call_ = call;
     unsigned long long id = 0;
-    Status s = cuda_ok(cudaStreamGetId(stream, &id), "cudaStreamGetId");
-    if (s && last_stream_ && *last_stream_ != id)
-      s = cuda_ok(cudaStreamWaitEvent(stream, done_, 0), "cudaStreamWaitEvent");
-    // A rank that cannot even begin still takes part in the boundaries, so that its peers hear
-    // why rather than wait out their timeouts.
-    s = phases(s);
-    // Recorded whatever happened, after the scratch's release: what was enqueued still uses it.
-    const Status recorded = cuda_ok(cudaEventRecord(done_, stream), "cudaEventRecord");
-    last_stream_ = id;
-    if (s && !recorded) s = recorded;
-    if (!s) {
+    bool begun = false;  // something may go onto the stream
+    if (s) s = cuda_ok(cudaStreamGetId(stream, &id), "cudaStreamGetId");
+    if (s) {
+      begun = true;
+      if (last_stream_ && *last_stream_ != id)
+        s = cuda_ok(cudaStreamWaitEvent(stream, done_, 0), "cudaStreamWaitEvent");
+    }
+    // A rank that cannot even begin still passes the boundaries of a hierarchical call, so that
+    // its peers hear why rather than wait out their timeouts.
+    s = split ? phases(std::move(s)) : s ? whole() : s;
+    if (begun) {
+      // Recorded whatever happened, after the scratch's release: what was enqueued still uses it.
+      const Status recorded = cuda_ok(cudaEventRecord(done_, stream), "cudaEventRecord");
+      last_stream_ = id;
+      if (s && !recorded) s = recorded;
+    }
+    if (!s && !refused) {
       s = std::unexpected(s.error().within(name));
       failure_ = s;
     }
@@ -313,10 +326,16 @@ class Hierarchical final : public CudaCollectives {
 
   /// A boundary between phases: the ranks of `level` (group ranks `ranks`, in its order) tell each
   /// other whether their part of the call so far succeeded, and which call they make. Every one
-  /// then goes on only where all did, and learns who failed. A peer's part may have waited one
-  /// timeout (and a moment's grace) before it comes here, so the wait is longer.
+  /// then goes on only where all did, and learns who failed. A peer may come up to `timeouts` of
+  /// the call's timeouts later than this rank (its phase before the boundary took that long), so
+  /// the wait is one timeout and two seconds more; a call without a timeout waits without one.
   Status boundary(Status mine, Communicator& level, const std::vector<std::uint32_t>& ranks, std::string_view part,
-                  const CallOptions& o) {
+                  std::uint64_t timeouts, const CallOptions& o) {
+    const bool bounded = !Deadline(o.timeout).forever() && o.timeout.count() >= 0 &&
+                         static_cast<std::uint64_t>(o.timeout.count()) <
+                             static_cast<std::uint64_t>(std::chrono::hours(24 * 365).count() / (timeouts + 2));
+    const Duration wait =
+        bounded ? o.timeout * static_cast<Duration::rep>(timeouts + 1) + std::chrono::seconds(2) : kForever;
     const std::array<std::int64_t, 4> word{
         mine ? 1 : 0,
         static_cast<std::int64_t>(call_.kind | std::uint32_t(call_.type) << 8 | std::uint32_t(call_.op) << 16),
@@ -324,7 +343,7 @@ class Hierarchical final : public CudaCollectives {
     std::vector<std::int64_t> all(word.size() * level.size());
     const Status told = level
                             .all_gather(std::as_bytes(std::span(word)), std::as_writable_bytes(std::span(all)),
-                                        DType::I64, {.timeout = 2 * o.timeout + std::chrono::seconds(2)})
+                                        DType::I64, {.timeout = wait})
                             .wait();
     if (!mine) return mine;
     if (!told) return told;
@@ -352,20 +371,24 @@ class Hierarchical final : public CudaCollectives {
   /// every host pass the boundary, so that the exchange runs only where every host's part is whole.
   Status hosts_ready(Status s, cudaStream_t stream, const CallOptions& o) {
     if (s) s = cuda_ok(cudaEventRecord(phase_, stream), "cudaEventRecord");
-    constexpr std::string_view late = "the host's phase of the call did not end within its timeout";
-    if (s) s = wait_event(phase_, Deadline(o.timeout), "cudaEventQuery", late);
-    // The kernels time their own waits from their start on the GPU, a moment after this wait
-    // began: a moment's grace lets a kernel that failed say why.
-    if (!s && s.error().code() == Errc::Timeout)
-      s = wait_event(phase_, Deadline(std::chrono::seconds(1)), "cudaEventQuery", late);
+    if (s) {
+      constexpr std::string_view late = "the host's phase of the call did not end within its timeout";
+      s = wait_event(phase_, Deadline(o.timeout), "cudaEventQuery", late);
+      // The kernels time their own waits from their start on the GPU, a moment after this wait
+      // began: a moment's grace lets a kernel that failed say why.
+      if (!s && s.error().code() == Errc::Timeout)
+        s = wait_event(phase_, Deadline(std::chrono::seconds(1)), "cudaEventQuery", late);
+    }
     if (s) s = local_->check();
-    return boundary(std::move(s), *across_group_, across_ranks_, "its host's phase of the call", o);
+    return boundary(std::move(s), *across_group_, across_ranks_, "its host's phase of the call", 1, o);
   }
 
-  /// After the exchange between hosts, before an in-host phase: the host's ranks pass the
-  /// boundary, so that none enqueues a kernel that would wait for a peer whose exchange failed.
-  Status host_ready(Status s, const CallOptions& o) {
-    return boundary(std::move(s), *local_group_, at_[h_], "the exchange between hosts", o);
+  /// After the exchange between hosts (of `bytes` a rank), before an in-host phase: the host's
+  /// ranks pass the boundary, so that none enqueues a kernel that would wait for a peer whose
+  /// exchange failed. An exchange waits for its peers up to a timeout per piece of the staged path.
+  Status host_ready(Status s, std::uint64_t bytes, const CallOptions& o) {
+    const std::uint64_t piece = staging::piece(bytes, chunk_ / (hosts_n_ + 1));
+    return boundary(std::move(s), *local_group_, at_[h_], "the exchange between hosts", (bytes + piece - 1) / piece, o);
   }
 
   /// The end of a reduction carried per carry(): `from` (the levels' type) divided and rounded
@@ -432,7 +455,7 @@ class Hierarchical final : public CudaCollectives {
       mine = out.get();
     }
     if (s && c.finish) s = finished(c, part.get(), out.get() ? out.get() : part.get(), share, type, stream);
-    s = host_ready(std::move(s), o);
+    s = host_ready(std::move(s), wide_share, o);
     if (!s) return s;
     return local_->all_gather(mine, recv, share_bytes, type, stream, o);
   }
@@ -448,7 +471,7 @@ class Hierarchical final : public CudaCollectives {
     if (s && !in_output) s = row_scratch.make(pool_, bytes * hosts_n_, stream);
     unsigned char* row = in_output ? static_cast<unsigned char*>(recv) : row_scratch.get();
     if (s) s = across_->all_gather(send, row, bytes, type, stream, o);
-    s = host_ready(std::move(s), o);
+    s = host_ready(std::move(s), bytes, o);
     if (s && !by_index_) s = all.make(pool_, bytes * n_, stream);
     if (!s) return s;
     unsigned char* out = by_index_ ? static_cast<unsigned char*>(recv) : all.get();
@@ -497,7 +520,7 @@ class Hierarchical final : public CudaCollectives {
     const std::uint32_t host = hosts_[root];
     const auto index = static_cast<std::uint32_t>(std::ranges::find(at_[host], root) - at_[host].begin());
     if (s && j_ == index) s = across_->broadcast(buffer, bytes, host, type, stream, o);
-    s = host_ready(std::move(s), o);
+    s = host_ready(std::move(s), bytes, o);
     if (!s) return s;
     return local_->broadcast(buffer, bytes, index, type, stream, o);
   }
@@ -514,6 +537,7 @@ class Hierarchical final : public CudaCollectives {
   bool by_index_ = false;                       ///< rank j × hosts + h: local-index order is rank order
   bool layered_ = false;                        ///< the levels opened: calls large enough use them
   std::uint64_t max_pitch_ = 0;
+  std::uint64_t chunk_ = 0;  ///< the staged exchange's slot (CudaCollectiveOptions::chunk_bytes)
   // The subgroups' communicators outlive the collectives over them (members end in reverse).
   std::unique_ptr<Communicator> local_group_, across_group_;
   std::unique_ptr<CudaCollectives> local_, across_;

@@ -58,14 +58,17 @@ struct CudaCollectiveOptions {
 /// Hierarchical (a group spanning hosts, opened with open_group): the same, but a call's in-host
 /// phases are kernels and it waits on the host only around the exchange between hosts. Between a
 /// phase of one level and the next, the ranks concerned tell each other on the host whether their
-/// part succeeded and which call they make, so a failure or a differing call on one host is every
-/// host's call's result (PeerLost naming the rank, InvalidArgument naming both calls), within
-/// about three of the call's timeouts at most. Errors from a phase name the subgroup (e.g. "rank 1
-/// of group 'world[2,3]'": the group's rank 3). f16 and bf16 sums, products and averages cross
-/// the levels in f32 and round once; averages divide once. Scratch device memory comes from a pool
-/// of the object's own, kept until it ends: up to size() × bytes per call (all_reduce: bytes;
-/// reduce_scatter of f16/bf16 sums: 3 × size() × bytes). Where the levels cannot be opened on every
-/// rank, every call stages whole and path_reason() says why.
+/// part succeeded and which call they make, so a failure on one host is every host's call's result
+/// (PeerLost naming the rank), and so is a call that differs between hosts in type, op or length
+/// where both take the hierarchical path (InvalidArgument naming both calls). Each phase waits as
+/// the paths it uses do (an in-host phase the call's timeout, an exchange a timeout per staged
+/// piece); a boundary waits for the phase before it on the peers, and one timeout and two seconds
+/// more. Errors from a phase name the subgroup (e.g. "rank 1 of group 'world[2,3]'": the group's
+/// rank 3). f16 and bf16 sums, products and averages cross the levels in f32 and round once;
+/// averages divide once. Scratch device memory comes from a pool of the object's own, kept until
+/// it ends: up to (size() + hosts) × bytes per call, 3 × size() × bytes for an f16 or bf16
+/// reduce_scatter that sums (note 0019 gives each call's). Where the levels cannot be opened on
+/// every rank, every call stages whole and path_reason() says why.
 ///
 /// A failure in a kernel (a peer that does not arrive, a peer whose call differs, a peer that
 /// failed) ends that call and every later one at once on the GPU, and check() reports it. A call
