@@ -19,6 +19,7 @@
 //   lavaflow-launch -n 4 mesh_cuda hosts-strided  the same with hosts {0, 2} and {1, 3}
 //   lavaflow-launch -n 3 mesh_cuda hosts      hosts {0, 1} and {2}: unequal, staged whole
 //   lavaflow-launch -n 4 mesh_cuda hosts-late   "late" on two simulated hosts
+//   lavaflow-launch -n 4 mesh_cuda hosts-exit   "exit" on two simulated hosts
 //   lavaflow-launch -n 4 mesh_cuda hosts-mismatch  the hosts make calls of different types
 // Exit 77 (a visible skip) without a CUDA device.
 #include <cuda_runtime_api.h>

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # lavaflow-launch -n N PROGRAM MODE (mesh_vulkan, mesh_cuda, mesh_nccl): every rank that stays must report
-# "NAME rank R: MODE OK", and the launcher's status must be the leaving rank's (3) in mode exit,
+# "NAME rank R: MODE OK", and the launcher's status must be the leaving rank's (3) in modes exit and hosts-exit,
 # else 0. Exit 77 (a visible skip) when the ranks found no device to run on.
 #   mesh_job.sh LAVAFLOW_LAUNCH PROGRAM N MODE NAME
 set -uo pipefail
@@ -14,7 +14,7 @@ if [ "$skipped" -gt 0 ]; then echo "FAILED: $skipped of $n ranks skipped: the ot
 stay=$n want=0 token="OK ("
 case $mode in
   mismatch | staged-mismatch | hosts-mismatch | squat | stranger) token="$mode OK" ;;
-  exit) stay=$((n - 1)) want=3 token="exit OK" ;;
+  exit | hosts-exit) stay=$((n - 1)) want=3 token="$mode OK" ;;
   late | late-nonblocking | staged-late | hosts-late) stay=$((n - 1)) token="$mode OK" ;;
 esac
 for ((r = 0; r < stay; r++)); do
