@@ -20,6 +20,8 @@
 //   lavaflow-launch -n 3 mesh_cuda hosts      hosts {0, 1} and {2}: unequal, staged whole
 //   lavaflow-launch -n 4 mesh_cuda hosts-late   "late" on two simulated hosts
 //   lavaflow-launch -n 4 mesh_cuda hosts-exit   "exit" on two simulated hosts
+//   lavaflow-launch -n 4 mesh_cuda hosts-hang   "late" with the last rank away for 30 s and calls of
+//                                             a second's timeout: the boundaries' waits end them
 //   lavaflow-launch -n 4 mesh_cuda hosts-mismatch  the hosts make calls of different types
 // Exit 77 (a visible skip) without a CUDA device.
 #include <cuda_runtime_api.h>
@@ -711,7 +713,10 @@ int main(int argc, char** argv) {
     if (!checks.failures) std::printf("mesh-cuda rank %u: %s OK (%s)\n", me, mode.c_str(), s.error().message().c_str());
     return checks.failures ? 1 : 0;
   }
-  if (base == "exit" || base == "late") {
+  if (base == "exit" || base == "late" || base == "hang") {
+    // "hang": the last rank stays away longer than its peers' waits at the boundaries, whose
+    // timeouts must then end their calls (with a call timeout of a second).
+    const bool hang = base == "hang";
     // On simulated hosts a call large enough for the hierarchy (smaller ones are staged whole,
     // as in "staged-late").
     const std::size_t late_bytes = hosts ? std::size_t{8} << 20 : 64;
@@ -720,11 +725,12 @@ int main(int argc, char** argv) {
     expect(first && finish(**c, st), "the call before");
     if (me == n - 1) {
       if (base == "exit") _exit(3);
-      std::this_thread::sleep_for(std::chrono::seconds(8));
+      std::this_thread::sleep_for(std::chrono::seconds(hang ? 30 : 8));
       return 0;
     }
     const auto t0 = Clock::now();
-    auto s = (*c)->all_reduce(late_buf.p, late_buf.p, late_bytes, DType::F32, ReduceOp::Sum, st, quick);
+    auto s = (*c)->all_reduce(late_buf.p, late_buf.p, late_bytes, DType::F32, ReduceOp::Sum, st,
+                              hang ? CallOptions{.timeout = std::chrono::seconds(1)} : quick);
     if (s) s = finish(**c, st);
     if (!hosts) {
       expect(!s && s.error().code() == Errc::Timeout &&
@@ -742,10 +748,13 @@ int main(int argc, char** argv) {
                  message.find(named) != std::string::npos && (me == 0 || message.find("rank 1") != std::string::npos),
              s ? "the call without the last rank succeeded"
                : str_format("not a timeout or lost peer naming '{}': {}", named, message));
-      // The in-host phase waits at most the call's timeout; the ranks that wait for the last one
-      // at a boundary learn that it is gone when its process ends (at 8 s), not at the end of the
-      // boundary's longer wait.
-      expect(Clock::now() - t0 < std::chrono::seconds(20), "the failure came once the late rank had gone");
+      // The in-host phase waits at most the call's timeout. In "late" and "exit" the ranks that
+      // wait for the last one at a boundary learn that it is gone when its process ends (at 8 s
+      // at most). In "hang" it is still there at 30 s: the boundaries' own waits end the calls —
+      // the longest, after the 4 MiB exchange of rank 2's index (a second per staged piece of
+      // 1 MiB / 3, and three more), at about 18 s.
+      expect(Clock::now() - t0 < std::chrono::seconds(hang ? 25 : 20),
+             hang ? "the boundaries' waits did not end the call" : "the failure came once the late rank had gone");
     }
     if (!checks.failures) std::printf("mesh-cuda rank %u: %s OK (%s)\n", me, mode.c_str(), s.error().message().c_str());
     // The peers' staging stays mapped until the process ends: the destructor's barrier would wait

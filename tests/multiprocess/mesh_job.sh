@@ -15,7 +15,7 @@ stay=$n want=0 token="OK ("
 case $mode in
   mismatch | staged-mismatch | hosts-mismatch | squat | stranger) token="$mode OK" ;;
   exit | hosts-exit) stay=$((n - 1)) want=3 token="$mode OK" ;;
-  late | late-nonblocking | staged-late | hosts-late) stay=$((n - 1)) token="$mode OK" ;;
+  late | late-nonblocking | staged-late | hosts-late | hosts-hang) stay=$((n - 1)) token="$mode OK" ;;
 esac
 for ((r = 0; r < stay; r++)); do
   grep -q "$name rank $r: $token" <<< "$out" || { echo "FAILED: rank $r did not report '$token'"; exit 1; }
