@@ -38,12 +38,6 @@ inline Result<Status> agreed(Communicator& c, const Status& mine, Duration timeo
   return Status{};
 }
 
-/// agreed(), either failure the result.
-inline Status agree(Communicator& c, const Status& mine, Duration timeout, const char* call) {
-  LF_TRY(Status outcome, agreed(c, mine, timeout, call));
-  return outcome;
-}
-
 /// This rank's two subgroups, opened through `open` on every rank whatever the first gave (a rank
 /// that skipped one would leave its peers waiting in it), then agreed over `group`: the ranks of
 /// its host (`local`) and those of its index on every host (`across`), rank i of each being the
