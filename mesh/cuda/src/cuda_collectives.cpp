@@ -71,6 +71,12 @@ struct Staging {
   cudaIpcMemHandle_t handle{};
 };
 
+/// How many of the group's ranks run on the GPU of `uuid`.
+std::int32_t ranks_on(const std::vector<Card>& cards, const char (&uuid)[16]) {
+  return static_cast<std::int32_t>(std::ranges::count_if(
+      cards, [&](const Card& c) { return std::memcmp(c.device_uuid, uuid, sizeof c.device_uuid) == 0; }));
+}
+
 class Collectives final : public CudaCollectives {
  public:
   explicit Collectives(Communicator& host, std::int32_t sharers = 0) : host_(host), sharers_(sharers) {}
@@ -143,8 +149,7 @@ class Collectives final : public CudaCollectives {
     auto exchanged = exchange(mine, made, o.attach_timeout, call);
     if (!exchanged) return std::unexpected(exchanged.error());
     const std::vector<Card>& cards = *exchanged;
-    on_my_gpu_ = static_cast<std::int32_t>(std::ranges::count_if(
-        cards, [&](const Card& c) { return std::memcmp(c.device_uuid, mine.device_uuid, sizeof c.device_uuid) == 0; }));
+    on_my_gpu_ = ranks_on(cards, mine.device_uuid);
     reason_ = "every rank runs on this host: kernels over the peers' mapped staging";
     for (std::uint32_t q = 0; q < n_; ++q) {
       if (cards[q].chunk != chunk_ || cards[q].stage != mine.stage || cards[q].grouped != mine.grouped)
@@ -281,10 +286,7 @@ class Collectives final : public CudaCollectives {
       // A block waits for the same block of every peer: the blocks of all ranks on one GPU must be
       // resident together, or some wait for blocks that cannot start. Every rank takes the same
       // count from every rank's record.
-      std::int32_t sharing = 0;
-      for (const auto& other : cards)
-        sharing += std::memcmp(other.device_uuid, cards[q].device_uuid, sizeof other.device_uuid) == 0;
-      sharing = std::max(sharing, all[q].sharers);
+      const std::int32_t sharing = std::max(ranks_on(cards, cards[q].device_uuid), all[q].sharers);
       if (all[q].resident_blocks < sharing)
         return fail(Errc::Unsupported, call,
                     str_format("{} ranks of group '{}' share rank {}'s GPU, which holds {} blocks of the collectives' "

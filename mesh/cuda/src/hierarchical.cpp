@@ -43,17 +43,15 @@ struct Carry {
   DType type;         ///< the levels' element type
   ReduceOp each;      ///< the levels' op
   std::uint32_t by;   ///< the divisor at the end (1: none)
-  bool finish;        ///< a kernel ends the call (narrow or divide)
+  /// Whether a kernel ends the call (narrow or divide).
+  bool finish() const { return wide || by != 1; }
 };
 Carry carry(DType type, ReduceOp op, std::uint32_t ranks) {
   const bool order = op == ReduceOp::Min || op == ReduceOp::Max;  // exact in any type
   const bool wide = !order && (type == DType::F16 || type == DType::BF16);
   const bool average = op == ReduceOp::Average;
-  return {.wide = wide,
-          .type = wide ? DType::F32 : type,
-          .each = average ? ReduceOp::Sum : op,
-          .by = average ? ranks : 1,
-          .finish = wide || average};
+  return {
+      .wide = wide, .type = wide ? DType::F32 : type, .each = average ? ReduceOp::Sum : op, .by = average ? ranks : 1};
 }
 
 /// Whether [a, a + an) and [b, b + bn) share a byte.
@@ -390,6 +388,14 @@ class Hierarchical final : public CudaCollectives {
     return boundary(std::move(s), *local_group_, at_[h_], "the exchange between hosts", (bytes + piece - 1) / piece, o);
   }
 
+  /// `count` elements of `type` at `from` as f32 in `into`, made for them.
+  Status widen(Scratch& into, const void* from, std::uint64_t count, DType type, cudaStream_t stream) {
+    LF_TRY_STATUS(into.make(pool_, count * sizeof(float), stream));
+    return cuda_ok(
+        k::widen(from, reinterpret_cast<float*>(into.get()), count, static_cast<std::uint32_t>(type), stream),
+        "cudaLaunchKernel");
+  }
+
   /// The end of a reduction carried per carry(): `from` (the levels' type) divided and rounded
   /// into `to` (the call's type); `to` may be `from` when the types are one.
   Status finished(const Carry& c, const void* from, void* to, std::uint64_t count, DType type, cudaStream_t stream) {
@@ -436,11 +442,7 @@ class Hierarchical final : public CudaCollectives {
     Scratch widened, part, out;
     const void* in = send;
     if (s && c.wide) {
-      s = widened.make(pool_, count * sizeof(float), stream);
-      if (s)
-        s = cuda_ok(
-            k::widen(send, reinterpret_cast<float*>(widened.get()), count, static_cast<std::uint32_t>(type), stream),
-            "cudaLaunchKernel");
+      s = widen(widened, send, count, type, stream);
       in = widened.get();
     }
     if (s) s = part.make(pool_, wide_share, stream);
@@ -448,12 +450,12 @@ class Hierarchical final : public CudaCollectives {
     widened.release();
     s = hosts_ready(std::move(s), stream, o);
     if (s) s = across_->all_reduce(part.get(), part.get(), wide_share, c.type, c.each, stream, o);
-    const unsigned char* mine = part.get();
+    unsigned char* mine = part.get();
     if (s && c.wide) {
       s = out.make(pool_, share_bytes, stream);
       mine = out.get();
     }
-    if (s && c.finish) s = finished(c, part.get(), out.get() ? out.get() : part.get(), share, type, stream);
+    if (s && c.finish()) s = finished(c, part.get(), mine, share, type, stream);
     s = host_ready(std::move(s), wide_share, o);
     if (!s) return s;
     return local_->all_gather(mine, recv, share_bytes, type, stream, o);
@@ -492,11 +494,7 @@ class Hierarchical final : public CudaCollectives {
       in = arranged.get();
     }
     if (s && c.wide) {
-      s = widened.make(pool_, wide_bytes * n_, stream);
-      if (s)
-        s = cuda_ok(
-            k::widen(in, reinterpret_cast<float*>(widened.get()), count * n_, static_cast<std::uint32_t>(type), stream),
-            "cudaLaunchKernel");
+      s = widen(widened, in, count * n_, type, stream);
       in = widened.get();
       arranged.release();
     }
@@ -508,7 +506,7 @@ class Hierarchical final : public CudaCollectives {
     if (s && c.wide) s = out.make(pool_, wide_bytes, stream);
     void* result = c.wide ? static_cast<void*>(out.get()) : recv;
     if (s) s = across_->reduce_scatter(row.get(), result, wide_bytes, c.type, c.each, stream, o);
-    if (s && c.finish) s = finished(c, result, recv, count, type, stream);
+    if (s && c.finish()) s = finished(c, result, recv, count, type, stream);
     return s;
   }
 
