@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: MIT
 // lavaflow-bench local: one-way latency (round trip / 2) and throughput of local channels between
-// two processes pinned to different cores, next to baselines measured in the same run.
+// two processes pinned to different cores, next to baselines measured in the same run. The
+// cache-line floor is measured by the shm channel's own two processes, in batches between the
+// batches of its busy-poll 64 B and 4 KiB round trips, so that the rows the targets compare see the
+// same moments of the machine (on a VM, which physical cores the two CPUs are moves between runs).
 #include "local.hpp"
 
 #include <linux/futex.h>
@@ -8,12 +11,14 @@
 #include <spawn.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -35,6 +40,7 @@ namespace {
 constexpr std::uint64_t kStop = ~0ull;
 constexpr std::uint64_t kTouch = 1ull << 62;
 constexpr std::uint64_t kStream = 1ull << 61;  // throughput run: echo only the last message
+constexpr std::uint64_t kFloor = 1ull << 60;   // then this many rounds of the cache-line floor
 constexpr std::uint64_t kSizeMask = (1ull << 40) - 1;
 
 void pin(int cpu) {
@@ -89,7 +95,59 @@ void futex_wake(std::atomic<std::uint32_t>& w) {
   ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&w), FUTEX_WAKE, 1, nullptr, nullptr, 0);
 }
 
-Row shared_word_pingpong(const Config& cfg, bool use_futex) {
+/// Maps the floor's words from `fd`, which must hold them.
+Result<UniqueMapping> map_floor(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || st.st_size < static_cast<off_t>(sizeof(PingPongWords)))
+    return fail(Errc::InvalidArgument, "lavaflow-bench _echo", str_format("fd {} does not hold the floor's words", fd));
+  void* mem = ::mmap(nullptr, sizeof(PingPongWords), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (mem == MAP_FAILED) return fail(Errc::System, "mmap", std::strerror(errno));
+  return UniqueMapping(std::span(static_cast<std::byte*>(mem), sizeof(PingPongWords)));
+}
+
+PingPongWords& words_of(const UniqueMapping& m) { return *reinterpret_cast<PingPongWords*>(m.get().data()); }
+
+/// The floor's words in a memfd that the echo process inherits (its number on the echo's command
+/// line), so that a channel's two processes also measure the floor.
+struct FloorWords {
+  UniqueFd fd;
+  UniqueMapping mapping;
+
+  static Result<FloorWords> create() {
+    UniqueFd fd(::memfd_create("lavaflow-bench-floor", 0));  // no CLOEXEC: the echo inherits it
+    if (!fd) return fail(Errc::System, "memfd_create", std::strerror(errno));
+    if (::ftruncate(fd.get(), sizeof(PingPongWords)) != 0) return fail(Errc::System, "ftruncate", std::strerror(errno));
+    LF_TRY(UniqueMapping m, map_floor(fd.get()));
+    new (m.get().data()) PingPongWords{};
+    return FloorWords{std::move(fd), std::move(m)};
+  }
+};
+
+/// Spins until `word` holds `value`; false once the peer has stayed away for seconds (it died).
+bool spin_until(const std::atomic<std::uint32_t>& word, std::uint32_t value) {
+  constexpr std::uint64_t kGiveUpNs = 10'000'000'000;
+  std::uint64_t since = 0;
+  for (std::uint64_t n = 1; word.load(std::memory_order_acquire) != value; ++n) {
+    if (n % (1u << 20) != 0) continue;  // the clock only now and then: it would slow the hand-off
+    const std::uint64_t t = now_ns();
+    if (since == 0)
+      since = t;
+    else if (t - since > kGiveUpNs)
+      return false;
+  }
+  return true;
+}
+
+/// The echo's half of `rounds` floor rounds after round `done`; false when the bench went away.
+bool floor_echo(PingPongWords& w, std::uint32_t done, std::uint32_t rounds) {
+  for (std::uint32_t i = done + 1; i <= done + rounds; ++i) {
+    if (!spin_until(w.ping, i)) return false;
+    w.pong.store(i, std::memory_order_release);
+  }
+  return true;
+}
+
+Row futex_pingpong(const Config& cfg) {
   void* mem = ::mmap(nullptr, sizeof(PingPongWords), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   auto* w = new (mem) PingPongWords{};
   const int iters = cfg.iterations;
@@ -97,10 +155,9 @@ Row shared_word_pingpong(const Config& cfg, bool use_futex) {
   if (child == 0) {
     pin(cfg.cpu_b);
     for (std::uint32_t i = 1; i <= static_cast<std::uint32_t>(iters + cfg.warmup); ++i) {
-      while (w->ping.load(std::memory_order_acquire) != i)
-        if (use_futex) futex_wait(w->ping, i - 1);
+      while (w->ping.load(std::memory_order_acquire) != i) futex_wait(w->ping, i - 1);
       w->pong.store(i, std::memory_order_release);
-      if (use_futex) futex_wake(w->pong);
+      futex_wake(w->pong);
     }
     std::_Exit(0);
   }
@@ -110,14 +167,13 @@ Row shared_word_pingpong(const Config& cfg, bool use_futex) {
   for (std::uint32_t i = 1; i <= static_cast<std::uint32_t>(iters + cfg.warmup); ++i) {
     const auto t0 = now_ns();
     w->ping.store(i, std::memory_order_release);
-    if (use_futex) futex_wake(w->ping);
-    while (w->pong.load(std::memory_order_acquire) != i)
-      if (use_futex) futex_wait(w->pong, i - 1);
+    futex_wake(w->ping);
+    while (w->pong.load(std::memory_order_acquire) != i) futex_wait(w->pong, i - 1);
     if (i > static_cast<std::uint32_t>(cfg.warmup)) one_way.push_back(double(now_ns() - t0) / 2);
   }
   ::waitpid(child, nullptr, 0);
   ::munmap(mem, sizeof(PingPongWords));
-  return summarize(use_futex ? "futex-pingpong" : "floor-cacheline", use_futex ? "block" : "poll", 4, one_way, false);
+  return summarize("futex-pingpong", "block", 4, one_way, false);
 }
 
 Row uds_pingpong(const Config& cfg, std::uint64_t size) {
@@ -152,14 +208,15 @@ Row uds_pingpong(const Config& cfg, std::uint64_t size) {
 // ----- lava-flow: two channels, "ping" (A→B) and "pong" (B→A) ---------------------------------
 
 pid_t spawn_echo(const Config& cfg, const std::string& self, const std::string& transport, WaitMode mode,
-                 const std::string& tag) {
+                 const std::string& tag, int floor_fd) {
   std::vector<std::string> args{self,
                                 "_echo",
                                 tag,
                                 transport,
                                 mode == WaitMode::BusyPoll ? "poll" : "block",
                                 std::to_string(cfg.cpu_b),
-                                std::to_string(cfg.max_size)};
+                                std::to_string(cfg.max_size),
+                                std::to_string(floor_fd)};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -168,8 +225,14 @@ pid_t spawn_echo(const Config& cfg, const std::string& self, const std::string& 
   return pid;
 }
 
+/// Round trips between two batches of the floor, and the rounds of each floor batch (its first
+/// rounds, which wake the echo from its receive, are not kept).
+constexpr int kFloorEvery = 500, kFloorRounds = 500, kFloorWarmup = 20;
+
+/// The rows of one transport and wait mode. With `floor` (busy-poll shm), batches of the cache-line
+/// floor go between the 64 B and 4 KiB round trips, their one-way times appended to `floor_ns`.
 Result<std::vector<Row>> channel_rows(const Config& cfg, const std::string& self, const std::string& transport,
-                                      WaitMode mode) {
+                                      WaitMode mode, FloorWords* floor, std::vector<double>& floor_ns) {
   const std::string tag =
       str_format("bench-{}-{}-{}", ::getpid(), transport, mode == WaitMode::BusyPoll ? "poll" : "block");
   // 32 buffers: deep enough that a pipelined stream seldom finds the ring full (then the producer
@@ -177,7 +240,7 @@ Result<std::vector<Row>> channel_rows(const Config& cfg, const std::string& self
   ProducerOptions po{
       .slots = 32, .slot_size = cfg.max_size, .wait = mode, .transport = parse_transport(transport).value()};
   LF_TRY(auto ping, Producer::create(tag + "-ping", po));
-  const pid_t child = spawn_echo(cfg, self, transport, mode, tag);
+  const pid_t child = spawn_echo(cfg, self, transport, mode, tag, floor ? floor->fd.get() : -1);
   LF_TRY(auto pong, Consumer::open(tag + "-pong", {.wait = mode, .connect_timeout = 30s}));
   LF_TRY_STATUS(ping->wait_for_consumers(1, 30s));
   pin(cfg.cpu_a);
@@ -192,6 +255,21 @@ Result<std::vector<Row>> channel_rows(const Config& cfg, const std::string& self
     if (touched) (void)touch(r.bytes());
     return double(now_ns() - t0) / 2;
   };
+  std::uint32_t floor_done = 0;
+  auto floor_batch = [&]() -> Status {
+    LF_TRY(Loan l, ping->loan(10s));
+    LF_TRY_STATUS(ping->publish(std::move(l), {.size = 1, .user_tag = kFloor | kFloorRounds}));
+    PingPongWords& w = words_of(floor->mapping);
+    for (int k = 0; k < kFloorRounds; ++k) {
+      const std::uint32_t i = ++floor_done;
+      const auto t0 = now_ns();
+      w.ping.store(i, std::memory_order_release);
+      if (!spin_until(w.pong, i))
+        return fail(Errc::PeerLost, "lavaflow-bench local", "the echo left the floor's rounds");
+      if (k >= kFloorWarmup) floor_ns.push_back(double(now_ns() - t0) / 2);
+    }
+    return {};
+  };
   bool mappable = true;  // device-local GPU rings have no host mapping: no touched variant there
   {
     LF_TRY(Loan probe, ping->loan(10s));
@@ -202,7 +280,9 @@ Result<std::vector<Row>> channel_rows(const Config& cfg, const std::string& self
       if (touched && !mappable) continue;
       const int iters = std::max(50, static_cast<int>(cfg.iterations / std::max<std::uint64_t>(1, size / 65536)));
       std::vector<double> one_way;
+      const bool with_floor = floor && !touched && (size == 64 || size == 4096);
       for (int i = 0; i < iters + cfg.warmup; ++i) {
+        if (with_floor && i >= cfg.warmup && (i - cfg.warmup) % kFloorEvery == 0) LF_TRY_STATUS(floor_batch());
         LF_TRY(double t, roundtrip(size, touched));
         if (i >= cfg.warmup) one_way.push_back(t);
       }
@@ -223,6 +303,7 @@ Result<std::vector<Row>> channel_rows(const Config& cfg, const std::string& self
       rows.push_back(row);
     }
   }
+  if (floor && floor_ns.empty()) LF_TRY_STATUS(floor_batch());  // no 64 B or 4 KiB row was asked for
   LF_TRY(Loan l, ping->loan(10s));
   LF_TRY_STATUS(ping->publish(std::move(l), {.size = 1, .user_tag = kStop}));
   int status = 0;
@@ -233,14 +314,24 @@ Result<std::vector<Row>> channel_rows(const Config& cfg, const std::string& self
 }  // namespace
 
 int echo_main(int argc, char** argv) {
-  // _echo TAG TRANSPORT poll|block CPU MAX_SIZE
-  if (argc < 7) return 2;
+  // _echo TAG TRANSPORT poll|block CPU MAX_SIZE FLOOR_FD (-1: none)
+  if (argc < 8) return 2;
   const std::string tag = argv[2];
   const auto transport = parse_transport(argv[3]);
   if (!transport) return 2;
   const WaitMode mode = std::string(argv[4]) == "poll" ? WaitMode::BusyPoll : WaitMode::Block;
   pin(std::atoi(argv[5]));
   const std::uint64_t max_size = std::strtoull(argv[6], nullptr, 10);
+  UniqueMapping floor;
+  if (const int fd = std::atoi(argv[7]); fd >= 0) {
+    auto m = map_floor(fd);
+    if (!m) {
+      std::fprintf(stderr, "echo: %s\n", m.error().message().c_str());
+      return 1;
+    }
+    floor = std::move(*m);
+  }
+  std::uint32_t floor_done = 0;
   auto ping = Consumer::open(tag + "-ping", {.wait = mode, .connect_timeout = 30s});
   if (!ping) {
     std::fprintf(stderr, "echo: %s\n", ping.error().message().c_str());
@@ -259,6 +350,13 @@ int echo_main(int argc, char** argv) {
     if (!r) return 1;
     const std::uint64_t tag_v = r->info().user_tag;
     if (tag_v == kStop) return 0;
+    if ((tag_v & kFloor) && floor) {
+      const auto rounds = static_cast<std::uint32_t>(tag_v & kSizeMask);
+      r->release();  // before the floor's rounds
+      if (!floor_echo(words_of(floor), floor_done, rounds)) return 1;
+      floor_done += rounds;
+      continue;
+    }
     if (tag_v & kTouch) sink = sink + touch(r->bytes());
     const bool stream = tag_v & kStream;
     const bool last = !stream || (tag_v & kTouch);
@@ -274,20 +372,18 @@ int echo_main(int argc, char** argv) {
 Result<std::vector<Row>> run_local(const Config& cfg, const std::string& self) {
   std::vector<Row> rows;
   // Baselines first, before this process has any Vulkan state (they fork).
-  // The floor three times, the median kept: on a shared VM one measurement can land on a better or
-  // worse moment than the channel rows it is compared with.
-  std::vector<Row> floors{shared_word_pingpong(cfg, false), shared_word_pingpong(cfg, false),
-                          shared_word_pingpong(cfg, false)};
-  std::sort(floors.begin(), floors.end(), [](const Row& a, const Row& b) { return a.p50_ns < b.p50_ns; });
-  rows.push_back(floors[1]);
-  rows.push_back(shared_word_pingpong(cfg, true));
+  rows.push_back(futex_pingpong(cfg));
   rows.push_back(uds_pingpong(cfg, 64));
+  LF_TRY(FloorWords floor, FloorWords::create());
+  std::vector<double> floor_ns;
   std::vector<std::string> transports{"shm"};
   if (VulkanContext::create()) transports.push_back("vulkan");
   for (const auto& t : transports)
     for (auto mode : {WaitMode::BusyPoll, WaitMode::Block}) {
-      LF_TRY(auto more, channel_rows(cfg, self, t, mode));
+      const bool measure_floor = t == "shm" && mode == WaitMode::BusyPoll;
+      LF_TRY(auto more, channel_rows(cfg, self, t, mode, measure_floor ? &floor : nullptr, floor_ns));
       rows.insert(rows.end(), more.begin(), more.end());
+      if (measure_floor) rows.insert(rows.begin(), summarize("floor-cacheline", "poll", 4, floor_ns, false));
     }
   return rows;
 }
