@@ -12,6 +12,7 @@
 //     cuda-ipc      CUDA IPC memory and IPC events; an IPC event wait only sees records already
 //                   made, so each host tells the other over a socket when it has recorded
 //     same-process  the same ping-pong on two streams of one process, ordered by events (the floor)
+//   The four take turns in three passes, a third of the rounds each.
 // gpu-stream: A fills frames with a kernel, B verifies every word with a kernel; throughput and the
 //   interval between B's checks, against the same fill + verify on two streams of one process.
 //   Each side orders its frames in batches (cuda::ChannelImports): B queues one wait for the
@@ -142,8 +143,8 @@ const char* pingpong_mode(GpuSyncKind kind) {
 }
 const char* variant_of(GpuSyncKind kind) { return kind == GpuSyncKind::Flag ? "flag" : "timeline"; }
 
-Result<GpuRow> pingpong_lavaflow(const VulkanContext& vk, const cuda::Interop& cu, std::uint64_t size, int rounds,
-                                 bool mps, GpuSyncKind kind) {
+Result<std::vector<double>> pingpong_lavaflow(const VulkanContext& vk, const cuda::Interop& cu, std::uint64_t size,
+                                              int rounds, GpuSyncKind kind) {
   constexpr const char* call = "gpu-pingpong lavaflow";
   TempDir dir;
   if (dir.path().empty()) return std::unexpected(from_errno(errno, "mkdtemp"));
@@ -191,7 +192,7 @@ Result<GpuRow> pingpong_lavaflow(const VulkanContext& vk, const cuda::Interop& c
   ping.reset();
   pong.reset();
   LF_TRY_STATUS(peer.join(call));
-  return pingpong_row("gpu-pingpong-lavaflow", variant_of(kind), size, mps, half_round_trips(t));
+  return half_round_trips(t);
 }
 
 Status pingpong_lavaflow_peer(const std::string& dir, std::uint64_t size, int total, GpuSyncKind kind) {
@@ -240,7 +241,7 @@ Status recv_byte(int fd) {
   return {};
 }
 
-Result<GpuRow> pingpong_cuda_ipc(std::uint64_t size, int rounds, bool mps) {
+Result<std::vector<double>> pingpong_cuda_ipc(std::uint64_t size, int rounds) {
   constexpr const char* call = "gpu-pingpong cuda-ipc";
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
@@ -286,7 +287,7 @@ Result<GpuRow> pingpong_cuda_ipc(std::uint64_t size, int rounds, bool mps) {
   LF_TRY(auto t, read_words(stamps, std::size_t(total) + 1));
   mine.reset();
   LF_TRY_STATUS(peer.join(call));
-  return pingpong_row("gpu-pingpong-cuda-ipc", "ipc-event", size, mps, half_round_trips(t));
+  return half_round_trips(t);
 }
 
 Status pingpong_cuda_ipc_peer(int fd, std::uint64_t size, int total) {
@@ -315,7 +316,7 @@ Status pingpong_cuda_ipc_peer(int fd, std::uint64_t size, int total) {
   return {};
 }
 
-Result<GpuRow> pingpong_same_process(std::uint64_t size, int rounds, bool mps) {
+Result<std::vector<double>> pingpong_same_process(std::uint64_t size, int rounds) {
   const int total = rounds + kWarmup;
   DeviceMemory ping, pong, seed, stamps;
   LF_TRY_STATUS(allocate(ping, size));
@@ -341,7 +342,7 @@ Result<GpuRow> pingpong_same_process(std::uint64_t size, int rounds, bool mps) {
   GPU_OK(lf_kernel_stamp(stamps.words() + total, a.s));
   LF_TRY_STATUS(finish(a.s, 60s, "gpu-pingpong same-process"));
   LF_TRY(auto t, read_words(stamps, std::size_t(total) + 1));
-  return pingpong_row("gpu-pingpong-same-process", "event", size, mps, half_round_trips(t));
+  return half_round_trips(t);
 }
 
 // ----- gpu-stream
@@ -500,16 +501,30 @@ Result<std::vector<GpuRow>> gpu_pingpong(const VulkanContext& vk, const cuda::In
                                          int rounds, bool mps) {
   if (size == 0 || size % 16 != 0)
     return fail(Errc::InvalidArgument, "gpu-pingpong", str_format("frame size {} is not a multiple of 16", size));
-  std::vector<GpuRow> rows;
-  for (auto kind : {GpuSyncKind::Semaphore, GpuSyncKind::Flag}) {
-    LF_TRY(auto lf, pingpong_lavaflow(vk, cu, size, rounds, mps, kind));
-    rows.push_back(std::move(lf));
+  // The rows in turn, in passes of a third of the rounds each, so that the floor and the rows it is
+  // compared with see the same moments of the GPU (its clocks, and under MPS its other clients,
+  // move between runs and within one).
+  constexpr int kPasses = 3;
+  const int per_pass = std::max(1, rounds / kPasses);
+  std::vector<double> halves[4];
+  for (int pass = 0; pass < kPasses; ++pass) {
+    std::size_t k = 0;
+    auto add = [&](Result<std::vector<double>> got) -> Status {
+      if (!got) return std::unexpected(got.error());
+      halves[k].insert(halves[k].end(), got->begin(), got->end());
+      ++k;
+      return {};
+    };
+    for (auto kind : {GpuSyncKind::Semaphore, GpuSyncKind::Flag})
+      LF_TRY_STATUS(add(pingpong_lavaflow(vk, cu, size, per_pass, kind)));
+    LF_TRY_STATUS(add(pingpong_cuda_ipc(size, per_pass)));
+    LF_TRY_STATUS(add(pingpong_same_process(size, per_pass)));
   }
-  LF_TRY(auto ipc, pingpong_cuda_ipc(size, rounds, mps));
-  rows.push_back(std::move(ipc));
-  LF_TRY(auto same, pingpong_same_process(size, rounds, mps));
-  rows.push_back(std::move(same));
-  return rows;
+  return std::vector<GpuRow>{
+      pingpong_row("gpu-pingpong-lavaflow", variant_of(GpuSyncKind::Semaphore), size, mps, halves[0]),
+      pingpong_row("gpu-pingpong-lavaflow", variant_of(GpuSyncKind::Flag), size, mps, halves[1]),
+      pingpong_row("gpu-pingpong-cuda-ipc", "ipc-event", size, mps, halves[2]),
+      pingpong_row("gpu-pingpong-same-process", "event", size, mps, halves[3])};
 }
 
 Result<std::vector<GpuRow>> gpu_stream(const VulkanContext& vk, const cuda::Interop& cu, std::uint64_t size, int frames,

@@ -22,7 +22,8 @@ struct GpuRow {
   bool mps = false;                   ///< the CUDA MPS daemon served this run
 };
 
-/// The three ping-pong rows for `size`-byte frames (a multiple of 16), `rounds` round trips each.
+/// The four ping-pong rows for `size`-byte frames (a multiple of 16), `rounds` round trips each,
+/// measured in turn in three passes.
 [[nodiscard]] lavaflow::Result<std::vector<GpuRow>> gpu_pingpong(const lavaflow::VulkanContext& vk,
                                                                  const lavaflow::cuda::Interop& cu, std::uint64_t size,
                                                                  int rounds, bool mps);
