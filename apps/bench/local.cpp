@@ -95,31 +95,45 @@ void futex_wake(std::atomic<std::uint32_t>& w) {
   ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&w), FUTEX_WAKE, 1, nullptr, nullptr, 0);
 }
 
-/// Maps the floor's words from `fd`, which must hold them.
+/// The floor's lines. One cache line's transfer between two cores costs more or less according to
+/// where the line's address is homed (the L3 slice or directory that tracks it): single lines at
+/// different addresses differ steadily from one another, so a floor on one line is as much a draw
+/// of its address as a measure. A channel's ring spreads its messages over as many lines as it has
+/// slots, so the floor goes round that many lines too.
+constexpr std::uint32_t kFloorLines = 32;
+struct FloorLines {
+  struct alignas(64) Line {
+    std::atomic<std::uint32_t> v;
+  };
+  Line ping[kFloorLines];
+  Line pong[kFloorLines];
+};
+
+/// Maps the floor's lines from `fd`, which must hold them.
 Result<UniqueMapping> map_floor(int fd) {
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || st.st_size < static_cast<off_t>(sizeof(PingPongWords)))
-    return fail(Errc::InvalidArgument, "lavaflow-bench _echo", str_format("fd {} does not hold the floor's words", fd));
-  void* mem = ::mmap(nullptr, sizeof(PingPongWords), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (::fstat(fd, &st) != 0 || st.st_size < static_cast<off_t>(sizeof(FloorLines)))
+    return fail(Errc::InvalidArgument, "lavaflow-bench _echo", str_format("fd {} does not hold the floor's lines", fd));
+  void* mem = ::mmap(nullptr, sizeof(FloorLines), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (mem == MAP_FAILED) return fail(Errc::System, "mmap", std::strerror(errno));
-  return UniqueMapping(std::span(static_cast<std::byte*>(mem), sizeof(PingPongWords)));
+  return UniqueMapping(std::span(static_cast<std::byte*>(mem), sizeof(FloorLines)));
 }
 
-PingPongWords& words_of(const UniqueMapping& m) { return *reinterpret_cast<PingPongWords*>(m.get().data()); }
+FloorLines& lines_of(const UniqueMapping& m) { return *reinterpret_cast<FloorLines*>(m.get().data()); }
 
-/// The floor's words in a memfd that the echo process inherits (its number on the echo's command
+/// The floor's lines in a memfd that the echo process inherits (its number on the echo's command
 /// line), so that a channel's two processes also measure the floor.
-struct FloorWords {
+struct Floor {
   UniqueFd fd;
   UniqueMapping mapping;
 
-  static Result<FloorWords> create() {
+  static Result<Floor> create() {
     UniqueFd fd(::memfd_create("lavaflow-bench-floor", 0));  // no CLOEXEC: the echo inherits it
     if (!fd) return fail(Errc::System, "memfd_create", std::strerror(errno));
-    if (::ftruncate(fd.get(), sizeof(PingPongWords)) != 0) return fail(Errc::System, "ftruncate", std::strerror(errno));
+    if (::ftruncate(fd.get(), sizeof(FloorLines)) != 0) return fail(Errc::System, "ftruncate", std::strerror(errno));
     LF_TRY(UniqueMapping m, map_floor(fd.get()));
-    new (m.get().data()) PingPongWords{};
-    return FloorWords{std::move(fd), std::move(m)};
+    new (m.get().data()) FloorLines{};
+    return Floor{std::move(fd), std::move(m)};
   }
 };
 
@@ -139,10 +153,10 @@ bool spin_until(const std::atomic<std::uint32_t>& word, std::uint32_t value) {
 }
 
 /// The echo's half of `rounds` floor rounds after round `done`; false when the bench went away.
-bool floor_echo(PingPongWords& w, std::uint32_t done, std::uint32_t rounds) {
+bool floor_echo(FloorLines& w, std::uint32_t done, std::uint32_t rounds) {
   for (std::uint32_t i = done + 1; i <= done + rounds; ++i) {
-    if (!spin_until(w.ping, i)) return false;
-    w.pong.store(i, std::memory_order_release);
+    if (!spin_until(w.ping[i % kFloorLines].v, i)) return false;
+    w.pong[i % kFloorLines].v.store(i, std::memory_order_release);
   }
   return true;
 }
@@ -232,7 +246,7 @@ constexpr int kFloorEvery = 500, kFloorRounds = 500, kFloorWarmup = 20;
 /// The rows of one transport and wait mode. With `floor` (busy-poll shm), batches of the cache-line
 /// floor go between the 64 B and 4 KiB round trips, their one-way times appended to `floor_ns`.
 Result<std::vector<Row>> channel_rows(const Config& cfg, const std::string& self, const std::string& transport,
-                                      WaitMode mode, FloorWords* floor, std::vector<double>& floor_ns) {
+                                      WaitMode mode, Floor* floor, std::vector<double>& floor_ns) {
   const std::string tag =
       str_format("bench-{}-{}-{}", ::getpid(), transport, mode == WaitMode::BusyPoll ? "poll" : "block");
   // 32 buffers: deep enough that a pipelined stream seldom finds the ring full (then the producer
@@ -259,12 +273,12 @@ Result<std::vector<Row>> channel_rows(const Config& cfg, const std::string& self
   auto floor_batch = [&]() -> Status {
     LF_TRY(Loan l, ping->loan(10s));
     LF_TRY_STATUS(ping->publish(std::move(l), {.size = 1, .user_tag = kFloor | kFloorRounds}));
-    PingPongWords& w = words_of(floor->mapping);
+    FloorLines& w = lines_of(floor->mapping);
     for (int k = 0; k < kFloorRounds; ++k) {
       const std::uint32_t i = ++floor_done;
       const auto t0 = now_ns();
-      w.ping.store(i, std::memory_order_release);
-      if (!spin_until(w.pong, i))
+      w.ping[i % kFloorLines].v.store(i, std::memory_order_release);
+      if (!spin_until(w.pong[i % kFloorLines].v, i))
         return fail(Errc::PeerLost, "lavaflow-bench local", "the echo left the floor's rounds");
       if (k >= kFloorWarmup) floor_ns.push_back(double(now_ns() - t0) / 2);
     }
@@ -353,7 +367,7 @@ int echo_main(int argc, char** argv) {
     if ((tag_v & kFloor) && floor) {
       const auto rounds = static_cast<std::uint32_t>(tag_v & kSizeMask);
       r->release();  // before the floor's rounds
-      if (!floor_echo(words_of(floor), floor_done, rounds)) return 1;
+      if (!floor_echo(lines_of(floor), floor_done, rounds)) return 1;
       floor_done += rounds;
       continue;
     }
@@ -374,7 +388,7 @@ Result<std::vector<Row>> run_local(const Config& cfg, const std::string& self) {
   // Baselines first, before this process has any Vulkan state (they fork).
   rows.push_back(futex_pingpong(cfg));
   rows.push_back(uds_pingpong(cfg, 64));
-  LF_TRY(FloorWords floor, FloorWords::create());
+  LF_TRY(Floor floor, Floor::create());
   std::vector<double> floor_ns;
   std::vector<std::string> transports{"shm"};
   if (VulkanContext::create()) transports.push_back("vulkan");
