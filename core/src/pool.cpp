@@ -675,6 +675,9 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
   /// Folds a thread's cache into the pool: blocks back to the segments, counters into `retired`.
   void retire(ThreadCache& tc) {
     std::lock_guard lock(mutex);
+    retire_locked(tc);
+  }
+  void retire_locked(ThreadCache& tc) {
     std::erase(caches, &tc);
     if (!dead) flush(tc);
     for (std::size_t s = 0; s < tc.slots.size(); ++s) {
@@ -744,15 +747,15 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
     t_last.state.store(nullptr, std::memory_order_relaxed);  // the pruning below may free the cache it points to
     for (auto& tc : mine.list)
       if (tc->state.get() == this) return *tc;
-    // Drop caches of pools that are gone, then make one for this pool.
+    // Drop caches of pools that are gone, then make one for this pool. Only pools whose lock is
+    // free now: this thread may be inside another pool's locked code (a pool whose segments are
+    // rented from this one allocates or drops them under its own lock), and a pool whose lock is
+    // taken is pruned at a later miss.
     std::erase_if(mine.list, [](const auto& tc) {
-      bool gone = false;
-      {
-        std::lock_guard lock(tc->state->mutex);
-        gone = tc->state->dead;
-      }
-      if (gone) tc->state->retire(*tc);
-      return gone;
+      std::unique_lock lock(tc->state->mutex, std::try_to_lock);
+      if (!lock.owns_lock() || !tc->state->dead) return false;
+      tc->state->retire_locked(*tc);
+      return true;
     });
     auto tc = std::make_unique<ThreadCache>();
     tc->state = shared_from_this();
@@ -964,6 +967,7 @@ Result<PooledBuffer> PoolState::rent_locked(std::uint64_t size, std::uint32_t sl
   std::lock_guard lock(mutex);
   bool missed = false;
   LF_TRY(const Block block, carve(slot, !small, bytes, missed, nullptr));
+  slots[slot].used = true;  // as a thread's cache for the slot would have marked it
   auto& t = retired[slot][cls];
   ++t.rents;
   t.hits += missed ? 0 : 1;
@@ -1041,6 +1045,9 @@ void PoolState::give_back_uncached(PooledBuffer& b) noexcept {
   const bool small = cls < kSmallClasses;
   const std::uint64_t bytes = block_bytes(cls, b.size_);
   const Block block{b.segment_, b.offset_};
+  // Counted before the block goes back to its segment: a stats() in between sees the buffer
+  // returned while its block is still carved (active), never a block gone while still rented.
+  sc.counters[cls].returned(b.size_, small ? 0 : bytes);
   if (small && cache_limit(cls) > 0) {
     auto& stack = sc.blocks[cls];
     if (stack.size() == cache_limit(cls)) {
@@ -1066,7 +1073,6 @@ void PoolState::give_back_uncached(PooledBuffer& b) noexcept {
     std::lock_guard lock(mutex);
     release(block, bytes);
   }
-  sc.counters[cls].returned(b.size_, small ? 0 : bytes);
   returned_fence();
 }
 

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: MIT
 #include <fcntl.h>
 #include <linux/membarrier.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -13,6 +15,7 @@
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -733,6 +736,129 @@ TEST_CASE("pool: device segments from an outside allocator are sub-allocated, an
   CHECK(pool.stats().num_alloc_retries == 0);  // a broken allocator is not retried at the cache's expense
   give = BufferKind::GpuDeviceLocal;
   CHECK(pool.rent(std::uint64_t{200} << 20, BufferKind::GpuDeviceLocal));
+}
+
+namespace {
+
+/// A buffer rented from one pool serving as a segment of another.
+class RentedSegment final : public Buffer {
+ public:
+  explicit RentedSegment(PooledBuffer b) : b_(std::move(b)) {}
+  [[nodiscard]] std::uint64_t size() const override { return b_.size(); }
+  [[nodiscard]] BufferKind kind() const override { return b_.kind(); }
+  [[nodiscard]] std::byte* host_ptr() const override { return b_.host_ptr(); }
+  [[nodiscard]] Result<Export> export_handle() const override { return b_.export_handle(); }
+
+ private:
+  PooledBuffer b_;
+};
+
+MemoryPool outside_pool() {
+  return lftest::ok(MemoryPool::create({.device_segments = [](std::uint64_t bytes) -> Result<std::unique_ptr<Buffer>> {
+    LF_TRY(auto m, CpuBuffer::allocate({.size = bytes}));
+    return std::make_unique<OutsideSegment>(std::move(m), BufferKind::GpuDeviceLocal);
+  }}));
+}
+
+}  // namespace
+
+TEST_CASE("pool: a pool whose segments are rented from another pool rents and returns on threads new to both") {
+  // In a child process: a thread that deadlocked could not be ended inside this one.
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    auto parent = outside_pool();
+    PoolOptions o;
+    o.thread_cache_bytes = 0;  // returns go to the segments, which go at once when free
+    o.max_cached_bytes = 0;
+    o.small_segment_bytes = std::uint64_t{1} << 20;
+    o.device_segments = [&parent](std::uint64_t bytes) -> Result<std::unique_ptr<Buffer>> {
+      LF_TRY(auto b, parent.rent(bytes, BufferKind::GpuDeviceLocal));  // under the child's lock
+      return std::make_unique<RentedSegment>(std::move(b));
+    };
+    auto pool = MemoryPool::create(o);
+    if (!pool) std::_Exit(2);
+    PooledBuffer x;
+    bool rented = false;
+    std::thread([&] {
+      auto b = pool->rent(4096, BufferKind::GpuDeviceLocal);
+      rented = bool(b);
+      if (b) x = std::move(*b);
+    }).join();
+    std::thread([&] { x.reset(); }).join();  // the segment, a parent's buffer, goes back under the child's lock
+    const bool returned = pool->stats().all.segment.current == 0 && parent.stats().all.allocation.current == 0;
+    std::_Exit(rented && returned ? 0 : 1);
+  }
+  int status = 0;
+  pid_t done = 0;
+  for (int i = 0; i < 200 && done == 0; ++i) {
+    done = ::waitpid(child, &status, WNOHANG);
+    if (done == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (done == 0) {
+    ::kill(child, SIGKILL);
+    ::waitpid(child, &status, 0);
+    FAIL("the rent or the return did not end within 10 s (a thread waiting on a lock it holds)");
+  }
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+}
+
+TEST_CASE("pool: a kind first rented after the thread's caches ended is listed in the statistics") {
+  auto pool = outside_pool();
+  static MemoryPool* late_pool = nullptr;
+  static PooledBuffer kept;
+  struct Late {
+    ~Late() {
+      if (auto b = late_pool->rent(4096, BufferKind::GpuDeviceLocal)) kept = std::move(*b);
+    }
+  };
+  late_pool = &pool;
+  std::thread([&] {
+    static thread_local Late late;  // constructed first: destroyed after the thread's pool caches
+    auto b = lftest::ok(pool.rent(4096));
+  }).join();
+  REQUIRE(kept);
+  const auto s = pool.stats();
+  const auto it = std::ranges::find_if(s.kinds, [](const auto& k) { return k.kind == BufferKind::GpuDeviceLocal; });
+  REQUIRE(it != s.kinds.end());
+  CHECK(it->stats.allocation.current == 1);
+  CHECK(s.to_json().find("gpu-device-local") != std::string::npos);
+  kept.reset();
+  late_pool = nullptr;
+}
+
+TEST_CASE("pool: statistics never show a buffer rented whose block has gone back") {
+  // Large returns above a zero cap drop their segment under the lock; the reader and the returning
+  // thread share one CPU, so that the reader often runs between the two.
+  PoolOptions o;
+  o.max_cached_bytes = 0;
+  auto pool = lftest::ok(MemoryPool::create(o));
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(static_cast<unsigned>(std::max(0, ::sched_getcpu())), &one);
+  std::atomic<bool> stop{false};
+  std::thread worker([&] {
+    (void)::pthread_setaffinity_np(::pthread_self(), sizeof one, &one);
+    while (!stop)
+      if (auto b = pool.rent(std::uint64_t{3} << 20)) b->host_ptr()[0] = std::byte{1};
+  });
+  cpu_set_t was;
+  (void)::pthread_getaffinity_np(::pthread_self(), sizeof was, &was);
+  (void)::pthread_setaffinity_np(::pthread_self(), sizeof one, &one);
+  long inconsistent = 0, samples = 0;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  while (std::chrono::steady_clock::now() < end) {
+    const auto s = pool.stats();
+    ++samples;
+    inconsistent += s.all.allocation.current > s.all.active.current ||
+                    s.all.allocated_bytes.current > s.all.active_bytes.current || s.fragmentation_bytes() < 0;
+  }
+  stop = true;
+  worker.join();
+  (void)::pthread_setaffinity_np(::pthread_self(), sizeof was, &was);
+  INFO(samples << " samples");
+  CHECK(inconsistent == 0);
 }
 
 namespace {
