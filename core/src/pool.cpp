@@ -694,7 +694,9 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
   ThreadCache& cache() {
     // The thread's last pool first, through trivially destructible thread_locals (no guard check).
     ThreadCache* tc = t_last.cache;
-    if (t_last.state.load(std::memory_order_relaxed) != this) {
+    // Acquire: a trim that cleared the last pool stored `trim` before, so the load of `trim`
+    // below sees it.
+    if (t_last.state.load(std::memory_order_acquire) != this) {
       tc = &find_cache();
       t_last.cache = tc;
       for (std::uint32_t i = 0; i < kKindSlots; ++i) t_last.slots[i] = tc->slots[i].get();
@@ -724,7 +726,7 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
       if (tc == self) continue;
       tc->trim.store(true, std::memory_order_relaxed);
       PoolState* expected = this;
-      tc->owner->state.compare_exchange_strong(expected, nullptr, std::memory_order_relaxed);
+      tc->owner->state.compare_exchange_strong(expected, nullptr, std::memory_order_release, std::memory_order_relaxed);
       asked = true;
     }
     // Owners fence nothing between `busy` and `trim`: only an expedited membarrier orders them.
