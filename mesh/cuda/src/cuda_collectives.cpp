@@ -547,7 +547,7 @@ class Collectives final : public CudaCollectives {
     l.recv = recv;
     l.bytes = bytes;
     l.chunk = chunk_;
-    l.timeout_ns = options.timeout == kForever || options.timeout > std::chrono::hours(24 * 365)
+    l.timeout_ns = endless(options.timeout)
                        ? UINT64_MAX
                        : static_cast<std::uint64_t>(std::max(options.timeout, Duration::zero()).count());
     l.error = error_device_;

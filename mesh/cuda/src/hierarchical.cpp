@@ -329,8 +329,8 @@ class Hierarchical final : public CudaCollectives {
   /// the wait is one timeout and two seconds more; a call without a timeout waits without one.
   Status boundary(Status mine, Communicator& level, const std::vector<std::uint32_t>& ranks, std::string_view part,
                   std::uint64_t timeouts, const CallOptions& o) {
-    const Duration year = std::chrono::hours(24 * 365);
-    const bool bounded = !Deadline(o.timeout).forever() && o.timeout < year / static_cast<Duration::rep>(timeouts + 2);
+    // Bounded where the longer wait still runs out (and cannot overflow).
+    const bool bounded = o.timeout < kLongestTimeout / static_cast<Duration::rep>(timeouts + 2);
     const Duration wait =
         bounded ? o.timeout * static_cast<Duration::rep>(timeouts + 1) + std::chrono::seconds(2) : kForever;
     const std::array<std::int64_t, 4> word{

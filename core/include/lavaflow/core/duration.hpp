@@ -13,6 +13,10 @@ namespace lavaflow {
 
 using Duration = std::chrono::nanoseconds;
 inline constexpr Duration kForever = Duration::max();
+/// The longest timeout that runs out: anything longer, kForever among them, never does.
+inline constexpr Duration kLongestTimeout = std::chrono::hours(24 * 365);
+/// Whether `timeout` never runs out.
+[[nodiscard]] constexpr bool endless(Duration timeout) noexcept { return timeout > kLongestTimeout; }
 
 /// The clock of every timeout and of message timestamps (CLOCK_MONOTONIC).
 using Clock = std::chrono::steady_clock;
@@ -31,12 +35,11 @@ enum class WaitMode : std::uint8_t {
   SpinThenBlock,  ///< spin briefly, then sleep (default)
 };
 
-/// The moment a timeout runs out. kForever, or anything beyond a year, never does (and never
-/// overflows the clock).
+/// The moment a timeout runs out. An endless() one never does (and never overflows the clock).
 class Deadline {
  public:
   explicit Deadline(Duration timeout, Clock::time_point now = Clock::now())
-      : forever_(timeout == kForever || timeout > std::chrono::hours(24 * 365)),
+      : forever_(endless(timeout)),
         at_(forever_ ? Clock::time_point::max() : now + std::max(timeout, Duration::zero())) {}
   [[nodiscard]] bool forever() const { return forever_; }
   [[nodiscard]] bool passed(Clock::time_point now = Clock::now()) const { return !forever_ && now >= at_; }
