@@ -220,6 +220,8 @@ struct SlotCache {
       blocks[c].data = storage.get() + at;
       at += limits[c];
     }
+    // A return may push one beyond the limit before it trims: with this, no return allocates.
+    large.reserve(kLargeCacheEntries + 1);
   }
   std::unique_ptr<Block[]> storage;
   std::array<BlockStack, kSmallClasses> blocks;
@@ -327,6 +329,7 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
   std::array<LockedStats, 2> locked_pool;
   LockedStats locked_all;
   std::uint64_t num_alloc_retries = 0, num_ooms = 0, num_device_alloc = 0, num_device_free = 0;
+  std::uint64_t kept_carved = 0;  // returned blocks left carved for want of memory (release_or_keep)
   std::uint64_t open_fds = 0;
   // Counters of thread caches that ended, and the live caches (read by stats()).
   std::vector<std::array<ClassTotals, kClasses>> retired;
@@ -457,12 +460,22 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
     if (!seg->can_release) return;
     const std::uint64_t a = round_up(offset, page_bytes), b = (offset + len) / page_bytes * page_bytes;
     if (b <= a || ::madvise(seg->base + a, b - a, MADV_REMOVE) != 0) return;
-    std::uint64_t before = 0;  // released earlier inside [a, b): a free range holds all of them
+    std::uint64_t before = 0;                 // released earlier inside [a, b): a free range holds all of them
+    decltype(seg->released)::node_type node;  // the first of them becomes the whole: no allocation
     for (auto it = seg->released.lower_bound(a); it != seg->released.end() && it->first < b;) {
       before += it->second;
-      it = seg->released.erase(it);
+      if (node.empty())
+        node = seg->released.extract(it++);
+      else
+        it = seg->released.erase(it);
     }
-    seg->released.emplace(a, b - a);
+    if (node.empty()) {
+      seg->released.emplace(a, b - a);
+    } else {
+      node.key() = a;
+      node.mapped() = b - a;
+      seg->released.insert(std::move(node));
+    }
     seg->released_bytes += b - a - before;
     account(seg->slot, !seg->small, &LockedStats::reserved_bytes, -static_cast<std::int64_t>(b - a - before));
   }
@@ -553,34 +566,76 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
     return Block{seg, offset};
   }
 
-  /// A block goes back to its segment's free ranges; `host_policy` false: host pages stay (a
-  /// block handed back to be carved again at once).
+  /// A block goes back to its segment's free ranges, or where memory for their index runs out,
+  /// stays carved (active) until its segment goes; `host_policy` false: host pages stay (a block
+  /// handed back to be carved again at once). Return paths cannot fail, so this never throws.
+  void release_or_keep(Block b, std::uint64_t bytes, bool host_policy = true) noexcept {
+    try {
+      release(b, bytes, host_policy);
+    } catch (const std::bad_alloc&) {
+      ++kept_carved;
+    }
+  }
+
+  /// A block goes back to its segment's free ranges (see release_or_keep). A block next to a free
+  /// range takes over that range's index entries; only one with no free neighbour needs new ones,
+  /// made before anything changes, so that std::bad_alloc leaves the ranges as they were.
   void release(Block b, std::uint64_t bytes, bool host_policy = true) {
     auto* seg = b.segment;
     const bool large = !seg->small;
     auto& arena = slots[seg->slot].arenas[large];
     std::uint64_t offset = b.offset;
     std::uint64_t len = bytes;
-    auto next = seg->free.lower_bound(offset);
-    if (next != seg->free.begin()) {
-      auto prev = std::prev(next);
-      if (prev->first + prev->second == offset) {
-        arena.by_size.erase({prev->second, seg->id, prev->first});
-        offset = prev->first;
-        len += prev->second;
-        seg->free.erase(prev);
+    const auto next = seg->free.lower_bound(offset);
+    const auto prev = next == seg->free.begin() ? seg->free.end() : std::prev(next);
+    const bool with_prev = prev != seg->free.end() && prev->first + prev->second == offset;
+    const bool with_next = next != seg->free.end() && next->first == offset + bytes;
+    // A free range's entry in the best-fit index, re-keyed in its own node.
+    auto reindex = [&](std::uint64_t from_len, std::uint64_t from_offset) {
+      auto node = arena.by_size.extract({from_len, seg->id, from_offset});
+      node.value() = {len, seg->id, offset};
+      arena.by_size.insert(std::move(node));
+    };
+    if (with_prev) {
+      const std::uint64_t prev_len = prev->second;
+      offset = prev->first;
+      len += prev_len;
+      if (with_next) {
+        arena.by_size.erase({next->second, seg->id, next->first});
+        len += next->second;
+        seg->free.erase(next);
+      }
+      prev->second = len;
+      reindex(prev_len, offset);
+    } else if (with_next) {
+      const std::uint64_t next_len = next->second;
+      len += next_len;
+      auto node = seg->free.extract(next);
+      node.key() = offset;
+      node.mapped() = len;
+      seg->free.insert(std::move(node));
+      reindex(next_len, offset + bytes);
+    } else {
+      const auto range = seg->free.emplace(offset, len).first;
+      try {
+        arena.by_size.emplace(len, seg->id, offset);
+      } catch (...) {
+        seg->free.erase(range);
+        throw;
       }
     }
-    if (next != seg->free.end() && next->first == b.offset + bytes) {
-      arena.by_size.erase({next->second, seg->id, next->first});
-      len += next->second;
-      seg->free.erase(next);
-    }
-    seg->free.emplace(offset, len);
-    arena.by_size.emplace(len, seg->id, offset);
     seg->free_bytes += bytes;
     account(seg->slot, large, &LockedStats::active, -1);
     account(seg->slot, large, &LockedStats::active_bytes, -static_cast<std::int64_t>(bytes));
+    try {
+      give_back_pages(seg, offset, len, host_policy);
+    } catch (const std::bad_alloc&) {
+      // The block is free; only the record of pages given back is missing: they count as reserved.
+    }
+  }
+
+  /// After free range [offset, offset + len) of `seg` grew: the cache cap and the host page share.
+  void give_back_pages(PoolSegment* seg, std::uint64_t offset, std::uint64_t len, bool host_policy) {
     const std::uint64_t cap = cache_cap();
     if (cached_bytes() > cap) {
       // Above the cap: a segment this return left wholly free goes back (its fd too) with the
@@ -663,10 +718,10 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
     for (auto& sc : tc.slots) {
       if (!sc) continue;
       for (std::uint32_t c = 0; c < kSmallClasses; ++c) {
-        for (auto b : sc->blocks[c].blocks()) release(b, class_size(c));
+        for (auto b : sc->blocks[c].blocks()) release_or_keep(b, class_size(c));
         sc->blocks[c].count = 0;
       }
-      for (auto [bytes, b] : sc->large) release(b, bytes);
+      for (auto [bytes, b] : sc->large) release_or_keep(b, bytes);
       sc->large.clear();
       sc->large_bytes = 0;
     }
@@ -738,7 +793,7 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
   void flush_large(ThreadCache& tc) {
     for (auto& sc : tc.slots) {
       if (!sc) continue;
-      for (auto [bytes, b] : sc->large) release(b, bytes);
+      for (auto [bytes, b] : sc->large) release_or_keep(b, bytes);
       sc->large.clear();
       sc->large_bytes = 0;
     }
@@ -763,6 +818,7 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
     tc->state = shared_from_this();
     tc->slots.resize(slots.size());
     tc->owner = &t_last;
+    mine.list.reserve(mine.list.size() + 1);  // so that a listed cache is always kept
     {
       std::lock_guard lock(mutex);
       caches.push_back(tc.get());
@@ -931,7 +987,7 @@ Result<PooledBuffer> PoolState::rent_slow(RentOptions o) {
         std::size_t n_handed = 0;
         for (auto [n, b] : sc.large) {
           if (n_handed < handed.size()) handed[n_handed++] = b.segment->id;  // before: a cap may drop it
-          release(b, n, false);
+          release_or_keep(b, n, false);
         }
         sc.large.clear();
         sc.large_bytes = 0;
@@ -992,7 +1048,7 @@ void PoolState::give_back_locked(PooledBuffer& b, bool free_block) noexcept {
   // state may be gone, so the closing check happens under it.
   std::shared_ptr<PoolState> last;
   std::lock_guard lock(mutex);
-  if (free_block && !dead) release(Block{b.segment_, b.offset_}, bytes);
+  if (free_block && !dead) release_or_keep(Block{b.segment_, b.offset_}, bytes);
   auto& t = retired[b.slot()][cls];
   ++t.returns;
   t.bytes_back += bytes;
@@ -1041,9 +1097,14 @@ void PoolState::give_back_uncached(PooledBuffer& b) noexcept {
   if (t_caches_gone) [[unlikely]]
     return give_back_locked(b);
   const BusyScope busy;
-  auto& tc = cache();
+  SlotCache* cached = nullptr;
+  try {
+    cached = &slot_cache(cache(), b.slot());
+  } catch (const std::bad_alloc&) {
+    return give_back_locked(b);  // no memory for a cache of this thread's: straight to the segments
+  }
+  auto& sc = *cached;
   const std::uint32_t cls = b.size_class();
-  auto& sc = slot_cache(tc, b.slot());
   const bool small = cls < kSmallClasses;
   const std::uint64_t bytes = block_bytes(cls, b.size_);
   const Block block{b.segment_, b.offset_};
@@ -1056,7 +1117,7 @@ void PoolState::give_back_uncached(PooledBuffer& b) noexcept {
       // Full: half of it goes back to the segments.
       std::lock_guard lock(mutex);
       const auto keep = static_cast<std::uint32_t>(stack.size() / 2);
-      for (auto kept : stack.blocks().subspan(keep)) release(kept, bytes);
+      for (auto kept : stack.blocks().subspan(keep)) release_or_keep(kept, bytes);
       stack.count = keep;
     }
     stack.push(block);
@@ -1066,14 +1127,14 @@ void PoolState::give_back_uncached(PooledBuffer& b) noexcept {
     if (sc.large.size() > kLargeCacheEntries || sc.large_bytes > large_cache_bytes) {
       std::lock_guard lock(mutex);
       while (sc.large.size() > kLargeCacheEntries || sc.large_bytes > large_cache_bytes) {
-        release(sc.large.front().second, sc.large.front().first);
+        release_or_keep(sc.large.front().second, sc.large.front().first);
         sc.large_bytes -= sc.large.front().first;
         sc.large.erase(sc.large.begin());
       }
     }
   } else {
     std::lock_guard lock(mutex);
-    release(block, bytes);
+    release_or_keep(block, bytes);
   }
   returned_fence();
 }
@@ -1307,6 +1368,7 @@ PoolStats detail::collect_stats(const PoolState& s) {
   out.num_misses = all_t.rents - all_t.hits;
   out.num_alloc_retries = s.num_alloc_retries;
   out.num_ooms = s.num_ooms;
+  out.num_kept_carved = s.kept_carved;
   out.num_device_alloc = s.num_device_alloc;
   out.num_device_free = s.num_device_free;
   out.open_fds = s.open_fds;
@@ -1363,6 +1425,7 @@ std::string PoolStats::to_json() const {
   key("fragmentation_bytes", fragmentation_bytes());
   key("num_alloc_retries", num_alloc_retries);
   key("num_ooms", num_ooms);
+  key("num_kept_carved", num_kept_carved);
   key("num_device_alloc", num_device_alloc);
   key("num_device_free", num_device_free);
   key("open_fds", open_fds);

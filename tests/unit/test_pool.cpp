@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -981,4 +982,93 @@ TEST_CASE("pool: a forked child's copy of a publishing pool leaves the parent's 
   CHECK(pools[0].error.empty());
   pool.reset();
   CHECK(files_in(dir).empty());
+}
+
+namespace {
+
+/// Takes every byte malloc can still give under the address-space limit, in a list threaded
+/// through the blocks themselves (keeping them costs no further allocation); returns its head.
+void* exhaust_heap() {
+  void* head = nullptr;
+  for (std::size_t size = std::size_t{1} << 20; size >= sizeof(void*); size /= 2)
+    while (void* p = std::malloc(size)) {
+      *static_cast<void**>(p) = head;
+      head = p;
+    }
+  return head;
+}
+
+void give_heap_back(void* head) {
+  while (head) {
+    void* next = *static_cast<void**>(head);
+    std::free(head);
+    head = next;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("pool: returns when memory has run out keep their blocks carved instead of aborting") {
+#if defined(__SANITIZE_ADDRESS__)
+  lftest::skip("AddressSanitizer reserves the address space that this test limits");
+#endif
+  // In a child process, whose address space is limited to what it has mapped: every allocation
+  // after exhaust_heap() fails, as when the machine's memory runs out.
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    PoolOptions o;
+    o.thread_cache_bytes = 0;  // every return goes to the segment's free ranges
+    auto pool = MemoryPool::create(o);
+    if (!pool) std::_Exit(2);
+    constexpr int kBuffers = 64;
+    std::vector<PooledBuffer> mine, theirs;
+    mine.reserve(kBuffers);
+    theirs.reserve(kBuffers);
+    for (int i = 0; i < kBuffers; ++i) {
+      auto b = pool->rent(4096);
+      if (!b) std::_Exit(3);
+      (i % 4 == 1 ? theirs : mine).push_back(std::move(*b));
+    }
+    // A thread with no cache of this pool yet: its returns must make one, which fails. (It used
+    // another pool before: glibc registers a thread's thread_local destructors at their first use
+    // and aborts the process when it cannot.)
+    std::atomic<int> step{0};
+    std::thread other([&] {
+      if (auto p = MemoryPool::create(); !p || !p->rent(64)) std::_Exit(9);
+      step.store(3);
+      while (step.load() != 1) std::this_thread::yield();
+      theirs.clear();
+      step.store(2);
+    });
+    while (step.load() != 3) std::this_thread::yield();
+    rlimit limit{};
+    std::ifstream statm("/proc/self/statm");
+    std::uint64_t pages = 0;
+    statm >> pages;
+    limit.rlim_cur = limit.rlim_max = pages * static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE)) + (1 << 20);
+    if (::setrlimit(RLIMIT_AS, &limit) != 0) std::_Exit(4);
+    void* heap = exhaust_heap();
+    if (std::malloc(sizeof(void*)) != nullptr) std::_Exit(5);  // the heap is not exhausted
+    // Every other buffer: its neighbours are rented, so its free range needs new index entries.
+    for (std::size_t i = 0; i < mine.size(); i += 2) mine[i].reset();
+    step.store(1);
+    while (step.load() != 2) std::this_thread::yield();
+    give_heap_back(heap);
+    other.join();
+    const auto kept = pool->stats();
+    if (kept.num_kept_carved == 0) std::_Exit(6);  // nothing failed: the test did not test
+    mine.clear();
+    const auto after = pool->stats();
+    if (after.all.allocation.current != 0) std::_Exit(7);  // every buffer counted as returned
+    // The pool goes on working, and the blocks that went back are rented again.
+    for (int i = 0; i < kBuffers; ++i)
+      if (auto b = pool->rent(4096); !b || b->size() != 4096) std::_Exit(8);
+    std::_Exit(0);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  INFO("child status " << status);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
 }
