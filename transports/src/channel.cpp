@@ -56,11 +56,14 @@ constexpr std::size_t kMaxPending = 64;
 // before it is used as a size or an index.
 
 constexpr std::uint32_t kControlMagic = 0x52434c46;  // "FLCR"
-constexpr std::uint32_t kControlVersion = 4;
+constexpr std::uint32_t kControlVersion = 5;
 
 struct alignas(64) SharedConsumer {
-  std::atomic<std::uint32_t> state;  // 0 free, 1 active; written by the producer's service thread only
-  std::atomic<std::uint64_t> next;   // next sequence to receive (consumer claims; DropOldest skips by CAS)
+  // 0 free, 1 active; written by the producer's service thread only. Read with `released` when the
+  // ring looks full: on a line of its own, so that this read leaves the consumer's per-message
+  // store to `next` where it is.
+  std::atomic<std::uint32_t> state;
+  alignas(64) std::atomic<std::uint64_t> next;  // next sequence to receive (consumer claims; DropOldest skips by CAS)
   // Read by the producer when the ring looks full: its own cache line, so that the consumer's
   // per-message store to `next` never waits for the line to come back from the producer.
   alignas(64) std::atomic<std::uint64_t> released;  // every sequence below this is released
@@ -517,9 +520,8 @@ struct detail::ProducerState {
     const std::uint64_t expect = seq - options.slots + 1;
     for (std::uint32_t i = 0; i < slots_used; ++i) {
       const auto& c = control->consumers[i];
-      // A consumer that promised no GPU release of the slot's previous message adds no wait. This
-      // is looked at before `state`, whose line the consumer writes on every receive: a loan of a
-      // channel read on the CPU then touches no line the consumers write.
+      // A consumer that promised no GPU release of the slot's previous message adds no wait: a
+      // loan of a channel read on the CPU then reads no more than this promise.
       if (c.gpu_release[slot].load(std::memory_order_relaxed) != expect) continue;
       // The state before the counter and a second look at the promise: an admission sets the
       // index's counter (flags: its word) and clears its promises before it sets the state.
