@@ -392,7 +392,8 @@ Work& Work::operator=(Work&& o) noexcept {
   if (this != &o) {
     if (state_) (void)wait();
     state_ = std::move(o.state_);
-    ready_ = std::move(o.ready_);
+    error_ = std::move(o.error_);
+    ended_ = std::exchange(o.ended_, false);
   }
   return *this;
 }
@@ -403,7 +404,7 @@ Work::~Work() {
 
 Status Work::wait(Duration timeout) {
   if (!state_) {
-    if (ready_) return *ready_;
+    if (ended_) return error_ ? Status(std::unexpected(*error_)) : Status{};
     return fail(Errc::InvalidArgument, "mesh::Work::wait", "this Work holds no call");
   }
   if (state_->progress) {
@@ -444,7 +445,8 @@ bool Work::test() const {
 
 Work Work::done(Status result) {
   Work w;
-  w.ready_ = std::move(result);
+  w.ended_ = true;
+  if (!result) w.error_ = std::make_unique<Error>(std::move(result.error()));
   return w;
 }
 

@@ -12,6 +12,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "lavaflow/core/detail/format.hpp"
@@ -70,7 +71,8 @@ class Work {
   };
   Work() = default;
   explicit Work(std::shared_ptr<State> state) : state_(std::move(state)) {}
-  Work(Work&&) noexcept = default;
+  Work(Work&& o) noexcept
+      : state_(std::move(o.state_)), error_(std::move(o.error_)), ended_(std::exchange(o.ended_, false)) {}
   Work& operator=(Work&& o) noexcept;
   ~Work();
   /// The call's result once it has ended; Timeout (the call goes on) when `timeout` runs out first.
@@ -83,7 +85,10 @@ class Work {
  private:
   [[nodiscard]] bool test_ended() const;
   std::shared_ptr<State> state_;
-  std::optional<Status> ready_;  // a call that ended before it returned
+  // A call that ended before it returned: `ended_`, with its error when it failed — behind a
+  // pointer, so that a Work moves as a few words on the path of every small call.
+  std::unique_ptr<Error> error_;
+  bool ended_ = false;
 };
 
 /// Per-call options. Every collective ends within `timeout`: when a rank of the group does not
