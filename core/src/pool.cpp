@@ -329,7 +329,11 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
   std::array<LockedStats, 2> locked_pool;
   LockedStats locked_all;
   std::uint64_t num_alloc_retries = 0, num_ooms = 0, num_device_alloc = 0, num_device_free = 0;
-  std::uint64_t kept_carved = 0;  // returned blocks left carved for want of memory (release_or_keep)
+  // Returned blocks left carved for want of memory (release_or_keep): a fixed list, so that
+  // keeping one allocates nothing, retried later; beyond it a block stays carved for the pool's life.
+  std::array<std::pair<Block, std::uint64_t>, 64> kept{};
+  std::size_t kept_count = 0;
+  std::uint64_t kept_for_good = 0;
   std::uint64_t open_fds = 0;
   // Counters of thread caches that ended, and the live caches (read by stats()).
   std::vector<std::array<ClassTotals, kClasses>> retired;
@@ -415,7 +419,6 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
     } else if (auto* cpu = dynamic_cast<CpuBuffer*>(seg->memory.get())) {
       seg->vk_buffer = cpu->gpu_buffer();
       seg->holds_fd = true;
-      ++open_fds;
     }
     seg->size = bytes;
     seg->can_release = (s.kind == BufferKind::CpuShared || s.kind == BufferKind::CpuNuma) && seg->base != nullptr;
@@ -431,10 +434,17 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
       seg->released.emplace(0, bytes);
       seg->released_bytes = bytes;
     }
+    // Listed in both indexes or in neither (std::bad_alloc frees the segment with `seg`).
     auto* raw = seg.get();
     auto& arena = s.arenas[large];
-    arena.by_size.emplace(bytes, raw->id, 0);
-    arena.segments.emplace(raw->id, std::move(seg));
+    const auto listed = arena.segments.emplace(raw->id, std::move(seg)).first;
+    try {
+      arena.by_size.emplace(bytes, raw->id, 0);
+    } catch (...) {
+      arena.segments.erase(listed);
+      throw;
+    }
+    if (raw->holds_fd) ++open_fds;
     ++num_device_alloc;
     account(slot, large, &LockedStats::segment, 1);
     account(slot, large, &LockedStats::reserved_bytes, untouched ? 0 : static_cast<std::int64_t>(bytes));
@@ -481,6 +491,8 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
   }
 
   /// A block carved at [offset, offset + bytes): its pages (rounded out) count as reserved again.
+  /// Needs a new node only when the block lies inside one range given back, made before anything
+  /// changes: a std::bad_alloc leaves the record as it was.
   void take_back_pages(PoolSegment* seg, std::uint64_t offset, std::uint64_t bytes) {
     if (seg->released.empty()) return;
     const std::uint64_t a = offset / page_bytes * page_bytes, b = round_up(offset + bytes, page_bytes);
@@ -493,10 +505,24 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
         ++it;
         continue;
       }
-      it = seg->released.erase(it);
-      if (r0 < a) seg->released.emplace(r0, a - r0);
-      if (r1 > b) it = seg->released.emplace(b, r1 - b).first;
       taken += std::min(r1, b) - std::max(r0, a);
+      if (r0 < a && r1 > b) {  // the block splits the range: its tail becomes a range of its own
+        seg->released.emplace_hint(std::next(it), b, r1 - b);
+        it->second = a - r0;
+        break;
+      }
+      if (r0 < a) {  // its head stays
+        it->second = a - r0;
+        ++it;
+      } else if (r1 > b) {  // its tail stays, in the same node; no range beyond it overlaps
+        auto node = seg->released.extract(it);
+        node.key() = b;
+        node.mapped() = r1 - b;
+        seg->released.insert(std::move(node));
+        break;
+      } else {
+        it = seg->released.erase(it);
+      }
     }
     seg->released_bytes -= taken;
     account(seg->slot, !seg->small, &LockedStats::reserved_bytes, static_cast<std::int64_t>(taken));
@@ -552,28 +578,55 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
       it = arena.by_size.lower_bound({bytes, 0, 0});
     }
     const auto [have, id, offset] = *it;
-    arena.by_size.erase(it);
     auto* seg = arena.segments.at(id).get();
-    seg->free.erase(offset);
-    seg->free_bytes -= bytes;
+    // The one step that may need memory goes first: should it fail, nothing has changed.
     take_back_pages(seg, offset, bytes);
-    if (have > bytes) {
-      seg->free.emplace(offset + bytes, have - bytes);
-      arena.by_size.emplace(have - bytes, id, offset + bytes);
+    if (have > bytes) {  // the rest of the range stays free, in the nodes the whole range had
+      auto index = arena.by_size.extract(it);
+      index.value() = {have - bytes, id, offset + bytes};
+      arena.by_size.insert(std::move(index));
+      auto range = seg->free.extract(offset);
+      range.key() = offset + bytes;
+      range.mapped() = have - bytes;
+      seg->free.insert(std::move(range));
+    } else {
+      arena.by_size.erase(it);
+      seg->free.erase(offset);
     }
+    seg->free_bytes -= bytes;
     account(slot, large, &LockedStats::active, 1);
     account(slot, large, &LockedStats::active_bytes, static_cast<std::int64_t>(bytes));
     return Block{seg, offset};
   }
 
   /// A block goes back to its segment's free ranges, or where memory for their index runs out,
-  /// stays carved (active) until its segment goes; `host_policy` false: host pages stay (a block
-  /// handed back to be carved again at once). Return paths cannot fail, so this never throws.
+  /// stays carved (active) until a later release or trim() finds memory for it; `host_policy`
+  /// false: host pages stay (a block handed back to be carved again at once). Return paths
+  /// cannot fail, so this never throws.
   void release_or_keep(Block b, std::uint64_t bytes, bool host_policy = true) noexcept {
     try {
       release(b, bytes, host_policy);
     } catch (const std::bad_alloc&) {
-      ++kept_carved;
+      if (kept_count < kept.size())
+        kept[kept_count++] = {b, bytes};
+      else
+        ++kept_for_good;
+      return;
+    }
+    if (kept_count != 0) retry_kept();
+  }
+
+  /// Blocks kept carved for want of memory go back while memory can be had for them (after a
+  /// release that found some, and at trim()).
+  void retry_kept() noexcept {
+    while (kept_count != 0) {
+      const auto [b, bytes] = kept[kept_count - 1];
+      try {
+        release(b, bytes);
+      } catch (const std::bad_alloc&) {
+        return;
+      }
+      --kept_count;
     }
   }
 
@@ -710,6 +763,7 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
         arena.by_size.clear();
         arena.segments.clear();
       }
+    kept_count = 0;
     open_fds = 0;
   }
 
@@ -848,6 +902,7 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
   // else through the slow paths, so that the small path's code stays short.
   [[gnu::always_inline]] Result<PooledBuffer> rent(RentOptions o);
   [[gnu::noinline]] Result<PooledBuffer> rent_slow(RentOptions o);
+  Result<PooledBuffer> rent_uncached(RentOptions o);
   [[gnu::noinline]] Result<PooledBuffer> rent_large(RentOptions o, SlotCache& sc);
   Result<PooledBuffer> rent_locked(std::uint64_t size, std::uint32_t slot);
   [[gnu::always_inline]] void give_back(PooledBuffer& b) noexcept;
@@ -926,6 +981,16 @@ Result<PooledBuffer> PoolState::rent_large(RentOptions o, SlotCache& sc) {
 }
 
 Result<PooledBuffer> PoolState::rent_slow(RentOptions o) {
+  // The pool's own bookkeeping (its indexes, a thread's cache) may find no memory: every step
+  // that needs some leaves the pool as it was, so the rent fails as any lack of memory does.
+  try {
+    return rent_uncached(o);
+  } catch (const std::bad_alloc&) {
+    return fail(Errc::OutOfMemory, "MemoryPool::rent", "no memory left for the pool's own bookkeeping");
+  }
+}
+
+Result<PooledBuffer> PoolState::rent_uncached(RentOptions o) {
   constexpr const char* call = "MemoryPool::rent";
   const auto k = static_cast<std::uint8_t>(o.kind);
   if (o.kind == BufferKind::CpuPrivate)
@@ -992,8 +1057,12 @@ Result<PooledBuffer> PoolState::rent_slow(RentOptions o) {
         sc.large.clear();
         sc.large_bytes = 0;
         LF_TRY(block, carve(slot, !small, bytes, missed, &tc));
-        for (std::size_t i = 0; i < n_handed; ++i)
-          if (auto it = arena.segments.find(handed[i]); it != arena.segments.end()) trim_host_pages(it->second.get());
+        try {
+          for (std::size_t i = 0; i < n_handed; ++i)
+            if (auto it = arena.segments.find(handed[i]); it != arena.segments.end()) trim_host_pages(it->second.get());
+        } catch (const std::bad_alloc&) {
+          // The pages stay (counted as reserved): the block is carved, and this rent goes on.
+        }
         carved = true;
       }
     }
@@ -1003,12 +1072,15 @@ Result<PooledBuffer> PoolState::rent_slow(RentOptions o) {
     if (small) {
       // Fill part of the thread's cache for this class under the same lock.
       const std::size_t fill = std::min<std::uint64_t>(cache_limit(cls) / 2, kRefillBytes / bytes);  // may be 0
-      for (std::size_t i = 0; i < fill; ++i) {
-        bool more_missed = false;
-        auto extra = carve(slot, false, bytes, more_missed, &tc);
-        if (!extra) break;
-        stack->push(*extra);
-        missed = missed || more_missed;
+      try {  // the block is carved: a refill that finds no memory only ends early
+        for (std::size_t i = 0; i < fill; ++i) {
+          bool more_missed = false;
+          auto extra = carve(slot, false, bytes, more_missed, &tc);
+          if (!extra) break;
+          stack->push(*extra);
+          missed = missed || more_missed;
+        }
+      } catch (const std::bad_alloc&) {
       }
     }
     if (missed) ++slots[slot].misses;
@@ -1117,7 +1189,7 @@ void PoolState::give_back_uncached(PooledBuffer& b) noexcept {
       // Full: half of it goes back to the segments.
       std::lock_guard lock(mutex);
       const auto keep = static_cast<std::uint32_t>(stack.size() / 2);
-      for (auto kept : stack.blocks().subspan(keep)) release_or_keep(kept, bytes);
+      for (auto surplus : stack.blocks().subspan(keep)) release_or_keep(surplus, bytes);
       stack.count = keep;
     }
     stack.push(block);
@@ -1273,6 +1345,7 @@ void MemoryPool::trim() {
   std::lock_guard lock(s.mutex);
   if (tc) s.flush(*tc);
   s.ask_caches_back(tc);
+  s.retry_kept();
   s.release_free_segments(0);
   s.release_free_pages();
 }
@@ -1368,7 +1441,7 @@ PoolStats detail::collect_stats(const PoolState& s) {
   out.num_misses = all_t.rents - all_t.hits;
   out.num_alloc_retries = s.num_alloc_retries;
   out.num_ooms = s.num_ooms;
-  out.num_kept_carved = s.kept_carved;
+  out.num_kept_carved = s.kept_count + s.kept_for_good;
   out.num_device_alloc = s.num_device_alloc;
   out.num_device_free = s.num_device_free;
   out.open_fds = s.open_fds;
