@@ -204,8 +204,9 @@ struct PoolStats {
   /// Segment allocations that failed, after which cached memory was released and the allocation
   /// retried once; and those that failed again (the rent returned OutOfMemory or the driver's error).
   std::uint64_t num_alloc_retries = 0, num_ooms = 0;
-  /// Returned blocks that stayed carved (active) because memory for the free ranges' index ran
-  /// out; they come back with their segment.
+  /// Returned blocks still carved (active) because memory for the free ranges' index ran out:
+  /// they go back at the next release that finds memory or at trim() (past a fixed number of
+  /// them, with the pool).
   std::uint64_t num_kept_carved = 0;
   std::uint64_t num_device_alloc = 0, num_device_free = 0;
   /// fds the pool holds open (CPU segments keep their memfd; Vulkan segments hold none until exported).
