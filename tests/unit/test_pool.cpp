@@ -64,6 +64,20 @@ std::optional<PooledBuffer> rent_and_check(MemoryPool& pool, std::mt19937_64& rn
   return std::move(*b);
 }
 
+/// Waits up to `limit` for forked `child` to end; false (the child killed) when it did not.
+bool wait_child(pid_t child, int& status, std::chrono::milliseconds limit) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (::waitpid(child, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() >= end) {
+      ::kill(child, SIGKILL);
+      ::waitpid(child, &status, 0);
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return true;
+}
+
 }  // namespace
 
 TEST_CASE("pool: rented host buffers have their size, aligned disjoint ranges, and return on drop") {
@@ -791,16 +805,8 @@ TEST_CASE("pool: a pool whose segments are rented from another pool rents and re
     std::_Exit(rented && returned ? 0 : 1);
   }
   int status = 0;
-  pid_t done = 0;
-  for (int i = 0; i < 200 && done == 0; ++i) {
-    done = ::waitpid(child, &status, WNOHANG);
-    if (done == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  if (done == 0) {
-    ::kill(child, SIGKILL);
-    ::waitpid(child, &status, 0);
+  if (!wait_child(child, status, std::chrono::seconds(10)))
     FAIL("the rent or the return did not end within 10 s (a thread waiting on a lock it holds)");
-  }
   REQUIRE(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
 }
@@ -1083,16 +1089,7 @@ TEST_CASE("pool: when memory runs out, returns keep their blocks carved and rent
     std::_Exit(0);
   }
   int status = 0;
-  pid_t done = 0;
-  for (int i = 0; i < 600 && done == 0; ++i) {
-    done = ::waitpid(child, &status, WNOHANG);
-    if (done == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  if (done == 0) {
-    ::kill(child, SIGKILL);
-    ::waitpid(child, &status, 0);
-    FAIL("the child did not end within 30 s");
-  }
+  if (!wait_child(child, status, std::chrono::seconds(30))) FAIL("the child did not end within 30 s");
   INFO("child status " << status);
   REQUIRE(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
