@@ -169,6 +169,25 @@ namespace {
 
 std::byte* host_of(const Block& b) { return b.segment->base ? b.segment->base + b.offset : nullptr; }
 
+/// Moves a map's entry at `where` (an iterator or a key) to `key` → `mapped` in its own node. It
+/// allocates nothing, so the pool's indexes change this way where running out of memory must not
+/// leave them half-updated.
+template <class Map, class Where>
+void rekey(Map& map, const Where& where, typename Map::key_type key, typename Map::mapped_type mapped) {
+  auto node = map.extract(where);
+  node.key() = key;
+  node.mapped() = mapped;
+  map.insert(std::move(node));
+}
+
+/// The same for a set's entry, which becomes `value`.
+template <class Set, class Where>
+void rekey(Set& set, const Where& where, typename Set::value_type value) {
+  auto node = set.extract(where);
+  node.value() = std::move(value);
+  set.insert(std::move(node));
+}
+
 /// Segments of one slot and pool (small or large), with a best-fit index of their free ranges.
 struct Arena {
   std::map<std::uint64_t, std::unique_ptr<PoolSegment>> segments;             // by id
@@ -515,10 +534,7 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
         it->second = a - r0;
         ++it;
       } else if (r1 > b) {  // its tail stays, in the same node; no range beyond it overlaps
-        auto node = seg->released.extract(it);
-        node.key() = b;
-        node.mapped() = r1 - b;
-        seg->released.insert(std::move(node));
+        rekey(seg->released, it, b, r1 - b);
         break;
       } else {
         it = seg->released.erase(it);
@@ -582,13 +598,8 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
     // The one step that may need memory goes first: should it fail, nothing has changed.
     take_back_pages(seg, offset, bytes);
     if (have > bytes) {  // the rest of the range stays free, in the nodes the whole range had
-      auto index = arena.by_size.extract(it);
-      index.value() = {have - bytes, id, offset + bytes};
-      arena.by_size.insert(std::move(index));
-      auto range = seg->free.extract(offset);
-      range.key() = offset + bytes;
-      range.mapped() = have - bytes;
-      seg->free.insert(std::move(range));
+      rekey(arena.by_size, it, {have - bytes, id, offset + bytes});
+      rekey(seg->free, offset, offset + bytes, have - bytes);
     } else {
       arena.by_size.erase(it);
       seg->free.erase(offset);
@@ -643,12 +654,8 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
     const auto prev = next == seg->free.begin() ? seg->free.end() : std::prev(next);
     const bool with_prev = prev != seg->free.end() && prev->first + prev->second == offset;
     const bool with_next = next != seg->free.end() && next->first == offset + bytes;
-    // A free range's entry in the best-fit index, re-keyed in its own node.
-    auto reindex = [&](std::uint64_t from_len, std::uint64_t from_offset) {
-      auto node = arena.by_size.extract({from_len, seg->id, from_offset});
-      node.value() = {len, seg->id, offset};
-      arena.by_size.insert(std::move(node));
-    };
+    // The merged range takes over a neighbour's entries.
+    using Index = decltype(arena.by_size)::value_type;
     if (with_prev) {
       const std::uint64_t prev_len = prev->second;
       offset = prev->first;
@@ -659,15 +666,12 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
         seg->free.erase(next);
       }
       prev->second = len;
-      reindex(prev_len, offset);
+      rekey(arena.by_size, Index{prev_len, seg->id, offset}, {len, seg->id, offset});
     } else if (with_next) {
       const std::uint64_t next_len = next->second;
       len += next_len;
-      auto node = seg->free.extract(next);
-      node.key() = offset;
-      node.mapped() = len;
-      seg->free.insert(std::move(node));
-      reindex(next_len, offset + bytes);
+      rekey(seg->free, next, offset, len);
+      rekey(arena.by_size, Index{next_len, seg->id, offset + bytes}, {len, seg->id, offset});
     } else {
       const auto range = seg->free.emplace(offset, len).first;
       try {
