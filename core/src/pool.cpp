@@ -26,25 +26,17 @@ namespace detail {
 
 namespace {
 
-constexpr std::uint64_t kAlign = MemoryPool::kAlignment;
-constexpr std::uint32_t kSmallClasses = 44;  // 256 B .. 1 MiB: four classes per doubling above 1 KiB
-constexpr std::uint32_t kLargeBuckets = 44;  // statistics of large buffers, one bucket per doubling
-constexpr std::uint32_t kClasses = kSmallClasses + kLargeBuckets;
-// BufferKind values 1..6, the kinds a pool rents (CpuPrivate, never exported, is not one); CpuNuma's
-// slot is per node (after these).
-constexpr std::uint32_t kKindSlots = 6;
+constexpr std::uint64_t kAlign = kPoolAlign;
+constexpr std::uint32_t kSmallClasses = kPoolSmallClasses;
+constexpr std::uint32_t kLargeBuckets = kPoolLargeBuckets;
+constexpr std::uint32_t kClasses = kPoolClasses;
+constexpr std::uint32_t kKindSlots = kPoolKindSlots;
 constexpr std::size_t kThreadCacheMaxBlocks = 64;
 constexpr std::size_t kLargeCacheEntries = 4;
 constexpr std::uint64_t kRefillBytes = std::uint64_t{64} << 10;  // carved ahead per refill
 constexpr std::uint64_t kMaxRent = std::uint64_t{1} << 56;       // beyond any memory
 
-constexpr std::uint32_t small_class_of(std::uint64_t n) {
-  if (n <= 1024) return static_cast<std::uint32_t>((n + kAlign - 1) / kAlign - 1);
-  const auto p = static_cast<unsigned>(std::bit_width(n - 1) - 1);  // 2^p < n <= 2^(p+1)
-  const std::uint64_t step = std::uint64_t{1} << (p - 2);           // a shift: division costs the fast path
-  const std::uint64_t within = (((n - (std::uint64_t{1} << p)) + step - 1) >> (p - 2)) - 1;
-  return static_cast<std::uint32_t>(4 + (p - 10) * 4 + within);
-}
+constexpr std::uint32_t small_class_of(std::uint64_t n) { return pool_small_class(n); }
 
 constexpr std::uint64_t class_size(std::uint32_t c) {
   if (c < 4) return (c + 1) * kAlign;
@@ -75,34 +67,9 @@ static_assert(class_size(small_class_of(1025)) == 1280 && class_size(small_class
 static_assert(small_class_of(MemoryPool::kSmallMax) == kSmallClasses - 1);
 static_assert(class_size(kSmallClasses - 1) == MemoryPool::kSmallMax);
 
-// Written by one thread, read by stats(): an increment is a plain load, add and (release) store.
-// A return's counters are written after the rent's were published to the returning thread, so a
-// reader that loads every "back" counter before any "out" counter (acquire) never sees more
-// returned than rented.
-using Counter = std::atomic<std::uint64_t>;
-inline void bump(Counter& c, std::uint64_t v) {
-  c.store(c.load(std::memory_order_relaxed) + v, std::memory_order_release);
-}
+using Counter = PoolCounter;
+using ClassCounters = PoolClassCounters;
 inline std::uint64_t get(const Counter& c) { return c.load(std::memory_order_acquire); }
-
-struct ClassCounters {
-  // Bytes of small classes follow from the counts (one size per class), so only large buckets
-  // count bytes; hits are rents minus misses: the fast path bumps as few words as it can.
-  Counter rents{0}, misses{0}, returns{0}, bytes_out{0}, bytes_back{0}, requested_out{0}, requested_back{0};
-
-  /// A rent of `requested` bytes; `large_bytes`: the block's bytes, for a large bucket only.
-  void rented(std::uint64_t requested, std::uint64_t large_bytes = 0) {
-    bump(rents, 1);
-    if (large_bytes) bump(bytes_out, large_bytes);
-    bump(requested_out, requested);
-  }
-  /// A return, the count last: ~MemoryPool's Dekker reads it (see returned_fence).
-  void returned(std::uint64_t requested, std::uint64_t large_bytes = 0) {
-    bump(requested_back, requested);
-    if (large_bytes) bump(bytes_back, large_bytes);
-    bump(returns, 1);
-  }
-};
 
 struct ClassTotals {
   std::uint64_t rents = 0, hits = 0, returns = 0, bytes_out = 0, bytes_back = 0, requested_out = 0, requested_back = 0;
@@ -168,6 +135,9 @@ struct PoolSegment {
 namespace {
 
 std::byte* host_of(const Block& b) { return b.segment->base ? b.segment->base + b.offset : nullptr; }
+/// A block as a thread's cache keeps it (with its host address), and back.
+PoolCachedBlock cached(const Block& b) { return {b.segment, b.offset, host_of(b)}; }
+Block block_of(const PoolCachedBlock& b) { return {b.segment, b.offset}; }
 
 /// Moves a map's entry at `where` (an iterator or a key) to `key` → `mapped` in its own node. It
 /// allocates nothing, so the pool's indexes change this way where running out of memory must not
@@ -216,47 +186,60 @@ struct Slot {
   bool used = false;
 };
 
-/// Blocks of one small class that a thread keeps: at most its class's cache limit, in storage
-/// sized for that when the cache is made, so a push never allocates.
-struct BlockStack {
-  Block* data = nullptr;
-  std::uint32_t count = 0;
+/// Recently returned large blocks of a thread, oldest first, with their bytes: a fixed array, so
+/// that keeping one allocates nothing (one beyond kLargeCacheEntries: a return adds its block
+/// before it trims).
+class LargeBlocks {
+ public:
+  using Entry = std::pair<std::uint64_t, Block>;
+  [[nodiscard]] bool empty() const { return count_ == 0; }
+  [[nodiscard]] std::size_t size() const { return count_; }
+  [[nodiscard]] const Entry* begin() const { return entries_.data(); }
+  [[nodiscard]] const Entry* end() const { return entries_.data() + count_; }
+  [[nodiscard]] const Entry& operator[](std::size_t i) const { return entries_[i]; }
+  [[nodiscard]] const Entry& front() const { return entries_[0]; }
+  void push_back(std::uint64_t bytes, Block b) { entries_[count_++] = {bytes, b}; }
+  /// Removes entry `i`; the later ones keep their order.
+  void erase(std::size_t i) {
+    std::copy(entries_.begin() + static_cast<std::ptrdiff_t>(i) + 1,
+              entries_.begin() + static_cast<std::ptrdiff_t>(count_),
+              entries_.begin() + static_cast<std::ptrdiff_t>(i));
+    --count_;
+  }
+  void clear() { count_ = 0; }
 
-  [[nodiscard]] bool empty() const { return count == 0; }
-  [[nodiscard]] std::size_t size() const { return count; }
-  Block pop() { return data[--count]; }
-  void push(Block b) { data[count++] = b; }
-  [[nodiscard]] std::span<const Block> blocks() const { return {data, count}; }
+ private:
+  std::array<Entry, kLargeCacheEntries + 1> entries_{};
+  std::size_t count_ = 0;
 };
 
-struct SlotCache {
+/// A thread's cache of one slot: the small classes' stacks and every class's counters (the head,
+/// which the inline paths use), and recently returned large blocks.
+struct SlotCache : PoolSlotCacheHead {
   explicit SlotCache(const std::array<std::size_t, kSmallClasses>& limits) {
     std::size_t total = 0;
     for (auto n : limits) total += n;
-    storage = std::make_unique<Block[]>(total);
+    storage = std::make_unique<PoolCachedBlock[]>(total);
     std::size_t at = 0;
     for (std::uint32_t c = 0; c < kSmallClasses; ++c) {
       blocks[c].data = storage.get() + at;
+      blocks[c].limit = static_cast<std::uint32_t>(limits[c]);
       at += limits[c];
     }
-    // A return may push one beyond the limit before it trims: with this, no return allocates.
-    large.reserve(kLargeCacheEntries + 1);
   }
-  std::unique_ptr<Block[]> storage;
-  std::array<BlockStack, kSmallClasses> blocks;
+  std::unique_ptr<PoolCachedBlock[]> storage;
   // Recently returned large blocks, matched by exact size: a loop that rents the same large shape
   // again and again takes no lock.
-  std::vector<std::pair<std::uint64_t, Block>> large;
+  LargeBlocks large;
   std::uint64_t large_bytes = 0;
-  std::array<ClassCounters, kClasses> counters;
 };
 
 /// A large block of exactly `bytes` from the thread's cache, the most recently returned first.
-std::optional<Block> take_large(SlotCache& sc, std::uint64_t bytes) {
+[[gnu::always_inline]] inline std::optional<Block> take_large(SlotCache& sc, std::uint64_t bytes) {
   for (std::size_t i = sc.large.size(); i-- > 0;)
     if (sc.large[i].first == bytes) {
       const Block block = sc.large[i].second;
-      sc.large.erase(sc.large.begin() + static_cast<std::ptrdiff_t>(i));
+      sc.large.erase(i);
       sc.large_bytes -= bytes;
       return block;
     }
@@ -265,37 +248,21 @@ std::optional<Block> take_large(SlotCache& sc, std::uint64_t bytes) {
 
 }  // namespace
 
-struct ThreadCache;
+thread_local constinit PoolThreadLast t_pool_last;
 
 namespace {
-
-// The last pool this thread used and its cache; cleared when caches are pruned or the thread ends.
-// One object, so the fast paths find both through one thread-pointer load. `state` is atomic
-// because trim() in another thread clears it (relaxed: a plain load on the fast path); `busy` is
-// set while this thread works on its large blocks or in a slow path, where trim() must not take
-// them from under it.
-struct LastPool {
-  std::atomic<PoolState*> state{nullptr};
-  ThreadCache* cache = nullptr;
-  std::atomic<std::uint32_t> busy{0};
-  // The cache's slot caches of the kinds' own slots (not per NUMA node), copied here so that a
-  // fast path reaches its stack in one load from the thread pointer rather than through the cache
-  // and its vector. Valid while `state` is set: set with it, and kept when a slot cache is made.
-  std::array<SlotCache*, kKindSlots> slots{};
-};
-thread_local LastPool t_last;
 
 /// Marks this thread busy with its cache for a scope (nested scopes keep it marked), then looks
 /// at its fence-free side of the Dekker pair with PoolState::ask_caches_back (see there).
 class BusyScope {
  public:
-  BusyScope() : was_(t_last.busy.load(std::memory_order_relaxed)) {
-    t_last.busy.store(1, std::memory_order_relaxed);
+  BusyScope() : was_(t_pool_last.busy.load(std::memory_order_relaxed)) {
+    t_pool_last.busy.store(1, std::memory_order_relaxed);
     std::atomic_signal_fence(std::memory_order_seq_cst);
   }
   BusyScope(const BusyScope&) = delete;
   BusyScope& operator=(const BusyScope&) = delete;
-  ~BusyScope() { t_last.busy.store(was_, std::memory_order_release); }
+  ~BusyScope() { t_pool_last.busy.store(was_, std::memory_order_release); }
 
  private:
   std::uint32_t was_;
@@ -306,8 +273,8 @@ class BusyScope {
 struct ThreadCache {
   std::shared_ptr<PoolState> state;
   std::vector<std::unique_ptr<SlotCache>> slots;
-  LastPool* owner = nullptr;      // the owning thread's t_last (valid while the cache is listed)
-  std::atomic<bool> trim{false};  // a trim() asked the owner to return what it keeps
+  PoolThreadLast* owner = nullptr;  // the owning thread's t_pool_last (valid while the cache is listed)
+  std::atomic<bool> trim{false};    // a trim() asked the owner to return what it keeps
 };
 
 namespace {
@@ -328,10 +295,10 @@ struct PoolState;
 /// Every statistic of the pool, under its lock.
 PoolStats collect_stats(const PoolState& s);
 
-struct PoolState : std::enable_shared_from_this<PoolState> {
+// PoolHead (fence, closing) holds what the inline return path reads.
+struct PoolState : PoolHead, std::enable_shared_from_this<PoolState> {
   PoolOptions options;
   CpuTopology topology;
-  ProcessFence fence;  // the return path against closing, trims against owners
   std::uint64_t page_bytes = 4096;
   // Blocks a thread keeps per small class: thread_cache_bytes worth, at least two (so a rent and
   // return in turn never take the lock), at most kThreadCacheMaxBlocks.
@@ -360,7 +327,6 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
   // Sampled peaks of the counter-derived statistics, by group index (all, small, large, slots...).
   mutable std::vector<std::array<std::int64_t, 3>> sampled_peaks;
 
-  std::atomic<bool> closing{false};
   bool dead = false;
   // PoolOptions::stats_label: answers other processes; stopped first when the handle closes.
   std::unique_ptr<StatsServer> stats_server;
@@ -776,8 +742,9 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
     for (auto& sc : tc.slots) {
       if (!sc) continue;
       for (std::uint32_t c = 0; c < kSmallClasses; ++c) {
-        for (auto b : sc->blocks[c].blocks()) release_or_keep(b, class_size(c));
-        sc->blocks[c].count = 0;
+        auto& stack = sc->blocks[c];
+        for (std::uint32_t i = 0; i < stack.count; ++i) release_or_keep(block_of(stack.data[i]), class_size(c));
+        stack.count = 0;
       }
       for (auto [bytes, b] : sc->large) release_or_keep(b, bytes);
       sc->large.clear();
@@ -806,14 +773,14 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
   /// or a large block's path: inside a BusyScope).
   ThreadCache& cache() {
     // The thread's last pool first, through trivially destructible thread_locals (no guard check).
-    ThreadCache* tc = t_last.cache;
+    ThreadCache* tc = t_pool_last.cache;
     // Acquire: a trim that cleared the last pool stored `trim` before, so the load of `trim`
     // below sees it.
-    if (t_last.state.load(std::memory_order_acquire) != this) {
+    if (t_pool_last.state.load(std::memory_order_acquire) != this) {
       tc = &find_cache();
-      t_last.cache = tc;
-      for (std::uint32_t i = 0; i < kKindSlots; ++i) t_last.slots[i] = tc->slots[i].get();
-      t_last.state.store(this, std::memory_order_relaxed);
+      t_pool_last.cache = tc;
+      for (std::uint32_t i = 0; i < kKindSlots; ++i) t_pool_last.slots[i] = tc->slots[i].get();
+      t_pool_last.state.store(this, std::memory_order_relaxed);
     }
     if (tc->trim.load(std::memory_order_acquire)) [[unlikely]]
       return_for_trim(*tc);
@@ -838,7 +805,7 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
     for (auto* tc : caches) {
       if (tc == self) continue;
       tc->trim.store(true, std::memory_order_relaxed);
-      PoolState* expected = this;
+      PoolHead* expected = this;
       tc->owner->state.compare_exchange_strong(expected, nullptr, std::memory_order_release, std::memory_order_relaxed);
       asked = true;
     }
@@ -859,7 +826,7 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
 
   ThreadCache& find_cache() {
     static thread_local ThreadCaches mine;
-    t_last.state.store(nullptr, std::memory_order_relaxed);  // the pruning below may free the cache it points to
+    t_pool_last.state.store(nullptr, std::memory_order_relaxed);  // the pruning below may free the cache it points to
     for (auto& tc : mine.list)
       if (tc->state.get() == this) return *tc;
     // Drop caches of pools that are gone, then make one for this pool. Only pools whose lock is
@@ -875,7 +842,7 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
     auto tc = std::make_unique<ThreadCache>();
     tc->state = shared_from_this();
     tc->slots.resize(slots.size());
-    tc->owner = &t_last;
+    tc->owner = &t_pool_last;
     mine.list.reserve(mine.list.size() + 1);  // so that a listed cache is always kept
     {
       std::lock_guard lock(mutex);
@@ -893,7 +860,7 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
       std::lock_guard lock(mutex);
       sc = std::move(fresh);
       slots[slot].used = true;
-      if (&tc == t_last.cache && slot < kKindSlots) t_last.slots[slot] = sc.get();
+      if (&tc == t_pool_last.cache && slot < kKindSlots) t_pool_last.slots[slot] = sc.get();
     }
     return *sc;
   }
@@ -901,17 +868,18 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
   std::size_t cache_limit(std::uint32_t c) const { return cache_limits[c]; }
 
   // --- rent / return ----------------------------------------------------------------------------
-  // rent() and give_back() serve a small block from or to this thread's cache, in a slot the thread
-  // has used before; large blocks of the cache go through functions of their own, and everything
-  // else through the slow paths, so that the small path's code stays short.
-  [[gnu::always_inline]] Result<PooledBuffer> rent(RentOptions o);
+  // MemoryPool::rent and ~PooledBuffer serve a small block from or to this thread's cache inline
+  // (pool_cache.hpp); what they leave comes here. rent_rest() and give_back_rest() serve a large
+  // block from or to the thread's cache (and a small block of a NUMA node's slot back to it), and
+  // send everything else through the slow paths.
+  Result<PooledBuffer> rent_rest(RentOptions o);
   [[gnu::noinline]] Result<PooledBuffer> rent_slow(RentOptions o);
   Result<PooledBuffer> rent_uncached(RentOptions o);
-  [[gnu::noinline]] Result<PooledBuffer> rent_large(RentOptions o, SlotCache& sc);
+  Result<PooledBuffer> rent_large(RentOptions o, SlotCache& sc);
   Result<PooledBuffer> rent_locked(std::uint64_t size, std::uint32_t slot);
-  [[gnu::always_inline]] void give_back(PooledBuffer& b) noexcept;
+  void give_back_rest(PooledBuffer& b) noexcept;
   [[gnu::noinline]] void give_back_slow(PooledBuffer& b) noexcept;
-  [[gnu::noinline]] void give_back_large(PooledBuffer& b, SlotCache& sc) noexcept;
+  void give_back_large(PooledBuffer& b, SlotCache& sc) noexcept;
   void give_back_uncached(PooledBuffer& b) noexcept;
   /// What a returned buffer is left as: no pool, segment or memory (size() and offset() keep
   /// their last values).
@@ -941,7 +909,7 @@ namespace {
 
 ThreadCaches::~ThreadCaches() {
   t_caches_gone = true;
-  t_last.state.store(nullptr, std::memory_order_relaxed);
+  t_pool_last.state.store(nullptr, std::memory_order_relaxed);
   for (auto& tc : list) tc->state->retire(*tc);
 }
 
@@ -953,27 +921,18 @@ int current_node() {
 
 }  // namespace
 
-inline Result<PooledBuffer> PoolState::rent(RentOptions o) {
+Result<PooledBuffer> PoolState::rent_rest(RentOptions o) {
   // Only a slot with a cache was rented from before, so its kind needs no further check.
   const auto k = static_cast<std::uint32_t>(o.kind);
-  if (k - 1 < kKindSlots && o.kind != BufferKind::CpuNuma && o.numa_node == -1 &&
-      t_last.state.load(std::memory_order_relaxed) == this) [[likely]] {
-    if (SlotCache* sc = t_last.slots[k - 1]) [[likely]] {
-      if (o.size - 1 >= MemoryPool::kSmallMax) return rent_large(o, *sc);
-      const std::uint32_t cls = small_class_of(o.size);
-      if (auto& stack = sc->blocks[cls]; !stack.empty()) [[likely]] {
-        const Block block = stack.pop();
-        sc->counters[cls].rented(o.size);
-        return PooledBuffer(this, block.segment, block.offset, host_of(block), o.size, k - 1, cls);
-      }
-    }
-  }
+  if (k - 1 < kKindSlots && o.kind != BufferKind::CpuNuma && o.numa_node == -1 && o.size - 1 >= MemoryPool::kSmallMax &&
+      t_pool_last.state.load(std::memory_order_relaxed) == this)
+    if (auto* sc = static_cast<SlotCache*>(t_pool_last.slots[k - 1])) return rent_large(o, *sc);
   return rent_slow(o);
 }
 
 Result<PooledBuffer> PoolState::rent_large(RentOptions o, SlotCache& sc) {
   const BusyScope busy;
-  if (t_last.cache->trim.load(std::memory_order_acquire)) [[unlikely]]
+  if (t_pool_last.cache->trim.load(std::memory_order_acquire)) [[unlikely]]
     return rent_slow(o);
   const std::uint64_t bytes = round_up(o.size, kAlign);
   if (o.size > kMaxRent || sc.large.empty()) return rent_slow(o);
@@ -1034,7 +993,7 @@ Result<PooledBuffer> PoolState::rent_uncached(RentOptions o) {
   bool found = false;
   auto* stack = small ? &sc.blocks[cls] : nullptr;
   if (stack && !stack->empty()) {
-    block = stack->pop();
+    block = block_of(stack->pop());
     found = true;
   } else if (!small) {
     if (auto b = take_large(sc, bytes)) {
@@ -1081,7 +1040,7 @@ Result<PooledBuffer> PoolState::rent_uncached(RentOptions o) {
           bool more_missed = false;
           auto extra = carve(slot, false, bytes, more_missed, &tc);
           if (!extra) break;
-          stack->push(*extra);
+          stack->push(cached(*extra));
           missed = missed || more_missed;
         }
       } catch (const std::bad_alloc&) {
@@ -1132,16 +1091,17 @@ void PoolState::give_back_locked(PooledBuffer& b, bool free_block) noexcept {
   if (closing.load()) last = release_if_last();
 }
 
-inline void PoolState::give_back(PooledBuffer& b) noexcept {
+void PoolState::give_back_rest(PooledBuffer& b) noexcept {
   // A small block goes back to this thread's cache while the cache has room. (No cache for the
   // slot: the block was rented by another thread.)
-  if (t_last.state.load(std::memory_order_relaxed) == this) [[likely]] {
+  if (t_pool_last.state.load(std::memory_order_relaxed) == this) [[likely]] {
     const std::uint32_t cls = b.size_class();
     const std::uint32_t slot = b.slot();
-    SlotCache* sc = slot < kKindSlots ? t_last.slots[slot] : t_last.cache->slots[slot].get();
+    SlotCache* sc =
+        slot < kKindSlots ? static_cast<SlotCache*>(t_pool_last.slots[slot]) : t_pool_last.cache->slots[slot].get();
     if (sc && cls >= kSmallClasses) return give_back_large(b, *sc);
     if (sc && sc->blocks[cls].size() < cache_limit(cls)) [[likely]] {
-      sc->blocks[cls].push(Block{b.segment_, b.offset_});
+      sc->blocks[cls].push(PoolCachedBlock{b.segment_, b.offset_, b.host_});
       sc->counters[cls].returned(b.size_);
       empty(b);
       returned_fence();
@@ -1153,11 +1113,11 @@ inline void PoolState::give_back(PooledBuffer& b) noexcept {
 
 void PoolState::give_back_large(PooledBuffer& b, SlotCache& sc) noexcept {
   const BusyScope busy;
-  if (t_last.cache->trim.load(std::memory_order_acquire)) [[unlikely]]
+  if (t_pool_last.cache->trim.load(std::memory_order_acquire)) [[unlikely]]
     return give_back_slow(b);
   const std::uint64_t bytes = round_up(b.size_, kAlign);
   if (sc.large.size() >= kLargeCacheEntries || sc.large_bytes + bytes > large_cache_bytes) return give_back_slow(b);
-  sc.large.emplace_back(bytes, Block{b.segment_, b.offset_});
+  sc.large.push_back(bytes, Block{b.segment_, b.offset_});
   sc.large_bytes += bytes;
   sc.counters[b.size_class()].returned(b.size_, bytes);
   empty(b);
@@ -1193,19 +1153,19 @@ void PoolState::give_back_uncached(PooledBuffer& b) noexcept {
       // Full: half of it goes back to the segments.
       std::lock_guard lock(mutex);
       const auto keep = static_cast<std::uint32_t>(stack.size() / 2);
-      for (auto surplus : stack.blocks().subspan(keep)) release_or_keep(surplus, bytes);
+      for (std::uint32_t i = keep; i < stack.count; ++i) release_or_keep(block_of(stack.data[i]), bytes);
       stack.count = keep;
     }
-    stack.push(block);
+    stack.push(PoolCachedBlock{b.segment_, b.offset_, b.host_});
   } else if (!small && bytes <= large_cache_bytes) {
-    sc.large.emplace_back(bytes, block);
+    sc.large.push_back(bytes, block);
     sc.large_bytes += bytes;
     if (sc.large.size() > kLargeCacheEntries || sc.large_bytes > large_cache_bytes) {
       std::lock_guard lock(mutex);
       while (sc.large.size() > kLargeCacheEntries || sc.large_bytes > large_cache_bytes) {
         release_or_keep(sc.large.front().second, sc.large.front().first);
         sc.large_bytes -= sc.large.front().first;
-        sc.large.erase(sc.large.begin());
+        sc.large.erase(0);
       }
     }
   } else {
@@ -1226,12 +1186,11 @@ void PoolState::finish_if_last() {
 // --- PooledBuffer ----------------------------------------------------------------------------------
 
 void PooledBuffer::retire() noexcept {
-  if (auto* p = pool_) p->retire(*this);
+  if (pool_) static_cast<detail::PoolState*>(pool_)->retire(*this);
 }
 
-void PooledBuffer::reset() noexcept {
-  if (auto* p = pool_) p->give_back(*this);  // leaves this buffer empty
-}
+void PooledBuffer::give_back_slow() noexcept { static_cast<detail::PoolState*>(pool_)->give_back_rest(*this); }
+void PooledBuffer::returned_after_close() noexcept { static_cast<detail::PoolState*>(pool_)->finish_if_last(); }
 
 BufferKind PooledBuffer::kind() const { return pool_ ? segment_->memory->kind() : BufferKind::CpuShared; }
 std::uint64_t PooledBuffer::capacity() const { return pool_ ? detail::block_bytes(size_class(), size_) : 0; }
@@ -1249,18 +1208,20 @@ Result<Export> PooledBuffer::export_handle() const {
 
 // --- MemoryPool ------------------------------------------------------------------------------------
 
-MemoryPool::MemoryPool(std::shared_ptr<detail::PoolState> state) : state_(std::move(state)) {}
-MemoryPool::MemoryPool(MemoryPool&& o) noexcept = default;
+MemoryPool::MemoryPool(std::shared_ptr<detail::PoolState> state) : state_(std::move(state)), head_(state_.get()) {}
+MemoryPool::MemoryPool(MemoryPool&& o) noexcept : state_(std::move(o.state_)), head_(std::exchange(o.head_, nullptr)) {}
 MemoryPool& MemoryPool::operator=(MemoryPool&& o) noexcept {
   if (this != &o) {
     MemoryPool gone(std::move(*this));
     state_ = std::move(o.state_);
+    head_ = std::exchange(o.head_, nullptr);
   }
   return *this;
 }
 
 MemoryPool::~MemoryPool() {
   if (!state_) return;
+  head_ = nullptr;
   auto& s = *state_;
   std::shared_ptr<detail::PoolState> handle = std::move(state_);
   s.stats_server.reset();  // its thread reads the state: before anything here changes it
@@ -1329,15 +1290,16 @@ namespace {
 }
 }  // namespace
 
-Result<PooledBuffer> MemoryPool::rent(std::uint64_t size, BufferKind kind) {
+Result<PooledBuffer> MemoryPool::rent_slow(std::uint64_t size, BufferKind kind) {
   if (!state_) [[unlikely]]
     return moved_from();
-  return state_->rent(RentOptions{size, kind, -1});
+  return state_->rent_rest(RentOptions{size, kind, -1});
 }
 Result<PooledBuffer> MemoryPool::rent(const RentOptions& o) {
+  if (o.numa_node == -1) return rent(o.size, o.kind);
   if (!state_) [[unlikely]]
     return moved_from();
-  return state_->rent(o);
+  return state_->rent_slow(o);
 }
 const PoolOptions& MemoryPool::options() const { return state_->options; }
 

@@ -17,14 +17,10 @@
 #include <vector>
 
 #include "lavaflow/core/buffer.hpp"
+#include "lavaflow/core/detail/pool_cache.hpp"
 #include "lavaflow/core/vulkan_context.hpp"
 
 namespace lavaflow {
-
-namespace detail {
-struct PoolState;
-struct PoolSegment;
-}  // namespace detail
 
 struct PoolOptions {
   /// The device for the GPU kinds and CpuGpuPinned; the pool keeps this handle. Without it, renting
@@ -110,7 +106,7 @@ class PooledBuffer final : public Buffer {
     return *this;
   }
   ~PooledBuffer() override {
-    if (pool_) reset();
+    if (pool_) give_back();
   }
 
   [[nodiscard]] std::uint64_t size() const override { return size_; }
@@ -129,7 +125,14 @@ class PooledBuffer final : public Buffer {
   [[nodiscard]] const Buffer& segment() const;
   [[nodiscard]] std::uint64_t offset() const { return offset_; }
   /// Returns the buffer to the pool now (idempotent).
-  void reset() noexcept;
+  void reset() noexcept {
+    if (pool_) {
+      give_back();
+      pool_ = nullptr;
+      segment_ = nullptr;
+      host_ = nullptr;
+    }
+  }
   /// Gives the buffer up without returning its memory: for memory that other processes may still
   /// read or write (a channel's ring while consumers hold it). The block is never rented again; it
   /// goes with its segment when the pool is destroyed. Counts as a return in the statistics.
@@ -139,7 +142,7 @@ class PooledBuffer final : public Buffer {
  private:
   friend class MemoryPool;
   friend struct detail::PoolState;
-  PooledBuffer(detail::PoolState* pool, detail::PoolSegment* segment, std::uint64_t offset, std::byte* host,
+  PooledBuffer(detail::PoolHead* pool, detail::PoolSegment* segment, std::uint64_t offset, std::byte* host,
                std::uint64_t size, std::uint32_t slot, std::uint32_t size_class)
       : pool_(pool),
         segment_(segment),
@@ -151,7 +154,34 @@ class PooledBuffer final : public Buffer {
   [[nodiscard]] std::uint32_t slot() const { return static_cast<std::uint32_t>(place_ >> 32); }
   [[nodiscard]] std::uint32_t size_class() const { return static_cast<std::uint32_t>(place_); }
 
-  detail::PoolState* pool_ = nullptr;
+  /// Gives the block back: a small one to the calling thread's cache when the thread keeps blocks of
+  /// its kind and class and has room (inline: no call), anything else through the pool. May leave
+  /// this buffer's fields as they were.
+  void give_back() noexcept {
+    auto& last = detail::t_pool_last;
+    const std::uint32_t cls = size_class(), slot = this->slot();
+    if (last.state.load(std::memory_order_relaxed) == pool_ && slot < detail::kPoolKindSlots &&
+        cls < detail::kPoolSmallClasses) [[likely]] {
+      if (detail::PoolSlotCacheHead* sc = last.slots[slot]) [[likely]] {
+        if (auto& stack = sc->blocks[cls]; !stack.full()) [[likely]] {
+          stack.push({segment_, offset_, host_});
+          sc->counters[cls].returned(size_);
+          // Dekker with ~MemoryPool: it stores `closing` and then counts the returns; this thread
+          // counts its return and then loads `closing`. One of the two sees the other.
+          pool_->fence.light();
+          if (pool_->closing.load(std::memory_order_relaxed)) [[unlikely]]
+            returned_after_close();
+          return;
+        }
+      }
+    }
+    give_back_slow();
+  }
+  void give_back_slow() noexcept;
+  /// The pool's handle closed: the last buffer back releases it.
+  void returned_after_close() noexcept;
+
+  detail::PoolHead* pool_ = nullptr;
   detail::PoolSegment* segment_ = nullptr;
   std::uint64_t offset_ = 0;
   std::byte* host_ = nullptr;  // the segment's mapping at offset_; null for memory not mapped here
@@ -235,7 +265,24 @@ class MemoryPool {
   MemoryPool& operator=(MemoryPool&& other) noexcept;
   ~MemoryPool();
 
-  [[nodiscard]] Result<PooledBuffer> rent(std::uint64_t size, BufferKind kind = BufferKind::CpuShared);
+  [[nodiscard]] Result<PooledBuffer> rent(std::uint64_t size, BufferKind kind = BufferKind::CpuShared) {
+    // A small block from the calling thread's cache, inline (no call): the common case of a thread
+    // that rents and returns one shape again and again. Everything else goes out of line.
+    auto& last = detail::t_pool_last;
+    const auto k = static_cast<std::uint32_t>(kind) - 1;
+    if (k < detail::kPoolKindSlots && kind != BufferKind::CpuNuma && size - 1 < kSmallMax && head_ != nullptr &&
+        last.state.load(std::memory_order_relaxed) == head_) [[likely]] {
+      if (detail::PoolSlotCacheHead* sc = last.slots[k]) [[likely]] {
+        const std::uint32_t cls = detail::pool_small_class(size);
+        if (auto& stack = sc->blocks[cls]; !stack.empty()) [[likely]] {
+          const detail::PoolCachedBlock b = stack.pop();
+          sc->counters[cls].rented(size);
+          return PooledBuffer(head_, b.segment, b.offset, b.host, size, k, cls);
+        }
+      }
+    }
+    return rent_slow(size, kind);
+  }
   [[nodiscard]] Result<PooledBuffer> rent(const RentOptions& options);
   /// Releases every wholly free segment and the free pages of host segments still in use, after
   /// returning the calling thread's cached blocks and the large blocks that other threads keep and
@@ -248,7 +295,9 @@ class MemoryPool {
 
  private:
   explicit MemoryPool(std::shared_ptr<detail::PoolState> state);
+  [[nodiscard]] Result<PooledBuffer> rent_slow(std::uint64_t size, BufferKind kind);
   std::shared_ptr<detail::PoolState> state_;
+  detail::PoolHead* head_ = nullptr;  // state_'s, for the inline rent path
 };
 
 }  // namespace lavaflow
