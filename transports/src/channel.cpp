@@ -75,14 +75,8 @@ struct alignas(64) SharedConsumer {
   alignas(64) std::atomic<std::uint64_t> gpu_release[kMaxSlots];
 };
 
-struct alignas(64) SharedSlot {
-  std::atomic<std::uint64_t> seq;  // sequence + 1 once published (0: never); the hand-off word
-  std::atomic<std::uint64_t> size;
-  std::atomic<std::uint64_t> tag;
-  std::atomic<std::uint64_t> timestamp_ns;
-  std::atomic<std::uint64_t> flags;  // kGpuOrdered: wait for the written counter's value seq + 1 before reading
-};
-constexpr std::uint64_t kGpuOrdered = 1;
+using detail::kGpuOrdered;
+using detail::SharedSlot;  // the slots' headers: channel_hot.hpp, where the inline paths read them
 
 struct ControlBlock {
   std::uint32_t magic;
@@ -294,7 +288,8 @@ std::filesystem::path default_channel_directory() { return runtime_directory(); 
 // ---------------------------------------------------------------------------------------------
 // Producer
 
-struct detail::ProducerState {
+// ProducerHot holds what the inline loan and publish use (channel_hot.hpp).
+struct detail::ProducerState : ProducerHot {
   std::string name;
   ProducerOptions options;
   ChannelRoute route;
@@ -307,9 +302,6 @@ struct detail::ProducerState {
   std::vector<std::unique_ptr<Buffer>> ring;
   std::filesystem::path socket_path, lock_path;
   UniqueFd lock_fd, listen_fd, stop_fd;
-  std::uint64_t write_seq = 0;               // mirror of control->write_seq; the producer is its only writer
-  std::uint64_t min_released = 0;            // cached lower bound of every active consumer's `released`
-  std::uint32_t write_slot = 0;              // write_seq % slots, kept incrementally (no division per message)
   std::atomic<std::uint32_t> slots_used{0};  // consumer entries ever handed out (service thread raises it)
   ProcessFence admission_fence;              // orders a publish's head against an admission's state
   std::optional<GpuSemaphore> timeline;      // value n + 1: message n's GPU writes are done
@@ -323,7 +315,6 @@ struct detail::ProducerState {
   std::unique_ptr<Buffer> flag_block;
   std::array<std::unique_ptr<Buffer>, kMaxConsumers> release_blocks;
   std::array<std::atomic<std::uint64_t>, kMaxConsumers> release_offset{};
-  bool loan_out = false;
   // What the loaned slot's GPU writes must wait for (Loan::gpu_waits); kept here, not in the
   // Loan, so that a loan is a few words to move. A link's loans never have any.
   std::vector<GpuSync> loan_waits;
@@ -737,7 +728,7 @@ void detail::ProducerState::service_loop() {
   }
 }
 
-Producer::Producer(std::unique_ptr<detail::ProducerState> impl) : impl_(std::move(impl)) {}
+Producer::Producer(std::unique_ptr<detail::ProducerState> impl) : impl_(std::move(impl)), hot_(impl_.get()) {}
 Producer::~Producer() {
   // A Loan still out keeps the ring mapped (its bytes stay valid) and deletes it when dropped.
   if (impl_ && impl_->loans_out()) {
@@ -900,6 +891,13 @@ Result<std::unique_ptr<Producer>> Producer::create(const std::string& name, Prod
   if (ev < 0) return std::unexpected(from_errno(errno, "eventfd").within(call));
   impl->stop_fd.reset(ev);
   impl->options = std::move(o);
+  impl->ring_slots = impl->options.slots;
+  impl->ring_slot_size = impl->options.slot_size;
+  impl->slot_headers = impl->control->ring;
+  impl->published_word = &impl->control->write_seq;
+  impl->blocking_consumers = &impl->control->blocking_consumers;
+  impl->consumers_waiting = &impl->control->consumers_waiting;
+  impl->plain = impl->options.await_consumers == 0 && !impl->written() && !impl->options.timestamps;
   impl->service = std::thread([p = impl.get()] { p->service_loop(); });
   return std::unique_ptr<Producer>(new Producer(std::move(impl)));
 }
@@ -907,20 +905,9 @@ Result<std::unique_ptr<Producer>> Producer::create(const std::string& name, Prod
 void Producer::close() {
   impl_->close();
   impl_->user_closed = true;
+  impl_->plain = false;
 }
 bool Producer::closed() const { return impl_->user_closed; }
-
-Result<Loan> Producer::loan(Duration timeout) {
-  auto& m = *impl_;
-  // The common case, kept small because it is on every message's path: a shared-memory ring with
-  // a free slot, nothing to await and no GPU counters.
-  if (!m.user_closed && !m.link && !m.loan_out && m.options.await_consumers == 0 && !m.written() &&
-      m.write_seq - m.min_released < m.options.slots) [[likely]] {
-    m.loan_out = true;
-    return Result<Loan>(std::in_place, Loan(&m, m.write_seq, m.write_slot));
-  }
-  return loan_general(timeout);
-}
 
 Result<Loan> Producer::loan_general(Duration timeout) {
   auto& m = *impl_;
@@ -975,7 +962,9 @@ Result<Loan> Producer::try_loan() {
   return loan(Duration(0));
 }
 
-Result<MessageInfo> Producer::publish(Loan&& loan, MessageInfo info) {
+void Producer::wake_consumers() { futex_wake_all(impl_->control->data_futex); }
+
+Result<MessageInfo> Producer::publish_general(Loan&& loan, MessageInfo info) {
   auto& m = *impl_;
   constexpr const char* call = "Producer::publish";
   if (m.user_closed) return fail(Errc::InvalidArgument, call, "the producer is closed");
@@ -1037,9 +1026,11 @@ std::optional<GpuSyncKind> Producer::gpu_sync() const {
   return impl_->flag_block ? GpuSyncKind::Flag : GpuSyncKind::Semaphore;
 }
 
+detail::ProducerState& Loan::state() const { return static_cast<detail::ProducerState&>(*impl_); }
+
 std::optional<GpuSync> Loan::gpu_signal_point() const {
   if (!impl_) return std::nullopt;
-  const auto written = impl_->written();
+  const auto written = state().written();
   if (!written) return std::nullopt;
   return written.at(seq_ + 1);
 }
@@ -1096,18 +1087,23 @@ Loan& Loan::operator=(Loan&& o) noexcept {
   }
   return *this;
 }
-void Loan::abandon() { std::exchange(impl_, nullptr)->abandon(seq_, slot_); }
-std::span<const GpuSync> Loan::gpu_waits() const {
-  if (!impl_ || impl_->link) return {};
-  return impl_->loan_waits;
+void Loan::abandon() {
+  auto& m = state();
+  impl_ = nullptr;
+  m.abandon(seq_, slot_);
 }
-std::span<std::byte> Loan::bytes() const { return impl_ ? impl_->ring[slot_]->bytes() : std::span<std::byte>(); }
-Buffer& Loan::buffer() const { return *impl_->ring[slot_]; }
+std::span<const GpuSync> Loan::gpu_waits() const {
+  if (!impl_ || state().link) return {};
+  return state().loan_waits;
+}
+std::span<std::byte> Loan::bytes() const { return impl_ ? state().ring[slot_]->bytes() : std::span<std::byte>(); }
+Buffer& Loan::buffer() const { return *state().ring[slot_]; }
 
 // ---------------------------------------------------------------------------------------------
 // Consumer
 
-struct detail::ConsumerState {
+// ConsumerHot holds what the inline receive and release use (channel_hot.hpp).
+struct detail::ConsumerState : ConsumerHot {
   ConsumerOptions options;
   ChannelRoute route;
   std::shared_ptr<const Transport> transport;
@@ -1117,8 +1113,6 @@ struct detail::ConsumerState {
   ControlBlock* control = nullptr;
   SharedConsumer* self = nullptr;
   bool counted_blocking = false;  // counted in control->blocking_consumers
-  std::uint32_t slots = 0;
-  std::uint64_t slot_size = 0;
   std::int32_t producer_pid = 0;
   bool contended_next = false;                   // DropOldest: the producer may move `next` too, so claim by CAS
   std::optional<GpuSemaphore> timeline;          // imported shared timeline (Vulkan transport)
@@ -1139,17 +1133,8 @@ struct detail::ConsumerState {
   std::atomic<bool> lost{false};
   std::string lost_reason;  // written before `lost` is set
   std::thread watcher;
-  // Local release bookkeeping: messages may be released in any order; `released` advances over the
-  // contiguous prefix.
-  std::uint64_t expected = 0;  // sequence following the last received
-  std::uint64_t released = 0;
-  std::uint32_t released_slot = 0;  // released % slots
-  std::uint64_t cursor = 0;         // a sequence whose slot is known without dividing …
-  std::uint32_t cursor_slot = 0;    // … namely this one
-  std::uint32_t held = 0;
-  std::vector<std::uint8_t> done;  // by slot
-  bool orphaned = false;           // the Consumer is gone; the last outstanding Received deletes this
-  bool user_closed = false;        // Consumer::close() ran
+  bool orphaned = false;     // the Consumer is gone; the last outstanding Received deletes this
+  bool user_closed = false;  // Consumer::close() ran
   // A route whose link moves the messages (MPI): no control block, socket or watcher; the ring
   // holds the link's buffers.
   std::unique_ptr<detail::ConsumerLink> link;
@@ -1248,20 +1233,6 @@ struct detail::ConsumerState {
     return lost.load(std::memory_order_seq_cst) && v > lost_at;
   }
 
-  /// Books message n (in slot k) as held; returns how many messages were skipped before it.
-  std::uint64_t take(std::uint64_t n, std::uint32_t k) {
-    if (held == 0) {  // everything before n was released by us or dropped for us
-      released = n;
-      released_slot = k;
-    }
-    const std::uint64_t missed = n - expected;
-    expected = n + 1;
-    cursor = n + 1;
-    cursor_slot = k + 1 == slots ? 0 : k + 1;
-    ++held;
-    return missed;
-  }
-
   /// Whether this consumer's next message is published; sets `n` (its sequence) and `k` (its slot).
   [[nodiscard]] bool message_ready(std::uint64_t& n, std::uint32_t& k) {
     n = self->next.load(std::memory_order_acquire);
@@ -1286,12 +1257,13 @@ struct detail::ConsumerState {
   }
 };
 
-Consumer::Consumer(std::unique_ptr<detail::ConsumerState> impl) : impl_(std::move(impl)) {}
+Consumer::Consumer(std::unique_ptr<detail::ConsumerState> impl) : impl_(std::move(impl)), hot_(impl_.get()) {}
 Consumer::~Consumer() {
   // Messages still held keep the ring mapped and their slots taken, so their bytes stay valid
   // and unchanged; the last one released ends the connection.
   if (impl_ && impl_->held != 0) {
     impl_->orphaned = true;
+    impl_->plain = false;
     (void)impl_.release();
   }
 }
@@ -1371,6 +1343,11 @@ Result<std::unique_ptr<Consumer>> Consumer::open(const std::string& name, Consum
     return fail(Errc::Malformed, call, "control block does not match the handshake");
   impl->self = &impl->control->consumers[w.consumer_index];
   impl->contended_next = cb.drop_oldest == 1;
+  impl->producer_may_sleep = cb.producer_blocks == 1;
+  impl->slot_headers = impl->control->ring;
+  impl->next_word = &impl->self->next;
+  impl->released_word = &impl->self->released;
+  impl->producer_waiting = &impl->control->producer_waiting;
   if (o.wait != WaitMode::BusyPoll) {  // the producer must wake us from now on
     impl->control->blocking_consumers.fetch_add(1, std::memory_order_seq_cst);
     impl->counted_blocking = true;
@@ -1449,6 +1426,7 @@ Result<std::unique_ptr<Consumer>> Consumer::open(const std::string& name, Consum
     }
   }
   impl->done.assign(w.slots, 0);
+  impl->plain = !impl->contended_next;
   impl->options = std::move(o);
   int ev = ::eventfd(0, EFD_CLOEXEC);
   if (ev < 0) return std::unexpected(from_errno(errno, "eventfd").within(call));
@@ -1460,30 +1438,13 @@ Result<std::unique_ptr<Consumer>> Consumer::open(const std::string& name, Consum
 void Consumer::close() {
   impl_->disconnect();
   impl_->user_closed = true;
+  impl_->plain = false;
 }
 bool Consumer::closed() const { return impl_->user_closed; }
 
-Result<Received> Consumer::receive(Duration timeout) {
-  auto& m = *impl_;
-  // The common case, kept small because it is on every message's path: a shared-memory ring whose
-  // next message is published, CPU-written and of a valid size, and a `next` only we move.
-  // Waiting for the message happens here too (out of line), so that a receive that arrives first,
-  // as in a ping-pong, still takes the message on the short path.
-  if (m.link || m.user_closed || m.held >= m.slots || m.contended_next) return receive_general(timeout);
-  std::uint64_t n = 0;
-  std::uint32_t k = 0;
-  LazyDeadline deadline(timeout);
-  if (!m.message_ready(n, k)) LF_TRY_STATUS(m.await_message(deadline, n, k));
-  const auto& slot = m.control->ring[k];
-  const std::uint64_t size = slot.size.load(std::memory_order_relaxed);
-  if (slot.flags.load(std::memory_order_relaxed) == 0 && size <= m.slot_size) [[likely]] {
-    MessageInfo info{size, slot.tag.load(std::memory_order_relaxed), slot.timestamp_ns.load(std::memory_order_relaxed),
-                     n};
-    m.self->next.store(n + 1, std::memory_order_release);
-    const std::uint64_t missed = m.take(n, k);
-    return Result<Received>(std::in_place, Received(&m, info, missed, k, false));
-  }
-  return receive_general(deadline.left());
+Status Consumer::wait_message(LazyDeadline& deadline, std::uint64_t& n, std::uint32_t& k) {
+  if (impl_->message_ready(n, k)) return {};
+  return impl_->await_message(deadline, n, k);
 }
 
 Result<Received> Consumer::receive_general(Duration timeout) {
@@ -1579,13 +1540,8 @@ void detail::ConsumerState::release(std::uint32_t slot, std::uint64_t gpu_releas
     return;
   }
   if (gpu_release != 0) m.self->gpu_release[slot].store(gpu_release, std::memory_order_relaxed);
-  m.done[slot] = 1;
-  while (m.released < m.expected && m.done[m.released_slot]) {
-    m.done[m.released_slot] = 0;
-    ++m.released;
-    if (++m.released_slot == m.slots) m.released_slot = 0;
-  }
-  if (m.control->producer_blocks == 0) {  // a busy-polling producer: no fence, nobody to wake
+  m.mark_released(slot);
+  if (!m.producer_may_sleep) {  // a busy-polling producer: no fence, nobody to wake
     m.self->released.store(m.released, std::memory_order_release);
   } else {
     m.self->released.store(m.released, std::memory_order_seq_cst);
@@ -1639,15 +1595,17 @@ const GpuSemaphore* Consumer::gpu_release_timeline() const {
   return impl_->release_timeline ? &*impl_->release_timeline : nullptr;
 }
 
+detail::ConsumerState& Received::state() const { return static_cast<detail::ConsumerState&>(*impl_); }
+
 std::optional<GpuSync> Received::gpu_wait() const {
   if (!impl_ || !gpu_ordered_) return std::nullopt;
-  return impl_->written().at(info_.sequence + 1);
+  return state().written().at(info_.sequence + 1);
 }
 
 Result<GpuSync> Received::gpu_release_point() const {
   constexpr const char* call = "Received::gpu_release";
   if (!impl_) return fail(Errc::InvalidArgument, call, "the message is already released");
-  auto& m = *impl_;
+  auto& m = state();
   const auto counter = m.released_by_us();
   if (!counter)
     return fail(Errc::Unsupported, call,
@@ -1662,7 +1620,7 @@ Result<GpuSync> Received::gpu_release_point() const {
 
 Result<GpuSync> Received::gpu_release() {
   LF_TRY(auto point, gpu_release_point());
-  impl_->last_gpu_release = point.value;
+  state().last_gpu_release = point.value;
   gpu_released_ = true;
   return point;
 }
@@ -1679,15 +1637,18 @@ Received& Received::operator=(Received&& o) noexcept {
   }
   return *this;
 }
-void Received::release() {
-  if (impl_) std::exchange(impl_, nullptr)->release(slot_, gpu_released_ ? info_.sequence + 1 : 0);
+void Received::release_slow(detail::ConsumerHot& m, std::uint32_t slot, std::uint64_t gpu_release) {
+  static_cast<detail::ConsumerState&>(m).release(slot, gpu_release);
+}
+void Received::wake_producer(detail::ConsumerHot& m) {
+  futex_wake_all(static_cast<detail::ConsumerState&>(m).control->space_futex);
 }
 std::span<const std::byte> Received::bytes() const {
   if (!impl_) return {};
-  auto all = impl_->ring[slot_]->bytes();
+  auto all = state().ring[slot_]->bytes();
   return all.first(std::min<std::uint64_t>(info_.size, all.size()));
 }
-Buffer& Received::buffer() const { return *impl_->ring[slot_]; }
+Buffer& Received::buffer() const { return *state().ring[slot_]; }
 
 // ---------------------------------------------------------------------------------------------
 // Channel ends over a link

@@ -81,6 +81,11 @@ struct RentOptions {
 /// it can reach the segment's other buffers too, and a block returned to the pool is rented again
 /// with whatever bytes it held. Share pooled buffers with processes you trust; give others buffers
 /// from a pool of their own (or above `segment_bytes`, which get a segment each).
+///
+/// A small buffer's rent and return run inline in the caller and read the calling thread's cache
+/// through a thread-local: a coroutine that holds one across a suspension after which it may
+/// resume on another thread returns it (reset()) before it suspends, since compilers may keep a
+/// thread-local's address across the suspension.
 class PooledBuffer final : public Buffer {
  public:
   PooledBuffer() = default;

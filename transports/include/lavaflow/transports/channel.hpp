@@ -30,6 +30,7 @@
 
 #include "lavaflow/core/duration.hpp"
 #include "lavaflow/core/gpu_semaphore.hpp"
+#include "lavaflow/transports/detail/channel_hot.hpp"
 #include "lavaflow/transports/transport.hpp"
 
 namespace lavaflow {
@@ -208,9 +209,10 @@ class Loan {
  private:
   friend class Producer;
   friend struct detail::LinkAccess;
-  Loan(detail::ProducerState* state, std::uint64_t seq, std::uint32_t slot) : impl_(state), seq_(seq), slot_(slot) {}
+  Loan(detail::ProducerHot* state, std::uint64_t seq, std::uint32_t slot) : impl_(state), seq_(seq), slot_(slot) {}
   void abandon();  ///< gives the unpublished slot back
-  detail::ProducerState* impl_ = nullptr;
+  [[nodiscard]] detail::ProducerState& state() const;
+  detail::ProducerHot* impl_ = nullptr;
   std::uint64_t seq_ = 0;
   std::uint32_t slot_ = 0;
   bool gpu_signaled_ = false;
@@ -241,7 +243,24 @@ class Received {
   [[nodiscard]] const MessageInfo& info() const { return info_; }
   /// Messages this consumer missed just before this one (DropOldest policy), else 0.
   [[nodiscard]] std::uint64_t missed() const { return missed_; }
-  void release();
+  [[gnu::always_inline]] void release() {
+    if (!impl_) return;
+    detail::ConsumerHot& m = *std::exchange(impl_, nullptr);
+    // A CPU release on the ring: inline, no call (every message's path). Anything else (a link,
+    // a closed or orphaned consumer, a release on the GPU) goes out of line.
+    if (m.plain && !gpu_released_) [[likely]] {
+      --m.held;
+      m.mark_released(slot_);
+      if (!m.producer_may_sleep) {  // a busy-polling producer: no fence, nobody to wake
+        m.released_word->store(m.released, std::memory_order_release);
+      } else {
+        m.released_word->store(m.released, std::memory_order_seq_cst);
+        if (m.producer_waiting->load(std::memory_order_seq_cst) != 0) wake_producer(m);
+      }
+      return;
+    }
+    release_slow(m, slot_, gpu_released_ ? info_.sequence + 1 : 0);
+  }
   /// What the consumer's GPU work must wait on before reading this buffer (see
   /// ConsumerOptions::host_wait_for_gpu); empty when the producer did not order this message
   /// through the timeline (CPU-written or fence-finished: nothing to wait for).
@@ -262,9 +281,12 @@ class Received {
  private:
   friend class Consumer;
   friend struct detail::LinkAccess;
-  Received(detail::ConsumerState* state, MessageInfo info, std::uint64_t missed, std::uint32_t slot, bool gpu_ordered)
+  Received(detail::ConsumerHot* state, MessageInfo info, std::uint64_t missed, std::uint32_t slot, bool gpu_ordered)
       : impl_(state), info_(info), missed_(missed), slot_(slot), gpu_ordered_(gpu_ordered) {}
-  detail::ConsumerState* impl_ = nullptr;
+  [[nodiscard]] detail::ConsumerState& state() const;
+  static void release_slow(detail::ConsumerHot& m, std::uint32_t slot, std::uint64_t gpu_release);
+  static void wake_producer(detail::ConsumerHot& m);
+  detail::ConsumerHot* impl_ = nullptr;
   MessageInfo info_;
   std::uint64_t missed_ = 0;
   std::uint32_t slot_ = 0;
@@ -280,11 +302,52 @@ class Producer {
   ~Producer();
 
   /// A free ring buffer, waiting at most `timeout` under the Block policy.
-  [[nodiscard]] Result<Loan> loan(Duration timeout = kForever);
+  [[nodiscard, gnu::always_inline]] Result<Loan> loan(Duration timeout = kForever) {
+    // The common case, inline (every message's path): a ring with a free slot and nothing else to
+    // do; everything else goes out of line.
+    detail::ProducerHot& m = *hot_;
+    if (m.plain && !m.loan_out && m.write_seq - m.min_released < m.ring_slots) [[likely]] {
+      m.loan_out = true;
+      return Result<Loan>(std::in_place, Loan(&m, m.write_seq, m.write_slot));
+    }
+    return loan_general(timeout);
+  }
   /// Never waits: WouldBlock when the ring is full for some consumer.
   [[nodiscard]] Result<Loan> try_loan();
   /// Hands the buffer to every consumer (atomic: consumers never see a half-published message).
-  [[nodiscard]] Result<MessageInfo> publish(Loan&& loan, MessageInfo info = {});
+  [[nodiscard, gnu::always_inline]] Result<MessageInfo> publish(Loan&& loan, MessageInfo info = {}) {
+    // The common case, inline (every message's path): this producer's current loan on the ring,
+    // of a valid size; everything else (and every error) goes out of line.
+    detail::ProducerHot& m = *hot_;
+    const std::uint64_t size = info.size == 0 ? m.ring_slot_size : info.size;
+    if (m.plain && loan.impl_ == &m && loan.seq_ == m.write_seq && size <= m.ring_slot_size) [[likely]] {
+      // The answer is assembled from scalars rather than by updating `info` in place: a copy of a
+      // struct just partly rewritten stalls on store forwarding.
+      const std::uint64_t tag = info.user_tag, seq = loan.seq_;
+      auto& slot = m.slot_headers[loan.slot_];
+      slot.size.store(size, std::memory_order_relaxed);
+      slot.tag.store(tag, std::memory_order_relaxed);
+      slot.timestamp_ns.store(0, std::memory_order_relaxed);
+      slot.flags.store(0, std::memory_order_relaxed);
+      // The hand-off: one store makes the message (written before it) visible to every consumer.
+      // A consumer that may sleep needs the store ordered before the check of its waiting flag
+      // (seq_cst on both sides); with only busy-polling consumers a release store is enough. The
+      // two stores are spelled out: compilers treat an order chosen at run time as seq_cst.
+      const bool wake = m.blocking_consumers->load(std::memory_order_relaxed) != 0;
+      if (wake)
+        slot.seq.store(seq + 1, std::memory_order_seq_cst);
+      else
+        slot.seq.store(seq + 1, std::memory_order_release);
+      m.published_word->store(seq + 1, std::memory_order_release);
+      ++m.write_seq;
+      if (++m.write_slot == m.ring_slots) m.write_slot = 0;
+      m.loan_out = false;
+      loan.impl_ = nullptr;
+      if (wake && m.consumers_waiting->load(std::memory_order_seq_cst) != 0) wake_consumers();
+      return MessageInfo{.size = size, .user_tag = tag, .timestamp_ns = 0, .sequence = seq};
+    }
+    return publish_general(std::move(loan), info);
+  }
   /// Waits (CPU, at most `timeout`) for `gpu_done` — the fence of the GPU work that wrote the
   /// buffer — then publishes. For drivers without exportable timeline semaphores.
   [[nodiscard]] Result<MessageInfo> publish(Loan&& loan, vk::Fence gpu_done, MessageInfo info = {},
@@ -320,7 +383,10 @@ class Producer {
   friend struct detail::LinkAccess;
   explicit Producer(std::unique_ptr<detail::ProducerState> state);
   Result<Loan> loan_general(Duration timeout);  ///< loan() when it may wait or check GPU work
+  Result<MessageInfo> publish_general(Loan&& loan, MessageInfo info);
+  void wake_consumers();
   std::unique_ptr<detail::ProducerState> impl_;
+  detail::ProducerHot* hot_;  // impl_'s, for the inline paths
 };
 
 class Consumer {
@@ -339,7 +405,31 @@ class Consumer {
 
   /// The next message, waiting at most `timeout`. PeerLost once the producer is gone and every
   /// message it published has been received.
-  [[nodiscard]] Result<Received> receive(Duration timeout = kForever);
+  [[nodiscard, gnu::always_inline]] Result<Received> receive(Duration timeout = kForever) {
+    // The common case, inline (every message's path): the ring's next message, CPU-written and of
+    // a valid size. Waiting for it is one call, and a receive that arrives first, as in a
+    // ping-pong, still takes the message here; everything else goes out of line.
+    detail::ConsumerHot& m = *hot_;
+    if (m.plain && m.held < m.slots) [[likely]] {
+      std::uint64_t n = m.next_word->load(std::memory_order_acquire);
+      std::uint32_t k = m.cursor_slot;
+      LazyDeadline deadline(timeout);
+      if (n != m.cursor || m.slot_headers[k].seq.load(std::memory_order_seq_cst) != n + 1) {
+        if (Status waited = wait_message(deadline, n, k); !waited) return std::unexpected(std::move(waited.error()));
+      }
+      const auto& slot = m.slot_headers[k];
+      const std::uint64_t size = slot.size.load(std::memory_order_relaxed);
+      if (slot.flags.load(std::memory_order_relaxed) == 0 && size <= m.slot_size) [[likely]] {
+        const MessageInfo info{size, slot.tag.load(std::memory_order_relaxed),
+                               slot.timestamp_ns.load(std::memory_order_relaxed), n};
+        m.next_word->store(n + 1, std::memory_order_release);
+        const std::uint64_t missed = m.take(n, k);
+        return Result<Received>(std::in_place, Received(&m, info, missed, k, false));
+      }
+      return receive_general(deadline.left());
+    }
+    return receive_general(timeout);
+  }
   [[nodiscard]] Result<Received> try_receive();
 
   [[nodiscard]] const ChannelRoute& route() const;
@@ -382,7 +472,10 @@ class Consumer {
   friend struct detail::LinkAccess;
   explicit Consumer(std::unique_ptr<detail::ConsumerState> state);
   Result<Received> receive_general(Duration timeout);  ///< receive() when it may wait or check GPU work
+  /// Waits for the next message (sets its sequence `n` and slot `k`).
+  Status wait_message(LazyDeadline& deadline, std::uint64_t& n, std::uint32_t& k);
   std::unique_ptr<detail::ConsumerState> impl_;
+  detail::ConsumerHot* hot_;  // impl_'s, for the inline paths
 };
 
 /// The seed's form: a producer for a known peer (route from both locations). The consumer opens

@@ -1,0 +1,95 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+/// @file
+/// The part of a channel end's state that a message's loan, publish, receive and release touch
+/// when the message goes through the shared-memory ring and nothing else applies. Producer and
+/// Consumer run those paths inline, in the caller's code, so that a hand-off makes no call;
+/// channel.cpp's ProducerState and ConsumerState derive from these and do everything else. Not for
+/// applications: the layout changes with the library.
+
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+namespace lavaflow::detail {
+
+/// A ring slot's header in the shared control block (part of the control block's layout, which
+/// channel.cpp defines around it).
+struct alignas(64) SharedSlot {
+  std::atomic<std::uint64_t> seq;  // sequence + 1 once published (0: never); the hand-off word
+  std::atomic<std::uint64_t> size;
+  std::atomic<std::uint64_t> tag;
+  std::atomic<std::uint64_t> timestamp_ns;
+  std::atomic<std::uint64_t> flags;  // kGpuOrdered: wait for the written counter's value seq + 1 before reading
+};
+inline constexpr std::uint64_t kGpuOrdered = 1;
+
+/// A producer's side.
+struct ProducerHot {
+  // Set while a message needs nothing but the ring: no link, not closed, no consumers to await,
+  // no GPU counters, no timestamps. The inline paths take nothing else.
+  bool plain = false;
+  bool loan_out = false;
+  std::uint32_t ring_slots = 0;
+  std::uint32_t write_slot = 0;  // write_seq % slots, kept incrementally (no division per message)
+  std::uint64_t ring_slot_size = 0;
+  std::uint64_t write_seq = 0;     // mirror of the control block's; the producer is its only writer
+  std::uint64_t min_released = 0;  // cached lower bound of every active consumer's `released`
+  // In the control block (set with `plain`): the slots' headers, the published count, and the
+  // counts of consumers that may sleep and of those asleep, which say whether a publish must wake.
+  SharedSlot* slot_headers = nullptr;
+  std::atomic<std::uint64_t>* published_word = nullptr;
+  const std::atomic<std::uint32_t>* blocking_consumers = nullptr;
+  const std::atomic<std::uint32_t>* consumers_waiting = nullptr;
+};
+
+/// A consumer's side: its place in the ring and its release bookkeeping (messages may be released
+/// in any order; `released` advances over the contiguous prefix).
+struct ConsumerHot {
+  // Set while messages need nothing but the ring: no link, not closed, not orphaned, and only this
+  // consumer moves its `next` (not DropOldest). The inline paths take nothing else.
+  bool plain = false;
+  bool producer_may_sleep = false;  // the producer's control block says it may sleep for room
+  std::uint32_t slots = 0;
+  std::uint32_t held = 0;
+  std::uint32_t released_slot = 0;  // released % slots
+  std::uint32_t cursor_slot = 0;    // cursor % slots
+  std::uint64_t slot_size = 0;
+  std::uint64_t expected = 0;  // sequence following the last received
+  std::uint64_t released = 0;
+  std::uint64_t cursor = 0;        // a sequence whose slot is known without dividing: the next to receive
+  std::vector<std::uint8_t> done;  // by slot
+  // In the control block (set with `plain`): the slots' headers, and this consumer's `next` and
+  // `released` words and the producer's waiting flag.
+  SharedSlot* slot_headers = nullptr;
+  std::atomic<std::uint64_t>* next_word = nullptr;
+  std::atomic<std::uint64_t>* released_word = nullptr;
+  const std::atomic<std::uint32_t>* producer_waiting = nullptr;
+
+  /// Books message n (in slot k) as held; returns how many messages were skipped before it.
+  std::uint64_t take(std::uint64_t n, std::uint32_t k) {
+    if (held == 0) {  // everything before n was released by us or dropped for us
+      released = n;
+      released_slot = k;
+    }
+    const std::uint64_t missed = n - expected;
+    expected = n + 1;
+    cursor = n + 1;
+    cursor_slot = k + 1 == slots ? 0 : k + 1;
+    ++held;
+    return missed;
+  }
+
+  /// Marks the message in `slot` released and moves `released` over every message released in a
+  /// row from there.
+  void mark_released(std::uint32_t slot) {
+    done[slot] = 1;
+    while (released < expected && done[released_slot]) {
+      done[released_slot] = 0;
+      ++released;
+      if (++released_slot == slots) released_slot = 0;
+    }
+  }
+};
+
+}  // namespace lavaflow::detail
