@@ -872,12 +872,12 @@ struct PoolState : PoolHead, std::enable_shared_from_this<PoolState> {
   // (pool_cache.hpp); what they leave comes here. rent_rest() and give_back_rest() serve a large
   // block from or to the thread's cache (and a small block of a NUMA node's slot back to it), and
   // send everything else through the slow paths.
-  Result<PooledBuffer> rent_rest(RentOptions o);
+  [[gnu::always_inline]] Result<PooledBuffer> rent_rest(RentOptions o);
   [[gnu::noinline]] Result<PooledBuffer> rent_slow(RentOptions o);
   Result<PooledBuffer> rent_uncached(RentOptions o);
   Result<PooledBuffer> rent_large(RentOptions o, SlotCache& sc);
   Result<PooledBuffer> rent_locked(std::uint64_t size, std::uint32_t slot);
-  void give_back_rest(PooledBuffer& b) noexcept;
+  [[gnu::always_inline]] void give_back_rest(PooledBuffer& b) noexcept;
   [[gnu::noinline]] void give_back_slow(PooledBuffer& b) noexcept;
   void give_back_large(PooledBuffer& b, SlotCache& sc) noexcept;
   void give_back_uncached(PooledBuffer& b) noexcept;
@@ -921,7 +921,7 @@ int current_node() {
 
 }  // namespace
 
-Result<PooledBuffer> PoolState::rent_rest(RentOptions o) {
+inline Result<PooledBuffer> PoolState::rent_rest(RentOptions o) {
   // Only a slot with a cache was rented from before, so its kind needs no further check.
   const auto k = static_cast<std::uint32_t>(o.kind);
   if (k - 1 < kKindSlots && o.kind != BufferKind::CpuNuma && o.numa_node == -1 && o.size - 1 >= MemoryPool::kSmallMax &&
@@ -1091,7 +1091,7 @@ void PoolState::give_back_locked(PooledBuffer& b, bool free_block) noexcept {
   if (closing.load()) last = release_if_last();
 }
 
-void PoolState::give_back_rest(PooledBuffer& b) noexcept {
+inline void PoolState::give_back_rest(PooledBuffer& b) noexcept {
   // A small block goes back to this thread's cache while the cache has room. (No cache for the
   // slot: the block was rented by another thread.)
   if (t_pool_last.state.load(std::memory_order_relaxed) == this) [[likely]] {

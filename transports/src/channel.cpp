@@ -734,6 +734,7 @@ Producer::~Producer() {
   if (impl_ && impl_->loans_out()) {
     impl_->close();
     impl_->orphaned = true;
+    impl_->plain = impl_->loans_plain = false;
     (void)impl_.release();
   }
 }
@@ -897,7 +898,8 @@ Result<std::unique_ptr<Producer>> Producer::create(const std::string& name, Prod
   impl->published_word = &impl->control->write_seq;
   impl->blocking_consumers = &impl->control->blocking_consumers;
   impl->consumers_waiting = &impl->control->consumers_waiting;
-  impl->plain = impl->options.await_consumers == 0 && !impl->written() && !impl->options.timestamps;
+  impl->loans_plain = impl->options.await_consumers == 0 && !impl->written();
+  impl->plain = impl->loans_plain && !impl->options.timestamps;
   impl->service = std::thread([p = impl.get()] { p->service_loop(); });
   return std::unique_ptr<Producer>(new Producer(std::move(impl)));
 }
@@ -905,7 +907,7 @@ Result<std::unique_ptr<Producer>> Producer::create(const std::string& name, Prod
 void Producer::close() {
   impl_->close();
   impl_->user_closed = true;
-  impl_->plain = false;
+  impl_->plain = impl_->loans_plain = false;
 }
 bool Producer::closed() const { return impl_->user_closed; }
 

@@ -306,7 +306,7 @@ class Producer {
     // The common case, inline (every message's path): a ring with a free slot and nothing else to
     // do; everything else goes out of line.
     detail::ProducerHot& m = *hot_;
-    if (m.plain && !m.loan_out && m.write_seq - m.min_released < m.ring_slots) [[likely]] {
+    if (m.loans_plain && !m.loan_out && m.write_seq - m.min_released < m.ring_slots) [[likely]] {
       m.loan_out = true;
       return Result<Loan>(std::in_place, Loan(&m, m.write_seq, m.write_slot));
     }

@@ -27,8 +27,10 @@ inline constexpr std::uint64_t kGpuOrdered = 1;
 /// A producer's side.
 struct ProducerHot {
   // Set while a message needs nothing but the ring: no link, not closed, no consumers to await,
-  // no GPU counters, no timestamps. The inline paths take nothing else.
+  // no GPU counters, no timestamps. The inline paths take nothing else; a loan takes `loans_plain`,
+  // the same but for timestamps (which only publish() writes).
   bool plain = false;
+  bool loans_plain = false;
   bool loan_out = false;
   std::uint32_t ring_slots = 0;
   std::uint32_t write_slot = 0;  // write_seq % slots, kept incrementally (no division per message)
