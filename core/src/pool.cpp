@@ -865,14 +865,12 @@ struct PoolState : PoolHead, std::enable_shared_from_this<PoolState> {
     return *sc;
   }
 
-  std::size_t cache_limit(std::uint32_t c) const { return cache_limits[c]; }
-
   // --- rent / return ----------------------------------------------------------------------------
   // MemoryPool::rent and ~PooledBuffer serve a small block from or to this thread's cache inline
   // (pool_cache.hpp); what they leave comes here. rent_rest() and give_back_rest() serve a large
   // block from or to the thread's cache (and a small block of a NUMA node's slot back to it), and
   // send everything else through the slow paths.
-  [[gnu::always_inline]] Result<PooledBuffer> rent_rest(RentOptions o);
+  [[gnu::always_inline]] Result<PooledBuffer> rent_rest(std::uint64_t size, BufferKind kind);
   [[gnu::noinline]] Result<PooledBuffer> rent_slow(RentOptions o);
   Result<PooledBuffer> rent_uncached(RentOptions o);
   Result<PooledBuffer> rent_large(RentOptions o, SlotCache& sc);
@@ -921,10 +919,11 @@ int current_node() {
 
 }  // namespace
 
-inline Result<PooledBuffer> PoolState::rent_rest(RentOptions o) {
+inline Result<PooledBuffer> PoolState::rent_rest(std::uint64_t size, BufferKind kind) {
   // Only a slot with a cache was rented from before, so its kind needs no further check.
-  const auto k = static_cast<std::uint32_t>(o.kind);
-  if (k - 1 < kKindSlots && o.kind != BufferKind::CpuNuma && o.numa_node == -1 && o.size - 1 >= MemoryPool::kSmallMax &&
+  const RentOptions o{size, kind, -1};
+  const auto k = static_cast<std::uint32_t>(kind);
+  if (k - 1 < kKindSlots && kind != BufferKind::CpuNuma && size - 1 >= MemoryPool::kSmallMax &&
       t_pool_last.state.load(std::memory_order_relaxed) == this)
     if (auto* sc = static_cast<SlotCache*>(t_pool_last.slots[k - 1])) return rent_large(o, *sc);
   return rent_slow(o);
@@ -1034,7 +1033,7 @@ Result<PooledBuffer> PoolState::rent_uncached(RentOptions o) {
     }
     if (small) {
       // Fill part of the thread's cache for this class under the same lock.
-      const std::size_t fill = std::min<std::uint64_t>(cache_limit(cls) / 2, kRefillBytes / bytes);  // may be 0
+      const std::size_t fill = std::min<std::uint64_t>(stack->limit / 2, kRefillBytes / bytes);  // may be 0
       try {  // the block is carved: a refill that finds no memory only ends early
         for (std::size_t i = 0; i < fill; ++i) {
           bool more_missed = false;
@@ -1100,7 +1099,7 @@ inline void PoolState::give_back_rest(PooledBuffer& b) noexcept {
     SlotCache* sc =
         slot < kKindSlots ? static_cast<SlotCache*>(t_pool_last.slots[slot]) : t_pool_last.cache->slots[slot].get();
     if (sc && cls >= kSmallClasses) return give_back_large(b, *sc);
-    if (sc && sc->blocks[cls].size() < cache_limit(cls)) [[likely]] {
+    if (sc && !sc->blocks[cls].full()) [[likely]] {
       sc->blocks[cls].push(PoolCachedBlock{b.segment_, b.offset_, b.host_});
       sc->counters[cls].returned(b.size_);
       empty(b);
@@ -1147,9 +1146,9 @@ void PoolState::give_back_uncached(PooledBuffer& b) noexcept {
   // Counted before the block goes back to its segment: a stats() in between sees the buffer
   // returned while its block is still carved (active), never a block gone while still rented.
   sc.counters[cls].returned(b.size_, small ? 0 : bytes);
-  if (small && cache_limit(cls) > 0) {
+  if (small && sc.blocks[cls].limit > 0) {
     auto& stack = sc.blocks[cls];
-    if (stack.size() == cache_limit(cls)) {
+    if (stack.full()) {
       // Full: half of it goes back to the segments.
       std::lock_guard lock(mutex);
       const auto keep = static_cast<std::uint32_t>(stack.size() / 2);
@@ -1221,7 +1220,6 @@ MemoryPool& MemoryPool::operator=(MemoryPool&& o) noexcept {
 
 MemoryPool::~MemoryPool() {
   if (!state_) return;
-  head_ = nullptr;
   auto& s = *state_;
   std::shared_ptr<detail::PoolState> handle = std::move(state_);
   s.stats_server.reset();  // its thread reads the state: before anything here changes it
@@ -1293,7 +1291,7 @@ namespace {
 Result<PooledBuffer> MemoryPool::rent_slow(std::uint64_t size, BufferKind kind) {
   if (!state_) [[unlikely]]
     return moved_from();
-  return state_->rent_rest(RentOptions{size, kind, -1});
+  return state_->rent_rest(size, kind);
 }
 Result<PooledBuffer> MemoryPool::rent(const RentOptions& o) {
   if (o.numa_node == -1) return rent(o.size, o.kind);

@@ -984,27 +984,9 @@ Result<MessageInfo> Producer::publish_general(Loan&& loan, MessageInfo info) {
   // struct just partly rewritten stalls on store forwarding, on every message.
   const std::uint64_t size = info.size, tag = info.user_tag, seq = loan.seq_;
   const std::uint64_t stamp = m.options.timestamps ? now_ns() : 0;
-  auto& slot = m.control->ring[loan.slot_];
-  slot.size.store(size, std::memory_order_relaxed);
-  slot.tag.store(tag, std::memory_order_relaxed);
-  slot.timestamp_ns.store(stamp, std::memory_order_relaxed);
-  slot.flags.store(loan.gpu_signaled_ ? kGpuOrdered : 0, std::memory_order_relaxed);
-  // The hand-off: one store makes the message (written before it) visible to every consumer.
-  // A consumer that may sleep needs the store ordered before the check of its waiting flag
-  // (seq_cst on both sides); with only busy-polling consumers a release store is enough. The two
-  // stores are spelled out: compilers treat an order chosen at run time as seq_cst (a locked
-  // exchange on x86).
-  const bool wake = m.control->blocking_consumers.load(std::memory_order_relaxed) != 0;
-  if (wake)
-    slot.seq.store(seq + 1, std::memory_order_seq_cst);
-  else
-    slot.seq.store(seq + 1, std::memory_order_release);
-  m.control->write_seq.store(seq + 1, std::memory_order_release);
-  ++m.write_seq;
-  if (++m.write_slot == m.options.slots) m.write_slot = 0;
-  m.loan_out = false;
+  const bool wake = m.hand_off(loan.slot_, seq, size, tag, stamp, loan.gpu_signaled_ ? kGpuOrdered : 0);
   loan.impl_ = nullptr;
-  if (wake && m.control->consumers_waiting.load(std::memory_order_seq_cst) != 0) futex_wake_all(m.control->data_futex);
+  if (wake) wake_consumers();
   return MessageInfo{.size = size, .user_tag = tag, .timestamp_ns = stamp, .sequence = seq};
 }
 
@@ -1155,14 +1137,6 @@ struct detail::ConsumerState : ConsumerHot {
   /// `gpu_release`: n + 1 when message n (in `slot`) was released on the GPU, else 0.
   void release(std::uint32_t slot, std::uint64_t gpu_release = 0);
 
-  [[nodiscard]] std::uint32_t slot_of(std::uint64_t seq) {
-    if (seq != cursor) {  // only after DropOldest skipped messages
-      cursor = seq;
-      cursor_slot = static_cast<std::uint32_t>(seq % slots);
-    }
-    return cursor_slot;
-  }
-
   [[nodiscard]] Counter written() const {
     if (flag_block) return Counter(*flag_block, 0);
     return timeline ? Counter(*timeline) : Counter();
@@ -1233,13 +1207,6 @@ struct detail::ConsumerState : ConsumerHot {
   bool lost_before(std::uint64_t v) {
     std::lock_guard lock(gpu_mutex);
     return lost.load(std::memory_order_seq_cst) && v > lost_at;
-  }
-
-  /// Whether this consumer's next message is published; sets `n` (its sequence) and `k` (its slot).
-  [[nodiscard]] bool message_ready(std::uint64_t& n, std::uint32_t& k) {
-    n = self->next.load(std::memory_order_acquire);
-    k = slot_of(n);
-    return control->ring[k].seq.load(std::memory_order_seq_cst) == n + 1;
   }
 
   /// Waits until this consumer's next message is published (see message_ready).
@@ -1445,7 +1412,6 @@ void Consumer::close() {
 bool Consumer::closed() const { return impl_->user_closed; }
 
 Status Consumer::wait_message(LazyDeadline& deadline, std::uint64_t& n, std::uint32_t& k) {
-  if (impl_->message_ready(n, k)) return {};
   return impl_->await_message(deadline, n, k);
 }
 
@@ -1543,12 +1509,7 @@ void detail::ConsumerState::release(std::uint32_t slot, std::uint64_t gpu_releas
   }
   if (gpu_release != 0) m.self->gpu_release[slot].store(gpu_release, std::memory_order_relaxed);
   m.mark_released(slot);
-  if (!m.producer_may_sleep) {  // a busy-polling producer: no fence, nobody to wake
-    m.self->released.store(m.released, std::memory_order_release);
-  } else {
-    m.self->released.store(m.released, std::memory_order_seq_cst);
-    if (m.control->producer_waiting.load(std::memory_order_seq_cst) != 0) futex_wake_all(m.control->space_futex);
-  }
+  if (m.store_released()) futex_wake_all(m.control->space_futex);
   if (orphaned && held == 0) delete this;
 }
 

@@ -260,9 +260,9 @@ struct PoolStats {
 class MemoryPool {
  public:
   /// Largest size served by the small pool (size classes, per-thread caches).
-  static constexpr std::uint64_t kSmallMax = std::uint64_t{1} << 20;
+  static constexpr std::uint64_t kSmallMax = detail::kPoolSmallMax;
   /// Every buffer's offset and capacity are multiples of this.
-  static constexpr std::uint64_t kAlignment = 256;
+  static constexpr std::uint64_t kAlignment = detail::kPoolAlign;
 
   [[nodiscard]] static Result<MemoryPool> create(PoolOptions options = {});
 

@@ -251,12 +251,7 @@ class Received {
     if (m.plain && !gpu_released_) [[likely]] {
       --m.held;
       m.mark_released(slot_);
-      if (!m.producer_may_sleep) {  // a busy-polling producer: no fence, nobody to wake
-        m.released_word->store(m.released, std::memory_order_release);
-      } else {
-        m.released_word->store(m.released, std::memory_order_seq_cst);
-        if (m.producer_waiting->load(std::memory_order_seq_cst) != 0) wake_producer(m);
-      }
+      if (m.store_released()) wake_producer(m);
       return;
     }
     release_slow(m, slot_, gpu_released_ ? info_.sequence + 1 : 0);
@@ -324,26 +319,9 @@ class Producer {
       // The answer is assembled from scalars rather than by updating `info` in place: a copy of a
       // struct just partly rewritten stalls on store forwarding.
       const std::uint64_t tag = info.user_tag, seq = loan.seq_;
-      auto& slot = m.slot_headers[loan.slot_];
-      slot.size.store(size, std::memory_order_relaxed);
-      slot.tag.store(tag, std::memory_order_relaxed);
-      slot.timestamp_ns.store(0, std::memory_order_relaxed);
-      slot.flags.store(0, std::memory_order_relaxed);
-      // The hand-off: one store makes the message (written before it) visible to every consumer.
-      // A consumer that may sleep needs the store ordered before the check of its waiting flag
-      // (seq_cst on both sides); with only busy-polling consumers a release store is enough. The
-      // two stores are spelled out: compilers treat an order chosen at run time as seq_cst.
-      const bool wake = m.blocking_consumers->load(std::memory_order_relaxed) != 0;
-      if (wake)
-        slot.seq.store(seq + 1, std::memory_order_seq_cst);
-      else
-        slot.seq.store(seq + 1, std::memory_order_release);
-      m.published_word->store(seq + 1, std::memory_order_release);
-      ++m.write_seq;
-      if (++m.write_slot == m.ring_slots) m.write_slot = 0;
-      m.loan_out = false;
+      const bool wake = m.hand_off(loan.slot_, seq, size, tag, 0, 0);
       loan.impl_ = nullptr;
-      if (wake && m.consumers_waiting->load(std::memory_order_seq_cst) != 0) wake_consumers();
+      if (wake) wake_consumers();
       return MessageInfo{.size = size, .user_tag = tag, .timestamp_ns = 0, .sequence = seq};
     }
     return publish_general(std::move(loan), info);
@@ -411,10 +389,10 @@ class Consumer {
     // ping-pong, still takes the message here; everything else goes out of line.
     detail::ConsumerHot& m = *hot_;
     if (m.plain && m.held < m.slots) [[likely]] {
-      std::uint64_t n = m.next_word->load(std::memory_order_acquire);
-      std::uint32_t k = m.cursor_slot;
+      std::uint64_t n = 0;
+      std::uint32_t k = 0;
       LazyDeadline deadline(timeout);
-      if (n != m.cursor || m.slot_headers[k].seq.load(std::memory_order_seq_cst) != n + 1) {
+      if (!m.message_ready(n, k)) {
         if (Status waited = wait_message(deadline, n, k); !waited) return std::unexpected(std::move(waited.error()));
       }
       const auto& slot = m.slot_headers[k];

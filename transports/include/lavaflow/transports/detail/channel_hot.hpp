@@ -43,6 +43,32 @@ struct ProducerHot {
   std::atomic<std::uint64_t>* published_word = nullptr;
   const std::atomic<std::uint32_t>* blocking_consumers = nullptr;
   const std::atomic<std::uint32_t>* consumers_waiting = nullptr;
+
+  /// Publishes message `seq`, the current loan, in `slot`: its header, then the hand-off store that
+  /// makes it (written before it) visible to every consumer. Returns whether a consumer sleeps and
+  /// must be woken.
+  bool hand_off(std::uint32_t slot, std::uint64_t seq, std::uint64_t size, std::uint64_t tag, std::uint64_t stamp,
+                std::uint64_t flags) {
+    auto& header = slot_headers[slot];
+    header.size.store(size, std::memory_order_relaxed);
+    header.tag.store(tag, std::memory_order_relaxed);
+    header.timestamp_ns.store(stamp, std::memory_order_relaxed);
+    header.flags.store(flags, std::memory_order_relaxed);
+    // A consumer that may sleep needs the hand-off ordered before the check of its waiting flag
+    // (seq_cst on both sides); with only busy-polling consumers a release store is enough. The two
+    // stores are spelled out: compilers treat an order chosen at run time as seq_cst (a locked
+    // exchange on x86).
+    const bool wake = blocking_consumers->load(std::memory_order_relaxed) != 0;
+    if (wake)
+      header.seq.store(seq + 1, std::memory_order_seq_cst);
+    else
+      header.seq.store(seq + 1, std::memory_order_release);
+    published_word->store(seq + 1, std::memory_order_release);
+    ++write_seq;
+    if (++write_slot == ring_slots) write_slot = 0;
+    loan_out = false;
+    return wake && consumers_waiting->load(std::memory_order_seq_cst) != 0;
+  }
 };
 
 /// A consumer's side: its place in the ring and its release bookkeeping (messages may be released
@@ -68,6 +94,22 @@ struct ConsumerHot {
   std::atomic<std::uint64_t>* released_word = nullptr;
   const std::atomic<std::uint32_t>* producer_waiting = nullptr;
 
+  /// The slot of message `seq`: known without dividing unless DropOldest skipped messages.
+  [[nodiscard]] std::uint32_t slot_of(std::uint64_t seq) {
+    if (seq != cursor) [[unlikely]] {
+      cursor = seq;
+      cursor_slot = static_cast<std::uint32_t>(seq % slots);
+    }
+    return cursor_slot;
+  }
+
+  /// Whether this consumer's next message is published; sets `n` (its sequence) and `k` (its slot).
+  [[nodiscard]] bool message_ready(std::uint64_t& n, std::uint32_t& k) {
+    n = next_word->load(std::memory_order_acquire);
+    k = slot_of(n);
+    return slot_headers[k].seq.load(std::memory_order_seq_cst) == n + 1;
+  }
+
   /// Books message n (in slot k) as held; returns how many messages were skipped before it.
   std::uint64_t take(std::uint64_t n, std::uint32_t k) {
     if (held == 0) {  // everything before n was released by us or dropped for us
@@ -91,6 +133,17 @@ struct ConsumerHot {
       ++released;
       if (++released_slot == slots) released_slot = 0;
     }
+  }
+
+  /// Stores `released` where the producer reads it; returns whether the producer sleeps for room
+  /// and must be woken.
+  bool store_released() {
+    if (!producer_may_sleep) {  // a busy-polling producer: no fence, nobody to wake
+      released_word->store(released, std::memory_order_release);
+      return false;
+    }
+    released_word->store(released, std::memory_order_seq_cst);
+    return producer_waiting->load(std::memory_order_seq_cst) != 0;
   }
 };
 
