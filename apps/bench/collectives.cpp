@@ -231,10 +231,12 @@ int main(int argc, char** argv) {
         // Gloo and NCCL leave their threads busy for a while after a call (Gloo's TCP loop, the
         // kernel's socket work), which slows whatever runs next on a machine with few cores: they
         // go first in each round, an untimed call of each host backend follows, and lava-flow and
-        // MPI take turns at going first. The GPUs idle through the host rows of a round and clock
+        // MPI take turns at going first, each in as many rounds as the other (what runs first
+        // after them is the slower one). The GPUs idle through the host rows of a round and clock
         // down: NCCL's timed calls follow untimed ones.
-        const int per_round = std::max(1, calls / 5);
-        for (int round = 0; round < 5 && ok; ++round) {
+        constexpr int kRounds = 6;
+        const int per_round = std::max(1, calls / kRounds);
+        for (int round = 0; round < kRounds && ok; ++round) {
           ok = (!gloo || timed(op, gloo.get(), b, size, n, per_round, glooed)) &&
                (!nccl ||
                 (once(op, nccl->comm.get(), nccl->gpu, size, n) && once(op, nccl->comm.get(), nccl->gpu, size, n) &&

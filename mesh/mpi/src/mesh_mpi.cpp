@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 #include "lavaflow/mesh_mpi/mesh_mpi.hpp"
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 #include <random>
@@ -118,9 +119,10 @@ std::string ranks_text(std::uint32_t group_rank, std::uint32_t world_rank) {
   return str_format("rank {} (world {})", group_rank, world_rank);
 }
 
-/// The leaders' exchange of the native backend: one non-blocking MPI collective at a time. Small
-/// all_reduces go point to point instead (Doubling), which a leader polls about as cheaply as MPI
-/// runs its blocking collective; MPI's non-blocking collectives carry more machinery per call.
+/// The leaders' exchange of the native backend: one exchange at a time, point to point where that
+/// is as cheap as MPI's blocking collective (all_reduce up to kDoublingMax by Doubling, all_gather
+/// at any size, broadcast and barrier up to kPointToPointMax, by Direct), else one non-blocking
+/// MPI collective, whose schedule costs more per call and pays off only past those sizes.
 class MpiHostLink final : public HostLink {
  public:
   MpiHostLink(MPI_Comm comm, std::uint32_t hosts, std::uint32_t host) : comm_(comm), hosts_(hosts), host_(host) {}
@@ -135,7 +137,7 @@ class MpiHostLink final : public HostLink {
   Status start_all_reduce(std::span<std::byte> data, DType type, ReduceOp op) override {
     const auto count = data.size() / size_of(type);
     if (count > INT_MAX) return fail(Errc::InvalidArgument, "MPI_Iallreduce", "more than INT_MAX elements");
-    if (data.size() <= kPointToPointMax) return doubling_.start(comm_, hosts_, host_, data, data, type, op);
+    if (data.size() <= kDoublingMax) return doubling_.start(comm_, hosts_, host_, data, data, type, op);
     LF_TRY(MPI_Op o, op_for(type, op));
     return check(
         MPI_Iallreduce(MPI_IN_PLACE, data.data(), static_cast<int>(count), mpi_type(type), o, comm_, &request_),
@@ -143,7 +145,7 @@ class MpiHostLink final : public HostLink {
   }
   Status start_all_gather(std::span<std::byte> all, std::span<const std::uint64_t> counts,
                           std::span<const std::uint64_t> offsets) override {
-    if (direct(all.size()))
+    if (gathers_directly(*std::ranges::max_element(counts)))
       return start_direct([&]() -> Status {
         for (std::uint32_t h = 0; h < hosts_; ++h)
           if (h != host_) LF_TRY_STATUS(direct_.receive(all.data() + offsets[h], counts[h], h));
@@ -191,14 +193,14 @@ class MpiHostLink final : public HostLink {
                                  ReduceOp op) override {
     const auto count = recv.size() / size_of(type);
     if (count > INT_MAX) return fail(Errc::InvalidArgument, "MPI_Iallreduce", "more than INT_MAX elements");
-    if (recv.size() <= kPointToPointMax) return doubling_.start(comm_, hosts_, host_, send, recv, type, op);
+    if (recv.size() <= kDoublingMax) return doubling_.start(comm_, hosts_, host_, send, recv, type, op);
     LF_TRY(MPI_Op o, op_for(type, op));
     const void* s = send.data() == recv.data() ? MPI_IN_PLACE : send.data();
     return check(MPI_Iallreduce(s, recv.data(), static_cast<int>(count), mpi_type(type), o, comm_, &request_),
                  "MPI_Iallreduce");
   }
   Status start_direct_all_gather(std::span<const std::byte> send, std::span<std::byte> recv) override {
-    if (direct(recv.size())) {
+    if (gathers_directly(send.size())) {
       // Our own block is copied while the messages are under way (no receive writes there) —
       // unless the input overlaps the output, which receives and that copy write: then it is
       // copied first and the sends read it there.
@@ -274,11 +276,16 @@ class MpiHostLink final : public HostLink {
     return flag != 0;
   }
 
-  /// Up to this many bytes an all_reduce goes point to point.
+  /// Up to this many bytes an all_reduce goes by recursive doubling: an exchange this small is
+  /// bound by its latency, and log2(hosts) steps of the whole vector take less of it than MPI's
+  /// non-blocking collective (more steps, and a schedule built per call). Past it, MPI's
+  /// reduce-scatter + all-gather moves fewer bytes.
+  static constexpr std::size_t kDoublingMax = 2u << 20;
+  /// Up to this many bytes a broadcast or a barrier goes point to point (Direct).
   static constexpr std::size_t kPointToPointMax = 32u << 10;
 
   /// An all_reduce by recursive doubling over MPI_Isend/MPI_Irecv: log2 of the hosts exchanges,
-  /// each combined with MPI_Reduce_local. With a host count that is not a power of two, the first
+  /// each combined by the mesh's own reduction. With a host count that is not a power of two, the first
   /// 2·extra hosts pair up first (the even one hands its data to the odd one and gets the result
   /// back at the end). Every op here is commutative, and each pair combines the same two values, so
   /// every host ends with the same bits: both partners apply the op with the lower virtual rank's
@@ -571,6 +578,10 @@ class MpiHostLink final : public HostLink {
   /// Whether an exchange of `bytes` in all goes point to point (Direct).
   [[nodiscard]] bool direct(std::uint64_t bytes) const { return hosts_ <= kDirectHosts && bytes <= kPointToPointMax; }
   static constexpr std::uint32_t kDirectHosts = 16;
+  /// Whether an all_gather whose largest block is `block` bytes goes point to point, at any size:
+  /// each host sends its block to every other and receives theirs, as many bytes as a ring moves,
+  /// straight between the callers' buffers and in one step.
+  [[nodiscard]] bool gathers_directly(std::uint64_t block) const { return hosts_ <= kDirectHosts && block <= INT_MAX; }
 
   Result<MPI_Op> op_for(DType type, ReduceOp op) { return ops_.get(type, op); }
   MPI_Comm comm_;
