@@ -5,7 +5,8 @@
 // the MPI library's own collective (MPI_Allreduce, MPI_Allgather, MPI_Reduce_scatter_block) and,
 // where built, Gloo (through lava-flow's Gloo backend) and NCCL (lava-flow's NCCL backend, on GPU
 // buffers: a host's k-th rank on its CUDA device k, when every rank of a host has a device of its own), in
-// alternating blocks so that all see the same moments of a shared machine. Every call is timed on
+// rounds so that all see the same moments of a shared machine (lava-flow's and MPI's calls take
+// turns one by one; Gloo and NCCL go in blocks). Every call is timed on
 // every rank; a row's p50/p99 are over the slowest rank's time of each call. busbw follows NCCL's
 // convention: all_reduce size/t × 2(n−1)/n; all_gather and reduce_scatter n·size/t × (n−1)/n.
 // Rank 0 prints a table, or with --json {"results":[{"name","op","dtype","size","ranks","p50_ns",
@@ -46,10 +47,12 @@ const char* op_name(Op op) {
   return op == Op::AllReduce ? "all_reduce" : op == Op::AllGather ? "all_gather" : "reduce_scatter";
 }
 
+/// Timed calls of each backend at `size`: enough that the median of large calls (a few per round,
+/// each at the mercy of the machine's memory bandwidth at that moment) is steady to a few percent.
 int calls_for(std::uint64_t size) {
   if (size <= (64u << 10)) return 400;
-  if (size <= (4u << 20)) return 40;
-  return size <= (64u << 20) ? 6 : 3;
+  if (size <= (4u << 20)) return 60;
+  return size <= (64u << 20) ? 24 : 12;
 }
 
 /// Room for every op at one size: `send` and `recv` of size × ranks bytes each (host or GPU memory).
@@ -146,17 +149,46 @@ std::unique_ptr<NcclRows> open_nccl_rows(Communicator& world, int rank, std::uin
 }
 #endif
 
-/// Times `calls` calls, each on every rank; returns the slowest rank's time of each call (rank 0).
-bool timed(Op op, Communicator* comm, Buffers& b, std::uint64_t size, int n, int calls, std::vector<double>& out) {
-  std::vector<double> mine;
-  for (int i = 0; i < calls; ++i) {
-    const double t0 = MPI_Wtime();
-    if (!once(op, comm, b, size, n)) return false;
-    mine.push_back((MPI_Wtime() - t0) * 1e9);
-  }
+/// Every rank's times of its calls, reduced to the slowest rank's time of each call on rank 0 and
+/// appended to `out` there.
+void slowest_into(const std::vector<double>& mine, std::vector<double>& out) {
   std::vector<double> slowest(mine.size());
   MPI_Reduce(mine.data(), slowest.data(), static_cast<int>(mine.size()), MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
   out.insert(out.end(), slowest.begin(), slowest.end());
+}
+
+/// One call of `op` on every rank, timed; false on an error.
+bool time_once(Op op, Communicator* comm, Buffers& b, std::uint64_t size, int n, std::vector<double>& mine) {
+  const double t0 = MPI_Wtime();
+  if (!once(op, comm, b, size, n)) return false;
+  mine.push_back((MPI_Wtime() - t0) * 1e9);
+  return true;
+}
+
+/// Times `calls` calls, each on every rank; returns the slowest rank's time of each call (rank 0).
+bool timed(Op op, Communicator* comm, Buffers& b, std::uint64_t size, int n, int calls, std::vector<double>& out) {
+  std::vector<double> mine;
+  for (int i = 0; i < calls; ++i)
+    if (!time_once(op, comm, b, size, n, mine)) return false;
+  slowest_into(mine, out);
+  return true;
+}
+
+/// Times `calls` calls of lava-flow (`comm`) and as many of MPI's collective, taking turns call by
+/// call, the first of each pair alternating (from lava-flow when `ours_first`): both see the same
+/// moments of the machine, whose memory bandwidth and cores' speed drift over milliseconds.
+bool timed_turns(Op op, Communicator* comm, Buffers& b, std::uint64_t size, int n, int calls, bool ours_first,
+                 std::vector<double>& ours, std::vector<double>& theirs) {
+  std::vector<double> mine, other;
+  for (int i = 0; i < calls; ++i) {
+    const bool we_go_first = (i % 2 == 0) == ours_first;
+    for (int turn = 0; turn < 2; ++turn) {
+      const bool lavaflow = (turn == 0) == we_go_first;
+      if (!time_once(op, lavaflow ? comm : nullptr, b, size, n, lavaflow ? mine : other)) return false;
+    }
+  }
+  slowest_into(mine, ours);
+  slowest_into(other, theirs);
   return true;
 }
 
@@ -230,10 +262,10 @@ int main(int argc, char** argv) {
                (!gloo || once(op, gloo.get(), b, size, n)) && (!nccl || once(op, nccl->comm.get(), nccl->gpu, size, n));
         // Gloo and NCCL leave their threads busy for a while after a call (Gloo's TCP loop, the
         // kernel's socket work), which slows whatever runs next on a machine with few cores: they
-        // go first in each round, an untimed call of each host backend follows, and lava-flow and
-        // MPI take turns at going first, each in as many rounds as the other (what runs first
-        // after them is the slower one). The GPUs idle through the host rows of a round and clock
-        // down: NCCL's timed calls follow untimed ones.
+        // go first in each round, an untimed call of each host backend follows, then lava-flow and
+        // MPI take turns call by call, each going first after them in as many rounds as the
+        // other. The GPUs idle through the host rows of a round and clock down: NCCL's timed
+        // calls follow untimed ones.
         constexpr int kRounds = 6;
         const int per_round = std::max(1, calls / kRounds);
         for (int round = 0; round < kRounds && ok; ++round) {
@@ -242,12 +274,7 @@ int main(int argc, char** argv) {
                 (once(op, nccl->comm.get(), nccl->gpu, size, n) && once(op, nccl->comm.get(), nccl->gpu, size, n) &&
                  timed(op, nccl->comm.get(), nccl->gpu, size, n, per_round, nccled))) &&
                once(op, comm->get(), b, size, n) && once(op, nullptr, b, size, n);
-          if (round % 2 == 0)
-            ok = ok && timed(op, comm->get(), b, size, n, per_round, ours) &&
-                 timed(op, nullptr, b, size, n, per_round, theirs);
-          else
-            ok = ok && timed(op, nullptr, b, size, n, per_round, theirs) &&
-                 timed(op, comm->get(), b, size, n, per_round, ours);
+          ok = ok && timed_turns(op, comm->get(), b, size, n, per_round, round % 2 == 0, ours, theirs);
         }
         if (!ok) {
           std::fprintf(stderr, "lavaflow-bench collectives: %s of %llu bytes failed\n", op_name(op),

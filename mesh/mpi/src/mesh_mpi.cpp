@@ -119,10 +119,10 @@ std::string ranks_text(std::uint32_t group_rank, std::uint32_t world_rank) {
   return str_format("rank {} (world {})", group_rank, world_rank);
 }
 
-/// The leaders' exchange of the native backend: one exchange at a time, point to point where that
-/// is as cheap as MPI's blocking collective (all_reduce up to kDoublingMax by Doubling, all_gather
-/// at any size, broadcast and barrier up to kPointToPointMax, by Direct), else one non-blocking
-/// MPI collective, whose schedule costs more per call and pays off only past those sizes.
+/// The leaders' exchange of the native backend: one exchange at a time, point to point with up to
+/// kDirectHosts hosts (all_reduce by Doubling, then split; all_gather at any size; broadcast and
+/// barrier up to kPointToPointMax), else one non-blocking MPI collective, whose schedule costs
+/// more per call and pays off only with many hosts or large broadcasts.
 class MpiHostLink final : public HostLink {
  public:
   MpiHostLink(MPI_Comm comm, std::uint32_t hosts, std::uint32_t host) : comm_(comm), hosts_(hosts), host_(host) {}
@@ -138,6 +138,7 @@ class MpiHostLink final : public HostLink {
     const auto count = data.size() / size_of(type);
     if (count > INT_MAX) return fail(Errc::InvalidArgument, "MPI_Iallreduce", "more than INT_MAX elements");
     if (data.size() <= kDoublingMax) return doubling_.start(comm_, hosts_, host_, data, data, type, op);
+    if (splits(data.size())) return start_split_all_reduce(data, data, type, op);
     LF_TRY(MPI_Op o, op_for(type, op));
     return check(
         MPI_Iallreduce(MPI_IN_PLACE, data.data(), static_cast<int>(count), mpi_type(type), o, comm_, &request_),
@@ -194,6 +195,7 @@ class MpiHostLink final : public HostLink {
     const auto count = recv.size() / size_of(type);
     if (count > INT_MAX) return fail(Errc::InvalidArgument, "MPI_Iallreduce", "more than INT_MAX elements");
     if (recv.size() <= kDoublingMax) return doubling_.start(comm_, hosts_, host_, send, recv, type, op);
+    if (splits(recv.size())) return start_split_all_reduce(send, recv, type, op);
     LF_TRY(MPI_Op o, op_for(type, op));
     const void* s = send.data() == recv.data() ? MPI_IN_PLACE : send.data();
     return check(MPI_Iallreduce(s, recv.data(), static_cast<int>(count), mpi_type(type), o, comm_, &request_),
@@ -244,6 +246,7 @@ class MpiHostLink final : public HostLink {
   void abandon() override {
     doubling_.abandon();
     direct_.abandon();
+    gather_next_ = false;
     // A non-blocking collective cannot be cancelled: MPI frees it with the communicator.
   }
   std::vector<std::uint32_t> silent_hosts() const override {
@@ -259,7 +262,16 @@ class MpiHostLink final : public HostLink {
     }
     if (direct_.active()) {
       auto r = direct_.test();
-      if (!r) direct_.abandon();
+      if (!r) {
+        direct_.abandon();
+        gather_next_ = false;
+        return r;
+      }
+      if (*r && gather_next_) {  // a split all_reduce's blocks are combined: now they go round
+        gather_next_ = false;
+        LF_TRY_STATUS(start_split_gather());
+        return false;
+      }
       return r;
     }
     int flag = 0;
@@ -276,11 +288,9 @@ class MpiHostLink final : public HostLink {
     return flag != 0;
   }
 
-  /// Up to this many bytes an all_reduce goes by recursive doubling: an exchange this small is
-  /// bound by its latency, and log2(hosts) steps of the whole vector take less of it than MPI's
-  /// non-blocking collective (more steps, and a schedule built per call). Past it, MPI's
-  /// reduce-scatter + all-gather moves fewer bytes.
-  static constexpr std::size_t kDoublingMax = 2u << 20;
+  /// Up to this many bytes an all_reduce goes by recursive doubling (log2(hosts) steps of the whole
+  /// vector, the fewest steps); past it, split among the hosts (two steps of a block each).
+  static constexpr std::size_t kDoublingMax = 32u << 10;
   /// Up to this many bytes a broadcast or a barrier goes point to point (Direct).
   static constexpr std::size_t kPointToPointMax = 32u << 10;
 
@@ -566,6 +576,51 @@ class MpiHostLink final : public HostLink {
     ReduceOp op_ = ReduceOp::Sum;
   };
 
+  /// Whether an all_reduce of `bytes` (past kDoublingMax) is split among the hosts (see
+  /// start_split_all_reduce) rather than left to MPI_Iallreduce.
+  [[nodiscard]] bool splits(std::uint64_t bytes) const {
+    return hosts_ > 1 && hosts_ <= kDirectHosts && bytes / hosts_ < INT_MAX - 64;
+  }
+
+  /// A large all_reduce in two Direct steps over blocks of whole elements, one per host: every
+  /// host sends block h of its input to host h, which combines the hosts' blocks in host order
+  /// into its block of the result (a reduce-scatter); then every host sends its combined block to
+  /// every other, straight into their results (an all-gather). Each host sends and receives
+  /// 2(hosts − 1)/hosts of the vector, as MPI's reduce-scatter + all-gather does, but with no copy
+  /// of the input into the result first and the combination written once, where it ends.
+  Status start_split_all_reduce(std::span<const std::byte> send, std::span<std::byte> recv, DType type, ReduceOp op) {
+    const std::uint64_t es = size_of(type), count = recv.size() / es;
+    split_at_.resize(hosts_ + 1);
+    for (std::uint32_t h = 0; h <= hosts_; ++h) split_at_[h] = count * h / hosts_ * es;
+    split_recv_ = recv;
+    const std::uint64_t at = split_at_[host_], mine = split_at_[host_ + 1] - at;
+    Status posted = start_direct([&]() -> Status {
+      // Average is the caller's to divide (as in Doubling): the blocks are summed here.
+      direct_.reduce_into(send.subspan(at, mine), recv.subspan(at, mine), hosts_, host_, type,
+                          op == ReduceOp::Average ? ReduceOp::Sum : op);
+      for (std::uint32_t h = 0, i = 0; h < hosts_; ++h)
+        if (h != host_) LF_TRY_STATUS(direct_.receive(direct_.incoming(i++), mine, h));
+      for (std::uint32_t h = 0; h < hosts_; ++h)
+        if (h != host_) LF_TRY_STATUS(direct_.send(send.data() + split_at_[h], split_at_[h + 1] - split_at_[h], h));
+      return {};
+    });
+    gather_next_ = posted.has_value();
+    return posted;
+  }
+  /// The second step of a split all_reduce: this host's combined block to every other host, theirs
+  /// into the result.
+  Status start_split_gather() {
+    const std::uint64_t at = split_at_[host_], mine = split_at_[host_ + 1] - at;
+    return start_direct([&]() -> Status {
+      for (std::uint32_t h = 0; h < hosts_; ++h)
+        if (h != host_)
+          LF_TRY_STATUS(direct_.receive(split_recv_.data() + split_at_[h], split_at_[h + 1] - split_at_[h], h));
+      for (std::uint32_t h = 0; h < hosts_; ++h)
+        if (h != host_) LF_TRY_STATUS(direct_.send(split_recv_.data() + at, mine, h));
+      return {};
+    });
+  }
+
   /// Begins a Direct exchange whose messages `post` posts; one that fails leaves none posted.
   template <class Post>
   Status start_direct(Post&& post) {
@@ -589,6 +644,11 @@ class MpiHostLink final : public HostLink {
   MPI_Request request_ = MPI_REQUEST_NULL;
   Doubling doubling_;
   Direct direct_;
+  // A split all_reduce: where each host's block begins (and the end), its result, and whether its
+  // all-gather step follows the exchange in flight.
+  std::vector<std::uint64_t> split_at_;
+  std::span<std::byte> split_recv_;
+  bool gather_next_ = false;
   std::vector<int> counts_, offsets_;
   Ops ops_;
 };
