@@ -415,6 +415,10 @@ void run_all(const mpi::Communicator& job, Checker& k) {
       // Several staging chunks (64 KiB here), and a size that is not a multiple of the ranks.
       check_reductions(*c, k, 100'003, DType::F32, ReduceOp::Sum);
       check_reductions(*c, k, 70'001, DType::BF16, ReduceOp::Average);
+      // Between hosts, reduce-scatters in 1 MiB pieces of each block: three hosts' blocks of this
+      // all_reduce are 1 MiB, 1 MiB and 1 MiB + 4 B (one host takes a second piece the others
+      // do not), and reduce_scatter's blocks take four pieces, the last of 4 B.
+      check_reductions(*c, k, 786'433, DType::F32, ReduceOp::Sum);
       if (b == Backend::Native && c->size() == n) check_f16_average_range(*c, k);  // subsets: not worked out
       for (DType t : kTypes)
         for (std::size_t count : {std::size_t{1}, std::size_t{9}, std::size_t{50'001}}) check_moves(*c, k, count, t);

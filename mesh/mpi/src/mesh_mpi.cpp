@@ -233,20 +233,15 @@ class MpiHostLink final : public HostLink {
     if (block > INT_MAX)
       return fail(Errc::InvalidArgument, "mesh::reduce_scatter", "a block of more than INT_MAX bytes");
     // Pairwise: host h's block goes to h, which combines what it receives with its own. Each
-    // host sends and receives (hosts − 1) blocks, as a ring would, in one step.
-    return start_direct([&]() -> Status {
-      direct_.reduce_into(send.subspan(std::uint64_t{host_} * block, block), recv, hosts_, host_, type, op);
-      for (std::uint32_t h = 0, i = 0; h < hosts_; ++h)
-        if (h != host_) LF_TRY_STATUS(direct_.receive(direct_.incoming(i++), block, h));
-      for (std::uint32_t h = 0; h < hosts_; ++h)
-        if (h != host_) LF_TRY_STATUS(direct_.send(send.data() + std::uint64_t{h} * block, block, h));
-      return {};
-    });
+    // host sends and receives (hosts − 1) blocks, as a ring would.
+    scatter_.at.resize(hosts_ + 1);
+    for (std::uint32_t h = 0; h <= hosts_; ++h) scatter_.at[h] = h * block;
+    return start_scatter(send.data(), recv, type, op, false);
   }
   void abandon() override {
     doubling_.abandon();
     direct_.abandon();
-    gather_next_ = false;
+    scatter_.active = false;
     // A non-blocking collective cannot be cancelled: MPI frees it with the communicator.
   }
   std::vector<std::uint32_t> silent_hosts() const override {
@@ -262,15 +257,10 @@ class MpiHostLink final : public HostLink {
     }
     if (direct_.active()) {
       auto r = direct_.test();
+      if (r && *r && scatter_.active) r = next_scatter_step();
       if (!r) {
         direct_.abandon();
-        gather_next_ = false;
-        return r;
-      }
-      if (*r && gather_next_) {  // a split all_reduce's blocks are combined: now they go round
-        gather_next_ = false;
-        LF_TRY_STATUS(start_split_gather());
-        return false;
+        scatter_.active = false;
       }
       return r;
     }
@@ -291,6 +281,8 @@ class MpiHostLink final : public HostLink {
   /// Up to this many bytes an all_reduce goes by recursive doubling (log2(hosts) steps of the whole
   /// vector, the fewest steps); past it, split among the hosts (two steps of a block each).
   static constexpr std::size_t kDoublingMax = 32u << 10;
+  /// A reduce-scatter's piece of each block: what a host combines while it is in the cache.
+  static constexpr std::uint64_t kScatterPiece = 1u << 20;
   /// Up to this many bytes a broadcast or a barrier goes point to point (Direct).
   static constexpr std::size_t kPointToPointMax = 32u << 10;
 
@@ -590,35 +582,80 @@ class MpiHostLink final : public HostLink {
   /// of the input into the result first and the combination written once, where it ends.
   Status start_split_all_reduce(std::span<const std::byte> send, std::span<std::byte> recv, DType type, ReduceOp op) {
     const std::uint64_t es = size_of(type), count = recv.size() / es;
-    split_at_.resize(hosts_ + 1);
-    for (std::uint32_t h = 0; h <= hosts_; ++h) split_at_[h] = count * h / hosts_ * es;
-    split_recv_ = recv;
-    const std::uint64_t at = split_at_[host_], mine = split_at_[host_ + 1] - at;
-    Status posted = start_direct([&]() -> Status {
-      // Average is the caller's to divide (as in Doubling): the blocks are summed here.
-      direct_.reduce_into(send.subspan(at, mine), recv.subspan(at, mine), hosts_, host_, type,
-                          op == ReduceOp::Average ? ReduceOp::Sum : op);
-      for (std::uint32_t h = 0, i = 0; h < hosts_; ++h)
-        if (h != host_) LF_TRY_STATUS(direct_.receive(direct_.incoming(i++), mine, h));
-      for (std::uint32_t h = 0; h < hosts_; ++h)
-        if (h != host_) LF_TRY_STATUS(direct_.send(send.data() + split_at_[h], split_at_[h + 1] - split_at_[h], h));
-      return {};
-    });
-    gather_next_ = posted.has_value();
+    scatter_.at.resize(hosts_ + 1);
+    for (std::uint32_t h = 0; h <= hosts_; ++h) scatter_.at[h] = count * h / hosts_ * es;
+    const std::uint64_t at = scatter_.at[host_];
+    // Average is the caller's to divide (as in Doubling): the blocks are summed here.
+    return start_scatter(send.data(), recv.subspan(at, scatter_.at[host_ + 1] - at), type,
+                         op == ReduceOp::Average ? ReduceOp::Sum : op, true, recv.data());
+  }
+
+  /// A pairwise reduce-scatter: host h combines block h (from scatter_.at[h] to scatter_.at[h +
+  /// 1] in every host's `send`) into its `out`. It goes in pieces of kScatterPiece bytes of each
+  /// block, one exchange each, so that what arrives is combined while it is still in the cache
+  /// and the link holds only a piece from each host. `gather_into`: the split all_reduce's result,
+  /// whose blocks go round once the last piece is combined.
+  Status start_scatter(const std::byte* send, std::span<std::byte> out, DType type, ReduceOp op, bool then_gather,
+                       std::byte* gather_into = nullptr) {
+    auto& s = scatter_;
+    s.send = send;
+    s.out = out;
+    s.type = type;
+    s.op = op;
+    s.then_gather = then_gather;
+    s.gather_into = gather_into;
+    s.step = 0;
+    s.steps = 1;
+    for (std::uint32_t h = 0; h < hosts_; ++h)
+      s.steps = std::max(s.steps, (s.at[h + 1] - s.at[h] + kScatterPiece - 1) / kScatterPiece);
+    s.active = true;
+    Status posted = post_scatter_piece();
+    if (!posted) s.active = false;
     return posted;
   }
-  /// The second step of a split all_reduce: this host's combined block to every other host, theirs
-  /// into the result.
-  Status start_split_gather() {
-    const std::uint64_t at = split_at_[host_], mine = split_at_[host_ + 1] - at;
+  /// Posts piece `scatter_.step` of every block: ours from every other host, theirs to them.
+  Status post_scatter_piece() {
+    const auto& s = scatter_;
+    const std::uint64_t from = s.step * kScatterPiece;
+    auto piece_of = [&](std::uint32_t h) {
+      const std::uint64_t length = s.at[h + 1] - s.at[h];
+      return from < length ? std::min(kScatterPiece, length - from) : 0;
+    };
+    const std::uint64_t mine = piece_of(host_);
     return start_direct([&]() -> Status {
+      if (mine > 0) {
+        direct_.reduce_into({s.send + s.at[host_] + from, mine}, s.out.subspan(from, mine), hosts_, host_, s.type,
+                            s.op);
+        for (std::uint32_t h = 0, i = 0; h < hosts_; ++h)
+          if (h != host_) LF_TRY_STATUS(direct_.receive(direct_.incoming(i++), mine, h));
+      }
       for (std::uint32_t h = 0; h < hosts_; ++h)
-        if (h != host_)
-          LF_TRY_STATUS(direct_.receive(split_recv_.data() + split_at_[h], split_at_[h + 1] - split_at_[h], h));
-      for (std::uint32_t h = 0; h < hosts_; ++h)
-        if (h != host_) LF_TRY_STATUS(direct_.send(split_recv_.data() + at, mine, h));
+        if (const std::uint64_t theirs = piece_of(h); h != host_ && theirs > 0)
+          LF_TRY_STATUS(direct_.send(s.send + s.at[h] + from, theirs, h));
       return {};
     });
+  }
+  /// After an exchange of the scatter ended: its next piece, or the split all_reduce's all-gather
+  /// step, or the end (true).
+  Result<bool> next_scatter_step() {
+    auto& s = scatter_;
+    if (++s.step < s.steps) {
+      LF_TRY_STATUS(post_scatter_piece());
+      return false;
+    }
+    s.active = false;
+    if (!s.then_gather) return true;
+    // This host's combined block to every other host, theirs into the result.
+    const std::uint64_t at = s.at[host_], mine = s.at[host_ + 1] - at;
+    Status gathering = start_direct([&]() -> Status {
+      for (std::uint32_t h = 0; h < hosts_; ++h)
+        if (h != host_) LF_TRY_STATUS(direct_.receive(s.gather_into + s.at[h], s.at[h + 1] - s.at[h], h));
+      for (std::uint32_t h = 0; h < hosts_; ++h)
+        if (h != host_) LF_TRY_STATUS(direct_.send(s.gather_into + at, mine, h));
+      return {};
+    });
+    if (!gathering) return std::unexpected(gathering.error());
+    return false;
   }
 
   /// Begins a Direct exchange whose messages `post` posts; one that fails leaves none posted.
@@ -644,11 +681,19 @@ class MpiHostLink final : public HostLink {
   MPI_Request request_ = MPI_REQUEST_NULL;
   Doubling doubling_;
   Direct direct_;
-  // A split all_reduce: where each host's block begins (and the end), its result, and whether its
-  // all-gather step follows the exchange in flight.
-  std::vector<std::uint64_t> split_at_;
-  std::span<std::byte> split_recv_;
-  bool gather_next_ = false;
+  /// A reduce-scatter in flight (start_scatter): where each host's block begins in every input
+  /// (and where the last ends), the input, this host's block of the result, the piece in flight
+  /// and how many there are, and the split all_reduce's result when the scatter is its first step.
+  struct Scatter {
+    std::vector<std::uint64_t> at;
+    const std::byte* send = nullptr;
+    std::span<std::byte> out;
+    DType type = DType::U8;
+    ReduceOp op = ReduceOp::Sum;
+    std::uint64_t step = 0, steps = 0;
+    bool then_gather = false, active = false;
+    std::byte* gather_into = nullptr;
+  } scatter_;
   std::vector<int> counts_, offsets_;
   Ops ops_;
 };
