@@ -78,9 +78,14 @@ MPI_User_function* combine_for(ReduceOp op) {
   }
 }
 
-Status check(int code, const char* call) {
-  if (code == MPI_SUCCESS) return {};
+[[gnu::cold, gnu::noinline]] Status failed(int code, const char* call) {
   return std::unexpected(mpi::to_error(code, call));
+}
+/// Every MPI call of a small exchange goes through here: the success path stays in the caller.
+[[gnu::always_inline]] inline Status check(int code, const char* call) {
+  if (code == MPI_SUCCESS) [[likely]]
+    return {};
+  return failed(code, call);
 }
 
 /// The MPI operation for `type` and `op` (Average: its sum): MPI's own where it is exact, else
