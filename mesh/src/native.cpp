@@ -975,6 +975,10 @@ class NativeCommunicator final : public Communicator {
     if (send.size() != recv.size() * e_->n)
       return bad("reduce_scatter",
                  str_format("send must hold {} × recv's {} bytes, holds {}", e_->n, recv.size(), send.size()));
+    if (send.data() < recv.data() + recv.size() && recv.data() < send.data() + send.size() &&
+        recv.data() != send.data() + std::uint64_t{e_->rank} * recv.size())
+      return bad("reduce_scatter",
+                 "recv overlaps send other than in place (in place is recv == send + rank × recv's length)");
     // On one host through the shared segment; with one rank per host, pairwise between the hosts.
     if (e_->nhosts == 1 || e_->nhosts == e_->n)
       return collective(Kind::ReduceScatter, send, recv, recv.size(), type, op, 0, o);

@@ -83,6 +83,32 @@ void check_reductions(Communicator& c, Checker& k, std::size_t count, DType t, R
            label(c, "reduce_scatter result", t, op, count));
 }
 
+/// reduce_scatter whose result lies over its input: in place (this rank's block of it), the
+/// result is right — between hosts the blocks go in pieces (more than one here), and a result
+/// written piece by piece must overwrite only input that has gone; anywhere else over the input
+/// (another block, shifted by an element or by half a block), the native backend refuses the call.
+void check_shifted_reduce_scatter(Communicator& c, Checker& k) {
+  constexpr std::size_t kCount = 300'001;  // elements per block: 1.2 MB of f32
+  const std::uint32_t n = c.size(), r = c.rank();
+  const auto big = encode(inputs(r, kCount * n, DType::F32), DType::F32);
+  const auto want = expected(n, kCount * n, DType::F32, ReduceOp::Sum);
+  const std::size_t block = kCount * 4;
+  std::vector<std::byte> buffer(big.size() + block);
+  for (const std::size_t shift : {r * block, ((r + 1) % n) * block, std::size_t{4}, block / 2 / 4 * 4}) {
+    std::memcpy(buffer.data(), big.data(), big.size());
+    const std::span<std::byte> recv(buffer.data() + shift, block);
+    const std::string what = str_format("{} reduce_scatter over its input, shifted {} bytes", c.backend(), shift);
+    const Status s = c.reduce_scatter(std::span(buffer).first(big.size()), recv, DType::F32, ReduceOp::Sum).wait();
+    if (shift == r * block) {
+      k.status(s, what);
+      k.expect(std::equal(recv.begin(), recv.end(), want.begin() + static_cast<std::ptrdiff_t>(r * block)),
+               what + ": result");
+    } else if (n > 1) {
+      k.expect(!s && s.error().code() == Errc::InvalidArgument, what + ": refused");
+    }
+  }
+}
+
 /// Min and max with NaN in some ranks' inputs: NaN wins wherever one is, on every host backend
 /// and layout, for f32, f16 and bf16, in small calls and in calls that take MPI's collectives
 /// between hosts (NaN and the other values compared exactly; no zeros, whose sign the order of
@@ -424,6 +450,7 @@ void run_all(const mpi::Communicator& job, Checker& k) {
         for (std::size_t count : {std::size_t{1}, std::size_t{9}, std::size_t{50'001}}) check_moves(*c, k, count, t);
       k.status(c->barrier().wait(), str_format("{} barrier on '{}'", c->backend(), c->group()));
       check_nan_wins(*c, k);
+      if (b == Backend::Native) check_shifted_reduce_scatter(*c, k);
       check_late(*c, k);
       check_point_to_point(*c, k);
       check_overlap(*c, k);

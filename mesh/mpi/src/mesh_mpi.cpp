@@ -238,7 +238,9 @@ class MpiHostLink final : public HostLink {
     if (block > INT_MAX)
       return fail(Errc::InvalidArgument, "mesh::reduce_scatter", "a block of more than INT_MAX bytes");
     // Pairwise: host h's block goes to h, which combines what it receives with its own. Each
-    // host sends and receives (hosts − 1) blocks, as a ring would.
+    // host sends and receives (hosts − 1) blocks, as a ring would. A piece of the result is
+    // written once that piece of every block has gone, so a result in place (at this host's
+    // block of the input, the only overlap the call takes) overwrites only what has gone.
     scatter_.at.resize(hosts_ + 1);
     for (std::uint32_t h = 0; h <= hosts_; ++h) scatter_.at[h] = h * block;
     return start_scatter(send.data(), recv, type, op, false);

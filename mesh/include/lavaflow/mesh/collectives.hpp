@@ -119,7 +119,8 @@ class Communicator {
   /// Every rank's buffer becomes `root`'s.
   [[nodiscard]] virtual Work broadcast(std::span<std::byte> buffer, std::uint32_t root, DType type,
                                        CallOptions options = {}) = 0;
-  /// recv (send's length ÷ size) = this rank's block of op over every rank's send.
+  /// recv (send's length ÷ size) = this rank's block of op over every rank's send. In place,
+  /// recv is this rank's block of send (the native backend refuses any other overlap).
   [[nodiscard]] virtual Work reduce_scatter(std::span<const std::byte> send, std::span<std::byte> recv, DType type,
                                             ReduceOp op, CallOptions options = {}) = 0;
   [[nodiscard]] virtual Work barrier(CallOptions options = {}) = 0;
