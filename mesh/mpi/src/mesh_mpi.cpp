@@ -216,11 +216,13 @@ class MpiHostLink final : public HostLink {
           mine != send.data() && send.data() < recv.data() + recv.size() && recv.data() < send.data() + send.size();
       if (overlaps) std::memmove(mine, send.data(), send.size());
       const std::byte* from = overlaps ? mine : send.data();
+      // Sends go first: the peers' receives of them are what every host waits for, and posting
+      // ours first would delay them by a receive's posting.
       Status posted = start_direct([&]() -> Status {
         for (std::uint32_t h = 0; h < hosts_; ++h)
-          if (h != host_) LF_TRY_STATUS(direct_.receive(recv.data() + std::uint64_t{h} * send.size(), send.size(), h));
-        for (std::uint32_t h = 0; h < hosts_; ++h)
           if (h != host_) LF_TRY_STATUS(direct_.send(from, send.size(), h));
+        for (std::uint32_t h = 0; h < hosts_; ++h)
+          if (h != host_) LF_TRY_STATUS(direct_.receive(recv.data() + std::uint64_t{h} * send.size(), send.size(), h));
         return {};
       });
       if (posted && mine != from) std::memcpy(mine, send.data(), send.size());
@@ -479,22 +481,21 @@ class MpiHostLink final : public HostLink {
     void begin(MPI_Comm comm) {
       comm_ = comm;
       requests_.clear();
-      receives_ = 0;
+      from_.clear();
       reduce_ = false;
       active_ = true;
     }
     [[nodiscard]] bool active() const { return active_; }
-    /// Receives are posted before sends.
     Status receive(std::byte* into, std::uint64_t bytes, std::uint32_t peer) {
       requests_.push_back(MPI_REQUEST_NULL);
-      if (from_.size() < ++receives_) from_.resize(receives_);
-      from_[receives_ - 1] = peer;
+      from_.push_back(peer);
       return check(
           MPI_Irecv(into, static_cast<int>(bytes), MPI_BYTE, static_cast<int>(peer), kTag, comm_, &requests_.back()),
           "MPI_Irecv");
     }
     Status send(const std::byte* from, std::uint64_t bytes, std::uint32_t peer) {
       requests_.push_back(MPI_REQUEST_NULL);
+      from_.push_back(kSent);
       return check(
           MPI_Isend(from, static_cast<int>(bytes), MPI_BYTE, static_cast<int>(peer), kTag, comm_, &requests_.back()),
           "MPI_Isend");
@@ -517,8 +518,8 @@ class MpiHostLink final : public HostLink {
     /// The hosts whose messages have not arrived.
     [[nodiscard]] std::vector<std::uint32_t> silent() const {
       std::vector<std::uint32_t> hosts;
-      for (std::size_t i = 0; i < receives_; ++i)
-        if (requests_[i] != MPI_REQUEST_NULL && !arrived(requests_[i])) hosts.push_back(from_[i]);
+      for (std::size_t i = 0; i < requests_.size(); ++i)
+        if (from_[i] != kSent && requests_[i] != MPI_REQUEST_NULL && !arrived(requests_[i])) hosts.push_back(from_[i]);
       return hosts;
     }
 
@@ -548,7 +549,7 @@ class MpiHostLink final : public HostLink {
     void abandon() {
       for (std::size_t i = 0; i < requests_.size(); ++i) {
         if (requests_[i] == MPI_REQUEST_NULL) continue;
-        if (i < receives_) {
+        if (from_[i] != kSent) {
           MPI_Cancel(&requests_[i]);
           MPI_Wait(&requests_[i], MPI_STATUS_IGNORE);
         } else {
@@ -563,8 +564,8 @@ class MpiHostLink final : public HostLink {
     static constexpr int kTag = 8;
     MPI_Comm comm_ = MPI_COMM_NULL;
     std::vector<MPI_Request> requests_;
-    std::size_t receives_ = 0;
-    std::vector<std::uint32_t> from_;  // the host of each receive (the first receives_)
+    static constexpr std::uint32_t kSent = ~0u;
+    std::vector<std::uint32_t> from_;  // by request: the host a receive is from, or kSent
     bool active_ = false, reduce_ = false;
     std::span<const std::byte> mine_;
     std::span<std::byte> out_;
