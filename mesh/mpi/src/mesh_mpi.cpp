@@ -216,13 +216,19 @@ class MpiHostLink final : public HostLink {
           mine != send.data() && send.data() < recv.data() + recv.size() && recv.data() < send.data() + send.size();
       if (overlaps) std::memmove(mine, send.data(), send.size());
       const std::byte* from = overlaps ? mine : send.data();
-      // Sends go first: the peers' receives of them are what every host waits for, and posting
-      // ours first would delay them by a receive's posting.
+      // A small block's sends go first: the peers' receives of them are what every host waits
+      // for, and posting ours first would delay them by a receive's posting. A large one's
+      // receives go first, ready for the peers' requests to send (MPI's rendezvous).
+      const bool sends_first = send.size() <= kPointToPointMax;
       Status posted = start_direct([&]() -> Status {
-        for (std::uint32_t h = 0; h < hosts_; ++h)
-          if (h != host_) LF_TRY_STATUS(direct_.send(from, send.size(), h));
-        for (std::uint32_t h = 0; h < hosts_; ++h)
-          if (h != host_) LF_TRY_STATUS(direct_.receive(recv.data() + std::uint64_t{h} * send.size(), send.size(), h));
+        for (int pass = 0; pass < 2; ++pass)
+          for (std::uint32_t h = 0; h < hosts_; ++h) {
+            if (h == host_) continue;
+            if ((pass == 0) == sends_first)
+              LF_TRY_STATUS(direct_.send(from, send.size(), h));
+            else
+              LF_TRY_STATUS(direct_.receive(recv.data() + std::uint64_t{h} * send.size(), send.size(), h));
+          }
         return {};
       });
       if (posted && mine != from) std::memcpy(mine, send.data(), send.size());
