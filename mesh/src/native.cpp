@@ -931,6 +931,11 @@ Status attach(Engine& e, Duration timeout) {
   return {};
 }
 
+/// Whether a call's input and output share any byte.
+bool overlap(std::span<const std::byte> send, std::span<const std::byte> recv) {
+  return send.data() < recv.data() + recv.size() && recv.data() < send.data() + send.size();
+}
+
 class NativeCommunicator final : public Communicator {
  public:
   explicit NativeCommunicator(std::shared_ptr<Engine> e) : e_(std::move(e)) {}
@@ -945,8 +950,7 @@ class NativeCommunicator final : public Communicator {
                   CallOptions o) override {
     if (send.size() != recv.size())
       return bad("all_reduce", str_format("send holds {} bytes, recv {}", send.size(), recv.size()));
-    if (send.data() != recv.data() && send.data() < recv.data() + recv.size() &&
-        recv.data() < send.data() + send.size())
+    if (send.data() != recv.data() && overlap(send, recv))
       return bad("all_reduce", "send and recv overlap without being the same bytes (in place is send == recv)");
     if (auto w = direct(Kind::AllReduce, send, recv, send.size(), type, op, 0, o)) return std::move(*w);
     auto c = make(Kind::AllReduce, send, recv, send.size(), type, op, 0, o);
@@ -957,8 +961,7 @@ class NativeCommunicator final : public Communicator {
     const std::byte* mine = e_->arena(e_->me);
     const bool in_arena = send.data() >= mine && send.data() + send.size() <= mine + e_->arena_bytes;
     const bool flat = e_->nhosts == 1 && send.size() <= kFlatLimit;
-    const bool overlaps = send.data() < recv.data() + recv.size() && recv.data() < send.data() + send.size();
-    if (in_arena && !(flat && overlaps)) c->arena_src = 1 + static_cast<std::uint64_t>(send.data() - mine);
+    if (in_arena && !(flat && overlap(send, recv))) c->arena_src = 1 + static_cast<std::uint64_t>(send.data() - mine);
     return e_->start(std::move(*c));
   }
   Work all_gather(std::span<const std::byte> send, std::span<std::byte> recv, DType type, CallOptions o) override {
@@ -975,8 +978,7 @@ class NativeCommunicator final : public Communicator {
     if (send.size() != recv.size() * e_->n)
       return bad("reduce_scatter",
                  str_format("send must hold {} × recv's {} bytes, holds {}", e_->n, recv.size(), send.size()));
-    if (send.data() < recv.data() + recv.size() && recv.data() < send.data() + send.size() &&
-        recv.data() != send.data() + std::uint64_t{e_->rank} * recv.size())
+    if (overlap(send, recv) && recv.data() != send.data() + std::uint64_t{e_->rank} * recv.size())
       return bad("reduce_scatter",
                  "recv overlaps send other than in place (in place is recv == send + rank × recv's length)");
     // On one host through the shared segment; with one rank per host, pairwise between the hosts.

@@ -152,13 +152,7 @@ class MpiHostLink final : public HostLink {
   Status start_all_gather(std::span<std::byte> all, std::span<const std::uint64_t> counts,
                           std::span<const std::uint64_t> offsets) override {
     if (gathers_directly(*std::ranges::max_element(counts)))
-      return start_direct([&]() -> Status {
-        for (std::uint32_t h = 0; h < hosts_; ++h)
-          if (h != host_) LF_TRY_STATUS(direct_.receive(all.data() + offsets[h], counts[h], h));
-        for (std::uint32_t h = 0; h < hosts_; ++h)
-          if (h != host_) LF_TRY_STATUS(direct_.send(all.data() + offsets[host_], counts[host_], h));
-        return {};
-      });
+      return start_gather(all.data(), [&](std::uint32_t h) { return std::pair{offsets[h], counts[h]}; });
     counts_.assign(counts.size(), 0);
     offsets_.assign(offsets.size(), 0);
     for (std::size_t h = 0; h < counts.size(); ++h) {
@@ -302,9 +296,9 @@ class MpiHostLink final : public HostLink {
   static constexpr std::size_t kPointToPointMax = 32u << 10;
 
   /// An all_reduce by recursive doubling over MPI_Isend/MPI_Irecv: log2 of the hosts exchanges,
-  /// each combined by the mesh's own reduction. With a host count that is not a power of two, the first
-  /// 2·extra hosts pair up first (the even one hands its data to the odd one and gets the result
-  /// back at the end). Every op here is commutative, and each pair combines the same two values, so
+  /// each combined by the mesh's own reduction. With a host count that is not a power of two, the
+  /// first 2·extra hosts pair up first (the even one hands its data to the odd one and gets the
+  /// result back at the end). Every op here is commutative, and each pair combines the same two values, so
   /// every host ends with the same bits: both partners apply the op with the lower virtual rank's
   /// data first (MIN and MAX pick between ±0 and among NaNs by order). The first step sends from
   /// `send` and receives straight into `data` (no copy of the caller's input); later steps work in
@@ -660,16 +654,28 @@ class MpiHostLink final : public HostLink {
     s.active = false;
     if (!s.then_gather) return true;
     // This host's combined block to every other host, theirs into the result.
-    const std::uint64_t at = s.at[host_], mine = s.at[host_ + 1] - at;
-    Status gathering = start_direct([&]() -> Status {
-      for (std::uint32_t h = 0; h < hosts_; ++h)
-        if (h != host_) LF_TRY_STATUS(direct_.receive(s.gather_into + s.at[h], s.at[h + 1] - s.at[h], h));
-      for (std::uint32_t h = 0; h < hosts_; ++h)
-        if (h != host_) LF_TRY_STATUS(direct_.send(s.gather_into + at, mine, h));
-      return {};
+    Status gathering = start_gather(s.gather_into, [&](std::uint32_t h) {
+      return std::pair{s.at[h], s.at[h + 1] - s.at[h]};
     });
     if (!gathering) return std::unexpected(gathering.error());
     return false;
+  }
+
+  /// Begins a Direct all-gather in `all`, whose block h is `block(h)` ({offset, length}): this
+  /// host's block to every other host, theirs into place.
+  template <class Block>
+  Status start_gather(std::byte* all, Block&& block) {
+    return start_direct([&]() -> Status {
+      for (std::uint32_t h = 0; h < hosts_; ++h)
+        if (h != host_) {
+          const auto [at, length] = block(h);
+          LF_TRY_STATUS(direct_.receive(all + at, length, h));
+        }
+      const auto [at, length] = block(host_);
+      for (std::uint32_t h = 0; h < hosts_; ++h)
+        if (h != host_) LF_TRY_STATUS(direct_.send(all + at, length, h));
+      return {};
+    });
   }
 
   /// Begins a Direct exchange whose messages `post` posts; one that fails leaves none posted.
