@@ -351,8 +351,9 @@ int echo_main(int argc, char** argv) {
     std::fprintf(stderr, "echo: %s\n", ping.error().message().c_str());
     return 1;
   }
+  // As many buffers as the request ring: the replies go round as many cache lines as the floor's.
   auto pong =
-      Producer::create(tag + "-pong", {.slots = 8, .slot_size = max_size, .wait = mode, .transport = *transport});
+      Producer::create(tag + "-pong", {.slots = 32, .slot_size = max_size, .wait = mode, .transport = *transport});
   if (!pong) {
     std::fprintf(stderr, "echo: %s\n", pong.error().message().c_str());
     return 1;

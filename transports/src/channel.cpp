@@ -966,6 +966,8 @@ Result<Loan> Producer::try_loan() {
 
 void Producer::wake_consumers() { futex_wake_all(impl_->control->data_futex); }
 
+void Producer::look_for_room() { (void)impl_->slot_free(impl_->write_seq); }
+
 Result<MessageInfo> Producer::publish_general(Loan&& loan, MessageInfo info) {
   auto& m = *impl_;
   constexpr const char* call = "Producer::publish";
@@ -987,6 +989,7 @@ Result<MessageInfo> Producer::publish_general(Loan&& loan, MessageInfo info) {
   const bool wake = m.hand_off(loan.slot_, seq, size, tag, stamp, loan.gpu_signaled_ ? kGpuOrdered : 0);
   loan.impl_ = nullptr;
   if (wake) wake_consumers();
+  if (m.write_seq - m.min_released >= m.ring_slots) look_for_room();
   return MessageInfo{.size = size, .user_tag = tag, .timestamp_ns = stamp, .sequence = seq};
 }
 
@@ -1313,6 +1316,7 @@ Result<std::unique_ptr<Consumer>> Consumer::open(const std::string& name, Consum
   impl->self = &impl->control->consumers[w.consumer_index];
   impl->contended_next = cb.drop_oldest == 1;
   impl->producer_may_sleep = cb.producer_blocks == 1;
+  impl->busy_poll = o.wait == WaitMode::BusyPoll;
   impl->slot_headers = impl->control->ring;
   impl->next_word = &impl->self->next;
   impl->released_word = &impl->self->released;

@@ -322,6 +322,8 @@ class Producer {
       const bool wake = m.hand_off(loan.slot_, seq, size, tag, 0, 0);
       loan.impl_ = nullptr;
       if (wake) wake_consumers();
+      if (m.write_seq - m.min_released >= m.ring_slots) [[unlikely]]
+        look_for_room();
       return MessageInfo{.size = size, .user_tag = tag, .timestamp_ns = 0, .sequence = seq};
     }
     return publish_general(std::move(loan), info);
@@ -363,6 +365,10 @@ class Producer {
   Result<Loan> loan_general(Duration timeout);  ///< loan() when it may wait or check GPU work
   Result<MessageInfo> publish_general(Loan&& loan, MessageInfo info);
   void wake_consumers();
+  /// Re-reads the consumers' released counts once the cached one says the ring is full: right
+  /// after a publish, while the message travels, rather than in the next loan, where the read (a
+  /// cache line from each consumer) would delay the next hand-off.
+  void look_for_room();
   std::unique_ptr<detail::ProducerState> impl_;
   detail::ProducerHot* hot_;  // impl_'s, for the inline paths
 };
@@ -392,7 +398,7 @@ class Consumer {
       std::uint64_t n = 0;
       std::uint32_t k = 0;
       LazyDeadline deadline(timeout);
-      if (!m.message_ready(n, k)) {
+      if (!m.message_ready(n, k) && !(m.busy_poll && timeout != Duration::zero() && m.arrives_soon(n, k))) {
         if (Status waited = wait_message(deadline, n, k); !waited) return std::unexpected(std::move(waited.error()));
       }
       const auto& slot = m.slot_headers[k];

@@ -78,6 +78,7 @@ struct ConsumerHot {
   // consumer moves its `next` (not DropOldest). The inline paths take nothing else.
   bool plain = false;
   bool producer_may_sleep = false;  // the producer's control block says it may sleep for room
+  bool busy_poll = false;           // WaitMode::BusyPoll: receive() spins a while inline first
   std::uint32_t slots = 0;
   std::uint32_t held = 0;
   std::uint32_t released_slot = 0;  // released % slots
@@ -109,6 +110,18 @@ struct ConsumerHot {
     k = slot_of(n);
     return slot_headers[k].seq.load(std::memory_order_seq_cst) == n + 1;
   }
+
+  /// Whether message `n` arrives in slot `k` within a short spin. Tested inline, in the caller's
+  /// code, so that a busy-polling hand-off (a ping-pong's) goes from the spin straight on to the
+  /// message's header, with no call and no return through the general wait. `n` needs no
+  /// re-reading meanwhile: while `plain`, only this consumer moves it.
+  [[nodiscard]] bool arrives_soon(std::uint64_t n, std::uint32_t k) const {
+    const auto& word = slot_headers[k].seq;
+    for (std::uint32_t i = 0; i < kInlineSpins; ++i)
+      if (word.load(std::memory_order_acquire) == n + 1) return true;
+    return false;
+  }
+  static constexpr std::uint32_t kInlineSpins = 4096;
 
   /// Books message n (in slot k) as held; returns how many messages were skipped before it.
   std::uint64_t take(std::uint64_t n, std::uint32_t k) {
