@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: MIT
 // lavaflow-bench local: one-way latency (round trip / 2) and throughput of local channels between
-// two processes pinned to different cores, next to baselines measured in the same run. The
-// cache-line floor is measured by the shm channel's own two processes, in batches between the
-// batches of its busy-poll 64 B and 4 KiB round trips, so that the rows the targets compare see the
-// same moments of the machine (on a VM, which physical cores the two CPUs are moves between runs).
+// two processes pinned to different cores, next to baselines measured in the same run. The two
+// baselines that targets compare with are measured by the shm channel's own two processes, in
+// batches between the batches of the rows they judge — the cache-line floor between the busy-poll
+// 64 B and 4 KiB round trips, the futex ping-pong between the blocking 64 B ones — so that both
+// sides see the same moments of the machine (on a VM, which physical cores the two CPUs are moves
+// between runs; a futex wake-up's cost moves with what else the host runs).
 #include "local.hpp"
 
 #include <linux/futex.h>
@@ -40,7 +42,7 @@ namespace {
 constexpr std::uint64_t kStop = ~0ull;
 constexpr std::uint64_t kTouch = 1ull << 62;
 constexpr std::uint64_t kStream = 1ull << 61;  // throughput run: echo only the last message
-constexpr std::uint64_t kFloor = 1ull << 60;   // then this many rounds of the cache-line floor
+constexpr std::uint64_t kFloor = 1ull << 60;   // then this many rounds of the baseline (floor or futex)
 constexpr std::uint64_t kSizeMask = (1ull << 40) - 1;
 
 void pin(int cpu) {
@@ -81,16 +83,9 @@ Row summarize(std::string name, std::string mode, std::uint64_t size, std::vecto
   return r;
 }
 
-// ----- baselines: a forked child echoes over shared memory / futex / Unix socket --------------
+// ----- baselines: the cache-line floor and the futex ping-pong (in the shm channel's processes),
+// and a Unix-socket ping-pong with a forked child ------------------------------------------------
 
-struct PingPongWords {
-  alignas(64) std::atomic<std::uint32_t> ping;
-  alignas(64) std::atomic<std::uint32_t> pong;
-};
-
-void futex_wait(std::atomic<std::uint32_t>& w, std::uint32_t v) {
-  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&w), FUTEX_WAIT, v, nullptr, nullptr, 0);
-}
 void futex_wake(std::atomic<std::uint32_t>& w) {
   ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&w), FUTEX_WAKE, 1, nullptr, nullptr, 0);
 }
@@ -107,6 +102,7 @@ struct FloorLines {
   };
   Line ping[kFloorLines];
   Line pong[kFloorLines];
+  Line futex_ping, futex_pong;  // the futex ping-pong's words, beside the blocking rows
 };
 
 /// Maps the floor's lines from `fd`, which must hold them.
@@ -152,6 +148,34 @@ bool spin_until(const std::atomic<std::uint32_t>& word, std::uint32_t value) {
   return true;
 }
 
+/// Waits until `word` holds `value`, sleeping on it; false once the peer has stayed away for
+/// seconds (it died).
+bool futex_until(std::atomic<std::uint32_t>& word, std::uint32_t value) {
+  constexpr std::uint64_t kGiveUpNs = 10'000'000'000;
+  std::uint64_t since = 0;
+  while (word.load(std::memory_order_acquire) != value) {
+    timespec nap{0, 100'000'000};  // a peer that died wakes nobody: look again now and then
+    ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAIT, value - 1, &nap, nullptr, 0);
+    if (word.load(std::memory_order_acquire) == value) break;
+    const std::uint64_t t = now_ns();  // only when woken without the value: not on the measured path
+    if (since == 0)
+      since = t;
+    else if (t - since > kGiveUpNs)
+      return false;
+  }
+  return true;
+}
+
+/// The echo's half of `rounds` futex rounds after round `done`; false when the bench went away.
+bool futex_echo(FloorLines& w, std::uint32_t done, std::uint32_t rounds) {
+  for (std::uint32_t i = done + 1; i <= done + rounds; ++i) {
+    if (!futex_until(w.futex_ping.v, i)) return false;
+    w.futex_pong.v.store(i, std::memory_order_release);
+    futex_wake(w.futex_pong.v);
+  }
+  return true;
+}
+
 /// The echo's half of `rounds` floor rounds after round `done`; false when the bench went away.
 bool floor_echo(FloorLines& w, std::uint32_t done, std::uint32_t rounds) {
   for (std::uint32_t i = done + 1; i <= done + rounds; ++i) {
@@ -159,35 +183,6 @@ bool floor_echo(FloorLines& w, std::uint32_t done, std::uint32_t rounds) {
     w.pong[i % kFloorLines].v.store(i, std::memory_order_release);
   }
   return true;
-}
-
-Row futex_pingpong(const Config& cfg) {
-  void* mem = ::mmap(nullptr, sizeof(PingPongWords), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  auto* w = new (mem) PingPongWords{};
-  const int iters = cfg.iterations;
-  const pid_t child = ::fork();
-  if (child == 0) {
-    pin(cfg.cpu_b);
-    for (std::uint32_t i = 1; i <= static_cast<std::uint32_t>(iters + cfg.warmup); ++i) {
-      while (w->ping.load(std::memory_order_acquire) != i) futex_wait(w->ping, i - 1);
-      w->pong.store(i, std::memory_order_release);
-      futex_wake(w->pong);
-    }
-    std::_Exit(0);
-  }
-  pin(cfg.cpu_a);
-  std::vector<double> one_way;
-  one_way.reserve(static_cast<std::size_t>(iters));
-  for (std::uint32_t i = 1; i <= static_cast<std::uint32_t>(iters + cfg.warmup); ++i) {
-    const auto t0 = now_ns();
-    w->ping.store(i, std::memory_order_release);
-    futex_wake(w->ping);
-    while (w->pong.load(std::memory_order_acquire) != i) futex_wait(w->pong, i - 1);
-    if (i > static_cast<std::uint32_t>(cfg.warmup)) one_way.push_back(double(now_ns() - t0) / 2);
-  }
-  ::waitpid(child, nullptr, 0);
-  ::munmap(mem, sizeof(PingPongWords));
-  return summarize("futex-pingpong", "block", 4, one_way, false);
 }
 
 Row uds_pingpong(const Config& cfg, std::uint64_t size) {
@@ -239,14 +234,16 @@ pid_t spawn_echo(const Config& cfg, const std::string& self, const std::string& 
   return pid;
 }
 
-/// Round trips between two batches of the floor, and the rounds of each floor batch (its first
+/// Round trips between two batches of the baseline, and the rounds of each batch (its first
 /// rounds, which wake the echo from its receive, are not kept).
 constexpr int kFloorEvery = 500, kFloorRounds = 500, kFloorWarmup = 20;
 
-/// The rows of one transport and wait mode. With `floor` (busy-poll shm), batches of the cache-line
-/// floor go between the 64 B and 4 KiB round trips, their one-way times appended to `floor_ns`.
+/// The rows of one transport and wait mode. With `floor` (shm), batches of the baseline go between
+/// the round trips its targets judge, their one-way times appended to `baseline_ns`: busy-poll,
+/// the cache-line floor between the 64 B and 4 KiB round trips; blocking, the futex ping-pong
+/// between the 64 B ones.
 Result<std::vector<Row>> channel_rows(const Config& cfg, const std::string& self, const std::string& transport,
-                                      WaitMode mode, Floor* floor, std::vector<double>& floor_ns) {
+                                      WaitMode mode, Floor* floor, std::vector<double>& baseline_ns) {
   const std::string tag =
       str_format("bench-{}-{}-{}", ::getpid(), transport, mode == WaitMode::BusyPoll ? "poll" : "block");
   // 32 buffers: deep enough that a pipelined stream seldom finds the ring full (then the producer
@@ -269,18 +266,26 @@ Result<std::vector<Row>> channel_rows(const Config& cfg, const std::string& self
     if (touched) (void)touch(r.bytes());
     return double(now_ns() - t0) / 2;
   };
-  std::uint32_t floor_done = 0;
-  auto floor_batch = [&]() -> Status {
+  const bool futex = mode != WaitMode::BusyPoll;
+  std::uint32_t baseline_done = 0;
+  auto baseline_batch = [&]() -> Status {
     LF_TRY(Loan l, ping->loan(10s));
     LF_TRY_STATUS(ping->publish(std::move(l), {.size = 1, .user_tag = kFloor | kFloorRounds}));
     FloorLines& w = lines_of(floor->mapping);
     for (int k = 0; k < kFloorRounds; ++k) {
-      const std::uint32_t i = ++floor_done;
+      const std::uint32_t i = ++baseline_done;
       const auto t0 = now_ns();
-      w.ping[i % kFloorLines].v.store(i, std::memory_order_release);
-      if (!spin_until(w.pong[i % kFloorLines].v, i))
-        return fail(Errc::PeerLost, "lavaflow-bench local", "the echo left the floor's rounds");
-      if (k >= kFloorWarmup) floor_ns.push_back(double(now_ns() - t0) / 2);
+      bool answered = false;
+      if (futex) {
+        w.futex_ping.v.store(i, std::memory_order_release);
+        futex_wake(w.futex_ping.v);
+        answered = futex_until(w.futex_pong.v, i);
+      } else {
+        w.ping[i % kFloorLines].v.store(i, std::memory_order_release);
+        answered = spin_until(w.pong[i % kFloorLines].v, i);
+      }
+      if (!answered) return fail(Errc::PeerLost, "lavaflow-bench local", "the echo left the baseline's rounds");
+      if (k >= kFloorWarmup) baseline_ns.push_back(double(now_ns() - t0) / 2);
     }
     return {};
   };
@@ -294,9 +299,9 @@ Result<std::vector<Row>> channel_rows(const Config& cfg, const std::string& self
       if (touched && !mappable) continue;
       const int iters = std::max(50, static_cast<int>(cfg.iterations / std::max<std::uint64_t>(1, size / 65536)));
       std::vector<double> one_way;
-      const bool with_floor = floor && !touched && (size == 64 || size == 4096);
+      const bool with_baseline = floor && !touched && (size == 64 || (size == 4096 && !futex));
       for (int i = 0; i < iters + cfg.warmup; ++i) {
-        if (with_floor && i >= cfg.warmup && (i - cfg.warmup) % kFloorEvery == 0) LF_TRY_STATUS(floor_batch());
+        if (with_baseline && i >= cfg.warmup && (i - cfg.warmup) % kFloorEvery == 0) LF_TRY_STATUS(baseline_batch());
         LF_TRY(double t, roundtrip(size, touched));
         if (i >= cfg.warmup) one_way.push_back(t);
       }
@@ -317,7 +322,7 @@ Result<std::vector<Row>> channel_rows(const Config& cfg, const std::string& self
       rows.push_back(row);
     }
   }
-  if (floor && floor_ns.empty()) LF_TRY_STATUS(floor_batch());  // no 64 B or 4 KiB row was asked for
+  if (floor && baseline_ns.empty()) LF_TRY_STATUS(baseline_batch());  // no row it judges was asked for
   LF_TRY(Loan l, ping->loan(10s));
   LF_TRY_STATUS(ping->publish(std::move(l), {.size = 1, .user_tag = kStop}));
   int status = 0;
@@ -367,8 +372,10 @@ int echo_main(int argc, char** argv) {
     if (tag_v == kStop) return 0;
     if ((tag_v & kFloor) && floor) {
       const auto rounds = static_cast<std::uint32_t>(tag_v & kSizeMask);
-      r->release();  // before the floor's rounds
-      if (!floor_echo(lines_of(floor), floor_done, rounds)) return 1;
+      r->release();  // before the baseline's rounds
+      const bool answered = mode == WaitMode::BusyPoll ? floor_echo(lines_of(floor), floor_done, rounds)
+                                                       : futex_echo(lines_of(floor), floor_done, rounds);
+      if (!answered) return 1;
       floor_done += rounds;
       continue;
     }
@@ -387,18 +394,22 @@ int echo_main(int argc, char** argv) {
 Result<std::vector<Row>> run_local(const Config& cfg, const std::string& self) {
   std::vector<Row> rows;
   // Baselines first, before this process has any Vulkan state (they fork).
-  rows.push_back(futex_pingpong(cfg));
   rows.push_back(uds_pingpong(cfg, 64));
   LF_TRY(Floor floor, Floor::create());
-  std::vector<double> floor_ns;
   std::vector<std::string> transports{"shm"};
   if (VulkanContext::create()) transports.push_back("vulkan");
   for (const auto& t : transports)
     for (auto mode : {WaitMode::BusyPoll, WaitMode::Block}) {
-      const bool measure_floor = t == "shm" && mode == WaitMode::BusyPoll;
-      LF_TRY(auto more, channel_rows(cfg, self, t, mode, measure_floor ? &floor : nullptr, floor_ns));
+      // The shm rows' two processes measure the baselines (see channel_rows): the cache-line floor,
+      // first of the rows, and the futex ping-pong after it.
+      const bool baseline = t == "shm";
+      const bool poll = mode == WaitMode::BusyPoll;
+      std::vector<double> baseline_ns;
+      LF_TRY(auto more, channel_rows(cfg, self, t, mode, baseline ? &floor : nullptr, baseline_ns));
       rows.insert(rows.end(), more.begin(), more.end());
-      if (measure_floor) rows.insert(rows.begin(), summarize("floor-cacheline", "poll", 4, floor_ns, false));
+      if (baseline)
+        rows.insert(rows.begin() + (poll ? 0 : 1), summarize(poll ? "floor-cacheline" : "futex-pingpong",
+                                                             poll ? "poll" : "block", 4, baseline_ns, false));
     }
   return rows;
 }
