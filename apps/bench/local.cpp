@@ -149,7 +149,8 @@ bool spin_until(const std::atomic<std::uint32_t>& word, std::uint32_t value) {
 }
 
 /// Waits until `word` holds `value`, sleeping on it; false once the peer has stayed away for
-/// seconds (it died).
+/// seconds (it died). The sleeps are timed, as the channel's own futex sleeps are (they look
+/// again now and then), so that the baseline and the blocking rows sleep alike.
 bool futex_until(std::atomic<std::uint32_t>& word, std::uint32_t value) {
   constexpr std::uint64_t kGiveUpNs = 10'000'000'000;
   std::uint64_t since = 0;

@@ -799,6 +799,85 @@ TEST_CASE("close() ends the channel at once while the objects, and pointers into
   CHECK(std::filesystem::exists(dir / "closing.sock"));
 }
 
+TEST_CASE("busy-polling ends ping-pong and stream over many ring lengths, every message in order") {
+  // The inline paths: a receive that spins on its slot before the message comes, and a producer
+  // that re-reads the consumer's released count after the publish that fills its ring.
+  auto dir = lftest::channel_dir();
+  auto o = popts(dir);
+  o.slots = 3;  // wraps often
+  o.wait = WaitMode::BusyPoll;
+  auto ping = lftest::ok(Producer::create("bp-ping", o));
+  auto pong = lftest::ok(Producer::create("bp-pong", o));
+  auto co = copts(dir);
+  co.wait = WaitMode::BusyPoll;
+  auto ping_in = lftest::ok(Consumer::open("bp-ping", co));
+  auto pong_in = lftest::ok(Consumer::open("bp-pong", co));
+  lftest::ok(ping->wait_for_consumers(1, 5s));
+  lftest::ok(pong->wait_for_consumers(1, 5s));
+  constexpr std::uint64_t kRounds = 20'000, kStream = 50'000;
+  std::atomic<std::uint64_t> echo_errors{0};
+  std::thread echo([&] {
+    for (std::uint64_t i = 0; i < kRounds + kStream; ++i) {
+      auto r = ping_in->receive(10s);
+      if (!r || r->info().sequence != i || r->info().user_tag != i * 7 || r->info().size != 8 ||
+          std::memcmp(r->bytes().data(), &i, 8) != 0) {
+        ++echo_errors;
+        return;
+      }
+      if (i >= kRounds) continue;  // the stream: nothing to answer
+      auto l = pong->loan(10s);
+      if (!l || !pong->publish(std::move(*l), {.size = 8, .user_tag = i})) {
+        ++echo_errors;
+        return;
+      }
+    }
+  });
+  for (std::uint64_t i = 0; i < kRounds; ++i) {
+    auto l = lftest::ok(ping->loan(10s));
+    std::memcpy(l.bytes().data(), &i, 8);
+    lftest::ok(ping->publish(std::move(l), {.size = 8, .user_tag = i * 7}));
+    auto r = lftest::ok(pong_in->receive(10s));
+    REQUIRE(r.info().user_tag == i);
+  }
+  for (std::uint64_t i = kRounds; i < kRounds + kStream; ++i) {  // the ring full more often than not
+    auto l = lftest::ok(ping->loan(10s));
+    std::memcpy(l.bytes().data(), &i, 8);
+    lftest::ok(ping->publish(std::move(l), {.size = 8, .user_tag = i * 7}));
+  }
+  echo.join();
+  CHECK(echo_errors == 0);
+  lftest::ok(ping->flush(5s));
+  // No wait at all for a timeout of zero or less: Timeout, whatever the mode.
+  CHECK(lftest::err(pong_in->receive(0s)).code() == Errc::Timeout);
+  CHECK(lftest::err(pong_in->receive(-1ms)).code() == Errc::Timeout);
+}
+
+TEST_CASE("a message published just before its producer closes is received before PeerLost") {
+  // The close may be seen in the same look as the message's absence: the wait looks once more.
+  auto dir = lftest::channel_dir();
+  for (auto mode : {WaitMode::BusyPoll, WaitMode::SpinThenBlock, WaitMode::Block}) {
+    for (int round = 0; round < 200; ++round) {
+      const std::string name = "last-" + std::to_string(round);
+      auto p = lftest::ok(Producer::create(name, popts(dir)));
+      auto co = copts(dir);
+      co.wait = mode;
+      auto c = lftest::ok(Consumer::open(name, co));
+      lftest::ok(p->wait_for_consumers(1, 5s));
+      std::thread last([&] {
+        publish(*p, 42);
+        p->close();
+      });
+      auto r = c->receive(5s);
+      last.join();
+      REQUIRE(r.has_value());
+      CHECK(r->info().user_tag == 42);
+      r->release();
+      CHECK(lftest::err(c->receive(1s)).code() == Errc::PeerLost);
+      CHECK(lftest::err(c->try_receive()).code() == Errc::PeerLost);
+    }
+  }
+}
+
 TEST_CASE("await_consumers: loans wait for the consumer, and once it has gone the channel is PeerLost") {
   auto dir = lftest::channel_dir();
   auto o = popts(dir);

@@ -142,15 +142,21 @@ struct FutexSleep {
 
 /// Waits until `ready()`; `aborted()` returns an error to stop with. Spins first (per mode), then
 /// sleeps on `word`. A test of the ring is a load of a cache line: BusyPoll reads the clock only
-/// every few thousand tests.
+/// every few thousand tests. `spun`: tests the caller made already, unpaused.
 template <class Ready, class Aborted>
 Status wait_until(Ready ready, Aborted aborted, std::atomic<std::uint32_t>& word, std::atomic<std::uint32_t>& waiters,
-                  WaitMode mode, LazyDeadline& deadline, const char* call) {
-  const detail::SpinPlan plan{.clock_every = mode == WaitMode::BusyPoll ? detail::kSpinsWithoutPause : 64};
+                  WaitMode mode, LazyDeadline& deadline, const char* call, std::uint64_t spun = 0) {
+  const detail::SpinPlan plan{.clock_every = mode == WaitMode::BusyPoll ? detail::kSpinsWithoutPause : 64,
+                              .tests_done = spun};
   return detail::wait_for(
       ready,
       [&]() -> Result<bool> {
-        if (auto e = aborted()) return std::unexpected(std::move(*e));
+        if (auto e = aborted()) {
+          // What ended the peer may have followed what this waits for (a producer publishes, then
+          // closes or dies): that comes first. The abort was seen (seq_cst), so what preceded it is.
+          if (ready()) return true;
+          return std::unexpected(std::move(*e));
+        }
         return false;
       },
       FutexSleep{word, waiters}, mode, deadline, plan, [&] { return Error(Errc::Timeout, call, "timed out"); });
@@ -1213,11 +1219,12 @@ struct detail::ConsumerState : ConsumerHot {
   }
 
   /// Waits until this consumer's next message is published (see message_ready).
-  [[gnu::noinline]] Status await_message(LazyDeadline& deadline, std::uint64_t& n, std::uint32_t& k) {
+  [[gnu::noinline]] Status await_message(LazyDeadline& deadline, std::uint64_t& n, std::uint32_t& k,
+                                         std::uint64_t spun = 0) {
     auto ready = [&] { return message_ready(n, k); };
     auto stop = [&] { return gone(); };
     return wait_until(ready, stop, control->data_futex, control->consumers_waiting, options.wait, deadline,
-                      "Consumer::receive");
+                      "Consumer::receive", spun);
   }
 
   std::optional<Error> gone() const {
@@ -1415,8 +1422,8 @@ void Consumer::close() {
 }
 bool Consumer::closed() const { return impl_->user_closed; }
 
-Status Consumer::wait_message(LazyDeadline& deadline, std::uint64_t& n, std::uint32_t& k) {
-  return impl_->await_message(deadline, n, k);
+Status Consumer::wait_message(LazyDeadline& deadline, std::uint64_t& n, std::uint32_t& k, std::uint64_t spun) {
+  return impl_->await_message(deadline, n, k, spun);
 }
 
 Result<Received> Consumer::receive_general(Duration timeout) {
@@ -1493,8 +1500,10 @@ Result<Received> Consumer::try_receive() {
   std::uint64_t n = 0;
   std::uint32_t k = 0;
   if (!impl_->message_ready(n, k)) {
-    if (auto e = impl_->gone()) return std::unexpected(*e);
-    return fail(Errc::WouldBlock, "Consumer::try_receive", "no message waiting");
+    auto e = impl_->gone();
+    if (!e) return fail(Errc::WouldBlock, "Consumer::try_receive", "no message waiting");
+    // Published before the producer went (see wait_until): received first.
+    if (!impl_->message_ready(n, k)) return std::unexpected(*e);
   }
   return receive(Duration(0));
 }

@@ -398,8 +398,12 @@ class Consumer {
       std::uint64_t n = 0;
       std::uint32_t k = 0;
       LazyDeadline deadline(timeout);
-      if (!m.message_ready(n, k) && !(m.busy_poll && timeout != Duration::zero() && m.arrives_soon(n, k))) {
-        if (Status waited = wait_message(deadline, n, k); !waited) return std::unexpected(std::move(waited.error()));
+      if (!m.message_ready(n, k)) {
+        const bool spin = m.busy_poll && timeout > Duration::zero();
+        if (!(spin && m.arrives_soon(n, k))) {
+          if (Status waited = wait_message(deadline, n, k, spin ? m.kInlineSpins : 0); !waited)
+            return std::unexpected(std::move(waited.error()));
+        }
       }
       const auto& slot = m.slot_headers[k];
       const std::uint64_t size = slot.size.load(std::memory_order_relaxed);
@@ -456,8 +460,8 @@ class Consumer {
   friend struct detail::LinkAccess;
   explicit Consumer(std::unique_ptr<detail::ConsumerState> state);
   Result<Received> receive_general(Duration timeout);  ///< receive() when it may wait or check GPU work
-  /// Waits for the next message (sets its sequence `n` and slot `k`).
-  Status wait_message(LazyDeadline& deadline, std::uint64_t& n, std::uint32_t& k);
+  /// Waits for the next message (sets its sequence `n` and slot `k`), `spun` tests of it made.
+  Status wait_message(LazyDeadline& deadline, std::uint64_t& n, std::uint32_t& k, std::uint64_t spun);
   std::unique_ptr<detail::ConsumerState> impl_;
   detail::ConsumerHot* hot_;  // impl_'s, for the inline paths
 };

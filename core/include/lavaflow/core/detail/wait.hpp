@@ -45,6 +45,9 @@ struct SpinPlan {
   Duration spin_for = std::chrono::microseconds(20);
   /// How often stop() runs while spinning (zero: at every clock read); it runs before every sleep.
   Duration check_every = Duration::zero();
+  /// Tests the caller made before this wait, without pausing (an inline spin): they count towards
+  /// kSpinsWithoutPause and the first clock read.
+  std::uint64_t tests_done = 0;
 };
 
 /// A sleeper that nothing wakes: naps of at most `nap`, then the condition is tested again.
@@ -132,7 +135,7 @@ Status wait_for(Ready&& ready, Stop&& stop, Sleeper&& sleeper, WaitMode mode, La
   bool clock_read = false;
   const std::uint64_t every = std::bit_ceil(std::max<std::uint64_t>(plan.clock_every, 1));
   if (mode != WaitMode::Block) {
-    for (std::uint64_t i = 1;; ++i) {
+    for (std::uint64_t i = plan.tests_done + 1;; ++i) {
       if (test()) return done();
       if (plan.relax && (mode != WaitMode::BusyPoll || i >= kSpinsWithoutPause)) cpu_relax();
       if ((i & (every - 1)) != 0) continue;

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "lavaflow/core/detail/wait.hpp"
+
 namespace lavaflow::detail {
 
 /// A ring slot's header in the shared control block (part of the control block's layout, which
@@ -117,11 +119,14 @@ struct ConsumerHot {
   /// re-reading meanwhile: while `plain`, only this consumer moves it.
   [[nodiscard]] bool arrives_soon(std::uint64_t n, std::uint32_t k) const {
     const auto& word = slot_headers[k].seq;
-    for (std::uint32_t i = 0; i < kInlineSpins; ++i)
+    for (std::uint64_t i = 0; i < kInlineSpins; ++i)
       if (word.load(std::memory_order_acquire) == n + 1) return true;
     return false;
   }
-  static constexpr std::uint32_t kInlineSpins = 4096;
+  /// The spin's tests: those a busy-polling wait makes before it first pauses, less the one that
+  /// pauses; the out-of-line wait that follows counts them (SpinPlan::tests_done), so a receive
+  /// pauses and reads the clock as soon as it would without this spin.
+  static constexpr std::uint64_t kInlineSpins = kSpinsWithoutPause - 1;
 
   /// Books message n (in slot k) as held; returns how many messages were skipped before it.
   std::uint64_t take(std::uint64_t n, std::uint32_t k) {
