@@ -35,6 +35,9 @@ inline void cpu_relax() noexcept {
 /// longer than a hand-off on recent cores, so pausing sooner would add one to most hand-offs.
 inline constexpr std::uint64_t kSpinsWithoutPause = 4096;
 
+/// Paused tests between clock reads, at most (see wait_for).
+inline constexpr std::uint64_t kPausedTestsPerClock = 64;
+
 /// How the spinning part of a wait goes.
 struct SpinPlan {
   /// Tests between clock reads while spinning (rounded up to a power of two). A clock read costs as much as a
@@ -134,11 +137,15 @@ Status wait_for(Ready&& ready, Stop&& stop, Sleeper&& sleeper, WaitMode mode, La
   Clock::time_point start{}, checked{};
   bool clock_read = false;
   const std::uint64_t every = std::bit_ceil(std::max<std::uint64_t>(plan.clock_every, 1));
+  // A paused test takes as long as a clock read or longer: once tests pause, the clock comes round
+  // at least every kPausedTestsPerClock of them, so that a short timeout ends near its time.
+  const std::uint64_t paused_every = std::min(every, kPausedTestsPerClock);
   if (mode != WaitMode::Block) {
     for (std::uint64_t i = plan.tests_done + 1;; ++i) {
       if (test()) return done();
-      if (plan.relax && (mode != WaitMode::BusyPoll || i >= kSpinsWithoutPause)) cpu_relax();
-      if ((i & (every - 1)) != 0) continue;
+      const bool pausing = plan.relax && (mode != WaitMode::BusyPoll || i >= kSpinsWithoutPause);
+      if (pausing) cpu_relax();
+      if ((i & ((pausing ? paused_every : every) - 1)) != 0) continue;
       const auto now = Clock::now();
       if (!clock_read) {
         start = checked = now;
